@@ -1,1 +1,71 @@
-"""noetherflow."""
+"""noetherflow: parameter symmetries, Noether charges and the noise equilibrium of SGD.
+
+Implements "Parameter Symmetry and Noise Equilibrium of Stochastic Gradient Descent"
+(Ziyin et al.). Conventions (weight decay γ‖θ‖², the continuous-time factor η/S) are those
+of the project's DESIGN notes; see the docs' Concepts page.
+"""
+
+from noetherflow._errors import (
+    NonFiniteGradientError,
+    StatisticsError,
+    SymmetryDefinitionError,
+    SymmetryNotPresentError,
+    UnsupportedLayerError,
+)
+from noetherflow.equilibrium import (
+    EquilibriumSolution,
+    InfinityReport,
+    geometric_mean,
+    solve_equilibrium,
+)
+from noetherflow.flow import NoiseModel, TimeModel, charges, exact_step_charges, noether_flow
+from noetherflow.stats.collect import Capture, capture, collect_stats
+from noetherflow.stats.core import Estimator, GradStats, Reduction
+from noetherflow.symmetry.base import Family, Symmetry
+from noetherflow.symmetry.dense import DenseSymmetry
+from noetherflow.symmetry.rescaling import Rescaling
+from noetherflow.symmetry.rotation import Block, DoubleRotation
+from noetherflow.symmetry.scaling import ScaleInvariance
+from noetherflow.symmetry.set import SymmetrySet, VerifyResult
+from noetherflow.teleport import TeleportHandle, teleport
+
+__version__ = "0.1.0"
+
+__all__ = [
+    # symmetries
+    "Block",
+    "DenseSymmetry",
+    "DoubleRotation",
+    "Family",
+    "Rescaling",
+    "ScaleInvariance",
+    "Symmetry",
+    "SymmetrySet",
+    "VerifyResult",
+    # statistics
+    "Capture",
+    "Estimator",
+    "GradStats",
+    "Reduction",
+    "capture",
+    "collect_stats",
+    # charges and flows
+    "NoiseModel",
+    "TimeModel",
+    "charges",
+    "exact_step_charges",
+    "noether_flow",
+    # equilibrium and teleport
+    "EquilibriumSolution",
+    "InfinityReport",
+    "TeleportHandle",
+    "geometric_mean",
+    "solve_equilibrium",
+    "teleport",
+    # errors
+    "NonFiniteGradientError",
+    "StatisticsError",
+    "SymmetryDefinitionError",
+    "SymmetryNotPresentError",
+    "UnsupportedLayerError",
+]

@@ -1,1 +1,59 @@
+"""Training dynamics: SGD, GD, the stochastic gradient flow and gradient flow.
 
+Let η, S, γ denote ``lr``, ``batch_size``, ``weight_decay``. All integrators work on any
+``nn.Module`` with a per-sample loss whose batch value is the mean, add the penalty γ‖θ‖²
+to the loss (DESIGN §2), log through ``callback(step, model)`` and record divergence in
+their :class:`TrainResult` instead of raising.
+"""
+
+from noetherflow.train.integrators import (
+    Callback,
+    GFMethod,
+    LossFn,
+    TrainingData,
+    TrainResult,
+    gradient_noise,
+    per_sample_gradients,
+    run_gd,
+    run_gf,
+    run_sgd,
+    run_sgf,
+    sample_batch,
+)
+from noetherflow.train.schedules import (
+    Constant,
+    LambdaSchedule,
+    LinearWarmup,
+    Schedule,
+    ScheduleKind,
+    ScheduleLike,
+    StepDecay,
+    lr_sequence,
+    make_schedule,
+    resolve_schedule,
+)
+
+__all__ = [
+    "Callback",
+    "Constant",
+    "GFMethod",
+    "LambdaSchedule",
+    "LinearWarmup",
+    "LossFn",
+    "Schedule",
+    "ScheduleKind",
+    "ScheduleLike",
+    "StepDecay",
+    "TrainResult",
+    "TrainingData",
+    "gradient_noise",
+    "lr_sequence",
+    "make_schedule",
+    "per_sample_gradients",
+    "resolve_schedule",
+    "run_gd",
+    "run_gf",
+    "run_sgd",
+    "run_sgf",
+    "sample_batch",
+]

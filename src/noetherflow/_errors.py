@@ -1,0 +1,31 @@
+"""Exceptions. Names say whether the problem is in the input (fixable) or in the model."""
+
+from __future__ import annotations
+
+__all__ = [
+    "NonFiniteGradientError",
+    "StatisticsError",
+    "SymmetryDefinitionError",
+    "SymmetryNotPresentError",
+    "UnsupportedLayerError",
+]
+
+
+class SymmetryDefinitionError(ValueError):
+    """A symmetry was declared with parameters or shapes that cannot form it."""
+
+
+class SymmetryNotPresentError(ValueError):
+    """A declared symmetry changes the model's outputs: the model does not have it."""
+
+
+class StatisticsError(ValueError):
+    """Gradient statistics cannot be computed from the given batch or settings."""
+
+
+class NonFiniteGradientError(StatisticsError):
+    """A per-sample gradient statistic is NaN or infinite."""
+
+
+class UnsupportedLayerError(StatisticsError):
+    """The chosen estimator does not support a layer that a symmetry acts on."""

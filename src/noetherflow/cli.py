@@ -1,0 +1,258 @@
+"""Command line interface: ``noetherflow <subcommand> ...``.
+
+Subcommands (one ``_add_<name>`` parser builder + one ``cmd_<name>(args) -> int`` each;
+add a new one by writing both and appending the builder to :data:`SUBCOMMANDS`):
+
+``list``
+    experiment ids with one-line descriptions.
+``reproduce <id>... | all [--quick] [--out DIR] [--seed N] [--jobs N] [--strict]``
+    run experiments; writes ``DIR/<id>/metrics.json`` + figures, ``DIR/report.md`` and a
+    self-contained ``DIR/report.html``, and prints a summary table.
+``report DIR``
+    re-render report.md / report.html from the metrics.json files in DIR.
+
+Exit codes (:class:`ExitCode`): 0 success (failing claims are reported, not gating);
+1 a claim failed under ``--strict``; 2 usage error; 3 an experiment raised (recorded in
+its metrics.json and in the report, the other experiments still ran).
+"""
+
+from __future__ import annotations
+
+import argparse
+import enum
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["SUBCOMMANDS", "ExitCode", "build_parser", "main"]
+
+
+class ExitCode(enum.IntEnum):
+    OK = 0
+    CLAIMS_FAILED = 1
+    USAGE = 2
+    EXPERIMENT_ERROR = 3
+    INTERRUPTED = 130
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer; expected e.g. 4") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be >= 1")
+    return value
+
+
+def _console(*, stderr: bool = False) -> Any:
+    from rich.console import Console
+
+    return Console(stderr=stderr, highlight=False)
+
+
+def _usage_error(command: str, message: str) -> int:
+    print(f"noetherflow {command}: error: {message}", file=sys.stderr)
+    return ExitCode.USAGE
+
+
+# --------------------------------------------------------------------------------------
+# list
+# --------------------------------------------------------------------------------------
+
+
+def _add_list(sub: Any) -> None:
+    p = sub.add_parser("list", help="list experiment ids with one-line descriptions")
+    p.set_defaults(func=cmd_list)
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from rich.table import Table
+
+    from noetherflow.experiments import registry
+
+    table = Table(title="noetherflow experiments", show_lines=False)
+    table.add_column("id", style="bold")
+    table.add_column("description")
+    for exp_id in registry.experiment_ids():
+        try:
+            desc = registry.describe(exp_id)
+        except Exception as exc:  # a broken module must not hide the others
+            desc = f"[red]cannot import: {type(exc).__name__}: {exc}[/red]"
+        table.add_row(exp_id, desc)
+    _console().print(table)
+    return ExitCode.OK
+
+
+# --------------------------------------------------------------------------------------
+# reproduce
+# --------------------------------------------------------------------------------------
+
+
+def _add_reproduce(sub: Any) -> None:
+    p = sub.add_parser(
+        "reproduce",
+        help="run experiments and write metrics, figures and a report",
+        description="Run experiments (figures of the paper) and write DIR/<id>/metrics.json, "
+        "figures, DIR/report.md and DIR/report.html. Failing claims are reported, not gating "
+        "(unless --strict).",
+    )
+    p.add_argument("ids", nargs="+", metavar="ID", help="experiment id(s), or 'all'")
+    p.add_argument("--quick", action="store_true", help="shrunk sizes (each Config.quick())")
+    p.add_argument("--out", type=Path, default=Path("results"), help="output directory (default: results)")
+    p.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
+    p.add_argument(
+        "--jobs",
+        type=_positive_int,
+        default=1,
+        help="worker processes for experiments and for sweeps inside them (default: 1)",
+    )
+    p.add_argument(
+        "--torch-threads",
+        type=_positive_int,
+        default=1,
+        help="torch intra-op threads per experiment/worker; fixed (default 1) so that results "
+        "do not depend on --jobs",
+    )
+    p.add_argument("--strict", action="store_true", help="exit 1 if any claim fails")
+    p.set_defaults(func=cmd_reproduce)
+
+
+def cmd_reproduce(args: argparse.Namespace) -> int:
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        SpinnerColumn,
+        TextColumn,
+        TimeElapsedColumn,
+    )
+
+    from noetherflow import report
+    from noetherflow.experiments import registry
+    from noetherflow.experiments._base import run_experiments
+
+    try:
+        ids = registry.resolve_ids(args.ids)
+    except registry.UnknownExperimentError as exc:
+        return _usage_error("reproduce", str(exc))
+    specs = [(i, registry.target(i)) for i in ids]
+    out = Path(args.out)
+    console = _console()
+    err_console = _console(stderr=True)
+    t0 = time.perf_counter()
+
+    with Progress(
+        SpinnerColumn(),
+        TextColumn("[progress.description]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err_console,
+        transient=False,
+    ) as progress:
+        overall = progress.add_task(f"reproduce ({'quick' if args.quick else 'full'})", total=len(specs))
+
+        def on_start(exp_id: str) -> None:
+            progress.update(overall, description=f"running {exp_id}")
+
+        def on_done(exp_id: str, rec: dict[str, Any]) -> None:
+            held = sum(bool(c.get("holds")) for c in rec.get("claims", []))
+            total = len(rec.get("claims", []))
+            if rec.get("error"):
+                err = rec["error"]
+                msg = f"[red]✗ {exp_id}: error in {err.get('stage')}: {err.get('type')}[/red]"
+            else:
+                colour = "green" if held == total else "yellow"
+                msg = f"[{colour}]{exp_id}: {held}/{total} claims hold[/{colour}]"
+            progress.console.print(f"{msg} ({rec.get('elapsed_s', 0):.1f} s)")
+            progress.advance(overall)
+
+        records = run_experiments(
+            specs,
+            quick=args.quick,
+            seed=args.seed,
+            out_dir=out,
+            jobs=args.jobs,
+            torch_threads=args.torch_threads,
+            on_start=on_start,
+            on_done=on_done,
+        )
+        progress.update(overall, description="done")
+
+    md, page = report.write_report(records, out)
+    console.print(report.summary_table(records))
+    console.print(f"report: {md}  ·  {page}  ·  total {time.perf_counter() - t0:.1f} s")
+    return _exit_code(records, strict=args.strict)
+
+
+def _exit_code(records: Sequence[dict[str, Any]], *, strict: bool) -> int:
+    if any(r.get("error") for r in records):
+        return ExitCode.EXPERIMENT_ERROR
+    if strict and any(not c.get("holds") for r in records for c in r.get("claims", [])):
+        return ExitCode.CLAIMS_FAILED
+    return ExitCode.OK
+
+
+# --------------------------------------------------------------------------------------
+# report
+# --------------------------------------------------------------------------------------
+
+
+def _add_report(sub: Any) -> None:
+    p = sub.add_parser("report", help="re-render report.md/report.html from DIR/*/metrics.json")
+    p.add_argument("out", type=Path, metavar="DIR", help="results directory of `reproduce`")
+    p.add_argument("--strict", action="store_true", help="exit 1 if any claim fails")
+    p.set_defaults(func=cmd_report)
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from noetherflow import report
+
+    try:
+        records = report.load_records(args.out)
+    except FileNotFoundError as exc:
+        return _usage_error("report", str(exc))
+    md, page = report.write_report(records, args.out)
+    console = _console()
+    console.print(report.summary_table(records))
+    console.print(f"report: {md}  ·  {page}")
+    return _exit_code(records, strict=args.strict)
+
+
+# --------------------------------------------------------------------------------------
+# main
+# --------------------------------------------------------------------------------------
+
+#: Parser builders, one per subcommand; each registers ``func=cmd_<name>`` via set_defaults.
+SUBCOMMANDS: list[Callable[[Any], None]] = [_add_list, _add_reproduce, _add_report]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="noetherflow",
+        description="Parameter symmetries, Noether charges and the noise equilibrium of SGD.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for add in SUBCOMMANDS:
+        add(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``noetherflow`` console script; returns the exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    func: Callable[[argparse.Namespace], int] = args.func
+    try:
+        return int(func(args))
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return ExitCode.INTERRUPTED
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,504 @@
+"""Solvers for the noise equilibrium (paper Thm 4.3, eq. 9; DESIGN §2.1).
+
+* Diagonal generators (rescaling, scale), jointly: the flows of all charges are −∇F of the
+  convex F(λ) = ½ Σ_k (M_kk e^{−2a_k·λ} + κ θ_k² e^{2a_k·λ}); Newton with a line search.
+* Double rotation, one pair: the matrix geometric mean P = Y^{-1/2}(Y^{1/2} X Y^{1/2})^{1/2}
+  Y^{-1/2} solves P Y P = X with X = M_U + κWWᵀ, Y = M_W + κUᵀU; G = P^{1/2}.
+* Dense A: the flow along the orbit is strictly monotone in λ (Thm 4.3): bracket + brentq.
+* Coupled symmetries (chains of rotations, rotations sharing parameters with rescalings):
+  block Gauss–Seidel sweeps over the blocks above, with per-sample gradients transported
+  along the orbit (∇ℓ(Tθ) = T^{-T}∇ℓ(θ), eqs. 34–37), until the largest relative flow is
+  below ``tol``.
+
+An equilibrium may sit at infinity along some direction (e.g. scale invariance without weight
+decay, paper eq. 24): it is reported in :attr:`EquilibriumSolution.at_infinity` and the
+problem is solved on the remaining directions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from scipy.optimize import brentq
+from torch import Tensor, nn
+
+from noetherflow.flow import NoiseModel
+from noetherflow.stats.core import GradStats, stats_from_samples
+from noetherflow.symmetry.base import DiagonalSymmetry, Symmetry
+from noetherflow.symmetry.dense import DenseSymmetry
+from noetherflow.symmetry.rotation import DoubleRotation
+from noetherflow.symmetry.set import SymmetrySet
+
+__all__ = ["EquilibriumSolution", "InfinityReport", "geometric_mean", "solve_equilibrium"]
+
+_LAM_MAX = 40.0  # |λ| beyond which a Newton iterate is taken as running off to infinity
+
+
+@dataclass(frozen=True)
+class InfinityReport:
+    """Part of an equilibrium that lies at infinity.
+
+    ``direction`` is the generator direction (diagonal: a vector over that symmetry's
+    generators; rotation: an orthonormal basis ``[d, k]`` of the hidden directions; dense:
+    ±1) along which the noise keeps pushing; ``sign`` is +1 or −1 where it applies.
+    """
+
+    name: str
+    direction: Tensor
+    reason: str
+
+
+@dataclass
+class EquilibriumSolution:
+    """The group elements that take a model to its noise equilibrium.
+
+    Attributes:
+        syms: the symmetry set solved for.
+        steps: ``(index, element)`` pairs, applied in order by :func:`noetherflow.teleport`.
+        elements: the total element per symmetry: λ (diagonal, ``[num_generators]``), G
+            (rotation, ``[d, d]``), λ (dense, float).
+        distance: the distance to equilibrium along each orbit: |λ*| per generator
+            (diagonal), ‖log P‖_F with P = GGᵀ (rotation), |λ*| (dense).
+        at_infinity: directions whose equilibrium is at infinity (not moved).
+        residual: predicted relative flow left after the transport, per symmetry.
+        converged, iterations: solver status (Newton iterations or sweeps).
+    """
+
+    syms: SymmetrySet
+    steps: list[tuple[int, Any]]
+    elements: dict[str, Any]
+    distance: dict[str, Tensor]
+    at_infinity: list[InfinityReport] = field(default_factory=list)
+    residual: dict[str, float] = field(default_factory=dict)
+    converged: bool = True
+    iterations: int = 0
+
+    def max_distance(self) -> float:
+        """The largest distance over all symmetries (0 when already at equilibrium)."""
+        vals = [float(d.max()) if d.numel() else 0.0 for d in self.distance.values()]
+        return max(vals, default=0.0)
+
+    def __repr__(self) -> str:
+        inf = ", ".join(r.name for r in self.at_infinity) or "none"
+        return (
+            f"EquilibriumSolution({len(self.syms)} symmetries, max distance "
+            f"{self.max_distance():.3g}, converged={self.converged}, at infinity: {inf})"
+        )
+
+
+# -- diagonal generators, jointly ------------------------------------------------------------
+@dataclass
+class _DiagProblem:
+    n: int
+    offsets: dict[DiagonalSymmetry, int]
+    m: list[Tensor]  # per parameter, flattened M_kk (≥ 0)
+    c: list[Tensor]  # per parameter, flattened κθ_k²
+    terms: list[list[tuple[Tensor, Tensor]]]  # per parameter: (global generator index, a_kj)
+
+    def exponents(self, lam: Tensor) -> list[Tensor]:
+        out = []
+        for tl, m in zip(self.terms, self.m, strict=True):
+            s = torch.zeros_like(m)
+            for idx, coef in tl:
+                s += coef * lam[idx.clamp(min=0)] * (idx >= 0)
+            out.append(s)
+        return out
+
+    def value(self, lam: Tensor) -> float:
+        tot = 0.0
+        for s, m, c in zip(self.exponents(lam), self.m, self.c, strict=True):
+            tot += float(0.5 * (m * torch.exp(-2 * s) + c * torch.exp(2 * s)).sum())
+        return tot
+
+    def derivatives(self, lam: Tensor, *, hessian: bool = True) -> tuple[Tensor, Tensor, Tensor]:
+        """∇F (= −flow), |∇F| scale (Σ_k |a_kj|(m e^{−2s} + c e^{2s})), and the Hessian."""
+        g = torch.zeros(self.n, dtype=torch.float64)
+        scale = torch.zeros(self.n, dtype=torch.float64)
+        h = torch.zeros(self.n, self.n, dtype=torch.float64) if hessian else torch.empty(0)
+        for s, m, c, tl in zip(self.exponents(lam), self.m, self.c, self.terms, strict=True):
+            lo, hi = m * torch.exp(-2 * s), c * torch.exp(2 * s)
+            d1, w = hi - lo, 2 * (lo + hi)
+            for idx, coef in tl:
+                mask = idx >= 0
+                g.index_add_(0, idx[mask], (coef * d1)[mask])
+                scale.index_add_(0, idx[mask], (coef.abs() * (lo + hi))[mask])
+            if hessian:
+                for i1, c1 in tl:
+                    for i2, c2 in tl:
+                        mask = (i1 >= 0) & (i2 >= 0)
+                        h.index_put_((i1[mask], i2[mask]), (c1 * c2 * w)[mask], accumulate=True)
+        return g, scale, h
+
+    def one_sided(self) -> Tensor:
+        """Per generator: +1 if the noise pushes it to +∞ whatever the others do, −1 to −∞, 0 else.
+
+        A generator whose coordinates offer no restoring term (no κθ² on its positive side and
+        no M on its negative side, or the reverse) has no finite equilibrium.
+        """
+        up = torch.zeros(self.n, dtype=torch.float64)
+        down = torch.zeros(self.n, dtype=torch.float64)
+        for m, c, tl in zip(self.m, self.c, self.terms, strict=True):
+            for idx, coef in tl:
+                mask = idx >= 0
+                pos, neg = coef.clamp(min=0), (-coef).clamp(min=0)
+                up.index_add_(0, idx[mask], (pos * m + neg * c)[mask])
+                down.index_add_(0, idx[mask], (pos * c + neg * m)[mask])
+        tiny = 1e-13 * (up + down)
+        out = torch.zeros(self.n, dtype=torch.float64)
+        out[(down <= tiny) & (up > 0)] = 1.0
+        out[(up <= tiny) & (down > 0)] = -1.0
+        return out
+
+
+def _diag_problem(
+    syms: list[DiagonalSymmetry],
+    values: Mapping[nn.Parameter, Tensor],
+    stats: GradStats,
+    nm: NoiseModel,
+) -> _DiagProblem:
+    offsets: dict[DiagonalSymmetry, int] = {}
+    n = 0
+    for s in syms:
+        offsets[s] = n
+        n += s.num_generators
+    per_param: dict[int, tuple[nn.Parameter, list[tuple[Tensor, Tensor]]]] = {}
+    for s in syms:
+        for t in s.terms():
+            entry = per_param.setdefault(id(t.param), (t.param, []))
+            gidx = torch.where(t.gen >= 0, t.gen + offsets[s], -1).reshape(-1).cpu()
+            entry[1].append((gidx, t.coef.reshape(-1).to(torch.float64).cpu()))
+    ms, cs, terms = [], [], []
+    for p, tl in per_param.values():
+        m = nm.diag(stats.mean[p].to(torch.float64), stats.sq[p].to(torch.float64))
+        ms.append(m.reshape(-1).clamp(min=0).cpu())
+        cs.append((nm.kappa * values[p].to(torch.float64).square()).reshape(-1).cpu())
+        terms.append(tl)
+    return _DiagProblem(n, offsets, ms, cs, terms)
+
+
+def _solve_diag(
+    prob: _DiagProblem, names: Mapping[DiagonalSymmetry, str], *, tol: float, max_iter: int
+) -> tuple[Tensor, list[InfinityReport], float, bool, int]:
+    lam = torch.zeros(prob.n, dtype=torch.float64)
+    sided = prob.one_sided()
+    free = sided == 0
+    reports: list[InfinityReport] = []
+    for s, off in prob.offsets.items():
+        sl = sided[off : off + s.num_generators]
+        if (sl != 0).any():
+            reports.append(
+                InfinityReport(
+                    names[s],
+                    sl.clone(),
+                    "no restoring term along these generators (e.g. scale invariance without "
+                    "weight decay, paper eq. 24): the noise moves them without bound; left unmoved",
+                )
+            )
+    converged, it, rel = True, 0, 0.0
+    if not bool(free.any()):
+        return lam, reports, 0.0, True, 0
+    idx = free.nonzero().squeeze(1)
+    for it in range(1, max_iter + 1):  # noqa: B007
+        g, scale, h = prob.derivatives(lam)
+        gf, sf = g[idx], scale[idx]
+        active = sf > 0
+        rel = float((gf.abs()[active] / sf[active]).max()) if bool(active.any()) else 0.0
+        if rel <= tol:
+            break
+        hf = h[idx][:, idx]
+        damp = 1e-12 * float(hf.diagonal().abs().max().clamp_min(1e-300))
+        step = torch.linalg.solve(hf + damp * torch.eye(len(idx), dtype=torch.float64), -gf)
+        f0, t = prob.value(lam), 1.0
+        slope = float(gf @ step)
+        while t > 1e-12:
+            trial = lam.clone()
+            trial[idx] += t * step
+            if prob.value(trial) <= f0 + 1e-4 * t * slope:
+                break
+            t /= 2
+        lam = trial
+        if float(lam.abs().max()) > _LAM_MAX:
+            direction = lam / lam.norm()
+            for s, off in prob.offsets.items():
+                d = direction[off : off + s.num_generators]
+                if d.abs().max() > 1e-3:
+                    reports.append(
+                        InfinityReport(
+                            names[s], d.clone(),
+                            "F keeps decreasing along this combined direction: the joint "
+                            "equilibrium is at infinity; the iterate was stopped, not moved",
+                        )
+                    )
+            return torch.zeros_like(lam), reports, rel, False, it
+    else:
+        converged = False
+    return lam, reports, rel, converged, it
+
+
+# -- rotation pair --------------------------------------------------------------------------
+def _sym_fn(a: Tensor, fn: Any) -> Tensor:
+    w, v = torch.linalg.eigh(a)
+    return (v * fn(w)) @ v.T
+
+
+def geometric_mean(X: Tensor, Y: Tensor) -> Tensor:
+    """The SPD solution P of P Y P = X: P = Y^{-1/2}(Y^{1/2} X Y^{1/2})^{1/2} Y^{-1/2}.
+
+    ``X``, ``Y``: symmetric positive definite ``[d, d]`` → ``[d, d]``.
+    """
+    yh = _sym_fn(Y, torch.sqrt)
+    yih = _sym_fn(Y, lambda w: 1 / torch.sqrt(w))
+    z = yh @ X @ yh
+    z = (z + z.T) / 2
+    p = yih @ _sym_fn(z, lambda w: torch.sqrt(w.clamp(min=0))) @ yih
+    return (p + p.T) / 2
+
+
+def _solve_rotation(
+    X: Tensor, Y: Tensor, *, rtol: float, ridge: float | None
+) -> tuple[Tensor, Tensor | None, float, float]:
+    """G = P^{1/2} with P Y P = X on the common range.
+
+    Returns (G, basis of the directions at infinity or None, relative flow before, after), the
+    flows measured on the finite directions only.
+    """
+    d = X.shape[0]
+    X = (X + X.T) / 2
+    Y = (Y + Y.T) / 2
+    eye = torch.eye(d, dtype=torch.float64)
+    if ridge is not None:
+        X, Y = X + ridge * eye, Y + ridge * eye
+    ex, vx = torch.linalg.eigh(X)
+    ey, vy = torch.linalg.eigh(Y)
+    top = float(max(ex.max(), ey.max(), 0.0))
+    cut = rtol * top
+    null = torch.cat([vx[:, ex <= cut], vy[:, ey <= cut]], dim=1)
+    if top == 0.0:
+        return eye, eye, 0.0, 0.0
+    if null.shape[1] == 0:
+        p = geometric_mean(X, Y)
+        nb = None
+    else:
+        u, sv, _ = torch.linalg.svd(null, full_matrices=True)
+        k = int((sv > 1e-8).sum())
+        nb, q = u[:, :k], u[:, k:]
+        if q.shape[1] == 0:
+            return eye, nb, 0.0, 0.0
+        pr = geometric_mean(q.T @ X @ q, q.T @ Y @ q)
+        p = q @ pr @ q.T + nb @ nb.T
+    g = _sym_fn(p, torch.sqrt)
+    gi = torch.linalg.inv(g)
+    proj = eye if nb is None else eye - nb @ nb.T
+
+    def rel(x: Tensor, y: Tensor) -> float:
+        x, y = proj @ x @ proj, proj @ y @ proj
+        return float((x - y).norm() / (x.norm() + y.norm()).clamp_min(1e-300))
+
+    return g, nb, rel(X, Y), rel(gi @ X @ gi.T, g.T @ Y @ g)
+
+
+def _rotation_xy(
+    s: DoubleRotation, values: Mapping[nn.Parameter, Tensor], stats: GradStats, nm: NoiseModel
+) -> tuple[Tensor, Tensor]:
+    from noetherflow.flow import rotation_noise
+
+    mw, mu = rotation_noise(s, stats, nm)
+    uf = DoubleRotation.side(s.u_blocks, values).to(torch.float64)
+    wf = DoubleRotation.side(s.w_blocks, values).to(torch.float64)
+    x = mu.to(torch.float64) + nm.kappa * wf @ wf.T
+    y = mw.to(torch.float64) + nm.kappa * uf @ uf.T
+    return x.cpu(), y.cpu()
+
+
+# -- dense generator ------------------------------------------------------------------------
+def _solve_dense(
+    s: DenseSymmetry, values: Mapping[nn.Parameter, Tensor], stats: GradStats, nm: NoiseModel
+) -> tuple[float, int, float]:
+    """λ* of the monotone flow along e^{λA}; returns (λ*, sign if at infinity else 0, residual)."""
+    mu, q = s.eigvals.cpu(), s.eigvecs.cpu()
+    th = q.T @ s.flat(values).cpu()
+    gbar = s.flat(stats.mean).cpu()
+    mm = nm.matrix(torch.outer(gbar, gbar), stats.dense[s].to(torch.float64).cpu())
+    mt = torch.einsum("ij,ik,kj->j", q, mm, q).clamp(min=0).numpy()
+    c = (nm.kappa * th.square()).numpy()
+    mun = mu.numpy()
+
+    def dF(lam: float) -> float:  # = −flow, increasing in λ
+        return float(np.sum(mun * (c * np.exp(2 * lam * mun) - mt * np.exp(-2 * lam * mun))))
+
+    scale = float(np.sum(np.abs(mun) * (c + mt))) or 1.0
+    f0 = dF(0.0)
+    if abs(f0) <= 1e-14 * scale:
+        return 0.0, 0, abs(f0) / scale
+    limit = _LAM_MAX / max(float(np.abs(mun).max()), 1e-300)
+    step = 1.0 / max(float(np.abs(mun).max()), 1e-300)
+    direction = -1.0 if f0 > 0 else 1.0
+    lo = 0.0
+    hi = direction * step
+    while np.sign(dF(hi)) == np.sign(f0):
+        lo = hi
+        hi *= 2
+        if abs(hi) > limit:
+            return 0.0, int(direction), 1.0
+    root = brentq(dF, min(lo, hi), max(lo, hi), xtol=1e-14, rtol=1e-14, maxiter=500)
+    return float(root), 0, abs(dF(root)) / scale
+
+
+# -- driver ---------------------------------------------------------------------------------
+def solve_equilibrium(
+    model: nn.Module | None,
+    syms: SymmetrySet,
+    stats: GradStats,
+    *,
+    lr: float,
+    batch_size: int,
+    weight_decay: float = 0.0,
+    time: str = "continuous",
+    tol: float = 1e-10,
+    max_iter: int = 100,
+    max_sweeps: int = 200,
+    rtol_singular: float = 1e-10,
+    ridge: float | None = None,
+) -> EquilibriumSolution:
+    """Solve for the noise equilibrium of every symmetry in ``syms`` (DESIGN §2.1).
+
+    Let η, S, γ denote ``lr``, ``batch_size``, ``weight_decay``; ``time`` picks the time model
+    of :func:`noetherflow.noether_flow`. The statistics are treated as fixed along the orbit
+    and transported exactly (∇ℓ(e^{λA}θ) = e^{−λA}∇ℓ(θ)), so teleporting to the solution and
+    recomputing the statistics gives zero flow.
+
+    Args:
+        tol: relative flow (|flow| / gross magnitude of its terms) at which to stop.
+        max_iter: Newton iterations of the joint diagonal solve.
+        max_sweeps: block sweeps when symmetries are coupled (chains).
+        rtol_singular: eigenvalues of X or Y below this fraction of the largest count as zero;
+            those hidden directions have their equilibrium at infinity and are reported.
+        ridge: add ``ridge·I`` to X and Y instead (explicit regularisation, reported).
+
+    Returns:
+        An :class:`EquilibriumSolution`; apply it with :func:`noetherflow.teleport`.
+    """
+    nm = NoiseModel.create(lr=lr, batch_size=batch_size, weight_decay=weight_decay, time=time)
+    names = {s: n for n, s in syms.items()}
+    index = {s: i for i, s in enumerate(syms)}
+    coupled = bool(syms.coupled_groups())
+    if coupled and not stats.samples:
+        raise ValueError(
+            "These symmetries share parameters with a rotation or dense symmetry (a chain), so "
+            "the solver needs per-sample gradients, but the statistics hold none. Collect them "
+            "with nf.collect_stats for this same symmetry set (it keeps them automatically)."
+        )
+    params = syms.params()
+    values = {p: p.detach().to(torch.float64).clone() for p in params}
+    if coupled:
+        samples = {p: stats.samples[p].to(torch.float64).clone() for p in params}
+        cur = stats_from_samples(samples, syms, estimator=stats.estimator)
+    else:
+        samples, cur = {}, stats
+
+    diag = [s for s in syms if isinstance(s, DiagonalSymmetry)]
+    steps: list[tuple[int, Any]] = []
+    totals: dict[Symmetry, Any] = {s: s.identity_element() for s in syms}
+    reports: dict[str, InfinityReport] = {}
+    residual: dict[str, float] = {}
+    converged, iterations = True, 0
+
+    for sweep in range(1, (max_sweeps if coupled else 1) + 1):
+        iterations = sweep
+        worst = 0.0
+        if diag:
+            prob = _diag_problem(diag, values, cur, nm)
+            lam, reps, rel, ok, its = _solve_diag(prob, names, tol=tol, max_iter=max_iter)
+            converged &= ok
+            if not coupled:
+                iterations = its
+            for r in reps:
+                reports[r.name] = r
+            for s in diag:
+                off = prob.offsets[s]
+                sl = lam[off : off + s.num_generators].to(s.params[0].device)
+                if bool(sl.abs().max() > 0):
+                    steps.append((index[s], sl))
+                    totals[s] = totals[s] + sl
+                    _move(s, sl, values, samples)
+                residual[names[s]] = rel
+                worst = max(worst, rel)
+        for s in syms:
+            if isinstance(s, DoubleRotation):
+                if coupled:
+                    cur = stats_from_samples(samples, syms, estimator=stats.estimator)
+                x, y = _rotation_xy(s, values, cur, nm)
+                g, nb, pre, res = _solve_rotation(x, y, rtol=rtol_singular, ridge=ridge)
+                if nb is not None and nb.shape[1] > 0:
+                    reports[names[s]] = InfinityReport(
+                        names[s], nb,
+                        f"{nb.shape[1]} of {s.d} hidden directions have singular gradient "
+                        "statistics (no noise and no weight decay there): their equilibrium is "
+                        "at infinity; solved on the rest",
+                    )
+                g = g.to(s.params[0].device)
+                steps.append((index[s], g))
+                totals[s] = totals[s] @ g
+                _move(s, g, values, samples)
+                residual[names[s]] = res
+                worst = max(worst, pre if coupled else res)
+            elif isinstance(s, DenseSymmetry):
+                if coupled:
+                    cur = stats_from_samples(samples, syms, estimator=stats.estimator)
+                lam_d, sign, res = _solve_dense(s, values, cur, nm)
+                if sign:
+                    reports[names[s]] = InfinityReport(
+                        names[s], torch.tensor(float(sign)),
+                        "the flow keeps its sign along the whole orbit: equilibrium at "
+                        f"{'+' if sign > 0 else '-'}infinity; left unmoved",
+                    )
+                if lam_d != 0.0:
+                    steps.append((index[s], lam_d))
+                    totals[s] = totals[s] + lam_d
+                    _move(s, lam_d, values, samples)
+                residual[names[s]] = res
+                worst = max(worst, res)
+        if coupled:
+            cur = stats_from_samples(samples, syms, estimator=stats.estimator)
+            if worst <= tol and sweep > 1:
+                break
+    else:
+        if coupled:
+            converged = False
+
+    distance: dict[str, Tensor] = {}
+    for s in syms:
+        t = totals[s]
+        if isinstance(s, DoubleRotation):
+            p = t @ t.T
+            distance[names[s]] = _sym_fn((p + p.T) / 2, torch.log).norm()
+        elif isinstance(s, DenseSymmetry):
+            distance[names[s]] = torch.tensor(abs(float(t)))
+        else:
+            distance[names[s]] = torch.as_tensor(t).abs()
+    elements = {names[s]: totals[s] for s in syms}
+    return EquilibriumSolution(
+        syms=syms,
+        steps=steps,
+        elements=elements,
+        distance=distance,
+        at_infinity=list(reports.values()),
+        residual=residual,
+        converged=converged,
+        iterations=iterations,
+    )
+
+
+def _move(
+    s: Symmetry,
+    element: Any,
+    values: Mapping[nn.Parameter, Tensor],
+    samples: Mapping[nn.Parameter, Tensor],
+) -> None:
+    s.act_(element, values)
+    if samples:
+        s.transport_grads_(element, samples)

@@ -1,0 +1,311 @@
+"""Plumbing: hooks that capture layer inputs and output-gradients, and ``collect_stats``.
+
+Forward hooks save each layer's input and register a tensor hook on its output (full
+backward hooks break after in-place activations). The math lives in :mod:`.layers`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from noetherflow._errors import StatisticsError, UnsupportedLayerError
+from noetherflow.stats import layers as L
+from noetherflow.stats.core import (
+    Estimator,
+    GradStats,
+    Reduction,
+    check_batch,
+    needs_samples,
+    parse_reduction,
+    stats_from_samples,
+)
+from noetherflow.stats.microbatch import microbatch_grads
+from noetherflow.stats.reference import per_sample_grads
+from noetherflow.symmetry.dense import DenseSymmetry
+from noetherflow.symmetry.rotation import Block, DoubleRotation
+from noetherflow.symmetry.set import SymmetrySet
+
+__all__ = ["Capture", "capture", "collect_stats"]
+
+_SUPPORTED = (nn.Linear, nn.Conv1d, nn.Conv2d)
+
+
+@dataclass
+class _Record:
+    module: nn.Module
+    name: str
+    a: Tensor | None = None
+    g: Tensor | None = None
+    calls: int = 0
+    handles: list[Any] = field(default_factory=list)
+
+
+def _factors(rec: _Record) -> tuple[Tensor, Tensor]:
+    """Layer input and output-gradient as ``[N, T, I]`` and ``[N, T, O]`` (I includes conv taps)."""
+    assert rec.a is not None and rec.g is not None
+    m, a, g = rec.module, rec.a, rec.g
+    n = a.shape[0]
+    if isinstance(m, nn.Linear):
+        return a.reshape(n, -1, a.shape[-1]), g.reshape(n, -1, g.shape[-1])
+    assert isinstance(m, nn.Conv1d | nn.Conv2d)
+    if isinstance(m, nn.Conv1d):
+        a, g = a.unsqueeze(2), g.unsqueeze(2)
+        ks, st, pd, dl = (1, *m.kernel_size), (1, *m.stride), (0, *m.padding), (1, *m.dilation)
+    else:
+        ks, st, pd, dl = m.kernel_size, m.stride, m.padding, m.dilation
+    if isinstance(pd, str) or m.padding_mode != "zeros":
+        raise UnsupportedLayerError(
+            f"Layer {rec.name!r}: padding={m.padding!r}, padding_mode={m.padding_mode!r} is not "
+            "supported by estimator='hooks'; use estimator='reference' or 'microbatch'."
+        )
+    cols = F.unfold(a, ks, dilation=dl, padding=pd, stride=st)  # [N, I*k, T]
+    return cols.transpose(1, 2), g.reshape(n, g.shape[1], -1).transpose(1, 2)
+
+
+class Capture:
+    """Context object of :func:`capture`: its ``stats`` are ready after the backward pass."""
+
+    def __init__(self, model: nn.Module, syms: SymmetrySet, reduction: Reduction, check_finite: bool):
+        self.model, self.syms, self.reduction, self.check_finite = model, syms, reduction, check_finite
+        owners: dict[int, tuple[_Record, str]] = {}
+        recs: dict[int, _Record] = {}
+        named = dict(model.named_modules())
+        pnames = {id(p): n for n, p in model.named_parameters()}
+        for name, mod in named.items():
+            for role in ("weight", "bias"):
+                p = getattr(mod, role, None) if isinstance(mod, nn.Module) else None
+                if isinstance(p, nn.Parameter):
+                    if isinstance(mod, _SUPPORTED) and getattr(mod, "groups", 1) == 1:
+                        rec = recs.setdefault(id(mod), _Record(mod, name))
+                        owners[id(p)] = (rec, role)
+        bad = [pnames.get(id(p), str(tuple(p.shape))) for p in syms.params() if id(p) not in owners]
+        if bad:
+            raise UnsupportedLayerError(
+                f"estimator='hooks' supports weights and biases of nn.Linear and nn.Conv1d/2d "
+                f"(groups=1); these symmetry parameters are not: {bad}. Use "
+                "estimator='reference' (torch.func, exact) or estimator='microbatch' (any model)."
+            )
+        self._owners = owners
+        needed = {id(p) for p in syms.params()}
+        self._records = [r for r in recs.values() if any(
+            id(getattr(r.module, role)) in needed
+            for role in ("weight", "bias") if getattr(r.module, role, None) is not None
+        )]
+        self._stats: GradStats | None = None
+
+    # -- hooks ------------------------------------------------------------------------------
+    def _attach(self) -> None:
+        for rec in self._records:
+
+            def fwd(mod: nn.Module, args: tuple[Any, ...], out: Tensor, rec: _Record = rec) -> None:
+                if not torch.is_grad_enabled():
+                    return
+                rec.calls += 1
+                if rec.calls > 1:
+                    raise UnsupportedLayerError(
+                        f"Layer {rec.name!r} ran twice in one forward pass (a shared layer); "
+                        "estimator='hooks' needs one call per layer. Use estimator='reference'."
+                    )
+                rec.a = args[0].detach()
+
+                def bwd(grad: Tensor, rec: _Record = rec) -> None:
+                    rec.g = grad.detach()
+
+                out.register_hook(bwd)
+
+            rec.handles.append(rec.module.register_forward_hook(fwd))
+
+    def _detach(self) -> None:
+        for rec in self._records:
+            for h in rec.handles:
+                h.remove()
+            rec.handles.clear()
+
+    def reset(self) -> None:
+        for rec in self._records:
+            rec.a = rec.g = None
+            rec.calls = 0
+        self._stats = None
+
+    # -- statistics -------------------------------------------------------------------------
+    @property
+    def stats(self) -> GradStats:
+        """Gradient statistics of the captured batch (computed on first access)."""
+        if self._stats is None:
+            self._stats = self._compute()
+        return self._stats
+
+    def _compute(self) -> GradStats:
+        missing = [r.name for r in self._records if r.a is None or r.g is None]
+        if missing:
+            raise StatisticsError(
+                f"No captured forward/backward for layers {missing}; run the forward pass and "
+                "loss.backward() inside the `with capture(...)` block."
+            )
+        facs: dict[int, tuple[Tensor, Tensor]] = {}
+        n = None
+        for rec in self._records:
+            a, g = _factors(rec)
+            n = a.shape[0]
+            if self.reduction is Reduction.MEAN:
+                g = g * n  # per-sample output-gradients of ℓ_n (the small factor, not the result)
+            facs[id(rec.module)] = (a, g)
+        assert n is not None
+        check_batch(n)
+        syms = self.syms
+        st = GradStats(n=n, estimator=Estimator.HOOKS.value)
+        keep = needs_samples(syms)
+        for s in syms:
+            for p in s.params:
+                rec, role = self._owners[id(p)]
+                a, g = facs[id(rec.module)]
+                shape = p.shape
+                if p not in st.mean:
+                    st.mean[p] = (L.weight_mean(a, g) if role == "weight" else L.bias_mean(g)).reshape(shape)
+                if s.is_diagonal and p not in st.sq:
+                    st.sq[p] = (L.weight_sq(a, g) if role == "weight" else L.bias_sq(g)).reshape(shape)
+                if (id(p) in keep or isinstance(s, DenseSymmetry)) and p not in st.samples:
+                    ps = L.per_sample_weight(a, g) if role == "weight" else g.sum(1)
+                    st.samples[p] = ps.reshape(n, *shape)
+            if isinstance(s, DoubleRotation):
+                st.side[s] = (self._side(s.w_blocks, facs), self._side(s.u_blocks, facs))
+            elif isinstance(s, DenseSymmetry):
+                f = s.flat_batched(st.samples)
+                st.dense[s] = f.T @ f / n
+        if self.check_finite:
+            st.check_finite()
+        return st
+
+    def _side(self, blocks: list[Block], facs: dict[int, tuple[Tensor, Tensor]]) -> Tensor:
+        out: Tensor | None = None
+        for b in blocks:
+            rec, role = self._owners[id(b.param)]
+            if not isinstance(rec.module, nn.Linear):
+                raise UnsupportedLayerError(
+                    f"estimator='hooks' computes rotation statistics for nn.Linear only; "
+                    f"{rec.name!r} is {type(rec.module).__name__}. Use estimator='reference'."
+                )
+            a, g = facs[id(rec.module)]
+            sl = slice(b.start, b.stop)
+            if role == "bias":
+                m = L.row_moment(a, g, sl, bias=True)
+            elif b.axis == 0:
+                m = L.row_moment(a, g, sl)
+            else:
+                m = L.col_moment(a, g, sl)
+            out = m if out is None else out + m
+        assert out is not None
+        return out
+
+
+@contextlib.contextmanager
+def capture(
+    model: nn.Module,
+    syms: SymmetrySet,
+    *,
+    reduction: str | Reduction = "mean",
+    check_finite: bool = True,
+) -> Iterator[Capture]:
+    """Ride on the caller's own forward/backward pass and collect gradient statistics.
+
+    Example::
+
+        with nf.capture(model, syms, reduction="mean") as cap:
+            loss_fn(model(x), y).backward()
+        stats = cap.stats
+
+    ``reduction`` says whether the loss is the batch mean or the sum of per-sample losses.
+    Only ``nn.Linear`` and ``nn.Conv1d/2d`` layers are captured; the batch is dim 0.
+    """
+    cap = Capture(model, syms, parse_reduction(reduction), check_finite)
+    cap._attach()
+    try:
+        yield cap
+    finally:
+        cap._detach()
+
+
+def collect_stats(
+    model: nn.Module,
+    syms: SymmetrySet,
+    loss_fn: Callable[[Any, Any], Tensor],
+    inputs: Tensor | tuple[Tensor, ...],
+    targets: Tensor,
+    *,
+    reduction: str | Reduction = "mean",
+    estimator: str | Estimator = "hooks",
+    micro_batch_size: int = 1,
+    check_finite: bool = True,
+    chunk_size: int | None = None,
+) -> GradStats:
+    """Per-sample gradient statistics of ``syms`` over one batch (treated as the data distribution).
+
+    Args:
+        model: the model; its parameters are not changed and ``.grad`` is left untouched
+            for ``estimator='reference'``/``'microbatch'`` (``'hooks'`` runs one backward
+            pass and accumulates into ``.grad`` like any backward; zero them as usual).
+        syms: the symmetries whose statistics are needed.
+        loss_fn: ``loss_fn(outputs, targets)`` → batch mean (``reduction='mean'``) or sum
+            of per-sample losses.
+        inputs, targets: the batch, samples along dim 0.
+        estimator: ``'hooks'`` (fast, Linear/Conv), ``'reference'`` (torch.func, exact, any
+            model without BatchNorm in training mode), ``'microbatch'`` (any model).
+        micro_batch_size: micro-batch size m of the ``'microbatch'`` estimator.
+        check_finite: raise on NaN/Inf statistics.
+        chunk_size: vmap chunk size of the ``'reference'`` estimator (memory bound).
+    """
+    red = parse_reduction(reduction)
+    try:
+        est = Estimator(estimator)
+    except ValueError:
+        raise ValueError(
+            f"estimator={estimator!r} is not supported; expected one of "
+            f"{[e.value for e in Estimator]}."
+        ) from None
+    if len(syms) == 0:
+        raise StatisticsError("The symmetry set is empty; there are no statistics to collect.")
+    xs = inputs if isinstance(inputs, tuple) else (inputs,)
+    check_batch(xs[0].shape[0])
+    _check_devices(model, syms, xs)
+    if est is Estimator.HOOKS:
+        with capture(model, syms, reduction=red, check_finite=check_finite) as cap:
+            loss = loss_fn(model(*xs), targets)
+            params = syms.params()
+            torch.autograd.grad(loss, params, allow_unused=True)
+        return cap.stats
+    params = syms.params()
+    if est is Estimator.REFERENCE:
+        samples = per_sample_grads(model, params, loss_fn, inputs, targets, chunk_size=chunk_size)
+    else:
+        samples = microbatch_grads(
+            model, params, loss_fn, inputs, targets, micro_batch_size=micro_batch_size,
+            reduction=red.value,
+        )
+    st = stats_from_samples(samples, syms, estimator=est.value)
+    if check_finite:
+        st.check_finite()
+    return st
+
+
+def _check_devices(model: nn.Module, syms: SymmetrySet, xs: tuple[Tensor, ...]) -> None:
+    ps = syms.params()
+    devs = {p.device for p in ps} | {x.device for x in xs if isinstance(x, Tensor)}
+    if len(devs) > 1:
+        raise StatisticsError(
+            f"Inputs and parameters are on different devices {sorted(map(str, devs))}; expected "
+            "one device. Move the batch with x.to(next(model.parameters()).device)."
+        )
+    fl = {x.dtype for x in xs if isinstance(x, Tensor) and x.is_floating_point()}
+    pd = {p.dtype for p in ps}
+    if fl and fl != pd:
+        raise StatisticsError(
+            f"Inputs have dtype {sorted(map(str, fl))} but parameters {sorted(map(str, pd))}; "
+            "expected one dtype. Convert with x.to(dtype) or model.to(dtype)."
+        )

@@ -1,0 +1,68 @@
+"""Any model, BatchNorm included: statistics from micro-batch gradients (k backward passes)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from noetherflow._errors import StatisticsError
+
+__all__ = ["microbatch_grads"]
+
+
+def microbatch_grads(
+    model: nn.Module,
+    params: list[nn.Parameter],
+    loss_fn: Callable[[Any, Any], Tensor],
+    inputs: Tensor | tuple[Tensor, ...],
+    targets: Tensor,
+    *,
+    micro_batch_size: int = 1,
+    reduction: str = "mean",
+) -> dict[nn.Parameter, Tensor]:
+    """Pseudo per-sample gradients from micro-batches of size m.
+
+    With ĝ_j the gradient of the mean loss of micro-batch j and ḡ their mean, returns
+    p_j = ḡ + √m (ĝ_j − ḡ): the p_j have mean ḡ and covariance m·Cov(ĝ), which estimates the
+    per-sample Σ (Cov(ĝ) = Σ/m for independent samples). With m = 1 the p_j are exactly the
+    per-sample gradients. Under BatchNorm in training mode the micro-batch is the sample unit
+    and the estimate includes its coupling; running statistics are restored afterwards.
+    """
+    xs = inputs if isinstance(inputs, tuple) else (inputs,)
+    n = xs[0].shape[0]
+    m = micro_batch_size
+    if m < 1 or n % m != 0 or n // m < 2:
+        raise StatisticsError(
+            f"micro_batch_size={m} does not split a batch of {n} into at least 2 equal "
+            "micro-batches; pass a divisor of the batch size that is at most half of it."
+        )
+    if m == 1 and any(
+        isinstance(mod, nn.modules.batchnorm._BatchNorm) and mod.training for mod in model.modules()
+    ):
+        raise StatisticsError(
+            "micro_batch_size=1 with BatchNorm in training mode: a micro-batch of one has no "
+            "batch statistics. Pass micro_batch_size >= 2."
+        )
+    saved = {k: v.clone() for k, v in model.state_dict().items()}
+    grads: list[tuple[Tensor, ...]] = []
+    try:
+        for s in range(0, n, m):
+            out = model(*(x[s : s + m] for x in xs))
+            loss = loss_fn(out, targets[s : s + m])
+            if reduction == "sum":
+                loss = loss / m
+            grads.append(torch.autograd.grad(loss, params, allow_unused=True))
+    finally:
+        bufs = {k for k, _ in model.named_buffers()}
+        model.load_state_dict({k: v for k, v in saved.items() if k in bufs}, strict=False)
+    out_d: dict[nn.Parameter, Tensor] = {}
+    for i, p in enumerate(params):
+        stack = torch.stack(
+            [g[i] if g[i] is not None else torch.zeros_like(p) for g in grads]
+        ).detach()
+        mean = stack.mean(0, keepdim=True)
+        out_d[p] = mean + (m**0.5) * (stack - mean)
+    return out_d

@@ -1,0 +1,222 @@
+"""The one small interface every symmetry family implements.
+
+An exponential symmetry (paper Def. 4.1) is a linear group action θ ↦ Tθ that leaves every
+per-sample loss unchanged. Each family stores which parameters it acts on, how a group
+element acts on them (``apply_``), how it acts on gradients (the orbit transport law
+∇ℓ(Tθ) = T^{-T}∇ℓ(θ), paper eqs. 34–37), and its Noether charge C(θ) = θᵀAθ (eq. 6).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor, nn
+
+from noetherflow._errors import SymmetryDefinitionError
+
+__all__ = ["DiagonalSymmetry", "DiagonalTerm", "Family", "Symmetry"]
+
+
+class Family(str, Enum):
+    """The symmetry families of the paper (§4.2)."""
+
+    RESCALING = "rescaling"
+    SCALE = "scale"
+    ROTATION = "rotation"
+    DENSE = "dense"
+
+
+@dataclass(frozen=True, eq=False)
+class DiagonalTerm:
+    """How a diagonal generator set touches one parameter.
+
+    ``gen`` has the shape of ``param`` and holds the generator index (within its symmetry)
+    of each coordinate, or -1 where no generator acts; ``coef`` holds the generator entry
+    a_kj (0 where no generator acts).
+    """
+
+    param: nn.Parameter
+    gen: Tensor
+    coef: Tensor
+
+
+def check_params(params: Sequence[nn.Parameter], who: str) -> None:
+    """Reject frozen, duplicated, or mixed-device/dtype parameters with a clear message."""
+    if len(params) == 0:
+        raise SymmetryDefinitionError(f"{who}: got no parameters; pass at least one nn.Parameter.")
+    seen: set[int] = set()
+    for i, p in enumerate(params):
+        if not isinstance(p, Tensor):
+            raise SymmetryDefinitionError(
+                f"{who}: parameter {i} is a {type(p).__name__}, expected an nn.Parameter "
+                "(use e.g. model[0].weight)."
+            )
+        if not p.requires_grad:
+            raise SymmetryDefinitionError(
+                f"{who}: parameter {i} with shape {tuple(p.shape)} is frozen (requires_grad=False); "
+                "SGD does not move frozen parameters, so the charge has no noise-driven flow. "
+                "Unfreeze it or leave it out of the symmetry."
+            )
+        if id(p) in seen:
+            raise SymmetryDefinitionError(
+                f"{who}: parameter {i} with shape {tuple(p.shape)} is listed twice; list each once."
+            )
+        seen.add(id(p))
+    devices = {p.device for p in params}
+    dtypes = {p.dtype for p in params}
+    if len(devices) > 1 or len(dtypes) > 1:
+        raise SymmetryDefinitionError(
+            f"{who}: parameters mix devices {sorted(map(str, devices))} or dtypes "
+            f"{sorted(map(str, dtypes))}; expected one device and one dtype. "
+            "Move the model with model.to(device, dtype) first."
+        )
+
+
+class Symmetry(ABC):
+    """An exponential symmetry θ ↦ e^{λA}θ of every per-sample loss.
+
+    Subclasses are final. Group elements are family-specific: a vector λ of length
+    ``num_generators`` for diagonal families, an invertible ``[d, d]`` matrix G for a double
+    rotation, a scalar λ for a dense generator.
+    """
+
+    family: ClassVar[Family]
+    is_diagonal: ClassVar[bool] = False
+
+    def __init__(self, *, label: str | None = None) -> None:
+        self.label = label
+
+    @property
+    @abstractmethod
+    def params(self) -> list[nn.Parameter]:
+        """The parameters the symmetry acts on, in a fixed order."""
+
+    @property
+    @abstractmethod
+    def size(self) -> int:
+        """Neurons/channels for rescaling, groups for scale, hidden d for rotation, 1 for dense."""
+
+    @abstractmethod
+    def charge_of(self, values: Mapping[nn.Parameter, Tensor]) -> Tensor:
+        """θᵀAθ evaluated on ``values`` (one tensor per parameter, e.g. parameters or gradients).
+
+        Diagonal families return one charge per generator (``[num_generators]``), a rotation
+        returns the ``[d, d]`` matrix charge UᵀU − WWᵀ, a dense symmetry a scalar.
+        """
+
+    def charge(self) -> Tensor:
+        """The Noether charge C(θ) = θᵀAθ (paper eq. 6) at the current parameters."""
+        with torch.no_grad():
+            return self.charge_of({p: p.detach() for p in self.params})
+
+    @abstractmethod
+    def act_(self, element: Any, values: Mapping[nn.Parameter, Tensor]) -> None:
+        """Apply the group element in place to ``values`` (one tensor per parameter)."""
+
+    def apply_(self, element: Any) -> None:
+        """Apply the group element to the parameters in place (function-preserving)."""
+        with torch.no_grad():
+            self.act_(element, {p: p.data for p in self.params})
+
+    @abstractmethod
+    def transport_grads_(self, element: Any, grads: Mapping[nn.Parameter, Tensor]) -> None:
+        """Apply the cotangent action T^{-T} to per-sample gradients ``[N, *param.shape]`` in place.
+
+        This is the orbit transport law ∇ℓ(Tθ) = T^{-T}∇ℓ(θ) (paper eqs. 34–37).
+        """
+
+    @abstractmethod
+    def random_element(self, scale: float, generator: torch.Generator) -> Any:
+        """A random group element of moderate size, for numerical verification."""
+
+    @abstractmethod
+    def identity_element(self) -> Any:
+        """The identity element."""
+
+    def describe(self) -> str:
+        """A short human-readable description of what the symmetry acts on."""
+        return self.label or self.family.value
+
+
+class DiagonalSymmetry(Symmetry):
+    """A family whose generators are all diagonal (they commute): rescaling and scale."""
+
+    is_diagonal: ClassVar[bool] = True
+
+    @property
+    @abstractmethod
+    def num_generators(self) -> int:
+        """Number of commuting generators (one per neuron, channel or group)."""
+
+    @abstractmethod
+    def terms(self) -> list[DiagonalTerm]:
+        """The generator entries per parameter (see :class:`DiagonalTerm`)."""
+
+    @property
+    def params(self) -> list[nn.Parameter]:
+        return [t.param for t in self.terms()]
+
+    @property
+    def size(self) -> int:
+        return self.num_generators
+
+    def _exponent(self, term: DiagonalTerm, lam: Tensor) -> Tensor:
+        """s_k = a_k·λ for the coordinates of ``term.param``. Has shape ``param.shape``."""
+        lam = lam.to(device=term.coef.device, dtype=term.coef.dtype)
+        idx = term.gen.clamp(min=0)
+        return term.coef * lam[idx]
+
+    def charge_of(self, values: Mapping[nn.Parameter, Tensor]) -> Tensor:
+        out: Tensor | None = None
+        for t in self.terms():
+            v = values[t.param]
+            contrib = torch.zeros(self.num_generators, dtype=v.dtype, device=v.device)
+            mask = t.gen >= 0
+            contrib.index_add_(0, t.gen[mask], (t.coef.to(v.dtype) * v.square())[mask])
+            out = contrib if out is None else out + contrib
+        assert out is not None
+        return out
+
+    def _check_lam(self, lam: Tensor) -> Tensor:
+        lam = torch.as_tensor(lam)
+        if lam.shape != (self.num_generators,):
+            raise ValueError(
+                f"Shape mismatch: expected a group element λ of shape ({self.num_generators},) "
+                f"for {self.describe()}, got {tuple(lam.shape)}."
+            )
+        return lam
+
+    def act_(self, element: Any, values: Mapping[nn.Parameter, Tensor]) -> None:
+        lam = self._check_lam(element)
+        for t in self.terms():
+            v = values[t.param]
+            v.mul_(torch.exp(self._exponent(t, lam)).to(v.dtype))
+
+    def transport_grads_(self, element: Any, grads: Mapping[nn.Parameter, Tensor]) -> None:
+        lam = self._check_lam(element)
+        for t in self.terms():
+            g = grads[t.param]
+            g.mul_(torch.exp(-self._exponent(t, lam)).to(g.dtype))
+
+    def random_element(self, scale: float, generator: torch.Generator) -> Tensor:
+        p = self.terms()[0].param
+        lam = (torch.rand(self.num_generators, generator=generator, dtype=torch.float64) * 2 - 1)
+        return (lam * scale).to(p.device)
+
+    def identity_element(self) -> Tensor:
+        p = self.terms()[0].param
+        return torch.zeros(self.num_generators, dtype=torch.float64, device=p.device)
+
+
+def unique_params(symmetries: Iterable[Symmetry]) -> list[nn.Parameter]:
+    """All parameters acted on by any of ``symmetries``, each once, in first-seen order."""
+    seen: dict[int, nn.Parameter] = {}
+    for s in symmetries:
+        for p in s.params:
+            seen.setdefault(id(p), p)
+    return list(seen.values())

@@ -1,0 +1,114 @@
+"""Per-neuron rescaling: Linear/Conv → positively homogeneous activation → Linear/Conv.
+
+For neuron j, the incoming weights w_j (row j of the first layer, with its bias b_j) and the
+outgoing weights u_j (column j of the second layer) satisfy ℓ(e^λ w_j, e^λ b_j, e^{-λ}u_j) = ℓ,
+so A = diag(I_in, −I_out) per neuron (paper §4.2) and C_j = ‖w_j‖² + b_j² − ‖u_j‖².
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+from torch import Tensor, nn
+
+from noetherflow._errors import SymmetryDefinitionError
+from noetherflow.symmetry.base import DiagonalSymmetry, DiagonalTerm, Family, check_params
+
+__all__ = ["Rescaling"]
+
+_LAYERS = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
+
+
+def _index_along(shape: torch.Size, dim: int, block: int, device: torch.device) -> Tensor:
+    """Generator index of each coordinate: its position along ``dim`` divided by ``block``."""
+    n = shape[dim]
+    view = [1] * len(shape)
+    view[dim] = n
+    idx = (torch.arange(n, device=device) // block).view(view)
+    return idx.expand(shape).clone()
+
+
+class Rescaling(DiagonalSymmetry):
+    """Per-neuron (per-channel) rescaling between two layers.
+
+    Args:
+        first: the layer producing the neurons (``nn.Linear`` or ``nn.Conv{1,2,3}d``); its
+            weight rows and bias entries scale up by e^{λ_j}.
+        second: the layer consuming them; its input columns scale down by e^{-λ_j}.
+        block: number of consecutive input columns of ``second`` per neuron, e.g. H·W when an
+            ``nn.Flatten`` sits between a conv with C channels and a linear layer.
+        label: optional name shown in tables.
+
+    The layers must be joined by a positively homogeneous map (ReLU, LeakyReLU, identity,
+    dropout, max-pooling, flatten); nothing else may read the neurons. ``SymmetrySet.verify``
+    checks this numerically.
+    """
+
+    family: ClassVar[Family] = Family.RESCALING
+
+    def __init__(
+        self, first: nn.Module, second: nn.Module, *, block: int = 1, label: str | None = None
+    ) -> None:
+        super().__init__(label=label)
+        for name, layer in (("first", first), ("second", second)):
+            if not isinstance(layer, _LAYERS):
+                raise SymmetryDefinitionError(
+                    f"Rescaling: {name} layer is a {type(layer).__name__}; expected nn.Linear or "
+                    "nn.Conv1d/2d/3d. For other parameters use ScaleInvariance or DenseSymmetry."
+                )
+        if isinstance(first, nn.Conv1d | nn.Conv2d | nn.Conv3d) and first.groups != 1:
+            raise SymmetryDefinitionError(
+                f"Rescaling: grouped convolutions (groups={first.groups}) are not supported; "
+                "use groups=1 or declare the symmetry with DenseSymmetry."
+            )
+        if block < 1:
+            raise SymmetryDefinitionError(f"Rescaling: block must be >= 1, got {block}.")
+        n_out = first.weight.shape[0]
+        n_in = second.weight.shape[1]
+        if isinstance(second, nn.Conv1d | nn.Conv2d | nn.Conv3d) and second.groups != 1:
+            raise SymmetryDefinitionError(
+                f"Rescaling: grouped convolutions (groups={second.groups}) are not supported."
+            )
+        if n_out * block != n_in:
+            raise SymmetryDefinitionError(
+                f"Rescaling: layers do not chain: first has {n_out} outputs, second expects "
+                f"{n_in} inputs (block={block}); expected {n_out} × block = {n_in}. "
+                "Pass block=H*W when a Flatten follows a conv layer."
+            )
+        self.first = first
+        self.second = second
+        self.block = block
+        params = [first.weight] + ([first.bias] if first.bias is not None else [])
+        params.append(second.weight)
+        check_params(params, "Rescaling")
+        self._terms: list[DiagonalTerm] | None = None
+
+    @property
+    def num_generators(self) -> int:
+        return int(self.first.weight.shape[0])
+
+    def terms(self) -> list[DiagonalTerm]:
+        if self._terms is None:
+            w1 = self.first.weight
+            dev, dt = w1.device, w1.dtype
+            terms = [DiagonalTerm(w1, _index_along(w1.shape, 0, 1, dev), torch.ones_like(w1))]
+            if self.first.bias is not None:
+                b = self.first.bias
+                terms.append(DiagonalTerm(b, torch.arange(b.shape[0], device=dev), torch.ones_like(b)))
+            w2 = self.second.weight
+            terms.append(
+                DiagonalTerm(
+                    w2,
+                    _index_along(w2.shape, 1, self.block, dev),
+                    -torch.ones(w2.shape, device=dev, dtype=dt),
+                )
+            )
+            self._terms = terms
+        return self._terms
+
+    def describe(self) -> str:
+        return self.label or (
+            f"rescaling {type(self.first).__name__}→{type(self.second).__name__} "
+            f"({self.num_generators} neurons)"
+        )

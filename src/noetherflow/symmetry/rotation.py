@@ -1,0 +1,208 @@
+"""Double rotation: ℓ(U G, G^{-1} W) = ℓ(U, W) for two linear maps with nothing element-wise
+between them (paper §5.1, eq. 10; factorised layers, attention W_Q·W_Kᵀ and W_O·W_V per head).
+
+Each side is a matrix with the hidden axis d first ("d-front"): W_f = W̃ ``[d, m]`` (the first
+map, its bias folded in as a column) and U_f = Uᵀ ``[d, n]``. A group element is an invertible
+``[d, d]`` matrix G acting as W_f → G^{-1} W_f, U_f → Gᵀ U_f. For symmetric B the generator
+G = e^{ρB} gives the charge C_B = Tr[B(UᵀU − WWᵀ)]; all of them together are the matrix charge
+UᵀU − W̃W̃ᵀ = U_f U_fᵀ − W_f W_fᵀ.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+from torch import Tensor, nn
+
+from noetherflow._errors import SymmetryDefinitionError
+from noetherflow.symmetry.base import Family, Symmetry, check_params
+
+__all__ = ["Block", "DoubleRotation"]
+
+
+@dataclass(frozen=True, eq=False)
+class Block:
+    """A slice ``[start, stop)`` of ``param`` along ``axis``: the hidden axis of one side."""
+
+    param: nn.Parameter
+    axis: int
+    start: int
+    stop: int
+
+    @property
+    def d(self) -> int:
+        return self.stop - self.start
+
+    def front(self, value: Tensor) -> Tensor:
+        """The d-front matrix view of ``value`` (shape of ``param``). Has shape ``[d, m]``."""
+        v = value.movedim(self.axis, 0)[self.start : self.stop]
+        return v.reshape(self.d, -1)
+
+    def front_batched(self, value: Tensor) -> Tensor:
+        """Per-sample version: ``[N, *param.shape]`` → ``[N, d, m]``."""
+        v = value.movedim(self.axis + 1, 1)[:, self.start : self.stop]
+        return v.reshape(value.shape[0], self.d, -1)
+
+    def write_front_(self, value: Tensor, new: Tensor) -> None:
+        """Write a d-front matrix back into ``value`` in place."""
+        v = value.movedim(self.axis, 0)[self.start : self.stop]
+        v.copy_(new.reshape(v.shape))
+
+    def write_front_batched_(self, value: Tensor, new: Tensor) -> None:
+        v = value.movedim(self.axis + 1, 1)[:, self.start : self.stop]
+        v.copy_(new.reshape(v.shape))
+
+
+def _check_block(b: Block, d: int | None) -> int:
+    if not 0 <= b.axis < b.param.dim():
+        raise SymmetryDefinitionError(
+            f"DoubleRotation: axis {b.axis} is out of range for a parameter of shape "
+            f"{tuple(b.param.shape)}."
+        )
+    if not 0 <= b.start < b.stop <= b.param.shape[b.axis]:
+        raise SymmetryDefinitionError(
+            f"DoubleRotation: slice [{b.start}, {b.stop}) does not fit axis {b.axis} of size "
+            f"{b.param.shape[b.axis]}."
+        )
+    if d is not None and b.d != d:
+        raise SymmetryDefinitionError(
+            f"DoubleRotation: layers do not chain: hidden sizes {d} and {b.d} differ; expected "
+            "the first map's output size to equal the second map's input size."
+        )
+    return b.d
+
+
+class DoubleRotation(Symmetry):
+    """U·W = (U G)(G^{-1} W) for every invertible G.
+
+    Args:
+        first: ``nn.Linear`` computing the hidden vector (W ``[d, d_in]``; its bias rotates
+            with it).
+        second: ``nn.Linear`` reading it (U ``[d_out, d]``; its bias is untouched).
+        label: optional name shown in tables.
+
+    For slices of parameters (attention heads, packed projections) use
+    :meth:`DoubleRotation.from_blocks`.
+    """
+
+    family: ClassVar[Family] = Family.ROTATION
+
+    def __init__(self, first: nn.Module, second: nn.Module, *, label: str | None = None) -> None:
+        for name, layer in (("first", first), ("second", second)):
+            if not isinstance(layer, nn.Linear):
+                raise SymmetryDefinitionError(
+                    f"DoubleRotation: {name} layer is a {type(layer).__name__}; expected nn.Linear. "
+                    "For slices of other parameters use DoubleRotation.from_blocks."
+                )
+        assert isinstance(first, nn.Linear) and isinstance(second, nn.Linear)
+        d = first.weight.shape[0]
+        if second.weight.shape[1] != d:
+            raise SymmetryDefinitionError(
+                f"DoubleRotation: layers do not chain: first has {d} outputs, second expects "
+                f"{second.weight.shape[1]} inputs; expected equal sizes."
+            )
+        w_blocks = [Block(first.weight, 0, 0, d)]
+        if first.bias is not None:
+            w_blocks.append(Block(first.bias, 0, 0, d))
+        self._init(w_blocks, [Block(second.weight, 1, 0, d)], label)
+
+    @classmethod
+    def from_blocks(
+        cls, w_blocks: Sequence[Block], u_blocks: Sequence[Block], *, label: str | None = None
+    ) -> DoubleRotation:
+        """A double rotation between arbitrary slices.
+
+        ``w_blocks`` are transformed by G^{-1} (the map applied first), ``u_blocks`` by Gᵀ,
+        each along its hidden ``axis``. Example, head h of a query/key pair with head size k:
+        ``from_blocks([Block(Wk, 0, h*k, (h+1)*k)], [Block(Wq, 0, h*k, (h+1)*k)])``.
+        """
+        self = cls.__new__(cls)
+        self._init(list(w_blocks), list(u_blocks), label)
+        return self
+
+    def _init(self, w_blocks: list[Block], u_blocks: list[Block], label: str | None) -> None:
+        Symmetry.__init__(self, label=label)
+        if not w_blocks or not u_blocks:
+            raise SymmetryDefinitionError("DoubleRotation: each side needs at least one block.")
+        d: int | None = None
+        for b in [*w_blocks, *u_blocks]:
+            d = _check_block(b, d)
+        assert d is not None
+        self.d = d
+        self.w_blocks = w_blocks
+        self.u_blocks = u_blocks
+        params: list[nn.Parameter] = []
+        for b in [*w_blocks, *u_blocks]:
+            if not any(b.param is p for p in params):
+                params.append(b.param)
+        check_params(params, "DoubleRotation")
+        self._params = params
+
+    @property
+    def params(self) -> list[nn.Parameter]:
+        return self._params
+
+    @property
+    def size(self) -> int:
+        return self.d
+
+    @staticmethod
+    def side(blocks: Sequence[Block], values: Mapping[nn.Parameter, Tensor]) -> Tensor:
+        """The d-front matrix of one side. Has shape ``[d, m]``."""
+        return torch.cat([b.front(values[b.param]) for b in blocks], dim=1)
+
+    def charge_of(self, values: Mapping[nn.Parameter, Tensor]) -> Tensor:
+        uf = self.side(self.u_blocks, values)
+        wf = self.side(self.w_blocks, values)
+        return uf @ uf.T - wf @ wf.T
+
+    @staticmethod
+    def _act(blocks: Sequence[Block], mat: Tensor, values: Mapping[nn.Parameter, Tensor]) -> None:
+        for b in blocks:
+            v = values[b.param]
+            b.write_front_(v, mat.to(v.dtype) @ b.front(v))
+
+    @staticmethod
+    def _act_batched(
+        blocks: Sequence[Block], mat: Tensor, values: Mapping[nn.Parameter, Tensor]
+    ) -> None:
+        for b in blocks:
+            v = values[b.param]
+            b.write_front_batched_(v, mat.to(v.dtype) @ b.front_batched(v))
+
+    def _check_g(self, g: Tensor) -> Tensor:
+        g = torch.as_tensor(g)
+        if g.shape != (self.d, self.d):
+            raise ValueError(
+                f"Shape mismatch: expected a group element G of shape ({self.d}, {self.d}) for "
+                f"{self.describe()}, got {tuple(g.shape)}."
+            )
+        return g
+
+    def act_(self, element: Tensor, values: Mapping[nn.Parameter, Tensor]) -> None:
+        g = self._check_g(element).to(torch.float64)
+        ginv = torch.linalg.inv(g)
+        self._act(self.w_blocks, ginv, values)
+        self._act(self.u_blocks, g.T, values)
+
+    def transport_grads_(self, element: Tensor, grads: Mapping[nn.Parameter, Tensor]) -> None:
+        # W_f → G^{-1}W_f makes ∇W_f → Gᵀ∇W_f; U_f → GᵀU_f makes ∇U_f → G^{-1}∇U_f.
+        g = self._check_g(element).to(torch.float64)
+        ginv = torch.linalg.inv(g)
+        self._act_batched(self.w_blocks, g.T, grads)
+        self._act_batched(self.u_blocks, ginv, grads)
+
+    def random_element(self, scale: float, generator: torch.Generator) -> Tensor:
+        b = torch.randn(self.d, self.d, generator=generator, dtype=torch.float64)
+        b = (b + b.T) / 2
+        b = b / torch.linalg.matrix_norm(b, ord=2) * scale
+        return torch.linalg.matrix_exp(b).to(self._params[0].device)
+
+    def identity_element(self) -> Tensor:
+        return torch.eye(self.d, dtype=torch.float64, device=self._params[0].device)
+
+    def describe(self) -> str:
+        return self.label or f"double rotation (d={self.d})"

@@ -1,0 +1,76 @@
+"""Scale invariance: ℓ(e^λ θ_S) = ℓ(θ_S) for a parameter group S (normalisation layers).
+
+A = I on the group (paper §4.2), C = ‖θ_S‖². Without weight decay the noise makes the norm
+grow for ever (paper eq. 24): the equilibrium is at infinity.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import ClassVar
+
+import torch
+from torch import nn
+
+from noetherflow._errors import SymmetryDefinitionError
+from noetherflow.symmetry.base import DiagonalSymmetry, DiagonalTerm, Family, check_params
+from noetherflow.symmetry.rescaling import _index_along
+
+__all__ = ["ScaleInvariance"]
+
+
+class ScaleInvariance(DiagonalSymmetry):
+    """Joint scaling of a group of parameters leaves the loss unchanged.
+
+    Args:
+        params: the parameters scaled together, e.g. the weight and bias feeding a LayerNorm.
+        per_channel: one generator per index along dim 0 (all params must share that size),
+            e.g. the per-channel invariance of a conv feeding BatchNorm in training mode.
+        label: optional name shown in tables.
+    """
+
+    family: ClassVar[Family] = Family.SCALE
+
+    def __init__(
+        self,
+        params: Sequence[nn.Parameter],
+        *,
+        per_channel: bool = False,
+        label: str | None = None,
+    ) -> None:
+        super().__init__(label=label)
+        params = list(params)
+        check_params(params, "ScaleInvariance")
+        if per_channel:
+            sizes = {p.shape[0] if p.dim() > 0 else 1 for p in params}
+            if len(sizes) != 1:
+                raise SymmetryDefinitionError(
+                    f"ScaleInvariance(per_channel=True): parameters have different sizes along "
+                    f"dim 0: {sorted(sizes)}; expected one channel count shared by all."
+                )
+            self._n = sizes.pop()
+        else:
+            self._n = 1
+        self.per_channel = per_channel
+        self._terms = [
+            DiagonalTerm(
+                p,
+                _index_along(p.shape, 0, 1, p.device)
+                if per_channel
+                else torch.zeros(p.shape, dtype=torch.long, device=p.device),
+                torch.ones_like(p.detach()),
+            )
+            for p in params
+        ]
+
+    @property
+    def num_generators(self) -> int:
+        return self._n
+
+    def terms(self) -> list[DiagonalTerm]:
+        return self._terms
+
+    def describe(self) -> str:
+        n = sum(t.param.numel() for t in self._terms)
+        what = f"{self._n} channels" if self.per_channel else "1 group"
+        return self.label or f"scale invariance ({what}, {n} coordinates)"

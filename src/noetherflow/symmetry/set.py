@@ -1,0 +1,260 @@
+"""An ordered collection of symmetries of one model, with numerical verification."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from noetherflow._errors import SymmetryDefinitionError, SymmetryNotPresentError
+from noetherflow.symmetry.base import Symmetry, unique_params
+
+__all__ = ["SymmetrySet", "VerifyResult"]
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    """Outcome of the numerical check of one symmetry."""
+
+    name: str
+    rel_change: float
+    tolerance: float
+    verified: bool
+
+
+def _as_outputs(out: Any) -> Tensor:
+    if isinstance(out, Tensor):
+        return out
+    if isinstance(out, tuple | list):
+        return torch.cat([_as_outputs(o).reshape(-1) for o in out])
+    if isinstance(out, dict):
+        return torch.cat([_as_outputs(v).reshape(-1) for v in out.values()])
+    raise TypeError(f"cannot compare model outputs of type {type(out).__name__}")
+
+
+class SymmetrySet:
+    """Symmetries of one model, each with a unique name.
+
+    Args:
+        symmetries: the symmetries. Names come from each symmetry's ``label`` or are
+            ``"<family><index>"``.
+    """
+
+    def __init__(self, symmetries: Iterable[Symmetry] = ()) -> None:
+        self._syms: list[Symmetry] = []
+        self._names: list[str] = []
+        self.verification: dict[str, VerifyResult] = {}
+        for s in symmetries:
+            self.add(s)
+
+    def add(self, sym: Symmetry) -> None:
+        """Append a symmetry; its name must be unique in the set."""
+        if not isinstance(sym, Symmetry):
+            raise SymmetryDefinitionError(
+                f"SymmetrySet takes Symmetry objects, got {type(sym).__name__}; build one with "
+                "nf.Rescaling, nf.ScaleInvariance, nf.DoubleRotation or nf.DenseSymmetry."
+            )
+        name = sym.label or f"{sym.family.value}{len(self._syms)}"
+        if name in self._names:
+            raise SymmetryDefinitionError(f"SymmetrySet: duplicate name {name!r}; give unique labels.")
+        self._syms.append(sym)
+        self._names.append(name)
+
+    def __iter__(self) -> Iterator[Symmetry]:
+        return iter(self._syms)
+
+    def __len__(self) -> int:
+        return len(self._syms)
+
+    def __getitem__(self, key: int | str) -> Symmetry:
+        if isinstance(key, str):
+            return self._syms[self._names.index(key)]
+        return self._syms[key]
+
+    @property
+    def names(self) -> list[str]:
+        return list(self._names)
+
+    def items(self) -> list[tuple[str, Symmetry]]:
+        return list(zip(self._names, self._syms, strict=True))
+
+    def params(self) -> list[nn.Parameter]:
+        """Every parameter acted on by some symmetry, once each."""
+        return unique_params(self._syms)
+
+    def coupled_groups(self) -> list[list[int]]:
+        """Indices of symmetries whose statistics must be solved together.
+
+        Diagonal symmetries commute and are always solved jointly; a rotation or dense
+        symmetry that shares a parameter with another symmetry couples them (chains).
+        Returns the connected components (as index lists) that need sweeps.
+        """
+        n = len(self._syms)
+        parent = list(range(n))
+
+        def find(i: int) -> int:
+            while parent[i] != i:
+                parent[i] = parent[parent[i]]
+                i = parent[i]
+            return i
+
+        owner: dict[int, int] = {}
+        for i, s in enumerate(self._syms):
+            for p in s.params:
+                j = owner.setdefault(id(p), i)
+                if j != i and not (s.is_diagonal and self._syms[j].is_diagonal):
+                    parent[find(i)] = find(j)
+        groups: dict[int, list[int]] = {}
+        for i in range(n):
+            groups.setdefault(find(i), []).append(i)
+        return [g for g in groups.values() if len(g) > 1]
+
+    # -- verification -----------------------------------------------------------------------
+    def verify(
+        self,
+        model: nn.Module,
+        inputs: Any,
+        *,
+        loss_fn: Callable[[Any, Any], Tensor] | None = None,
+        targets: Any = None,
+        scale: float = 0.5,
+        tolerance: float | None = None,
+        seed: int = 0,
+        strict: bool = True,
+    ) -> list[VerifyResult]:
+        """Check numerically that each symmetry leaves the model unchanged.
+
+        Each symmetry is applied alone with a random group element of size ``scale`` to a
+        float64 copy of the model; the relative change of the outputs (or of the loss, when
+        ``loss_fn`` is given) must stay below ``tolerance`` (default 1e-9).
+
+        Raises:
+            SymmetryNotPresentError: when ``strict`` and a symmetry changes the outputs.
+        """
+        tol = 1e-9 if tolerance is None else tolerance
+        m64 = copy.deepcopy(model).to(torch.float64)
+        mapping = dict(zip(model.parameters(), m64.parameters(), strict=True))
+        mapping_by_id = {id(p): q for p, q in mapping.items()}
+        x64 = _to64(inputs)
+        y64 = _to64(targets)
+        state = {k: v.clone() for k, v in m64.state_dict().items()}
+
+        def evaluate() -> Tensor:
+            m64.load_state_dict(state_buffers_only(m64, state), strict=False)
+            with torch.no_grad():
+                out = m64(x64)
+                return loss_fn(out, y64).reshape(1) if loss_fn is not None else _as_outputs(out)
+
+        gen = torch.Generator().manual_seed(seed)
+        base = evaluate()
+        results = []
+        for name, sym in self.items():
+            sym64 = _rebind(sym, mapping_by_id)
+            saved = {p: p.detach().clone() for p in sym64.params}
+            sym64.apply_(sym64.random_element(scale, gen))
+            after = evaluate()
+            with torch.no_grad():
+                for p, v in saved.items():
+                    p.copy_(v)
+            rel = float((after - base).norm() / base.norm().clamp_min(1e-300))
+            res = VerifyResult(name, rel, tol, rel <= tol)
+            self.verification[name] = res
+            results.append(res)
+        bad = [r for r in results if not r.verified]
+        if strict and bad:
+            lines = ", ".join(f"{r.name} (relative change {r.rel_change:.3g})" for r in bad)
+            raise SymmetryNotPresentError(
+                f"The model does not have these declared symmetries: {lines}; expected a relative "
+                f"change of the outputs ≤ {tol:g} under a random group element. Check that "
+                "nothing between the layers breaks the symmetry (a residual connection, a "
+                "non-homogeneous activation such as tanh/GELU, weight tying, BatchNorm in eval "
+                "mode) and remove the symmetry from the set."
+            )
+        return results
+
+    # -- presentation -----------------------------------------------------------------------
+    def to_dict(self, model: nn.Module | None = None) -> list[dict[str, Any]]:
+        """One entry per symmetry: family, modules (parameter names), size, verified, tolerance."""
+        names = _param_names(model)
+        out = []
+        for name, s in self.items():
+            v = self.verification.get(name)
+            out.append(
+                {
+                    "name": name,
+                    "family": s.family.value,
+                    "modules": [names.get(id(p), f"param{i}") for i, p in enumerate(s.params)],
+                    "size": s.size,
+                    "verified": bool(v.verified) if v else False,
+                    "tolerance": float(v.tolerance) if v else float("nan"),
+                }
+            )
+        return out
+
+    def table(self, model: nn.Module | None = None) -> Any:
+        """A rich Table of the symmetries."""
+        from rich.table import Table
+
+        t = Table(title=f"{len(self)} symmetries")
+        for col in ("name", "family", "acts on", "size", "verified"):
+            t.add_column(col)
+        for row in self.to_dict(model):
+            ok = "—" if row["name"] not in self.verification else ("✓" if row["verified"] else "✗")
+            t.add_row(row["name"], row["family"], ", ".join(row["modules"]), str(row["size"]), ok)
+        return t
+
+    def __repr__(self) -> str:
+        lines = [f"SymmetrySet({len(self)} symmetries)"]
+        for name, s in self.items():
+            lines.append(f"  {name}: {s.describe()}")
+        return "\n".join(lines)
+
+
+def _param_names(model: nn.Module | None) -> dict[int, str]:
+    if model is None:
+        return {}
+    return {id(p): n for n, p in model.named_parameters()}
+
+
+def state_buffers_only(model: nn.Module, state: dict[str, Tensor]) -> dict[str, Tensor]:
+    """The buffer entries of a saved state (running statistics), so evaluations do not drift."""
+    bufs = {n for n, _ in model.named_buffers()}
+    return {k: v for k, v in state.items() if k in bufs}
+
+
+def _to64(x: Any) -> Any:
+    if isinstance(x, Tensor):
+        return x.to(torch.float64) if x.is_floating_point() else x
+    if isinstance(x, tuple | list):
+        return type(x)(_to64(v) for v in x)
+    if isinstance(x, dict):
+        return {k: _to64(v) for k, v in x.items()}
+    return x
+
+
+def _rebind(sym: Symmetry, mapping: dict[int, nn.Parameter]) -> Symmetry:
+    """A copy of ``sym`` acting on the mapped parameters (of a model copy)."""
+    memo: dict[int, Any] = {}
+    for p in sym.params:
+        if id(p) not in mapping:
+            raise SymmetryDefinitionError(
+                f"A symmetry acts on a parameter of shape {tuple(p.shape)} that is not in the "
+                "model; build symmetries from the model's own modules."
+            )
+        memo[id(p)] = mapping[id(p)]
+    # Modules referenced by the symmetry are copied shallowly; parameters map to the copy.
+    for attr in ("first", "second"):
+        mod = getattr(sym, attr, None)
+        if isinstance(mod, nn.Module):
+            memo[id(mod)] = _module_view(mod, mapping)
+    return copy.deepcopy(sym, memo)
+
+
+def _module_view(mod: nn.Module, mapping: dict[int, nn.Parameter]) -> nn.Module:
+    view = copy.copy(mod)
+    view._parameters = {k: (mapping[id(v)] if v is not None else None) for k, v in mod._parameters.items()}  # type: ignore[assignment]
+    return view

@@ -1,0 +1,405 @@
+"""Tests of the experiment harness: claims, metrics.json, atomic writes, errors, report, CLI,
+parallelism and determinism. Fake experiments are classes of this module, referenced as
+``"<this module>:<Class>"`` so spawned worker processes can import them too."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from noetherflow import _io, cli, report
+from noetherflow.experiments import (
+    METRICS_FILE,
+    Claim,
+    Op,
+    derive_seed,
+    evaluate,
+    find_divergence,
+    parallel_map,
+    run_experiment,
+    save_figure,
+)
+from noetherflow.experiments import registry
+
+# --------------------------------------------------------------------------------------
+# fake experiments
+# --------------------------------------------------------------------------------------
+
+
+def _noisy_sum(item: int, *, scale: float) -> float:
+    """Uses the global torch RNG, which parallel_map seeds per item."""
+    return float(scale * item + torch.randn(()).item())
+
+
+class GoodExp:
+    """A fake experiment with one holding, one failing and one NaN claim."""
+
+    @dataclass(frozen=True)
+    class Config:
+        """n: length of the random series; quick shrinks it."""
+
+        n: int = 40
+        scale: float = 0.5
+
+        @classmethod
+        def quick(cls) -> GoodExp.Config:
+            return cls(n=8)
+
+    @staticmethod
+    def run(cfg: Any, seed: int, out_dir: Path) -> dict[str, Any]:
+        x = torch.randn(cfg.n, dtype=torch.float64).numpy()  # global RNG, seeded by harness
+        sweep = parallel_map(partial(_noisy_sum, scale=cfg.scale), range(4))
+        return {
+            "series": {"x": x, "special": np.array([np.nan, np.inf, -np.inf, 1.0])},
+            "sweep": sweep,
+            "mean": float(x.mean()),
+            "count": np.int64(3),
+        }
+
+    @staticmethod
+    def claims(results: dict[str, Any], cfg: Any) -> list[Claim]:
+        return [
+            Claim(id="count_is_3", statement="three | things", value=results["count"], op="==", threshold=3),
+            Claim(id="mean_huge", statement="mean exceeds 100", value=results["mean"], op=Op.GT, threshold=100),
+            Claim(id="nan_claim", statement="a NaN never holds", value=math.nan, op="abs<", threshold=1),
+        ]
+
+    @staticmethod
+    def plot(results: dict[str, Any], cfg: Any, out_dir: Path) -> list[Path]:
+        from matplotlib.figure import Figure
+
+        fig = Figure(figsize=(2, 2))
+        fig.subplots().plot(results["series"]["x"])
+        return [save_figure(fig, out_dir / "good.png")]
+
+
+class BoomExp:
+    """A fake experiment whose run raises."""
+
+    Config = GoodExp.Config
+
+    @staticmethod
+    def run(cfg: Any, seed: int, out_dir: Path) -> dict[str, Any]:
+        raise ValueError("boom 42")
+
+    claims = GoodExp.claims
+    plot = GoodExp.plot
+
+
+class BadPlotExp(GoodExp):
+    """A fake experiment whose plot raises (claims must survive)."""
+
+    @staticmethod
+    def plot(results: dict[str, Any], cfg: Any, out_dir: Path) -> list[Path]:
+        raise RuntimeError("no canvas")
+
+
+class QuickFieldExp(GoodExp):
+    """Config with a `quick: bool` field instead of a classmethod."""
+
+    @dataclass(frozen=True)
+    class Config:
+        quick: bool = False
+
+        @property
+        def n(self) -> int:
+            return 5 if self.quick else 50
+
+        scale: float = 1.0
+
+
+def _target(cls: type) -> str:
+    return f"{__name__}:{cls.__name__}"
+
+
+@pytest.fixture
+def fakes() -> Iterator[dict[str, str]]:
+    ids = {"fake_good": GoodExp, "fake_boom": BoomExp, "fake_badplot": BadPlotExp, "fake_good2": GoodExp}
+    for i, cls in ids.items():
+        registry.register(i, _target(cls))
+    yield {i: _target(c) for i, c in ids.items()}
+    for i in ids:
+        registry.unregister(i)
+
+
+def _strict_json(path: Path) -> dict[str, Any]:
+    def no_constant(name: str) -> Any:
+        raise AssertionError(f"invalid JSON constant {name} in {path}")
+
+    data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"), parse_constant=no_constant)
+    return data
+
+
+def _comparable(rec: dict[str, Any]) -> dict[str, Any]:
+    return {k: rec[k] for k in ("experiment", "seed", "quick", "config", "claims", "series", "results")}
+
+
+# --------------------------------------------------------------------------------------
+# claims
+# --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "op", "threshold", "expected"),
+    [
+        (1, "<", 2, True),
+        (2, "<", 2, False),
+        (2, "<=", 2, True),
+        (3, ">", 2, True),
+        (2, ">=", 3, False),
+        (0, "==", 0, True),
+        (1, "==", 0, False),
+        (1, "!=", 0, True),
+        (-0.5, "abs<", 1, True),
+        (-1.5, "abs<", 1, False),
+        (-1.0, "abs<=", 1, True),
+        (math.nan, "<", 1, False),
+        (None, ">", 0, False),
+        ("inf", ">", 1e300, True),
+        (np.float64(1e-12), "<", 1e-10, True),
+    ],
+)
+def test_claim_evaluation(value: Any, op: str, threshold: float, expected: bool) -> None:
+    assert evaluate(value, op, threshold) is expected
+    c = Claim(id="c", statement="s", value=value, op=op, threshold=threshold)  # type: ignore[arg-type]
+    assert c.holds is expected
+    assert c.op is Op(op)
+    d = c.to_dict()
+    json.dumps(d, allow_nan=False)
+    assert Claim.from_dict(d).holds is expected
+
+
+def test_claim_holds_is_computed_not_passed() -> None:
+    with pytest.raises(TypeError):
+        Claim(id="c", statement="s", value=1, op=Op.LT, threshold=2, holds=True)  # type: ignore[call-arg]
+
+
+def test_unknown_op_names_valid_ones() -> None:
+    with pytest.raises(ValueError, match=r"unknown claim op '=<'.*'<='"):
+        Claim(id="c", statement="s", value=1, op="=<", threshold=2)  # type: ignore[arg-type]
+
+
+def test_find_divergence_and_derive_seed() -> None:
+    d = find_divergence([3.0, 2.0, 1.5, math.inf, math.nan])
+    assert (d.diverged, d.step, d.last_finite_step, d.last_finite_value) == (True, 3, 2, 1.5)
+    assert not find_divergence([1.0, 2.0]).diverged
+    assert find_divergence([1.0, 1e9], limit=1e6).step == 1
+    assert derive_seed(0, "a") == derive_seed(0, "a") != derive_seed(1, "a")
+
+
+# --------------------------------------------------------------------------------------
+# io
+# --------------------------------------------------------------------------------------
+
+
+def test_to_jsonable_handles_arrays_tensors_and_nonfinite() -> None:
+    obj = {
+        "a": np.array([1.0, np.nan, np.inf, -np.inf]),
+        "t": torch.tensor([[1, 2]]),
+        "s": np.float32(0.5),
+        "i": np.int64(7),
+        "b": np.bool_(True),
+        "p": Path("x/y"),
+        "e": Op.LT,
+        1: (1, 2),
+    }
+    out = _io.to_jsonable(obj)
+    text = json.dumps(out, allow_nan=False)
+    assert json.loads(text) == {
+        "a": [1.0, None, "inf", "-inf"],
+        "t": [[1, 2]],
+        "s": 0.5,
+        "i": 7,
+        "b": True,
+        "p": "x/y",
+        "e": "<",
+        "1": [1, 2],
+    }
+
+
+def test_atomic_write_leaves_no_temp_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    target = tmp_path / "sub" / "m.json"
+    _io.atomic_write_json(target, {"x": np.arange(3)})
+    _io.atomic_write_json(target, {"x": 1})
+    assert _strict_json(target) == {"x": 1}
+    assert sorted(p.name for p in target.parent.iterdir()) == ["m.json"]
+
+    def failing_replace(src: str, dst: str) -> None:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(_io.os, "replace", failing_replace)
+    with pytest.raises(OSError, match="disk full"):
+        _io.atomic_write_json(target, {"x": 2})
+    assert _strict_json(target) == {"x": 1}  # old content intact
+    assert sorted(p.name for p in target.parent.iterdir()) == ["m.json"]  # no temp left
+    assert os.stat(target).st_mode & 0o777 == _io._FILE_MODE  # umask mode, not mkstemp's 0600
+
+
+# --------------------------------------------------------------------------------------
+# run_experiment
+# --------------------------------------------------------------------------------------
+
+
+def test_metrics_schema(tmp_path: Path) -> None:
+    rec = run_experiment("fake_good", _target(GoodExp), quick=True, seed=3, out_dir=tmp_path)
+    data = _strict_json(tmp_path / "fake_good" / METRICS_FILE)
+    assert data == json.loads(json.dumps(rec))
+    for key in ("experiment", "quick", "seed", "elapsed_s", "config", "claims", "series", "status", "error"):
+        assert key in data, key
+    assert data["experiment"] == "fake_good" and data["quick"] is True and data["seed"] == 3
+    assert data["status"] == "ok" and data["error"] is None
+    assert data["config"] == {"n": 8, "scale": 0.5}
+    assert len(data["series"]["x"]) == 8
+    assert data["series"]["special"] == [None, "inf", "-inf", 1.0]
+    assert data["results"]["count"] == 3 and len(data["results"]["sweep"]) == 4
+    assert [c["holds"] for c in data["claims"]] == [True, False, False]
+    assert set(data["claims"][0]) >= {"id", "statement", "value", "op", "threshold", "holds"}
+    assert data["figures"] == ["good.png"]
+    assert (tmp_path / "fake_good" / "good.png").read_bytes()[:4] == b"\x89PNG"
+    assert data["description"].startswith("A fake experiment")
+    assert not [p for p in (tmp_path / "fake_good").iterdir() if p.name.endswith(".tmp")]
+
+
+def test_quick_field_config(tmp_path: Path) -> None:
+    rec = run_experiment("qf", _target(QuickFieldExp), quick=True, seed=0, out_dir=tmp_path)
+    assert rec["status"] == "ok", rec["error"]
+    assert rec["config"] == {"quick": True, "scale": 1.0}
+    assert len(rec["series"]["x"]) == 5
+
+
+def test_errors_are_recorded_not_raised(tmp_path: Path) -> None:
+    rec = run_experiment("fake_boom", _target(BoomExp), quick=True, seed=0, out_dir=tmp_path)
+    data = _strict_json(tmp_path / "fake_boom" / METRICS_FILE)
+    assert rec["status"] == data["status"] == "error"
+    assert data["error"]["stage"] == "run" and data["error"]["type"] == "ValueError"
+    assert "boom 42" in data["error"]["message"] and "boom 42" in data["error"]["traceback"]
+
+    rec = run_experiment("bp", _target(BadPlotExp), quick=True, seed=0, out_dir=tmp_path)
+    assert rec["error"]["stage"] == "plot" and len(rec["claims"]) == 3
+
+    rec = run_experiment("missing", "no_such_module_xyz", quick=True, seed=0, out_dir=tmp_path)
+    assert rec["error"]["stage"] == "load" and rec["error"]["type"] == "ModuleNotFoundError"
+
+
+def test_determinism_for_a_seed(tmp_path: Path) -> None:
+    a = run_experiment("fake_good", _target(GoodExp), quick=True, seed=11, out_dir=tmp_path / "a")
+    b = run_experiment("fake_good", _target(GoodExp), quick=True, seed=11, out_dir=tmp_path / "b")
+    c = run_experiment("fake_good", _target(GoodExp), quick=True, seed=12, out_dir=tmp_path / "c")
+    assert _comparable(a) == _comparable(b)
+    assert a["series"]["x"] != c["series"]["x"]
+
+
+def test_parallel_map_independent_of_jobs() -> None:
+    fn = partial(_noisy_sum, scale=2.0)
+    one = parallel_map(fn, range(5), jobs=1, seed=7)
+    two = parallel_map(fn, range(5), jobs=2, seed=7)
+    assert one == two
+    assert one != parallel_map(fn, range(5), jobs=1, seed=8)
+    state = torch.get_rng_state()
+    parallel_map(fn, range(2), jobs=1, seed=7)
+    assert torch.equal(state, torch.get_rng_state())  # caller's RNG untouched
+    with pytest.raises(ValueError, match="jobs=0"):
+        parallel_map(fn, range(2), jobs=0)
+
+
+# --------------------------------------------------------------------------------------
+# registry and CLI
+# --------------------------------------------------------------------------------------
+
+
+def test_registry_unknown_id_lists_valid(fakes: dict[str, str]) -> None:
+    assert "fig1" in registry.experiment_ids() and "fake_good" in registry.experiment_ids()
+    assert registry.resolve_ids(["fake_good", "fake_good"]) == ["fake_good"]
+    assert "fig1" in registry.resolve_ids(["all"])
+    with pytest.raises(registry.UnknownExperimentError, match=r"'nope'.*fig1.*'all'"):
+        registry.resolve_ids(["nope"])
+    with pytest.raises(ValueError, match="invalid experiment id"):
+        registry.register("all", "x")
+
+
+def test_cli_unknown_id_is_usage_error(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    assert cli.main(["reproduce", "nope", "--out", str(tmp_path)]) == cli.ExitCode.USAGE
+    err = capsys.readouterr().err
+    assert "unknown experiment id 'nope'" in err and "fig1" in err
+
+
+def test_cli_list(fakes: dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["list"]) == 0
+    out = capsys.readouterr().out
+    assert "fig1" in out and "fake_good" in out and "A fake experiment" in out
+
+
+def test_cli_reproduce_report_and_exit_codes(
+    fakes: dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "r"
+    # a crash in one experiment: the others still run, report shows it, exit code non-zero
+    code = cli.main(["reproduce", "fake_good", "fake_boom", "--quick", "--out", str(out)])
+    assert code == cli.ExitCode.EXPERIMENT_ERROR
+    assert _strict_json(out / "fake_good" / METRICS_FILE)["status"] == "ok"
+    assert _strict_json(out / "fake_boom" / METRICS_FILE)["error"]["message"] == "boom 42"
+    md = (out / "report.md").read_text(encoding="utf-8")
+    page = (out / "report.html").read_text(encoding="utf-8")
+    good = _strict_json(out / "fake_good" / METRICS_FILE)
+    for c in good["claims"]:
+        assert c["id"] in md and c["id"] in page
+    assert "three \\| things" in md and "mean exceeds 100" in page
+    assert report.HOLDS in md and report.FAILS in md and report.HOLDS in page and report.FAILS in page
+    assert "boom 42" in md and "boom 42" in page
+    assert "![fake_good: good.png](fake_good/good.png)" in md
+    assert page.count("data:image/png;base64,") == 1
+    assert 'src="http' not in page and 'src="fake_good' not in page
+    assert '"n": 8' in md  # config
+    term = capsys.readouterr().out
+    assert "fake_good" in term and "fake_boom" in term
+
+    # failing claims are reported, not gating, unless --strict
+    assert cli.main(["reproduce", "fake_good", "--quick", "--out", str(out)]) == cli.ExitCode.OK
+    code = cli.main(["reproduce", "fake_good", "--quick", "--strict", "--out", str(out)])
+    assert code == cli.ExitCode.CLAIMS_FAILED
+    # report re-rendered from the directory
+    (out / "report.md").unlink()
+    assert cli.main(["report", str(out)]) == cli.ExitCode.EXPERIMENT_ERROR  # fake_boom is there
+    assert "fake_boom" in (out / "report.md").read_text(encoding="utf-8")
+    leftovers = [p for p in out.rglob("*") if p.name.endswith(".tmp")]
+    assert not leftovers
+
+
+def test_cli_jobs_2_equals_jobs_1(fakes: dict[str, str], tmp_path: Path) -> None:
+    ids = ["fake_good", "fake_good2", "fake_boom"]
+    for jobs in ("1", "2"):
+        code = cli.main(["reproduce", *ids, "--quick", "--seed", "5", "--jobs", jobs, "--out", str(tmp_path / jobs)])
+        assert code == cli.ExitCode.EXPERIMENT_ERROR
+    for i in ids:
+        one = _strict_json(tmp_path / "1" / i / METRICS_FILE)
+        two = _strict_json(tmp_path / "2" / i / METRICS_FILE)
+        if i == "fake_boom":
+            assert one["error"]["message"] == two["error"]["message"] == "boom 42"
+        else:
+            assert _comparable(one) == _comparable(two)
+    # inner parallel_map gets the whole budget when one experiment runs with --jobs 2
+    cli.main(["reproduce", "fake_good", "--quick", "--seed", "5", "--jobs", "2", "--out", str(tmp_path / "i")])
+    inner = _strict_json(tmp_path / "i" / "fake_good" / METRICS_FILE)
+    assert inner["environment"]["jobs"] == 2
+    assert _comparable(inner) == _comparable(_strict_json(tmp_path / "1" / "fake_good" / METRICS_FILE))
+
+
+def test_console_script_installed() -> None:
+    exe = shutil.which("noetherflow")
+    if exe is None:
+        pytest.skip("console script not on PATH (package not installed)")
+    proc = subprocess.run([exe, "list"], capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert "fig1" in proc.stdout
