@@ -26,6 +26,7 @@ from noetherflow.stats.core import (
     parse_reduction,
     stats_from_samples,
 )
+from noetherflow.stats.distributed import all_reduce_stats, is_distributed, unwrap_ddp
 from noetherflow.stats.microbatch import microbatch_grads
 from noetherflow.stats.reference import per_sample_grads
 from noetherflow.symmetry.dense import DenseSymmetry
@@ -72,8 +73,16 @@ def _factors(rec: _Record) -> tuple[Tensor, Tensor]:
 class Capture:
     """Context object of :func:`capture`: its ``stats`` are ready after the backward pass."""
 
-    def __init__(self, model: nn.Module, syms: SymmetrySet, reduction: Reduction, check_finite: bool):
+    def __init__(
+        self,
+        model: nn.Module,
+        syms: SymmetrySet,
+        reduction: Reduction,
+        check_finite: bool,
+        all_reduce: bool | None = None,
+    ):
         self.model, self.syms, self.reduction, self.check_finite = model, syms, reduction, check_finite
+        self.all_reduce = is_distributed() if all_reduce is None else all_reduce
         owners: dict[int, tuple[_Record, str]] = {}
         recs: dict[int, _Record] = {}
         named = dict(model.named_modules())
@@ -143,6 +152,14 @@ class Capture:
         return self._stats
 
     def _compute(self) -> GradStats:
+        unused = [r.name for r in self._records if r.a is None and r.g is None]
+        if unused:
+            raise UnsupportedLayerError(
+                f"Layers {unused} never ran their forward inside the capture although a symmetry "
+                "acts on their parameters (are the parameters used directly, e.g. w / w.norm()?). "
+                "Run the forward and backward inside `with capture(...)`, or use "
+                "estimator='reference' or 'microbatch', which work for any use of a parameter."
+            )
         missing = [r.name for r in self._records if r.a is None or r.g is None]
         if missing:
             raise StatisticsError(
@@ -179,6 +196,8 @@ class Capture:
             elif isinstance(s, DenseSymmetry):
                 f = s.flat_batched(st.samples)
                 st.dense[s] = f.T @ f / n
+        if self.all_reduce:
+            all_reduce_stats(st)
         if self.check_finite:
             st.check_finite()
         return st
@@ -212,6 +231,7 @@ def capture(
     *,
     reduction: str | Reduction = "mean",
     check_finite: bool = True,
+    all_reduce: bool | None = None,
 ) -> Iterator[Capture]:
     """Ride on the caller's own forward/backward pass and collect gradient statistics.
 
@@ -223,8 +243,11 @@ def capture(
 
     ``reduction`` says whether the loss is the batch mean or the sum of per-sample losses.
     Only ``nn.Linear`` and ``nn.Conv1d/2d`` layers are captured; the batch is dim 0.
+    ``all_reduce`` (default: whether ``torch.distributed`` is initialised) combines the
+    statistics of all ranks into those of the global batch (:mod:`.distributed`); every rank
+    must then read ``stats``.
     """
-    cap = Capture(model, syms, parse_reduction(reduction), check_finite)
+    cap = Capture(model, syms, parse_reduction(reduction), check_finite, all_reduce)
     cap._attach()
     try:
         yield cap
@@ -244,6 +267,7 @@ def collect_stats(
     micro_batch_size: int = 1,
     check_finite: bool = True,
     chunk_size: int | None = None,
+    all_reduce: bool | None = None,
 ) -> GradStats:
     """Per-sample gradient statistics of ``syms`` over one batch (treated as the data distribution).
 
@@ -260,7 +284,11 @@ def collect_stats(
         micro_batch_size: micro-batch size m of the ``'microbatch'`` estimator.
         check_finite: raise on NaN/Inf statistics.
         chunk_size: vmap chunk size of the ``'reference'`` estimator (memory bound).
+        all_reduce: combine the statistics of all ``torch.distributed`` ranks into those of
+            the global batch (uneven batches allowed); default: whether a process group is
+            initialised. ``model`` may be wrapped in ``DistributedDataParallel``.
     """
+    model = unwrap_ddp(model)
     red = parse_reduction(reduction)
     try:
         est = Estimator(estimator)
@@ -275,7 +303,9 @@ def collect_stats(
     check_batch(xs[0].shape[0])
     _check_devices(model, syms, xs)
     if est is Estimator.HOOKS:
-        with capture(model, syms, reduction=red, check_finite=check_finite) as cap:
+        with capture(
+            model, syms, reduction=red, check_finite=check_finite, all_reduce=all_reduce
+        ) as cap:
             loss = loss_fn(model(*xs), targets)
             params = syms.params()
             torch.autograd.grad(loss, params, allow_unused=True)
@@ -289,6 +319,8 @@ def collect_stats(
             reduction=red.value,
         )
     st = stats_from_samples(samples, syms, estimator=est.value)
+    if all_reduce or (all_reduce is None and is_distributed()):
+        all_reduce_stats(st)
     if check_finite:
         st.check_finite()
     return st

@@ -167,9 +167,11 @@ class DiagonalSymmetry(Symmetry):
 
     def _exponent(self, term: DiagonalTerm, lam: Tensor) -> Tensor:
         """s_k = a_k·λ for the coordinates of ``term.param``. Has shape ``param.shape``."""
-        lam = lam.to(device=term.coef.device, dtype=term.coef.dtype)
-        idx = term.gen.clamp(min=0)
-        return term.coef * lam[idx]
+        # float64 whatever the model dtype: the coefficients may predate a model.to(dtype).
+        dev = term.param.device
+        lam = torch.as_tensor(lam).to(device=dev, dtype=torch.float64)
+        idx = term.gen.to(dev).clamp(min=0)
+        return term.coef.to(device=dev, dtype=torch.float64) * lam[idx]
 
     def charge_of(self, values: Mapping[nn.Parameter, Tensor]) -> Tensor:
         out: Tensor | None = None
