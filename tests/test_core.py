@@ -188,7 +188,9 @@ def test_microbatch_of_one_equals_reference(name: str) -> None:
 
 def test_microbatch_estimates_covariance_under_batchnorm() -> None:
     torch.manual_seed(0)
-    m = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4, eps=1e-30), nn.ReLU(), nn.Linear(4, 2)).to(DT)
+    m = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4, eps=1e-30), nn.ReLU(), nn.Linear(4, 2)).to(
+        DT
+    )
     syms = nf.SymmetrySet([nf.ScaleInvariance([m[0].weight, m[0].bias], per_channel=True)])
     x, y = torch.randn(32, 3, dtype=DT), torch.randn(32, 2, dtype=DT)
     syms.verify(m, x)
@@ -378,7 +380,9 @@ def test_errors_name_value_expectation_and_fix() -> None:
     with pytest.raises(nf.NonFiniteGradientError, match="check_finite=False"):
         nf.collect_stats(ok, syms, nn.MSELoss(), x, y * float("nan"))
     with pytest.raises(ValueError, match="lr="):
-        nf.noether_flow(ok, syms, nf.collect_stats(ok, syms, nn.MSELoss(), x, y), lr=-1, batch_size=2)
+        nf.noether_flow(
+            ok, syms, nf.collect_stats(ok, syms, nn.MSELoss(), x, y), lr=-1, batch_size=2
+        )
     ln = nn.Sequential(nn.Linear(3, 4), nn.LayerNorm(4), nn.Linear(4, 2))
     sc = nf.SymmetrySet([nf.ScaleInvariance([ln[1].weight])])
     with pytest.raises(nf.UnsupportedLayerError, match="estimator='reference'"):

@@ -37,6 +37,15 @@ DT = torch.float64
 MSE = nn.MSELoss()
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """The models are tiny: intra-op threads only add contention on a shared machine."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def make_problem(
     seed: int = 0, n: int = 32, d_in: int = 4, d: int = 3, d_out: int = 2, scale: float = 1.0
 ) -> tuple[nn.Sequential, torch.Tensor, torch.Tensor]:
@@ -73,11 +82,12 @@ def flat_params(model: nn.Module) -> torch.Tensor:
 # ---------------------------------------------------------------- (1) gradient flow
 
 
-@pytest.mark.parametrize("method", [GFMethod.RK4, "dop853"])
-def test_gf_conserves_matrix_charge(method: GFMethod | str) -> None:
+@pytest.mark.parametrize(("method", "steps"), [(GFMethod.RK4, 100), ("dop853", 5)])
+def test_gf_conserves_matrix_charge(method: GFMethod | str, steps: int) -> None:
+    # RK4 with h = 0.02 (observed drift ~1e-8); DOP853 adaptive at rtol 1e-10 (~1e-15).
     model, X, Y = make_problem()
     Q0 = matrix_charge(model)
-    res = run_gf(model, MSE, X, Y, time=2.0, steps=100, method=method, rtol=1e-11, atol=1e-13)
+    res = run_gf(model, MSE, X, Y, time=2.0, steps=steps, method=method, rtol=1e-10, atol=1e-12)
     drift = torch.linalg.norm(matrix_charge(model) - Q0) / torch.linalg.norm(Q0)
     assert not res.diverged
     assert res.history["loss"][-1] < 0.7 * res.history["loss"][0]  # the flow went somewhere
@@ -172,7 +182,9 @@ def test_per_sample_gradients_match_autograd_loop() -> None:
     model, X, Y = make_problem(n=5)
     ps = per_sample_gradients(model, MSE, X, Y)
     for i in range(5):
-        grads = torch.autograd.grad(MSE(model(X[i : i + 1]), Y[i : i + 1]), list(model.parameters()))
+        grads = torch.autograd.grad(
+            MSE(model(X[i : i + 1]), Y[i : i + 1]), list(model.parameters())
+        )
         for (name, _), g in zip(model.named_parameters(), grads, strict=True):
             torch.testing.assert_close(ps[name][i], g, rtol=1e-12, atol=1e-14)
 
@@ -244,7 +256,14 @@ def test_sgf_subsampled_noise_runs() -> None:
 def test_divergence_recorded_not_raised() -> None:
     model, X, Y = make_problem(scale=3.0)
     res = run_sgd(
-        model, MSE, X, Y, lr=2.0, batch_size=8, steps=200, generator=torch.Generator().manual_seed(0)
+        model,
+        MSE,
+        X,
+        Y,
+        lr=2.0,
+        batch_size=8,
+        steps=200,
+        generator=torch.Generator().manual_seed(0),
     )
     assert res.diverged
     k = res.diverged_at_step
@@ -321,7 +340,7 @@ def test_schedule_drives_run_lr_and_time() -> None:
         lambda: make_schedule("cosine"),
     ],
 )
-def test_schedule_errors(build) -> None:  # type: ignore[no-untyped-def]
+def test_schedule_errors(build) -> None:
     with pytest.raises(ValueError):
         build()
 
@@ -352,7 +371,7 @@ def test_determinism_for_a_seed(runner: str) -> None:
         )
         return res.history, res.final_state
 
-    (h1, s1), (h2, s2), (h3, s3) = go(3), go(3), go(4)
+    (h1, s1), (h2, s2), (h3, _) = go(3), go(3), go(4)
     for key in h1:
         np.testing.assert_array_equal(h1[key], h2[key])
     for key in s1:

@@ -202,7 +202,7 @@ def _solve_diag(
     if not bool(free.any()):
         return lam, reports, 0.0, True, 0
     idx = free.nonzero().squeeze(1)
-    for it in range(1, max_iter + 1):  # noqa: B007
+    for it in range(1, max_iter + 1):
         g, scale, h = prob.derivatives(lam)
         gf, sf = g[idx], scale[idx]
         active = sf > 0
@@ -232,7 +232,8 @@ def _solve_diag(
                 if d.abs().max() > 1e-3:
                     reports.append(
                         InfinityReport(
-                            names[s], d.clone(),
+                            names[s],
+                            d.clone(),
                             "F keeps decreasing along this combined direction: the joint "
                             "equilibrium is at infinity; the iterate was stopped, not moved",
                         )
@@ -387,7 +388,7 @@ def solve_equilibrium(
         An :class:`EquilibriumSolution`; apply it with :func:`noetherflow.teleport`.
     """
     nm = NoiseModel.create(lr=lr, batch_size=batch_size, weight_decay=weight_decay, time=time)
-    names = {s: n for n, s in syms.items()}
+    names: dict[Any, str] = {s: n for n, s in syms.items()}
     index = {s: i for i, s in enumerate(syms)}
     coupled = bool(syms.coupled_groups())
     if coupled and not stats.samples:
@@ -404,7 +405,7 @@ def solve_equilibrium(
     else:
         samples, cur = {}, stats
 
-    diag = [s for s in syms if isinstance(s, DiagonalSymmetry)]
+    diag: list[DiagonalSymmetry] = [s for s in syms if isinstance(s, DiagonalSymmetry)]
     steps: list[tuple[int, Any]] = []
     totals: dict[Symmetry, Any] = {s: s.identity_element() for s in syms}
     reports: dict[str, InfinityReport] = {}
@@ -423,14 +424,14 @@ def solve_equilibrium(
                 iterations = its
             for r in reps:
                 reports[r.name] = r
-            for s in diag:
-                off = prob.offsets[s]
-                sl = lam[off : off + s.num_generators].to(s.params[0].device)
+            for ds in diag:
+                off = prob.offsets[ds]
+                sl = lam[off : off + ds.num_generators].to(ds.params[0].device)
                 if bool(sl.abs().max() > 0):
-                    steps.append((index[s], sl))
-                    totals[s] = totals[s] + sl
-                    _move(s, sl, values, samples)
-                residual[names[s]] = rel
+                    steps.append((index[ds], sl))
+                    totals[ds] = totals[ds] + sl
+                    _move(ds, sl, values, samples)
+                residual[names[ds]] = rel
                 worst = max(worst, rel)
         for s in syms:
             if isinstance(s, DoubleRotation):
@@ -440,7 +441,8 @@ def solve_equilibrium(
                 g, nb, pre, res = _solve_rotation(x, y, rtol=rtol_singular, ridge=ridge)
                 if nb is not None and nb.shape[1] > 0:
                     reports[names[s]] = InfinityReport(
-                        names[s], nb,
+                        names[s],
+                        nb,
                         f"{nb.shape[1]} of {s.d} hidden directions have singular gradient "
                         "statistics (no noise and no weight decay there): their equilibrium is "
                         "at infinity; solved on the rest",
@@ -457,7 +459,8 @@ def solve_equilibrium(
                 lam_d, sign, res = _solve_dense(s, values, cur, nm)
                 if sign:
                     reports[names[s]] = InfinityReport(
-                        names[s], torch.tensor(float(sign)),
+                        names[s],
+                        torch.tensor(float(sign)),
                         "the flow keeps its sign along the whole orbit: equilibrium at "
                         f"{'+' if sign > 0 else '-'}infinity; left unmoved",
                     )

@@ -66,7 +66,9 @@ class NoiseModel:
             # M = (η/S)·Σ = (η/S)(E[ggᵀ] − ḡḡᵀ)
             return cls(kappa=4 * gam, c_mean=-eta / s, c_second=eta / s)
         # M = η²(ḡḡᵀ + Σ/S) = η²((1 − 1/S) ḡḡᵀ + E[ggᵀ]/S)
-        return cls(kappa=4 * eta * gam * (1 - eta * gam), c_mean=eta**2 * (1 - 1 / s), c_second=eta**2 / s)
+        return cls(
+            kappa=4 * eta * gam * (1 - eta * gam), c_mean=eta**2 * (1 - 1 / s), c_second=eta**2 / s
+        )
 
     def diag(self, mean: Tensor, sq: Tensor) -> Tensor:
         """Per-coordinate M_kk from ḡ and E[g²] (same shapes)."""
@@ -81,10 +83,13 @@ def _check_hyper(lr: float, batch_size: int, weight_decay: float) -> None:
     if not (lr > 0 and torch.isfinite(torch.tensor(float(lr)))):
         raise ValueError(f"lr={lr!r} must be a positive finite learning rate η.")
     if int(batch_size) != batch_size or batch_size < 1:
-        raise ValueError(f"batch_size={batch_size!r} must be a positive integer S (the SGD batch size).")
+        raise ValueError(
+            f"batch_size={batch_size!r} must be a positive integer S (the SGD batch size)."
+        )
     if weight_decay < 0:
         raise ValueError(
-            f"weight_decay={weight_decay!r} must be >= 0 (γ of γ‖θ‖²; decoupled decay λ maps to γ = λ/2)."
+            f"weight_decay={weight_decay!r} must be >= 0 (γ of γ‖θ‖²; "
+            "decoupled decay λ maps to γ = λ/2)."
         )
 
 
@@ -106,17 +111,16 @@ def symmetry_flow(s: Symmetry, stats: GradStats, nm: NoiseModel) -> Tensor:
     """The flow −κC + Tr[A M] of one symmetry (shape of its charge)."""
     vals = _param_values(s)
     if isinstance(s, DiagonalSymmetry):
-        m = {p: nm.diag(stats.mean[p], stats.sq[p]) for p in s.params}
-        # Tr[A M] per generator is Σ_k a_kj M_kk: the "charge" of √M with the same a.
-        noise = _diag_weighted(s, m)
+        # Tr[A M] per generator is Σ_k a_kj M_kk.
+        noise = _diag_weighted(s, {p: nm.diag(stats.mean[p], stats.sq[p]) for p in s.params})
         return -nm.kappa * s.charge_of(vals) + noise
     if isinstance(s, DoubleRotation):
         mw, mu = rotation_noise(s, stats, nm)
         return -nm.kappa * s.charge_of(vals) + (mu - mw)
     if isinstance(s, DenseSymmetry):
         gbar = s.flat(stats.mean)
-        m = nm.matrix(torch.outer(gbar, gbar), stats.dense[s])
-        return -nm.kappa * s.charge_of(vals) + (s.A * m).sum()
+        mm = nm.matrix(torch.outer(gbar, gbar), stats.dense[s])
+        return -nm.kappa * s.charge_of(vals) + (s.A * mm).sum()
     raise TypeError(f"unknown symmetry type {type(s).__name__}")
 
 

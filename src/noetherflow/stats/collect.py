@@ -56,16 +56,19 @@ def _factors(rec: _Record) -> tuple[Tensor, Tensor]:
     if isinstance(m, nn.Linear):
         return a.reshape(n, -1, a.shape[-1]), g.reshape(n, -1, g.shape[-1])
     assert isinstance(m, nn.Conv1d | nn.Conv2d)
-    if isinstance(m, nn.Conv1d):
-        a, g = a.unsqueeze(2), g.unsqueeze(2)
-        ks, st, pd, dl = (1, *m.kernel_size), (1, *m.stride), (0, *m.padding), (1, *m.dilation)
-    else:
-        ks, st, pd, dl = m.kernel_size, m.stride, m.padding, m.dilation
-    if isinstance(pd, str) or m.padding_mode != "zeros":
+    if isinstance(m.padding, str) or m.padding_mode != "zeros":
         raise UnsupportedLayerError(
             f"Layer {rec.name!r}: padding={m.padding!r}, padding_mode={m.padding_mode!r} is not "
             "supported by estimator='hooks'; use estimator='reference' or 'microbatch'."
         )
+    if isinstance(m, nn.Conv1d):
+        a, g = a.unsqueeze(2), g.unsqueeze(2)
+        ks = (1, m.kernel_size[0])
+        st, pd, dl = (1, m.stride[0]), (0, int(m.padding[0])), (1, m.dilation[0])
+    else:
+        ks = (m.kernel_size[0], m.kernel_size[1])
+        st, dl = (m.stride[0], m.stride[1]), (m.dilation[0], m.dilation[1])
+        pd = (int(m.padding[0]), int(m.padding[1]))
     cols = F.unfold(a, ks, dilation=dl, padding=pd, stride=st)  # [N, I*k, T]
     return cols.transpose(1, 2), g.reshape(n, g.shape[1], -1).transpose(1, 2)
 
@@ -81,7 +84,12 @@ class Capture:
         check_finite: bool,
         all_reduce: bool | None = None,
     ):
-        self.model, self.syms, self.reduction, self.check_finite = model, syms, reduction, check_finite
+        self.model, self.syms, self.reduction, self.check_finite = (
+            model,
+            syms,
+            reduction,
+            check_finite,
+        )
         self.all_reduce = is_distributed() if all_reduce is None else all_reduce
         owners: dict[int, tuple[_Record, str]] = {}
         recs: dict[int, _Record] = {}
@@ -103,10 +111,15 @@ class Capture:
             )
         self._owners = owners
         needed = {id(p) for p in syms.params()}
-        self._records = [r for r in recs.values() if any(
-            id(getattr(r.module, role)) in needed
-            for role in ("weight", "bias") if getattr(r.module, role, None) is not None
-        )]
+        self._records = [
+            r
+            for r in recs.values()
+            if any(
+                id(getattr(r.module, role)) in needed
+                for role in ("weight", "bias")
+                if getattr(r.module, role, None) is not None
+            )
+        ]
         self._stats: GradStats | None = None
 
     # -- hooks ------------------------------------------------------------------------------
@@ -185,9 +198,13 @@ class Capture:
                 a, g = facs[id(rec.module)]
                 shape = p.shape
                 if p not in st.mean:
-                    st.mean[p] = (L.weight_mean(a, g) if role == "weight" else L.bias_mean(g)).reshape(shape)
+                    st.mean[p] = (
+                        L.weight_mean(a, g) if role == "weight" else L.bias_mean(g)
+                    ).reshape(shape)
                 if s.is_diagonal and p not in st.sq:
-                    st.sq[p] = (L.weight_sq(a, g) if role == "weight" else L.bias_sq(g)).reshape(shape)
+                    st.sq[p] = (L.weight_sq(a, g) if role == "weight" else L.bias_sq(g)).reshape(
+                        shape
+                    )
                 if (id(p) in keep or isinstance(s, DenseSymmetry)) and p not in st.samples:
                     ps = L.per_sample_weight(a, g) if role == "weight" else g.sum(1)
                     st.samples[p] = ps.reshape(n, *shape)
@@ -315,7 +332,12 @@ def collect_stats(
         samples = per_sample_grads(model, params, loss_fn, inputs, targets, chunk_size=chunk_size)
     else:
         samples = microbatch_grads(
-            model, params, loss_fn, inputs, targets, micro_batch_size=micro_batch_size,
+            model,
+            params,
+            loss_fn,
+            inputs,
+            targets,
+            micro_batch_size=micro_batch_size,
             reduction=red.value,
         )
     st = stats_from_samples(samples, syms, estimator=est.value)

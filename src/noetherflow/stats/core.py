@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -72,7 +73,7 @@ class GradStats:
 
     def check_finite(self) -> None:
         """Raise :class:`NonFiniteGradientError` if any statistic is NaN or infinite."""
-        groups: list[tuple[str, Mapping[object, Tensor]]] = [
+        groups: list[tuple[str, Mapping[Any, Tensor]]] = [
             ("mean gradient", self.mean),
             ("squared gradient", self.sq),
             ("dense second moment", self.dense),

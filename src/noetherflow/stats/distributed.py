@@ -168,7 +168,11 @@ def all_reduce_mean(value: Tensor, n: int, *, group: Any = None) -> Tensor:
     if not is_distributed() or dist.get_world_size(group) == 1:
         return value
     dev = _meta_device(value, group)
-    buf = torch.cat([value.reshape(-1).to(dev, torch.float64) * n,
-                     torch.tensor([float(n)], dtype=torch.float64, device=dev)])
+    buf = torch.cat(
+        [
+            value.reshape(-1).to(dev, torch.float64) * n,
+            torch.tensor([float(n)], dtype=torch.float64, device=dev),
+        ]
+    )
     dist.all_reduce(buf, op=dist.ReduceOp.SUM, group=group)
     return (buf[:-1] / buf[-1]).to(value.dtype).view(value.shape).to(value.device)

@@ -39,7 +39,9 @@ def _per_sample_chunks(a: Tensor, g: Tensor) -> list[Tensor]:
     n, _, i = a.shape
     o = g.shape[2]
     step = max(1, _CHUNK_ELEMS // max(1, o * i))
-    return [torch.einsum("nto,nti->noi", g[s : s + step], a[s : s + step]) for s in range(0, n, step)]
+    return [
+        torch.einsum("nto,nti->noi", g[s : s + step], a[s : s + step]) for s in range(0, n, step)
+    ]
 
 
 def weight_sq(a: Tensor, g: Tensor) -> Tensor:

@@ -58,7 +58,8 @@ def check_params(params: Sequence[nn.Parameter], who: str) -> None:
             )
         if not p.requires_grad:
             raise SymmetryDefinitionError(
-                f"{who}: parameter {i} with shape {tuple(p.shape)} is frozen (requires_grad=False); "
+                f"{who}: parameter {i} with shape {tuple(p.shape)} is frozen "
+                "(requires_grad=False); "
                 "SGD does not move frozen parameters, so the charge has no noise-driven flow. "
                 "Unfreeze it or leave it out of the symmetry."
             )
@@ -207,7 +208,7 @@ class DiagonalSymmetry(Symmetry):
 
     def random_element(self, scale: float, generator: torch.Generator) -> Tensor:
         p = self.terms()[0].param
-        lam = (torch.rand(self.num_generators, generator=generator, dtype=torch.float64) * 2 - 1)
+        lam = torch.rand(self.num_generators, generator=generator, dtype=torch.float64) * 2 - 1
         return (lam * scale).to(p.device)
 
     def identity_element(self) -> Tensor:

@@ -46,7 +46,8 @@ class DenseSymmetry(Symmetry):
         if asym > 1e-10 * max(1.0, float(A64.abs().max())):
             raise SymmetryDefinitionError(
                 f"DenseSymmetry: A is not symmetric (max |A − Aᵀ| = {asym:.3g}); exponential "
-                "symmetries need a symmetric generator. Pass (A + A.T) / 2 if that is what you mean."
+                "symmetries need a symmetric generator. Pass (A + A.T) / 2 if that is what you "
+                "mean."
             )
         self._params = params
         self.A = A64.to(params[0].device)
@@ -92,14 +93,18 @@ class DenseSymmetry(Symmetry):
         lam = float(element)
         self._write(values, self.expm(lam) @ self.flat(values))
 
-    def transport_grads_(self, element: float | Tensor, grads: Mapping[nn.Parameter, Tensor]) -> None:
+    def transport_grads_(
+        self, element: float | Tensor, grads: Mapping[nn.Parameter, Tensor]
+    ) -> None:
         lam = float(element)
         g = self.flat_batched(grads)
         self._write(grads, g @ self.expm(-lam).T)
 
     def random_element(self, scale: float, generator: torch.Generator) -> float:
         norm = float(self.eigvals.abs().max()) or 1.0
-        return float(torch.rand((), generator=generator, dtype=torch.float64) * 2 - 1) * scale / norm
+        return (
+            float(torch.rand((), generator=generator, dtype=torch.float64) * 2 - 1) * scale / norm
+        )
 
     def identity_element(self) -> float:
         return 0.0

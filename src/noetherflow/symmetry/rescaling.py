@@ -29,6 +29,11 @@ def _index_along(shape: torch.Size, dim: int, block: int, device: torch.device) 
     return idx.expand(shape).clone()
 
 
+def _param(layer: nn.Module, name: str) -> nn.Parameter:
+    p = getattr(layer, name, None)
+    return p  # type: ignore[return-value]
+
+
 class Rescaling(DiagonalSymmetry):
     """Per-neuron (per-channel) rescaling between two layers.
 
@@ -57,16 +62,19 @@ class Rescaling(DiagonalSymmetry):
                     f"Rescaling: {name} layer is a {type(layer).__name__}; expected nn.Linear or "
                     "nn.Conv1d/2d/3d. For other parameters use ScaleInvariance or DenseSymmetry."
                 )
-        if isinstance(first, nn.Conv1d | nn.Conv2d | nn.Conv3d) and first.groups != 1:
+        if getattr(first, "groups", 1) != 1:
             raise SymmetryDefinitionError(
                 f"Rescaling: grouped convolutions (groups={first.groups}) are not supported; "
                 "use groups=1 or declare the symmetry with DenseSymmetry."
             )
         if block < 1:
             raise SymmetryDefinitionError(f"Rescaling: block must be >= 1, got {block}.")
-        n_out = first.weight.shape[0]
-        n_in = second.weight.shape[1]
-        if isinstance(second, nn.Conv1d | nn.Conv2d | nn.Conv3d) and second.groups != 1:
+        self._w1 = _param(first, "weight")
+        self._b1 = _param(first, "bias")
+        self._w2 = _param(second, "weight")
+        n_out = self._w1.shape[0]
+        n_in = self._w2.shape[1]
+        if getattr(second, "groups", 1) != 1:
             raise SymmetryDefinitionError(
                 f"Rescaling: grouped convolutions (groups={second.groups}) are not supported."
             )
@@ -79,24 +87,26 @@ class Rescaling(DiagonalSymmetry):
         self.first = first
         self.second = second
         self.block = block
-        params = [first.weight] + ([first.bias] if first.bias is not None else [])
-        params.append(second.weight)
+        params = [self._w1] + ([self._b1] if self._b1 is not None else [])
+        params.append(self._w2)
         check_params(params, "Rescaling")
         self._terms: list[DiagonalTerm] | None = None
 
     @property
     def num_generators(self) -> int:
-        return int(self.first.weight.shape[0])
+        return int(self._w1.shape[0])
 
     def terms(self) -> list[DiagonalTerm]:
         if self._terms is None:
-            w1 = self.first.weight
+            w1 = self._w1
             dev, dt = w1.device, w1.dtype
             terms = [DiagonalTerm(w1, _index_along(w1.shape, 0, 1, dev), torch.ones_like(w1))]
-            if self.first.bias is not None:
-                b = self.first.bias
-                terms.append(DiagonalTerm(b, torch.arange(b.shape[0], device=dev), torch.ones_like(b)))
-            w2 = self.second.weight
+            if self._b1 is not None:
+                b = self._b1
+                terms.append(
+                    DiagonalTerm(b, torch.arange(b.shape[0], device=dev), torch.ones_like(b))
+                )
+            w2 = self._w2
             terms.append(
                 DiagonalTerm(
                     w2,

@@ -94,20 +94,22 @@ class DoubleRotation(Symmetry):
         for name, layer in (("first", first), ("second", second)):
             if not isinstance(layer, nn.Linear):
                 raise SymmetryDefinitionError(
-                    f"DoubleRotation: {name} layer is a {type(layer).__name__}; expected nn.Linear. "
-                    "For slices of other parameters use DoubleRotation.from_blocks."
+                    f"DoubleRotation: {name} layer is a {type(layer).__name__}; expected "
+                    "nn.Linear. For slices of other parameters use DoubleRotation.from_blocks."
                 )
         assert isinstance(first, nn.Linear) and isinstance(second, nn.Linear)
-        d = first.weight.shape[0]
-        if second.weight.shape[1] != d:
+        w1: nn.Parameter = first.weight  # type: ignore[assignment]
+        w2: nn.Parameter = second.weight  # type: ignore[assignment]
+        d = w1.shape[0]
+        if w2.shape[1] != d:
             raise SymmetryDefinitionError(
                 f"DoubleRotation: layers do not chain: first has {d} outputs, second expects "
-                f"{second.weight.shape[1]} inputs; expected equal sizes."
+                f"{w2.shape[1]} inputs; expected equal sizes."
             )
-        w_blocks = [Block(first.weight, 0, 0, d)]
+        w_blocks = [Block(w1, 0, 0, d)]
         if first.bias is not None:
             w_blocks.append(Block(first.bias, 0, 0, d))
-        self._init(w_blocks, [Block(second.weight, 1, 0, d)], label)
+        self._init(w_blocks, [Block(w2, 1, 0, d)], label)
 
     @classmethod
     def from_blocks(

@@ -5,13 +5,16 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
 
 from noetherflow._errors import SymmetryDefinitionError, SymmetryNotPresentError
 from noetherflow.symmetry.base import Symmetry, unique_params
+
+if TYPE_CHECKING:
+    from noetherflow.symmetry.coverage import CoverageReport, DetectionReport
 
 __all__ = ["SymmetrySet", "VerifyResult"]
 
@@ -48,6 +51,10 @@ class SymmetrySet:
         self._syms: list[Symmetry] = []
         self._names: list[str] = []
         self.verification: dict[str, VerifyResult] = {}
+        # Filled by nf.find_symmetries: what detection learnt, and parameter names so that
+        # to_dict()/table() name parameters without being given the model.
+        self.detection: DetectionReport | None = None
+        self.param_names: dict[int, str] = {}
         for s in symmetries:
             self.add(s)
 
@@ -60,7 +67,9 @@ class SymmetrySet:
             )
         name = sym.label or f"{sym.family.value}{len(self._syms)}"
         if name in self._names:
-            raise SymmetryDefinitionError(f"SymmetrySet: duplicate name {name!r}; give unique labels.")
+            raise SymmetryDefinitionError(
+                f"SymmetrySet: duplicate name {name!r}; give unique labels."
+            )
         self._syms.append(sym)
         self._names.append(name)
 
@@ -179,7 +188,7 @@ class SymmetrySet:
     # -- presentation -----------------------------------------------------------------------
     def to_dict(self, model: nn.Module | None = None) -> list[dict[str, Any]]:
         """One entry per symmetry: family, modules (parameter names), size, verified, tolerance."""
-        names = _param_names(model)
+        names = _param_names(model) if model is not None else self.param_names
         out = []
         for name, s in self.items():
             v = self.verification.get(name)
@@ -206,6 +215,28 @@ class SymmetrySet:
             ok = "—" if row["name"] not in self.verification else ("✓" if row["verified"] else "✗")
             t.add_row(row["name"], row["family"], ", ".join(row["modules"]), str(row["size"]), ok)
         return t
+
+    def coverage(self, model: nn.Module) -> CoverageReport:
+        """Every parameter of ``model``: which symmetries act on it, or none and why.
+
+        For a set returned by :func:`noetherflow.find_symmetries` the reasons come from the
+        detection (residual connections, non-homogeneous activations with the measured error
+        of the approximate symmetry, weight tying, BatchNorm in eval mode, unsupported
+        modules); for a hand-built set, parameters without a symmetry are listed as such.
+        """
+        from noetherflow.symmetry.coverage import build_coverage
+
+        if not isinstance(model, nn.Module):
+            raise TypeError(
+                f"coverage(model): got a {type(model).__name__}, expected the nn.Module the "
+                "symmetries were built from."
+            )
+        return build_coverage(self, model, self.detection)
+
+    def __str__(self) -> str:
+        from noetherflow.symmetry.coverage import _render
+
+        return _render(self.table())
 
     def __repr__(self) -> str:
         lines = [f"SymmetrySet({len(self)} symmetries)"]
@@ -256,5 +287,7 @@ def _rebind(sym: Symmetry, mapping: dict[int, nn.Parameter]) -> Symmetry:
 
 def _module_view(mod: nn.Module, mapping: dict[int, nn.Parameter]) -> nn.Module:
     view = copy.copy(mod)
-    view._parameters = {k: (mapping[id(v)] if v is not None else None) for k, v in mod._parameters.items()}  # type: ignore[assignment]
+    view._parameters = {
+        k: (mapping[id(v)] if v is not None else None) for k, v in mod._parameters.items()
+    }
     return view

@@ -41,6 +41,10 @@ class DivergenceTracker:
         self.mark(step)
         return False
 
+    def record_finite(self, loss: Tensor) -> None:
+        """Record a loss already known to be finite (no device sync)."""
+        self._last_finite = loss.detach()
+
     def mark(self, step: int) -> None:
         """Mark divergence at ``step`` (the first one wins)."""
         if not self.diverged:

@@ -21,7 +21,8 @@ Here Σ(θ) = (1/N)Σ_i (∇ℓ_i − ∇L)(∇ℓ_i − ∇L)ᵀ is the per-sam
 shape ``[P, P]``; it is never materialised.
 
 Every integrator calls ``callback(step, model)`` at step 0, every ``log_every`` steps and at
-the last step, and returns a :class:`TrainResult`. A non-finite loss, parameter or gradient
+the last step (not on a state whose loss is already non-finite), and returns a
+:class:`TrainResult`. A non-finite loss, parameter or gradient
 stops the run and is recorded (``diverged``, ``diverged_at_step``, ``last_finite_loss``);
 no exception is raised for it.
 """
@@ -229,6 +230,8 @@ class _History:
                         f"callback returned the key {key!r}, which the history reserves "
                         f"({', '.join(_RESERVED)}); rename it."
                     )
+                if isinstance(value, Tensor):
+                    value = value.detach()
                 try:
                     row[str(key)] = float(value)
                 except (TypeError, ValueError, RuntimeError):
@@ -493,10 +496,11 @@ def _run_discrete(
     while True:
         if k % log_every == 0 or k == steps:
             full = data.full_loss(model)
-            extra = _call_callback(callback, k, model)
+            finite = tracker.observe_loss(full, k)
+            extra = _call_callback(callback, k, model) if finite else None
             lr_k = lr_at(k) if record_lr else math.nan
             history.log(k, time, float(full), lr_k, extra)
-            if not tracker.observe_loss(full, k):
+            if not finite:
                 break
         if k == steps:
             break
@@ -505,7 +509,7 @@ def _run_discrete(
         if not bool(all_finite([loss_k.detach(), *params, *checked]).item()):
             tracker.mark(k)
             break
-        tracker.observe_loss(loss_k, k)
+        tracker.record_finite(loss_k)
         apply_update()
         time += eta
         k += 1
@@ -978,8 +982,10 @@ def _run_gf_adaptive(
     while True:
         t_k = k * T / steps
         full = data.full_loss(model)
-        history.log(k, t_k, float(full), math.nan, _call_callback(callback, k, model))
-        if not tracker.observe_loss(full, k) or k == steps:
+        finite = tracker.observe_loss(full, k)
+        extra = _call_callback(callback, k, model) if finite else None
+        history.log(k, t_k, float(full), math.nan, extra)
+        if not finite or k == steps:
             break
         k_next = min(k + log_every, steps)
         with torch.no_grad():
