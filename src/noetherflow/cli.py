@@ -43,7 +43,7 @@ def _positive_int(text: str) -> int:
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer; expected e.g. 4") from None
     if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} must be >= 1")
+        raise argparse.ArgumentTypeError(f"{value} is not >= 1; pass a positive count, e.g. 1 or 4")
     return value
 
 
@@ -101,7 +101,9 @@ def _add_reproduce(sub: Any) -> None:
     )
     p.add_argument("ids", nargs="+", metavar="ID", help="experiment id(s), or 'all'")
     p.add_argument("--quick", action="store_true", help="shrunk sizes (each Config.quick())")
-    p.add_argument("--out", type=Path, default=Path("results"), help="output directory (default: results)")
+    p.add_argument(
+        "--out", type=Path, default=Path("results"), help="output directory (default: results)"
+    )
     p.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
     p.add_argument(
         "--jobs",
@@ -153,7 +155,9 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
         console=err_console,
         transient=False,
     ) as progress:
-        overall = progress.add_task(f"reproduce ({'quick' if args.quick else 'full'})", total=len(specs))
+        overall = progress.add_task(
+            f"reproduce ({'quick' if args.quick else 'full'})", total=len(specs)
+        )
 
         def on_start(exp_id: str) -> None:
             progress.update(overall, description=f"running {exp_id}")
@@ -223,11 +227,32 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 # --------------------------------------------------------------------------------------
+# demo
+# --------------------------------------------------------------------------------------
+
+
+def _add_demo(sub: Any) -> None:
+    p = sub.add_parser(
+        "demo", help="charges, flows, equilibrium and teleport of a small ReLU net on digits"
+    )
+    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    p.set_defaults(func=cmd_demo)
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from noetherflow.demo import run_demo
+
+    res = run_demo(seed=args.seed, console=_console())
+    ok = res["flow_after"] <= 1e-8 * res["flow_before"] and res["output_change"] <= 1e-10
+    return ExitCode.OK if ok else 1
+
+
+# --------------------------------------------------------------------------------------
 # main
 # --------------------------------------------------------------------------------------
 
 #: Parser builders, one per subcommand; each registers ``func=cmd_<name>`` via set_defaults.
-SUBCOMMANDS: list[Callable[[Any], None]] = [_add_list, _add_reproduce, _add_report]
+SUBCOMMANDS: list[Callable[[Any], None]] = [_add_list, _add_reproduce, _add_report, _add_demo]
 
 
 def build_parser() -> argparse.ArgumentParser:

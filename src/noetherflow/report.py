@@ -23,8 +23,8 @@ from noetherflow._io import atomic_write_text
 from noetherflow.experiments._base import METRICS_FILE, Status
 
 __all__ = [
-    "HOLDS",
     "FAILS",
+    "HOLDS",
     "fmt_value",
     "load_records",
     "render_html",
@@ -51,11 +51,13 @@ def load_records(out_dir: str | Path, ids: Sequence[str] | None = None) -> list[
     missing = [str(p) for p in paths if not p.is_file()]
     if missing:
         raise FileNotFoundError(
-            f"no metrics.json at {', '.join(missing)}; run `noetherflow reproduce <id> --out {root}` first"
+            f"no metrics.json at {', '.join(missing)}; "
+            f"run `noetherflow reproduce <id> --out {root}` first"
         )
     if not paths:
         raise FileNotFoundError(
-            f"no <id>/{METRICS_FILE} under {str(root)!r}; run `noetherflow reproduce all --out {root}` first"
+            f"no <id>/{METRICS_FILE} under {str(root)!r}; "
+            f"run `noetherflow reproduce all --out {root}` first"
         )
     return [json.loads(p.read_text(encoding="utf-8")) for p in paths]
 
@@ -101,7 +103,7 @@ def _md_cell(s: Any) -> str:
 
 
 def _meta(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    seeds = sorted({r.get("seed") for r in records if r.get("seed") is not None})
+    seeds = sorted({int(r["seed"]) for r in records if r.get("seed") is not None})
     quick = sorted({bool(r.get("quick")) for r in records})
     return {
         "generated": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),
@@ -144,7 +146,8 @@ def render_markdown(records: Sequence[dict[str, Any]]) -> str:
         if err:
             lines += [
                 "",
-                f"**Error** in stage `{err.get('stage')}`: `{err.get('type')}: {err.get('message')}`",
+                f"**Error** in stage `{err.get('stage')}`: "
+                f"`{err.get('type')}: {err.get('message')}`",
                 "",
                 "```text",
                 str(err.get("traceback", "")).rstrip(),
@@ -182,8 +185,8 @@ def render_markdown(records: Sequence[dict[str, Any]]) -> str:
 
 
 _CSS = """
-body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;max-width:1100px;margin:2em auto;
-padding:0 1em;color:#222}
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;max-width:1100px;
+margin:2em auto;padding:0 1em;color:#222}
 table{border-collapse:collapse;margin:1em 0;width:100%}
 th,td{border:1px solid #ccc;padding:4px 8px;text-align:left;vertical-align:top;font-size:14px}
 th{background:#f3f3f3}
@@ -213,7 +216,8 @@ def render_html(records: Sequence[dict[str, Any]], out_dir: str | Path) -> str:
         "<title>noetherflow — reproduction report</title>",
         f"<style>{_CSS}</style></head><body>",
         "<h1>noetherflow — reproduction report</h1>",
-        f"<p>Generated {e(meta['generated'])} · seed {e(meta['seed'])} · quick {e(meta['quick'])} · "
+        f"<p>Generated {e(meta['generated'])} · seed {e(meta['seed'])} · "
+        f"quick {e(meta['quick'])} · "
         f"<b>{held}/{total} claims hold</b> · {errors} experiment error(s)</p>",
         "<h2>Summary</h2>",
         "<table><tr><th>experiment</th><th>status</th><th>claims holding</th>"
@@ -255,9 +259,12 @@ def render_html(records: Sequence[dict[str, Any]], out_dir: str | Path) -> str:
                 ok = bool(c.get("holds"))
                 parts.append(
                     f'<tr><td class="{"ok" if ok else "fail"}">{HOLDS if ok else FAILS}</td>'
-                    f"<td><code>{e(str(c['id']))}</code></td><td>{e(str(c.get('statement', '')))}</td>"
-                    f"<td>{e(fmt_value(c.get('value')))}</td><td><code>{e(str(c.get('op')))}</code></td>"
-                    f"<td>{e(fmt_value(c.get('threshold')))}</td><td>{e(str(c.get('note', '')))}</td></tr>"
+                    f"<td><code>{e(str(c['id']))}</code></td>"
+                    f"<td>{e(str(c.get('statement', '')))}</td>"
+                    f"<td>{e(fmt_value(c.get('value')))}</td>"
+                    f"<td><code>{e(str(c.get('op')))}</code></td>"
+                    f"<td>{e(fmt_value(c.get('threshold')))}</td>"
+                    f"<td>{e(str(c.get('note', '')))}</td></tr>"
                 )
             parts.append("</table>")
         elif not err:

@@ -38,7 +38,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, cast
 
 import numpy as np
 
@@ -144,7 +144,7 @@ class Claim:
     id: str
     statement: str
     value: float | int | bool | None
-    op: Op
+    op: Op | str  # a str is parsed into Op; after construction it is always an Op
     threshold: float | int | bool
     note: str = ""
     holds: bool = field(init=False)
@@ -165,7 +165,7 @@ class Claim:
             "id": self.id,
             "statement": self.statement,
             "value": to_jsonable(self.value),
-            "op": self.op.value,
+            "op": Op.parse(self.op).value,
             "threshold": to_jsonable(self.threshold),
             "holds": self.holds,
             "note": self.note,
@@ -218,7 +218,7 @@ def load_target(target: str) -> ExperimentModule:
             f"Config, run(cfg, seed, out_dir), claims(results, cfg) and "
             f"plot(results, cfg, out_dir) (see noetherflow.experiments._base)"
         )
-    return obj  # type: ignore[no-any-return]
+    return cast(ExperimentModule, obj)
 
 
 def describe_target(obj: Any) -> str:
@@ -233,7 +233,11 @@ def describe_target(obj: Any) -> str:
 def make_config(exp: ExperimentModule, *, quick: bool) -> Any:
     """``Config.quick()`` / ``Config(quick=True)`` when ``quick``, else ``Config()``."""
     cfg_cls = exp.Config
-    names = {f.name for f in dataclasses.fields(cfg_cls)} if dataclasses.is_dataclass(cfg_cls) else set()
+    names = (
+        {f.name for f in dataclasses.fields(cfg_cls)}
+        if dataclasses.is_dataclass(cfg_cls)
+        else set()
+    )
     if "quick" in names:
         return cfg_cls(quick=quick)
     if quick:
@@ -530,7 +534,7 @@ def run_experiment(
 def _relative_figure(p: str | Path, exp_dir: Path) -> str:
     path = Path(p)
     if not path.is_absolute():
-        path = exp_dir / path if not path.exists() else path
+        path = exp_dir / path  # relative paths are relative to the experiment directory
     try:
         return str(path.resolve().relative_to(exp_dir.resolve()))
     except ValueError:
@@ -540,7 +544,9 @@ def _relative_figure(p: str | Path, exp_dir: Path) -> str:
         ) from None
 
 
-def _crash_record(exp_id: str, target: str, *, quick: bool, seed: int, exc: BaseException) -> dict[str, Any]:
+def _crash_record(
+    exp_id: str, target: str, *, quick: bool, seed: int, exc: BaseException
+) -> dict[str, Any]:
     rec = {
         "experiment": exp_id,
         "description": "",

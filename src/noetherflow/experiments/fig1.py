@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from noetherflow.experiments._base import Claim, Op, find_divergence, save_figure
+from noetherflow.experiments._base import Claim, Op, derive_seed, find_divergence, save_figure
 
 DESCRIPTION = "Scale-invariant 2-D loss: SGD spirals outward (‖θ‖ grows), gradient flow keeps ‖θ‖."
 
@@ -77,10 +77,13 @@ def _full_grad_np(theta: np.ndarray, x: np.ndarray, y: np.ndarray) -> np.ndarray
     r = float(np.linalg.norm(theta))
     u = theta / r
     v = 2.0 * np.mean((x @ u - y)[:, None] * x, axis=0)
-    return (v - u * (u @ v)) / r
+    grad: np.ndarray = (v - u * (u @ v)) / r
+    return grad
 
 
-def _sgd(cfg: Config, x_np: np.ndarray, y_np: np.ndarray, seed: int, *, full_batch: bool) -> dict[str, Any]:
+def _sgd(
+    cfg: Config, x_np: np.ndarray, y_np: np.ndarray, seed: int, *, full_batch: bool
+) -> dict[str, Any]:
     import torch
 
     x = torch.as_tensor(x_np, dtype=torch.float64)
@@ -135,8 +138,8 @@ def _gradient_flow(cfg: Config, x: np.ndarray, y: np.ndarray) -> np.ndarray:
 def run(cfg: Config, seed: int, out_dir: Path) -> dict[str, Any]:
     """SGD, GD and gradient flow from the same init; norms and the per-step identity."""
     x, y, theta_star = _data(cfg, seed)
-    sgd = _sgd(cfg, x, y, seed + 1, full_batch=False)
-    gd = _sgd(cfg, x, y, seed + 1, full_batch=True)
+    sgd = _sgd(cfg, x, y, derive_seed(seed, "fig1", "sgd"), full_batch=False)
+    gd = _sgd(cfg, x, y, derive_seed(seed, "fig1", "gd"), full_batch=True)
     gf = _gradient_flow(cfg, x, y)
 
     sgd_path, g2 = sgd["path"], sgd["grad_sq"]
@@ -148,7 +151,9 @@ def run(cfg: Config, seed: int, out_dir: Path) -> dict[str, Any]:
     sgd_loss = np.array([_full_loss_np(t, x, y) for t in sgd_path])
     div = find_divergence(sgd["batch_loss"])
     angles = np.linspace(-np.pi, np.pi, 361)
-    loss_by_angle = np.array([_full_loss_np(np.array([np.cos(a), np.sin(a)]), x, y) for a in angles])
+    loss_by_angle = np.array(
+        [_full_loss_np(np.array([np.cos(a), np.sin(a)]), x, y) for a in angles]
+    )
 
     return {
         "series": {
@@ -242,7 +247,9 @@ def plot(results: dict[str, Any], cfg: Config, out_dir: Path) -> list[Path]:
     steps = np.asarray(s["step"])
     ax2.plot(steps, s["sgd_norm"], color="C0", label="SGD")
     ax2.plot(np.arange(len(s["gd_norm"])), s["gd_norm"], color="C2", label="GD")
-    ax2.plot(np.arange(len(s["gf_norm"])), s["gf_norm"], "--", color="C3", label="gradient flow (t/η)")
+    ax2.plot(
+        np.arange(len(s["gf_norm"])), s["gf_norm"], "--", color="C3", label="gradient flow (t/η)"
+    )
     ax2.set_xlabel("step")
     ax2.set_ylabel("‖θ_t‖")
     ax2.set_title("norm: grows under SGD/GD, conserved under gradient flow")

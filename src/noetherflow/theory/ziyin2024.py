@@ -38,6 +38,9 @@ InitScheme = Literal["kaiming", "xavier"]
 
 __all__ = [
     "DeepLinearSolution",
+    "InitScheme",
+    "Reduction",
+    "TimeModel",
     "TwoLayerSolution",
     "approximate_symmetry_charge_shift_large_zeta",
     "approximate_symmetry_charge_shift_small_zeta",
@@ -117,8 +120,7 @@ def _check_square(name: str, m: Tensor, n: int | None = None) -> None:
         raise ValueError(f"{name} has shape {tuple(m.shape)}; expected a square matrix.")
     if n is not None and m.shape[0] != n:
         raise ValueError(
-            f"{name} has shape {tuple(m.shape)}; expected [{n}, {n}] to match the other "
-            "arguments."
+            f"{name} has shape {tuple(m.shape)}; expected [{n}, {n}] to match the other arguments."
         )
 
 
@@ -152,7 +154,9 @@ def _rank_svd(m: Tensor, rtol: float) -> tuple[Tensor, Tensor, Tensor]:
     left, s, right = torch.linalg.svd(m, full_matrices=False)
     k = int((s > rtol * s.max().clamp_min(torch.finfo(m.dtype).tiny)).sum().item())
     if k == 0:
-        raise ValueError("the target map is zero; expected a nonzero V (the product at the minimum).")
+        raise ValueError(
+            "the target map is zero; expected a nonzero V (the product at the minimum)."
+        )
     return left[:, :k], s[:k], right[:k, :]
 
 
@@ -899,7 +903,8 @@ def deep_linear_balance_gaps(
         backward.append(w.T @ backward[-1] @ w)
     backward.reverse()  # backward[i] = N_i, i = 0..D
     return [
-        4.0 * (torch.trace(backward[i + 1]) * forward[i] - torch.trace(forward[i - 1]) * backward[i])
+        4.0
+        * (torch.trace(backward[i + 1]) * forward[i] - torch.trace(forward[i - 1]) * backward[i])
         for i in range(1, len(ws))
     ]
 
@@ -927,7 +932,9 @@ def rank_one_gradient_moments(x: Tensor, y: Tensor, product: float) -> tuple[flo
     return float(rx.mean()), float(rx.var(unbiased=False))
 
 
-def rank_one_balance_factor(minibatch_rx: Tensor, *, lr: float, weight_decay: float = 0.0) -> Tensor:
+def rank_one_balance_factor(
+    minibatch_rx: Tensor, *, lr: float, weight_decay: float = 0.0
+) -> Tensor:
     """Exact one-step factor of ``Q = WWᵀ − UᵀU`` for ``U ∈ R^{1×d}``, ``W ∈ R^{d×1}`` (Prop 5.1).
 
     With ``ℓ = ((u·w)x − y)²`` and ``m`` the minibatch mean of ``r x``, the SGD step is
