@@ -22,7 +22,9 @@ def _digits(n: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Ten
     return x[idx], y[idx]
 
 
-def run_demo(*, seed: int = 0, batch: int = 256, console: Console | None = None) -> dict[str, float]:
+def run_demo(
+    *, seed: int = 0, batch: int = 256, console: Console | None = None
+) -> dict[str, float]:
     """Build a 64-32-16-10 ReLU net on scikit-learn's digits, solve and teleport.
 
     Returns the largest relative flow before and after the teleport and the largest change of
@@ -44,16 +46,22 @@ def run_demo(*, seed: int = 0, batch: int = 256, console: Console | None = None)
     syms.verify(model, x)
     console.print(syms.table(model))
     loss_fn = nn.CrossEntropyLoss()
-    hyper = {"lr": 0.1, "batch_size": 32, "weight_decay": 1e-4}
+    lr, batch_size, weight_decay = 0.1, 32, 1e-4
     stats = nf.collect_stats(model, syms, loss_fn, x, y, estimator="hooks")
     charges = nf.charges(model, syms)
-    before = nf.noether_flow(model, syms, stats, **hyper)
-    sol = nf.solve_equilibrium(model, syms, stats, **hyper)
+    before = nf.noether_flow(
+        model, syms, stats, lr=lr, batch_size=batch_size, weight_decay=weight_decay
+    )
+    sol = nf.solve_equilibrium(
+        model, syms, stats, lr=lr, batch_size=batch_size, weight_decay=weight_decay
+    )
     with torch.no_grad():
         out0 = model(x)
     nf.teleport(model, sol)
     after_stats = nf.collect_stats(model, syms, loss_fn, x, y, estimator="hooks")
-    after = nf.noether_flow(model, syms, after_stats, **hyper)
+    after = nf.noether_flow(
+        model, syms, after_stats, lr=lr, batch_size=batch_size, weight_decay=weight_decay
+    )
     with torch.no_grad():
         change = float((model(x) - out0).abs().max())
     table = Table(title="Noether charges and flows (continuous time, η=0.1, S=32, γ=1e-4)")
