@@ -22,7 +22,9 @@ from noetherflow.flow import NoiseModel, TimeModel, charges, exact_step_charges,
 from noetherflow.stats.collect import Capture, capture, collect_stats
 from noetherflow.stats.core import Estimator, GradStats, Reduction
 from noetherflow.symmetry.base import Family, Symmetry
+from noetherflow.symmetry.coverage import CoverageReport, CoverageStatus, ParamCoverage
 from noetherflow.symmetry.dense import DenseSymmetry
+from noetherflow.symmetry.detect import DetectionError, find_symmetries, symmetry_signature
 from noetherflow.symmetry.rescaling import Rescaling
 from noetherflow.symmetry.rotation import Block, DoubleRotation
 from noetherflow.symmetry.scaling import ScaleInvariance
@@ -42,6 +44,12 @@ __all__ = [
     "Symmetry",
     "SymmetrySet",
     "VerifyResult",
+    # detection
+    "CoverageReport",
+    "CoverageStatus",
+    "ParamCoverage",
+    "find_symmetries",
+    "symmetry_signature",
     # statistics
     "Capture",
     "Estimator",
@@ -63,6 +71,7 @@ __all__ = [
     "solve_equilibrium",
     "teleport",
     # errors
+    "DetectionError",
     "NonFiniteGradientError",
     "StatisticsError",
     "SymmetryDefinitionError",

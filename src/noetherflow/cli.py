@@ -227,6 +227,27 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 # --------------------------------------------------------------------------------------
+# inspect
+# --------------------------------------------------------------------------------------
+
+
+def _add_inspect(sub: Any) -> None:
+    p = sub.add_parser(
+        "inspect",
+        help="find and verify the symmetries of a model built by FILE.py:factory",
+        add_help=False,
+    )
+    p.add_argument("inspect_argv", nargs=argparse.REMAINDER)
+    p.set_defaults(func=cmd_inspect)
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from noetherflow.symmetry.detect import inspect_main
+
+    return inspect_main(args.inspect_argv)
+
+
+# --------------------------------------------------------------------------------------
 # demo
 # --------------------------------------------------------------------------------------
 
@@ -252,7 +273,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------------------
 
 #: Parser builders, one per subcommand; each registers ``func=cmd_<name>`` via set_defaults.
-SUBCOMMANDS: list[Callable[[Any], None]] = [_add_list, _add_reproduce, _add_report, _add_demo]
+SUBCOMMANDS: list[Callable[[Any], None]] = [
+    _add_list,
+    _add_reproduce,
+    _add_report,
+    _add_inspect,
+    _add_demo,
+]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,1152 @@
+"""Graph patterns behind :func:`noetherflow.find_symmetries` (torch.fx).
+
+One propagation engine, one small matcher per symmetry family.
+
+The engine follows the *features* (output neurons / channels) of one parameterised layer
+through the traced graph. It replaces the layer's output by an index tensor (each entry holds
+the number of the feature it comes from) and re-executes the shape-only operations on it
+(view, transpose, split, flatten, pooling, …), so where every feature lands is read off
+concrete tensors instead of being reasoned about symbolically. Element-wise maps are
+classified as
+
+* linear (identity, inactive dropout, multiplication by a constant scalar, ``att @ v``),
+* positively homogeneous (ReLU, LeakyReLU of any slope, active dropout, max-pooling), or
+* not homogeneous (tanh, GELU, SiLU, …: the symmetry is only approximate).
+
+Every other use of a feature ends the path with a reason ("read by add", "returned as a
+model output"). The matchers then propose symmetries from where the features arrive:
+
+* :class:`RescalingPattern` — all features reach one Linear/Conv through homogeneous maps;
+* :class:`RotationPattern` — features reach a Linear through linear maps only (per head
+  when they pass through ``att @ v``);
+* :class:`AttentionPattern` — features of two layers meet in a contraction ``q @ kᵀ`` (or
+  ``scaled_dot_product_attention``), and ``nn.MultiheadAttention`` modules;
+* :class:`ScalePattern` — features reach a normalisation layer, and explicit
+  ``w / w.norm()`` / ``F.normalize(w)`` on a parameter.
+
+Proposals are only candidates: :mod:`noetherflow.symmetry.detect` checks each numerically.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, fx, nn
+
+from noetherflow.symmetry.base import Family, Symmetry
+from noetherflow.symmetry.rescaling import Rescaling
+from noetherflow.symmetry.rotation import Block, DoubleRotation
+from noetherflow.symmetry.scaling import ScaleInvariance
+
+__all__ = [
+    "AttentionPattern",
+    "GraphInfo",
+    "Ledger",
+    "Proposal",
+    "RescalingPattern",
+    "RotationPattern",
+    "ScalePattern",
+    "run_patterns",
+]
+
+# -- op tables ------------------------------------------------------------------------------
+
+LINEAR = 0
+HOMOGENEOUS = 1
+APPROXIMATE = 2
+
+_LAYERS = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
+_CONVS = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
+_BATCHNORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
+_GROUP_NORMS: tuple[type[nn.Module], ...] = (nn.LayerNorm, nn.GroupNorm, nn.RMSNorm)
+_NORMS = _BATCHNORMS + _GROUP_NORMS
+SUPPORTED_MODULES: tuple[type[nn.Module], ...] = (
+    *_LAYERS,
+    *_NORMS,
+    nn.MultiheadAttention,
+    nn.PReLU,
+)
+
+_HOM_MODULES = (nn.ReLU, nn.LeakyReLU, nn.PReLU)
+_DROPOUT_MODULES = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d)
+_POOL_MODULES = (
+    nn.MaxPool1d,
+    nn.MaxPool2d,
+    nn.MaxPool3d,
+    nn.AdaptiveMaxPool1d,
+    nn.AdaptiveMaxPool2d,
+    nn.AdaptiveMaxPool3d,
+    nn.AvgPool1d,
+    nn.AvgPool2d,
+    nn.AvgPool3d,
+    nn.AdaptiveAvgPool1d,
+    nn.AdaptiveAvgPool2d,
+    nn.AdaptiveAvgPool3d,
+)
+_MOVE_MODULES = (nn.Flatten, nn.Unflatten)
+_NONHOM_MODULES = (
+    nn.Tanh,
+    nn.GELU,
+    nn.SiLU,
+    nn.Sigmoid,
+    nn.ELU,
+    nn.SELU,
+    nn.CELU,
+    nn.Softplus,
+    nn.Mish,
+    nn.Hardtanh,
+    nn.ReLU6,
+    nn.Hardswish,
+    nn.Hardsigmoid,
+    nn.Softsign,
+    nn.LogSigmoid,
+    nn.Tanhshrink,
+)
+
+_HOM_FUNCS: set[Any] = {F.relu, torch.relu, F.leaky_relu, F.relu_}
+_DROPOUT_FUNCS: set[Any] = {F.dropout, F.dropout1d, F.dropout2d, F.dropout3d}
+_POOL_FUNCS: set[Any] = {
+    F.max_pool1d,
+    F.max_pool2d,
+    F.max_pool3d,
+    F.adaptive_max_pool1d,
+    F.adaptive_max_pool2d,
+    F.adaptive_max_pool3d,
+    F.avg_pool1d,
+    F.avg_pool2d,
+    F.avg_pool3d,
+    F.adaptive_avg_pool1d,
+    F.adaptive_avg_pool2d,
+    F.adaptive_avg_pool3d,
+}
+_NONHOM_FUNCS: set[Any] = {
+    F.gelu,
+    F.silu,
+    F.elu,
+    F.softplus,
+    F.mish,
+    F.hardtanh,
+    F.relu6,
+    F.hardswish,
+    torch.tanh,
+    torch.sigmoid,
+    F.tanh,
+    F.sigmoid,
+}
+_MOVE_FUNCS: set[Any] = {
+    torch.flatten,
+    torch.reshape,
+    torch.transpose,
+    torch.permute,
+    torch.squeeze,
+    torch.unsqueeze,
+    torch.split,
+    torch.chunk,
+    torch.t,
+    torch.swapaxes,
+    torch.movedim,
+    operator.getitem,
+}
+_MOVE_METHODS = {
+    "view",
+    "reshape",
+    "transpose",
+    "permute",
+    "contiguous",
+    "flatten",
+    "unflatten",
+    "squeeze",
+    "unsqueeze",
+    "split",
+    "chunk",
+    "t",
+    "swapaxes",
+    "movedim",
+    "view_as",
+    "reshape_as",
+    "clone",
+}
+_HOM_METHODS = {"relu", "relu_"}
+_NONHOM_METHODS = {"tanh", "sigmoid"}
+_SCALAR_FUNCS: set[Any] = {operator.mul, operator.truediv, torch.mul, torch.div}
+_SCALAR_METHODS = {"mul", "div", "__mul__", "__truediv__"}
+_MATMUL_FUNCS: set[Any] = {operator.matmul, torch.matmul, torch.bmm}
+_SDPA = F.scaled_dot_product_attention
+_NORM_FUNCS: set[Any] = {torch.norm, torch.linalg.norm, torch.linalg.vector_norm}
+
+
+def _name_of(node: fx.Node, modules: dict[str, nn.Module]) -> str:
+    if node.op == "call_module":
+        return f"{type(modules[str(node.target)]).__name__} {node.target}"
+    if node.op == "call_function":
+        return getattr(node.target, "__name__", str(node.target))
+    if node.op == "call_method":
+        return f".{node.target}()"
+    return f"{node.op} {node.target}"
+
+
+# -- graph info -----------------------------------------------------------------------------
+
+
+@dataclass
+class GraphInfo:
+    """A traced graph with the concrete value of every node on the example inputs.
+
+    ``prefix`` is the qualified name of the traced module inside the whole model ("" for the
+    model itself, a Sequential's name in the fallback).
+    """
+
+    gm: fx.GraphModule
+    values: dict[fx.Node, Any]
+    prefix: str = ""
+    modules: dict[str, nn.Module] = field(init=False)
+    order: dict[fx.Node, int] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.modules = dict(self.gm.named_modules())
+        self.order = {n: i for i, n in enumerate(self.gm.graph.nodes)}
+
+    def qual(self, target: str) -> str:
+        return f"{self.prefix}.{target}" if self.prefix else target
+
+    def module(self, node: fx.Node) -> nn.Module | None:
+        if node.op != "call_module":
+            return None
+        return self.modules[str(node.target)]
+
+    def execute(self, node: fx.Node, subst: dict[fx.Node, Any]) -> Any:
+        """Re-run ``node`` with some inputs replaced (index tensors), others from the record."""
+
+        def load(a: fx.Node) -> Any:
+            return subst[a] if a in subst else self.values[a]
+
+        args = fx.node.map_arg(node.args, load)
+        kwargs = fx.node.map_arg(node.kwargs, load)
+        if node.op == "call_function":
+            return node.target(*args, **kwargs)  # type: ignore[operator]
+        if node.op == "call_method":
+            obj, *rest = args
+            return getattr(obj, str(node.target))(*rest, **kwargs)
+        if node.op == "call_module":
+            return self.modules[str(node.target)](*args, **kwargs)
+        raise TypeError(f"cannot execute node {node.op}")
+
+
+# -- ledger of parameter uses and reasons ---------------------------------------------------
+
+
+@dataclass
+class Ledger:
+    """How often each parameter is used, and why a parameter has no symmetry."""
+
+    names: dict[int, str]
+    uses: dict[int, int] = field(default_factory=dict)
+    reasons: dict[int, list[str]] = field(default_factory=dict)
+    unsupported: dict[str, str] = field(default_factory=dict)
+
+    def note(self, params: list[nn.Parameter] | list[Tensor], reason: str) -> None:
+        for p in params:
+            lst = self.reasons.setdefault(id(p), [])
+            if reason not in lst:
+                lst.append(reason)
+
+    def eligible(self, p: Tensor) -> bool:
+        return p.requires_grad and self.uses.get(id(p), 0) == 1
+
+
+def _layer_params(m: nn.Module) -> list[nn.Parameter]:
+    return [p for p in (getattr(m, "weight", None), getattr(m, "bias", None)) if p is not None]
+
+
+def module_problem(m: nn.Module) -> str | None:
+    """Why a parameterised module cannot be analysed, or None."""
+    from torch.nn.utils import parametrize
+
+    if parametrize.is_parametrized(m):
+        return "parametrised (torch.nn.utils.parametrize): its weight is computed, not a parameter"
+    if m._forward_hooks or m._forward_pre_hooks:
+        return "has forward hooks (e.g. old-style weight_norm/spectral_norm) that may change it"
+    if isinstance(m, _LAYERS + _NORMS):
+        own = {n for n, _ in m.named_parameters(recurse=False)}
+        if not own <= {"weight", "bias"}:
+            return f"unexpected parameters {sorted(own)}"
+    return None
+
+
+def count_uses(info: GraphInfo, ledger: Ledger) -> None:
+    """Count every use of every parameter in the graph; note unsupported modules."""
+    for node in info.gm.graph.nodes:
+        if node.op == "call_module":
+            m = info.modules[str(node.target)]
+            seen: set[int] = set()
+            for p in m.parameters():
+                if id(p) not in seen:
+                    seen.add(id(p))
+                    ledger.uses[id(p)] = ledger.uses.get(id(p), 0) + 1
+            if any(True for _ in m.parameters()):
+                qual = info.qual(str(node.target))
+                problem = module_problem(m)
+                if problem is None and not isinstance(m, SUPPORTED_MODULES):
+                    problem = f"no symmetry pattern for {type(m).__name__}"
+                if problem is not None:
+                    ledger.unsupported[qual] = f"{type(m).__name__}: {problem}"
+                    ledger.note(list(m.parameters()), f"{qual} is unsupported: {problem}")
+        elif node.op == "get_attr":
+            v = info.values.get(node)
+            if isinstance(v, nn.Parameter):
+                n_uses = len(node.users)
+                if _explicit_norm_users(node) is not None:
+                    n_uses = 1  # w / w.norm(): one use
+                ledger.uses[id(v)] = ledger.uses.get(id(v), 0) + max(1, n_uses)
+
+
+# -- proposals ------------------------------------------------------------------------------
+
+
+@dataclass
+class Proposal:
+    """A candidate symmetry found in the graph, not yet checked numerically.
+
+    ``approximate`` marks a candidate broken by a non-homogeneous map (e.g. tanh): it is
+    measured and reported in the coverage, never returned as a symmetry.
+    """
+
+    family: Family
+    label: str
+    build: Callable[[], Symmetry]
+    params: Sequence[Tensor]
+    order: int
+    approximate: bool = False
+    note: str = ""
+    uses_norm_eps: bool = False
+    sub: int = 0  # tie-break within one source: graph position of where the features arrive
+
+
+# -- the propagation engine -----------------------------------------------------------------
+
+
+@dataclass
+class _Flow:
+    idx: Any  # Tensor, or a tuple/list of Tensors after split
+    mode: int
+    heads: list[frozenset[int]] | None
+    via: tuple[str, ...]
+
+
+@dataclass
+class Arrival:
+    """Where a set of features of the source ends up."""
+
+    node: fx.Node
+    kind: str  # "consumer" | "contract_a" | "contract_b" | "break"
+    idx: Tensor
+    mode: int
+    heads: list[frozenset[int]] | None
+    via: tuple[str, ...]
+    reason: str = ""
+
+    @property
+    def features(self) -> set[int]:
+        return {int(v) for v in torch.unique(self.idx).tolist()}
+
+
+def _worse(a: int, b: int) -> int:
+    return max(a, b)
+
+
+def _refine(
+    a: list[frozenset[int]] | None, b: list[frozenset[int]] | None
+) -> list[frozenset[int]] | None:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    out = {x & y for x in a for y in b}
+    return sorted((s for s in out if s), key=min)
+
+
+def _is_index_tensor(v: Any) -> bool:
+    return isinstance(v, Tensor) and v.dtype == torch.float64
+
+
+def _integral(t: Tensor) -> bool:
+    return bool(torch.isfinite(t).all()) and bool((t == t.round()).all())
+
+
+def _rows_constant(t: Tensor, dim: int) -> bool:
+    return bool((t == t.narrow(dim, 0, 1)).all())
+
+
+def source_index(value: Tensor, axis: int) -> Tensor:
+    """The index tensor of a layer output: entry = feature number along ``axis``."""
+    n = value.shape[axis]
+    view = [1] * value.dim()
+    view[axis] = n
+    return torch.arange(n, dtype=torch.float64).view(view).expand(value.shape).clone()
+
+
+def propagate(info: GraphInfo, source: fx.Node, axis: int) -> list[Arrival]:
+    """Follow the features of ``source`` (along ``axis`` of its output) through the graph."""
+    value = info.values[source]
+    flows: dict[fx.Node, _Flow] = {source: _Flow(source_index(value, axis), LINEAR, None, ())}
+    arrivals: list[Arrival] = []
+    pending = sorted(source.users, key=info.order.__getitem__)
+    done: set[fx.Node] = set()
+    while pending:
+        node = pending.pop(0)
+        if node in done:
+            continue
+        done.add(node)
+        ins = [a for a in node.all_input_nodes if a in flows]
+        flow_in = flows[ins[0]]
+        mode = flow_in.mode
+        heads = flow_in.heads
+        via = flow_in.via
+        for a in ins[1:]:
+            mode = _worse(mode, flows[a].mode)
+            heads = _refine(heads, flows[a].heads)
+
+        def stop(reason: str, node: fx.Node = node, ins: list[fx.Node] = ins) -> None:
+            for a in ins:
+                f = flows[a]
+                for t in f.idx if isinstance(f.idx, tuple | list) else [f.idx]:
+                    arrivals.append(Arrival(node, "break", t, f.mode, f.heads, f.via, reason))
+
+        out = _step(info, node, ins, flows, mode, heads, via, arrivals, stop)
+        if out is not None:
+            flows[node] = out
+            pending.extend(u for u in node.users if u not in done)
+            pending.sort(key=info.order.__getitem__)
+    return arrivals
+
+
+def _step(
+    info: GraphInfo,
+    node: fx.Node,
+    ins: list[fx.Node],
+    flows: dict[fx.Node, _Flow],
+    mode: int,
+    heads: list[frozenset[int]] | None,
+    via: tuple[str, ...],
+    arrivals: list[Arrival],
+    stop: Callable[[str], None],
+) -> _Flow | None:
+    """One node of the propagation: a new flow, an arrival, or a stop (returns None)."""
+    name = _name_of(node, info.modules)
+    if node.op == "output":
+        stop("returned as a model output")
+        return None
+    idx0 = flows[ins[0]].idx
+    m = info.module(node)
+    subst = {a: flows[a].idx for a in ins}
+
+    def moved(new_mode: int = mode) -> _Flow | None:
+        try:
+            out = info.execute(node, subst)
+        except Exception as exc:  # the op does not accept index tensors: give up here
+            stop(f"read by {name} (could not follow it: {type(exc).__name__})")
+            return None
+        items = out if isinstance(out, tuple | list) else [out]
+        if not all(_is_index_tensor(t) and _integral(t) for t in items):
+            stop(f"read by {name}, which mixes features")
+            return None
+        return _Flow(out, new_mode, heads, via)
+
+    multi_ok = node.op == "call_function" and (node.target in _MATMUL_FUNCS or node.target is _SDPA)
+    if len(ins) > 1 and not multi_ok:
+        stop(f"read by {name} together with other features of the same layer")
+        return None
+    if m is not None:
+        if isinstance(m, _LAYERS + _NORMS + (nn.MultiheadAttention,)):
+            if node.args and node.args[0] is ins[0] and isinstance(idx0, Tensor):
+                arrivals.append(Arrival(node, "consumer", idx0, mode, heads, via))
+            else:
+                stop(f"read by {name} in an unsupported position")
+            return None
+        if isinstance(m, nn.Identity):
+            return _Flow(idx0, mode, heads, via)
+        if isinstance(m, _DROPOUT_MODULES):
+            active = m.training and m.p > 0
+            return _Flow(idx0, _worse(mode, HOMOGENEOUS if active else LINEAR), heads, via)
+        if isinstance(m, _HOM_MODULES):
+            return _Flow(idx0, _worse(mode, HOMOGENEOUS), heads, (*via, type(m).__name__))
+        if isinstance(m, _MOVE_MODULES):
+            return moved()
+        if isinstance(m, _POOL_MODULES):
+            if getattr(m, "return_indices", False):
+                stop(f"read by {name} with return_indices=True")
+                return None
+            return moved(_worse(mode, HOMOGENEOUS))
+        if isinstance(m, _NONHOM_MODULES):
+            return _Flow(idx0, APPROXIMATE, heads, (*via, type(m).__name__))
+        stop(f"read by {name}")
+        return None
+    if node.op == "call_function":
+        t = node.target
+        if t in _HOM_FUNCS:
+            return _Flow(idx0, _worse(mode, HOMOGENEOUS), heads, (*via, str(name)))
+        if t in _DROPOUT_FUNCS:
+            active = bool(node.kwargs.get("training", node.args[2] if len(node.args) > 2 else True))
+            return _Flow(idx0, _worse(mode, HOMOGENEOUS if active else LINEAR), heads, via)
+        if t in _NONHOM_FUNCS:
+            return _Flow(idx0, APPROXIMATE, heads, (*via, str(name)))
+        if t in _POOL_FUNCS:
+            return moved(_worse(mode, HOMOGENEOUS))
+        if t in _MOVE_FUNCS:
+            return moved()
+        if t in _SCALAR_FUNCS:
+            return _scalar(node, ins[0], idx0, mode, heads, via, info, stop, name)
+        if t in _MATMUL_FUNCS:
+            return _matmul(node, ins, flows, mode, heads, via, info, arrivals, stop, name)
+        if t is _SDPA:
+            return _sdpa(node, ins, flows, info, arrivals, stop)
+    if node.op == "call_method":
+        t = str(node.target)
+        if t in _HOM_METHODS:
+            return _Flow(idx0, _worse(mode, HOMOGENEOUS), heads, (*via, t))
+        if t in _NONHOM_METHODS:
+            return _Flow(idx0, APPROXIMATE, heads, (*via, t))
+        if t in _MOVE_METHODS:
+            return moved()
+        if t in _SCALAR_METHODS:
+            return _scalar(node, ins[0], idx0, mode, heads, via, info, stop, name)
+        if t == "matmul":
+            return _matmul(node, ins, flows, mode, heads, via, info, arrivals, stop, name)
+    what = name
+    if node.target in (operator.add, torch.add, operator.iadd, "add", "add_"):
+        what = f"{name} (a residual connection or other sum)"
+    stop(f"read by {what}")
+    return None
+
+
+def _scalar(
+    node: fx.Node,
+    src: fx.Node,
+    idx0: Any,
+    mode: int,
+    heads: list[frozenset[int]] | None,
+    via: tuple[str, ...],
+    info: GraphInfo,
+    stop: Callable[[str], None],
+    name: str,
+) -> _Flow | None:
+    args = list(node.args)
+    if len(args) != 2 or (args[0] is not src and node.target in (operator.truediv, torch.div)):
+        stop(f"read by {name} (not a division by a constant)")
+        return None
+    other = args[1] if args[0] is src else args[0]
+    val = info.values[other] if isinstance(other, fx.Node) else other
+    if isinstance(val, int | float) or (isinstance(val, Tensor) and val.numel() == 1):
+        if isinstance(other, fx.Node) and isinstance(val, Tensor) and val.requires_grad:
+            stop(f"read by {name} with a learned scale")
+            return None
+        return _Flow(idx0, mode, heads, via)
+    stop(f"read by {name} (element-wise product with another tensor)")
+    return None
+
+
+def _matmul(
+    node: fx.Node,
+    ins: list[fx.Node],
+    flows: dict[fx.Node, _Flow],
+    mode: int,
+    heads: list[frozenset[int]] | None,
+    via: tuple[str, ...],
+    info: GraphInfo,
+    arrivals: list[Arrival],
+    stop: Callable[[str], None],
+    name: str,
+) -> _Flow | None:
+    a = node.args[0]
+    result: _Flow | None = None
+    for src in ins:
+        f = flows[src]
+        idx = f.idx
+        if not isinstance(idx, Tensor) or idx.dim() < 2:
+            stop(f"read by {name} (a vector product)")
+            return None
+        if src is a:
+            # Features along the contracted last axis: one half of q @ kᵀ.
+            if _rows_constant(idx, -2):
+                arrivals.append(Arrival(node, "contract_a", idx, f.mode, f.heads, f.via))
+                continue
+            stop(f"read by {name} as the left factor with features along rows")
+            return None
+        if _rows_constant(idx, -1):
+            arrivals.append(Arrival(node, "contract_b", idx, f.mode, f.heads, f.via))
+            continue
+        if _rows_constant(idx, -2) and len(ins) == 1:
+            # att @ v: tokens are mixed, features (last axis) pass through; per head.
+            result = _mix(idx, info.values[node], f)
+            continue
+        stop(f"read by {name}, which mixes features")
+        return None
+    return result
+
+
+def _mix(idx: Tensor, out: Tensor, f: _Flow) -> _Flow:
+    """Flow through ``att @ v``: the features of v on the last axis, grouped per head."""
+    lead = idx.narrow(-2, 0, 1)
+    new = lead.expand(*out.shape[:-2], 1, idx.shape[-1]).expand(out.shape).clone()
+    rows = lead.reshape(-1, idx.shape[-1])
+    groups = sorted({frozenset(int(v) for v in row.tolist()) for row in rows}, key=min)
+    return _Flow(new, f.mode, _refine(f.heads, groups), f.via)
+
+
+def _sdpa(
+    node: fx.Node,
+    ins: list[fx.Node],
+    flows: dict[fx.Node, _Flow],
+    info: GraphInfo,
+    arrivals: list[Arrival],
+    stop: Callable[[str], None],
+) -> _Flow | None:
+    args = list(node.args)[:3]
+    if any(args.count(a) > 1 for a in ins) or any(a not in args for a in ins):
+        stop("read by scaled_dot_product_attention in several roles or as a keyword")
+        return None
+    result: _Flow | None = None
+    for src in ins:
+        f = flows[src]
+        idx = f.idx
+        if not isinstance(idx, Tensor) or not _rows_constant(idx, -2):
+            stop("read by scaled_dot_product_attention with features not on the last axis")
+            return None
+        pos = args.index(src)
+        if pos == 0:
+            arrivals.append(Arrival(node, "contract_a", idx, f.mode, f.heads, f.via))
+        elif pos == 1:
+            t = idx.transpose(-1, -2)
+            arrivals.append(Arrival(node, "contract_b", t, f.mode, f.heads, f.via))
+        else:
+            result = _mix(idx, info.values[node], f)
+    return result
+
+
+# -- helpers for the matchers ---------------------------------------------------------------
+
+
+def _feature_axis_of_input(m: nn.Module) -> int:
+    return 1 if isinstance(m, _CONVS + _BATCHNORMS) else -1
+
+
+def _column_map(arr: Arrival, m: nn.Module) -> Tensor | None:
+    """Feature of each input column/channel of consumer ``m``, if constant over other axes."""
+    idx = arr.idx
+    ax = _feature_axis_of_input(m)
+    if idx.dim() == 1:
+        idx = idx.unsqueeze(0)
+    flat = idx.movedim(ax, -1).reshape(-1, idx.shape[ax])
+    if not bool((flat == flat[:1]).all()):
+        return None
+    return flat[0].to(torch.long)
+
+
+def _range_of(feats: list[int]) -> tuple[int, int] | None:
+    """(start, stop) when ``feats`` is start, start+1, …, stop-1."""
+    if not feats:
+        return None
+    s = feats[0]
+    if feats != list(range(s, s + len(feats))):
+        return None
+    return s, s + len(feats)
+
+
+def _param(t: Any) -> nn.Parameter:
+    assert isinstance(t, nn.Parameter)
+    return t
+
+
+def _blocks(layer: nn.Module, start: int, stop: int) -> list[Block]:
+    weight: Any = layer.weight
+    bias: Any = getattr(layer, "bias", None)
+    out = [Block(weight, 0, start, stop)]
+    if bias is not None:
+        out.append(Block(bias, 0, start, stop))
+    return out
+
+
+@dataclass
+class _Source:
+    node: fx.Node
+    module: nn.Module
+    name: str
+    arrivals: list[Arrival]
+
+    @property
+    def params(self) -> list[nn.Parameter]:
+        return _layer_params(self.module)
+
+    def reach(self) -> dict[int, set[int]]:
+        """Feature → indices of the arrivals it reaches."""
+        out: dict[int, set[int]] = {}
+        for i, a in enumerate(self.arrivals):
+            for f in a.features:
+                out.setdefault(f, set()).add(i)
+        return out
+
+
+def _only(src: _Source, i: int, feats: set[int], reach: dict[int, set[int]]) -> bool:
+    return all(reach.get(f, set()) == {i} for f in feats)
+
+
+def _kinds(src: _Source) -> Iterator[tuple[int, Arrival]]:
+    return enumerate(src.arrivals)
+
+
+# -- the matchers ---------------------------------------------------------------------------
+
+
+class RescalingPattern:
+    """Linear/Conv → positively homogeneous maps → Linear/Conv (per neuron or channel)."""
+
+    family = Family.RESCALING
+
+    def match(self, info: GraphInfo, src: _Source, ledger: Ledger) -> list[Proposal]:
+        arrs = src.arrivals
+        if len(arrs) != 1 or arrs[0].kind != "consumer":
+            return []
+        arr = arrs[0]
+        second = info.module(arr.node)
+        assert second is not None
+        if not isinstance(second, _LAYERS):
+            return []
+        first = src.module
+        sname = info.qual(str(arr.node.target))
+        both_linear = isinstance(first, nn.Linear) and isinstance(second, nn.Linear)
+        if arr.mode == LINEAR and both_linear:
+            return []  # a double rotation, which contains the rescaling
+        for layer, nm in ((first, src.name), (second, sname)):
+            if isinstance(layer, _CONVS) and layer.groups != 1:
+                ledger.note(
+                    [*src.params, second.weight],
+                    f"{nm} is a grouped convolution (groups={layer.groups}); its per-group "
+                    "rescaling is not supported",
+                )
+                return []
+        cols = _column_map(arr, second)
+        n_out = int(first.weight.shape[0])  # type: ignore[index]
+        n_in = int(second.weight.shape[1])
+        if cols is None or n_in % n_out != 0:
+            ledger.note(
+                [*src.params, second.weight],
+                f"{src.name} → {sname}: features do not land on fixed input columns",
+            )
+            return []
+        block = n_in // n_out
+        if not torch.equal(cols, torch.arange(n_in) // block):
+            ledger.note(
+                [*src.params, second.weight],
+                f"{src.name} → {sname}: channel c does not map to the contiguous block of "
+                f"{block} columns c·{block}…; the rescaling exists but this layout is not "
+                "supported by Rescaling",
+            )
+            return []
+        label = f"rescaling:{src.name}→{sname}"
+        approx = arr.mode == APPROXIMATE
+        note = ""
+        if approx:
+            bad = [v for v in arr.via if v not in ("ReLU", "LeakyReLU", "PReLU", "relu")]
+            note = f"through {', '.join(bad) or 'a non-homogeneous map'} (not homogeneous)"
+        elif both_linear and not arr.via:
+            note = "dropout is active between them (training mode): no rotation, only rescaling"
+        return [
+            Proposal(
+                Family.RESCALING,
+                label,
+                lambda: Rescaling(first, second, block=block, label=label),
+                [*src.params, second.weight],
+                info.order[src.node],
+                approximate=approx,
+                note=note,
+            )
+        ]
+
+
+class RotationPattern:
+    """Linear → linear maps only → Linear: U·W = (U G)(G⁻¹ W), per head after ``att @ v``."""
+
+    family = Family.ROTATION
+
+    def match(self, info: GraphInfo, src: _Source, ledger: Ledger) -> list[Proposal]:
+        first = src.module
+        if not isinstance(first, nn.Linear):
+            return []
+        reach = src.reach()
+        out: list[Proposal] = []
+        for i, arr in _kinds(src):
+            if arr.kind != "consumer":
+                continue
+            second = info.module(arr.node)
+            if not isinstance(second, nn.Linear) or arr.mode != LINEAR:
+                continue
+            sname = info.qual(str(arr.node.target))
+            feats = arr.features
+            cmap = _column_map(arr, second)
+            whole = cmap is not None and torch.equal(cmap, torch.arange(second.in_features))
+            if len(src.arrivals) == 1 and arr.heads is None:
+                if whole and first.out_features == second.in_features:
+                    label = f"rotation:{src.name}→{sname}"
+                    out.append(
+                        Proposal(
+                            Family.ROTATION,
+                            label,
+                            partial(DoubleRotation, first, second, label=label),
+                            [*src.params, second.weight],
+                            info.order[src.node],
+                        )
+                    )
+                    continue
+            if not _only(src, i, feats, reach):
+                ledger.note(
+                    [*src.params, second.weight],
+                    f"{src.name} → {sname}: some features are also read elsewhere",
+                )
+                continue
+            cols = _column_map(arr, second)
+            if cols is None:
+                continue
+            groups = arr.heads if arr.heads is not None else [frozenset(feats)]
+            for h, g in enumerate(groups):
+                fw = sorted(g)
+                rw = _range_of(fw)
+                col = [int(c) for c in torch.nonzero(torch.isin(cols, torch.tensor(fw)))]
+                ordered = [int(cols[c]) for c in col]
+                rc = _range_of(col)
+                if rw is None or rc is None or ordered != fw:
+                    ledger.note(
+                        [*src.params, second.weight],
+                        f"{src.name} → {sname}: head {h} is not a contiguous slice",
+                    )
+                    continue
+                tag = f"[h{h}]" if len(groups) > 1 else f"[{rw[0]}:{rw[1]}]"
+                label = f"rotation:{src.name}→{sname}{tag}"
+                w_blocks = _blocks(first, *rw)
+                u_blocks = [Block(_param(second.weight), 1, *rc)]
+                out.append(
+                    Proposal(
+                        Family.ROTATION,
+                        label,
+                        partial(DoubleRotation.from_blocks, w_blocks, u_blocks, label=label),
+                        [*src.params, second.weight],
+                        info.order[src.node],
+                        sub=info.order[arr.node],
+                    )
+                )
+        return out
+
+
+class AttentionPattern:
+    """Per head W_Q·W_Kᵀ in hand-written attention; W_Q·W_Kᵀ, W_O·W_V in nn.MultiheadAttention."""
+
+    family = Family.ROTATION
+
+    def match_contractions(
+        self, info: GraphInfo, sources: list[_Source], ledger: Ledger
+    ) -> list[Proposal]:
+        by_node: dict[fx.Node, dict[str, list[tuple[_Source, int, Arrival]]]] = {}
+        for src in sources:
+            for i, arr in _kinds(src):
+                if arr.kind in ("contract_a", "contract_b"):
+                    by_node.setdefault(arr.node, {}).setdefault(arr.kind, []).append((src, i, arr))
+        out: list[Proposal] = []
+        for node, sides in by_node.items():
+            if len(sides.get("contract_a", [])) != 1 or len(sides.get("contract_b", [])) != 1:
+                for lst in sides.values():
+                    for src, _, _ in lst:
+                        ledger.note(
+                            src.params,
+                            f"{src.name}: its contraction partner in "
+                            f"{_name_of(node, info.modules)} is not the output of one Linear layer",
+                        )
+                continue
+            ((sa, ia, aa),) = sides["contract_a"]
+            (sb, ib, ab) = sides["contract_b"][0]
+            out.extend(self._heads(info, node, sa, ia, aa, sb, ib, ab, ledger))
+        return out
+
+    def _heads(
+        self,
+        info: GraphInfo,
+        node: fx.Node,
+        sa: _Source,
+        ia: int,
+        aa: Arrival,
+        sb: _Source,
+        ib: int,
+        ab: Arrival,
+        ledger: Ledger,
+    ) -> list[Proposal]:
+        params = list({id(p): p for p in [*sa.params, *sb.params]}.values())
+        if aa.mode != LINEAR or ab.mode != LINEAR:
+            ledger.note(params, f"{sa.name}·{sb.name}: a non-linear map before q·kᵀ")
+            return []
+        if not isinstance(sa.module, nn.Linear) or not isinstance(sb.module, nn.Linear):
+            return []
+        a, b = aa.idx, ab.idx
+        lead = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+        a = a.expand(*lead, *a.shape[-2:]).reshape(-1, *a.shape[-2:])
+        b = b.expand(*lead, *b.shape[-2:]).reshape(-1, *b.shape[-2:])
+        if not (_rows_constant(a, 1) and _rows_constant(b, 2)):
+            return []
+        qa = [tuple(int(v) for v in r.tolist()) for r in a[:, 0, :]]
+        kb = [tuple(int(v) for v in r.tolist()) for r in b[:, :, 0]]
+        pairs = sorted(set(zip(qa, kb, strict=True)), key=lambda p: (p[1][0], p[0][0]))
+        by_k: dict[tuple[int, ...], list[tuple[int, ...]]] = {}
+        for q, k in pairs:
+            by_k.setdefault(k, []).append(q)
+        q_all = [q for q, _ in pairs]
+        if len(set(q_all)) != len(q_all):
+            ledger.note(params, f"{sa.name}·{sb.name}: a query head meets several key heads")
+            return []
+        reach_a, reach_b = sa.reach(), sb.reach()
+        ordered = sorted(by_k.items(), key=lambda kv: min(q[0] for q in kv[1]))
+        first_is_a = info.order[sa.node] <= info.order[sb.node]
+        out: list[Proposal] = []
+        for h, (k, qs) in enumerate(ordered):
+            rk = _range_of(list(k))
+            rqs = [_range_of(list(q)) for q in qs]
+            clean = _only(sb, ib, set(k), reach_b) and all(
+                _only(sa, ia, set(q), reach_a) for q in qs
+            )
+            if rk is None or any(r is None for r in rqs) or not clean:
+                ledger.note(
+                    params, f"{sa.name}·{sb.name}: head {h} is not a clean contiguous slice"
+                )
+                continue
+            q_blocks = [blk for r in rqs if r is not None for blk in _blocks(sa.module, *r)]
+            k_blocks = _blocks(sb.module, *rk)
+            w, u = (q_blocks, k_blocks) if first_is_a else (k_blocks, q_blocks)
+            label = f"rotation:{sa.name}·{sb.name}[h{h}]"
+            out.append(
+                Proposal(
+                    Family.ROTATION,
+                    label,
+                    partial(DoubleRotation.from_blocks, w, u, label=label),
+                    params,
+                    min(info.order[sa.node], info.order[sb.node]),
+                    sub=info.order[node],
+                )
+            )
+        return out
+
+    def match_mha(self, info: GraphInfo, node: fx.Node, ledger: Ledger) -> list[Proposal]:
+        m = info.module(node)
+        assert isinstance(m, nn.MultiheadAttention)
+        name = info.qual(str(node.target))
+        e, h = m.embed_dim, m.num_heads
+        kd = e // h
+        vd = kd  # value heads have embed_dim // num_heads rows too
+        if m._qkv_same_embed_dim:
+            assert m.in_proj_weight is not None
+            wq = wk = wv = m.in_proj_weight
+            off = (0, e, 2 * e)
+        else:
+            wq, wk, wv = m.q_proj_weight, m.k_proj_weight, m.v_proj_weight
+            off = (0, 0, 0)
+        bias = m.in_proj_bias
+        wo = m.out_proj.weight
+        qk: list[Proposal] = []
+        vo: list[Proposal] = []
+        for i in range(h):
+            qb = self._proj(wq, bias, off[0], 0, i, kd)
+            kb = self._proj(wk, bias, off[1], e, i, kd)
+            if m.bias_k is not None:
+                kb.append(Block(_param(m.bias_k), 2, i * kd, (i + 1) * kd))
+            vb = self._proj(wv, bias, off[2], 2 * e, i, vd)
+            if m.bias_v is not None:
+                vb.append(Block(_param(m.bias_v), 2, i * vd, (i + 1) * vd))
+            ob = [Block(_param(wo), 1, i * vd, (i + 1) * vd)]
+            lq = f"rotation:{name}.q·k[h{i}]"
+            lv = f"rotation:{name}.v·out[h{i}]"
+            ps = [p for p in m.parameters() if p is not m.out_proj.bias]
+            qk.append(
+                Proposal(
+                    Family.ROTATION,
+                    lq,
+                    partial(DoubleRotation.from_blocks, qb, kb, label=lq),
+                    ps,
+                    info.order[node],
+                )
+            )
+            vo.append(
+                Proposal(
+                    Family.ROTATION,
+                    lv,
+                    partial(DoubleRotation.from_blocks, vb, ob, label=lv),
+                    ps,
+                    info.order[node],
+                )
+            )
+        return qk + vo
+
+    @staticmethod
+    def _proj(w: Any, bias: Any, woff: int, boff: int, i: int, k: int) -> list[Block]:
+        s = i * k
+        out = [Block(w, 0, woff + s, woff + s + k)]
+        if bias is not None:
+            out.append(Block(bias, 0, boff + s, boff + s + k))
+        return out
+
+
+class ScalePattern:
+    """Weights feeding a normalisation layer, and explicit ``w / w.norm()`` normalisation."""
+
+    family = Family.SCALE
+
+    def match(self, info: GraphInfo, src: _Source, ledger: Ledger) -> list[Proposal]:
+        arrs = src.arrivals
+        if len(arrs) != 1 or arrs[0].kind != "consumer":
+            return []
+        arr = arrs[0]
+        norm = info.module(arr.node)
+        if not isinstance(norm, _NORMS):
+            return []
+        nname = info.qual(str(arr.node.target))
+        if arr.mode == APPROXIMATE:
+            ledger.note(src.params, f"{src.name} → {nname} through a non-homogeneous map")
+            return []
+        params = src.params
+        if isinstance(norm, _BATCHNORMS):
+            uses_batch = norm.training or not norm.track_running_stats
+            if not uses_batch:
+                ledger.note(
+                    params,
+                    f"{nname} is a BatchNorm in eval mode (running statistics): not scale "
+                    "invariant; detect with model.train() to find the per-channel invariance",
+                )
+                return []
+            cols = _column_map(arr, norm)
+            if cols is None or not torch.equal(cols, torch.arange(norm.num_features)):
+                return []
+            label = f"scale:{src.name}→{nname}"
+            return [
+                Proposal(
+                    Family.SCALE,
+                    label,
+                    lambda: ScaleInvariance(params, per_channel=True, label=label),
+                    params,
+                    info.order[src.node],
+                    note="per channel; BatchNorm in training mode only; exact up to eps",
+                    uses_norm_eps=True,
+                )
+            ]
+        label = f"scale:{src.name}→{nname}"
+        return [
+            Proposal(
+                Family.SCALE,
+                label,
+                lambda: ScaleInvariance(params, label=label),
+                params,
+                info.order[src.node],
+                note=f"whole layer; exact up to {type(norm).__name__} eps",
+                uses_norm_eps=True,
+            )
+        ]
+
+    def match_explicit(self, info: GraphInfo, node: fx.Node, ledger: Ledger) -> list[Proposal]:
+        """``w / w.norm()`` (one group) or ``F.normalize(w, dim=1)`` (one group per row)."""
+        p = info.values.get(node)
+        if not isinstance(p, nn.Parameter):
+            return []
+        name = info.qual(str(node.target))
+        users = list(node.users)
+        per_channel: bool | None = None
+        if len(users) == 1 and users[0].op == "call_function" and users[0].target is F.normalize:
+            u = users[0]
+            dim = u.kwargs.get("dim", u.args[2] if len(u.args) > 2 else 1)
+            if p.dim() == 1 and dim in (0, -1):
+                per_channel = False
+            elif p.dim() == 2 and dim in (1, -1):
+                per_channel = True
+        elif (pair := _explicit_norm_users(node)) is not None:
+            n = pair[0]
+            dims = n.kwargs.get("dim", n.args[2] if len(n.args) > 2 else None)
+            if dims is None:
+                per_channel = False
+            elif p.dim() == 2 and dims in (1, -1, (1,), (-1,)):
+                per_channel = True
+        if per_channel is None:
+            ops = [_name_of(u, info.modules) for u in users]
+            ledger.note([p], f"{name} is used directly by {ops}; no pattern matched")
+            return []
+        label = f"scale:{name}"
+        return [
+            Proposal(
+                Family.SCALE,
+                label,
+                lambda: ScaleInvariance([p], per_channel=bool(per_channel), label=label),
+                [p],
+                info.order[node],
+                note="explicit normalisation" + (" (per row)" if per_channel else ""),
+            )
+        ]
+
+
+def _explicit_norm_users(node: fx.Node) -> tuple[fx.Node, fx.Node] | None:
+    """(norm, div) when ``node``'s users are exactly ``norm(node)`` and ``node / norm``."""
+    users = list(node.users)
+    if len(users) != 2:
+        return None
+    norms = [u for u in users if _is_norm_call(u)]
+    divs = [u for u in users if u.target in (operator.truediv, torch.div, "div")]
+    if len(norms) != 1 or len(divs) != 1:
+        return None
+    n, d = norms[0], divs[0]
+    if d.args[0] is node and d.args[1] is n and len(n.users) == 1:
+        return n, d
+    return None
+
+
+def _is_norm_call(u: fx.Node) -> bool:
+    if u.op == "call_method" and u.target == "norm":
+        return True
+    return u.op == "call_function" and u.target in _NORM_FUNCS
+
+
+# -- driver ---------------------------------------------------------------------------------
+
+
+def run_patterns(info: GraphInfo, ledger: Ledger) -> list[Proposal]:
+    """Propagate from every parameterised layer and run every matcher on the arrivals."""
+    rescale, rotate, attend, scale = (
+        RescalingPattern(),
+        RotationPattern(),
+        AttentionPattern(),
+        ScalePattern(),
+    )
+    props: list[Proposal] = []
+    sources: list[_Source] = []
+    for node in info.gm.graph.nodes:
+        m = info.module(node)
+        if node.op == "get_attr":
+            props.extend(scale.match_explicit(info, node, ledger))
+            continue
+        if m is None or module_problem(m) is not None:
+            continue
+        if isinstance(m, nn.MultiheadAttention):
+            props.extend(attend.match_mha(info, node, ledger))
+            continue
+        if not isinstance(m, _LAYERS):
+            continue
+        value = info.values.get(node)
+        if not isinstance(value, Tensor):
+            continue
+        axis = 1 if isinstance(m, _CONVS) else -1
+        if isinstance(m, _CONVS) and value.dim() == m.weight.dim() - 1:
+            axis = 0  # unbatched conv input
+        src = _Source(node, m, info.qual(str(node.target)), propagate(info, node, axis))
+        sources.append(src)
+        for arr in src.arrivals:
+            if arr.kind == "break":
+                ledger.note(src.params, f"output of {src.name} is {arr.reason}")
+        for matcher in (rescale, rotate, scale):
+            props.extend(matcher.match(info, src, ledger))
+    props.extend(attend.match_contractions(info, sources, ledger))
+    return props

@@ -1,0 +1,500 @@
+"""Automatic detection of exponential symmetries: :func:`find_symmetries`.
+
+1. Trace the model with torch.fx and record every node's value on the example inputs.
+2. Follow the features of every Linear/Conv layer through the graph and run one small
+   matcher per family on where they arrive (:mod:`noetherflow.symmetry._fx_patterns`).
+3. Drop candidates on parameters used more than once (shared modules, weight tying) or
+   frozen, and check every remaining one numerically: a float64 copy of the model, a random
+   group element of size ``scale``, the relative change of the outputs (or of the loss)
+   must stay below ``tolerance``.
+4. Record, for every parameter, why no symmetry acts on it (:meth:`SymmetrySet.coverage`).
+
+When tracing fails, the nn.Sequential containers are traced one by one instead and the result
+may be incomplete (a warning says so, and so does the coverage report).
+
+Normalisation layers have ``eps > 0``, so the invariances they create (scale invariance of
+the weights feeding BatchNorm/LayerNorm/GroupNorm/RMSNorm) hold only up to eps: scaling by
+e^λ changes the output by O(eps/var). These symmetries are verified on a float64 copy whose
+norm layers have eps = 0 (where they are exact) and the coverage report states the relative
+change measured with the model's own eps. Functional normalisations (``F.layer_norm``) are
+not matched.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import importlib.util
+import sys
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, fx, nn
+
+from noetherflow.symmetry import _fx_patterns as pat
+from noetherflow.symmetry.base import Symmetry
+from noetherflow.symmetry.coverage import DetectionReport
+from noetherflow.symmetry.rescaling import Rescaling
+from noetherflow.symmetry.rotation import DoubleRotation
+from noetherflow.symmetry.scaling import ScaleInvariance
+from noetherflow.symmetry.set import SymmetrySet, VerifyResult, _as_outputs, _rebind, _to64
+
+__all__ = ["DetectionError", "find_symmetries", "inspect_main", "symmetry_signature"]
+
+_NORM_TYPES = (
+    nn.BatchNorm1d,
+    nn.BatchNorm2d,
+    nn.BatchNorm3d,
+    nn.LayerNorm,
+    nn.GroupNorm,
+    nn.RMSNorm,
+)
+
+
+class DetectionError(ValueError):
+    """The model cannot be run on the example inputs (wrong shape, wrong type, …)."""
+
+
+def _as_args(example_inputs: Any) -> tuple[Any, ...]:
+    if isinstance(example_inputs, tuple):
+        return example_inputs
+    return (example_inputs,)
+
+
+def _shapes(args: tuple[Any, ...]) -> str:
+    return ", ".join(
+        str(tuple(a.shape)) if isinstance(a, Tensor) else type(a).__name__ for a in args
+    )
+
+
+class _Isolated:
+    """Run the model without side effects: RNG state and buffers are restored afterwards."""
+
+    def __init__(self, model: nn.Module, seed: int) -> None:
+        self.model = model
+        self.seed = seed
+
+    def __enter__(self) -> None:
+        self._buffers = [(b, b.detach().clone()) for b in self.model.buffers()]
+        self._rng = torch.random.fork_rng(devices=[])
+        self._rng.__enter__()
+        torch.manual_seed(self.seed)
+        self._nograd = torch.no_grad()
+        self._nograd.__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        self._nograd.__exit__(*exc)
+        self._rng.__exit__(*exc)
+        with torch.no_grad():
+            for b, v in self._buffers:
+                b.copy_(v)
+
+
+def _record(gm: fx.GraphModule, args: tuple[Any, ...]) -> dict[fx.Node, Any]:
+    interp = fx.Interpreter(gm, garbage_collect_values=False)
+    interp.run(*args)
+    return dict(interp.env)
+
+
+def _run_failed(model: nn.Module, args: tuple[Any, ...], exc: Exception) -> DetectionError:
+    layers = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
+    first = next((m for m in model.modules() if isinstance(m, layers)), None)
+    hint = ""
+    first_line = (str(exc).strip().splitlines() or [""])[0]
+    if isinstance(first, nn.Linear):
+        hint = f" The first Linear layer expects {first.in_features} input features."
+    elif first is not None:
+        hint = f" The first conv layer expects {first.in_channels} input channels."
+    return DetectionError(
+        f"find_symmetries: running {type(model).__name__} on example inputs of shape "
+        f"{_shapes(args)} failed with {type(exc).__name__}: {first_line}. Expected inputs the "
+        f"model accepts, e.g. a small batch.{hint} Pass example_inputs with the model's input "
+        "shape (a tuple for several positional inputs)."
+    )
+
+
+def _trace(model: nn.Module) -> fx.GraphModule:
+    """symbolic_trace, with buffers as graph nodes (so ``self.mask[:, :, :T, :T]`` traces)."""
+    tracer = fx.Tracer()
+    tracer.proxy_buffer_attributes = True
+    graph = tracer.trace(model)
+    return fx.GraphModule(tracer.root, graph, type(model).__name__)
+
+
+def _graphs(
+    model: nn.Module, args: tuple[Any, ...], seed: int, notes: list[str]
+) -> tuple[list[pat.GraphInfo], bool]:
+    """Traced graphs with recorded values: the whole model, or its Sequentials as fallback."""
+    try:
+        gm = _trace(model)
+    except Exception as exc:
+        gm = None
+        why = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    if gm is not None:
+        try:
+            with _Isolated(model, seed):
+                values = _record(gm, args)
+        except Exception as exc:
+            raise _run_failed(model, args, exc) from exc
+        return [pat.GraphInfo(gm, values)], True
+    # Fallback: trace every outermost nn.Sequential on the inputs it sees in a real forward.
+    seqs: list[tuple[str, nn.Sequential]] = []
+    for name, m in model.named_modules():
+        if isinstance(m, nn.Sequential) and not any(name.startswith(f"{s}.") for s, _ in seqs):
+            seqs.append((name, m))
+    seen: dict[str, list[tuple[Any, ...]]] = {}
+    handles = [
+        m.register_forward_pre_hook(
+            lambda _m, inp, name=name: seen.setdefault(name, []).append(inp)
+        )
+        for name, m in seqs
+    ]
+    try:
+        with _Isolated(model, seed):
+            model(*args)
+    except Exception as exc:
+        raise _run_failed(model, args, exc) from exc
+    finally:
+        for h in handles:
+            h.remove()
+    infos: list[pat.GraphInfo] = []
+    for name, seq in seqs:
+        calls = seen.get(name, [])
+        if len(calls) != 1:
+            notes.append(f"nn.Sequential {name or '(root)'} ran {len(calls)} times: not analysed")
+            continue
+        try:
+            sub = _trace(seq)
+            with _Isolated(model, seed):
+                values = _record(sub, calls[0])
+        except Exception as sub_exc:
+            notes.append(f"nn.Sequential {name or '(root)'} does not trace either ({sub_exc})")
+            continue
+        infos.append(pat.GraphInfo(sub, values, prefix=name))
+    where = (
+        f"only the nn.Sequential containers {[n or '(root)' for n, _ in seqs]} were analysed"
+        if seqs
+        else "it has no nn.Sequential containers to fall back on, so nothing was analysed"
+    )
+    notes.insert(
+        0,
+        f"torch.fx could not trace the model ({why}); {where}, so the result may be incomplete",
+    )
+    return infos, False
+
+
+class _Checker:
+    """Float64 copies of the model (as is, and with norm eps = 0) and a relative-change test."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        args: tuple[Any, ...],
+        loss_fn: Callable[[Any, Any], Tensor] | None,
+        targets: Any,
+        seed: int,
+    ) -> None:
+        self.copies: list[tuple[nn.Module, dict[int, nn.Parameter]]] = []
+        for zero_eps in (False, True):
+            m64 = copy.deepcopy(model).to(torch.float64)
+            if zero_eps:
+                for m in m64.modules():
+                    if isinstance(m, _NORM_TYPES):
+                        # BatchNorm refuses eps = 0 in training; the smallest positive
+                        # float64 is exactly 0 next to any non-degenerate variance.
+                        m.eps = torch.finfo(torch.float64).tiny
+            mapping = {id(p): q for p, q in zip(model.parameters(), m64.parameters(), strict=True)}
+            self.copies.append((m64, mapping))
+        self.args = _to64(args)
+        self.targets = _to64(targets)
+        self.loss_fn = loss_fn
+        self.seed = seed
+        self.base = [self._eval(m) for m, _ in self.copies]
+
+    def _eval(self, m64: nn.Module) -> Tensor:
+        with _Isolated(m64, self.seed):
+            out = m64(*self.args)
+            if self.loss_fn is not None:
+                return self.loss_fn(out, self.targets).reshape(1)
+            return _as_outputs(out).reshape(-1)
+
+    def rel_change(self, sym: Symmetry, element: Any, zero_eps: bool) -> float:
+        m64, mapping = self.copies[int(zero_eps)]
+        s64 = _rebind(sym, mapping)
+        saved = [(p, p.detach().clone()) for p in s64.params]
+        s64.apply_(element)
+        try:
+            after = self._eval(m64)
+        finally:
+            with torch.no_grad():
+                for p, v in saved:
+                    p.copy_(v)
+        base = self.base[int(zero_eps)]
+        return float((after - base).norm() / base.norm().clamp_min(1e-300))
+
+
+def find_symmetries(
+    model: nn.Module,
+    example_inputs: Any,
+    *,
+    loss_fn: Callable[[Any, Any], Tensor] | None = None,
+    targets: Any = None,
+    tolerance: float = 1e-9,
+    scale: float = 0.5,
+    seed: int = 0,
+) -> SymmetrySet:
+    """Find the exponential symmetries of ``model`` and verify each one numerically.
+
+    Args:
+        model: any ``nn.Module``; its current mode matters (BatchNorm's scale invariance
+            exists in training mode only, dropout breaks rotations in training mode).
+        example_inputs: a tensor or a tuple of positional inputs, e.g. a small batch.
+        loss_fn, targets: compare ``loss_fn(model(x), targets)`` instead of the outputs.
+        tolerance: largest accepted relative change under a random group element (float64).
+        scale: size of the random group element (λ in [−scale, scale] per generator for
+            rescaling and scale invariance; ‖B‖₂ = scale for G = e^B of a rotation).
+        seed: seeds the group elements and any dropout in the forward passes.
+
+    Returns:
+        A :class:`SymmetrySet` of verified symmetries in graph order, with
+        ``syms.verification`` filled in and ``syms.coverage(model)`` available. A model with
+        no symmetry gives an empty set.
+
+    Raises:
+        DetectionError: the model does not run on ``example_inputs``.
+
+    Example:
+        >>> import torch, noetherflow as nf
+        >>> net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+        >>> syms = nf.find_symmetries(net, torch.randn(5, 3))
+        >>> [s.family.value for s in syms]
+        ['rescaling']
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(
+            f"find_symmetries: model is a {type(model).__name__}, expected an nn.Module."
+        )
+    if not tolerance > 0:
+        raise ValueError(f"find_symmetries: tolerance must be > 0, got {tolerance}.")
+    args = _as_args(example_inputs)
+    names = {id(p): n for n, p in model.named_parameters()}
+    notes: list[str] = []
+    infos, traced = _graphs(model, args, seed, notes)
+    ledger = pat.Ledger(names)
+    for info in infos:
+        pat.count_uses(info, ledger)
+    proposals: list[pat.Proposal] = []
+    for info in infos:
+        proposals.extend(pat.run_patterns(info, ledger))
+    detection = DetectionReport(
+        traced=traced,
+        complete=traced,
+        tolerance=tolerance,
+        scale=scale,
+        notes=notes,
+        unsupported=dict(ledger.unsupported),
+    )
+    checker = _Checker(model, args, loss_fn, targets, seed) if proposals else None
+    gen = torch.Generator().manual_seed(seed)
+    found: list[tuple[int, str, Symmetry, VerifyResult]] = []
+    labels: set[str] = set()
+    for prop in sorted(proposals, key=lambda q: (q.order, q.sub)):
+        bad = [p for p in prop.params if not ledger.eligible(p)]
+        if bad:
+            for p in bad:
+                why = (
+                    "frozen (requires_grad=False)"
+                    if not p.requires_grad
+                    else f"used {ledger.uses.get(id(p), 0)} times in the graph (a shared module, "
+                    "weight tying, or a parameter read twice)"
+                )
+                ledger.note(
+                    list(prop.params), f"{prop.label} not claimed: {names.get(id(p), '?')} is {why}"
+                )
+            continue
+        try:
+            sym = prop.build()
+        except ValueError as exc:
+            detection.rejected.append((prop.label, str(exc)))
+            continue
+        assert checker is not None
+        element = sym.random_element(scale, gen)
+        rel_model = checker.rel_change(sym, element, zero_eps=False)
+        rel = checker.rel_change(sym, element, zero_eps=True) if prop.uses_norm_eps else rel_model
+        if prop.approximate:
+            msg = (
+                f"approximate {prop.family.value} {prop.label} {prop.note}: relative output "
+                f"change {rel_model:.2g} under a random element of size {scale:g}; not claimed"
+            )
+            for p in prop.params:
+                detection.approximate.setdefault(id(p), []).append(msg)
+            continue
+        if not rel <= tolerance:
+            detection.rejected.append(
+                (prop.label, f"relative change {rel:.3g} > tolerance {tolerance:g}")
+            )
+            ledger.note(
+                list(prop.params),
+                f"candidate {prop.label} failed the numerical check (relative change {rel:.2g})",
+            )
+            continue
+        label = prop.label
+        k = 2
+        while label in labels:
+            label, k = f"{prop.label}#{k}", k + 1
+        labels.add(label)
+        sym.label = label
+        note = prop.note
+        if prop.uses_norm_eps:
+            note = (
+                f"{label}: {note}; relative change {rel_model:.2g} with the model's eps "
+                f"(exact, {rel:.2g}, with eps → 0)"
+            )
+        elif note:
+            note = f"{label}: {note}"
+        if note:
+            detection.sym_notes[label] = note
+        found.append((prop.order, label, sym, VerifyResult(label, rel, tolerance, True)))
+    detection.reasons = ledger.reasons
+    syms = SymmetrySet(s for _, _, s, _ in found)
+    for _, label, _, res in found:
+        syms.verification[label] = res
+    syms.detection = detection
+    syms.param_names = names
+    if not traced:
+        warnings.warn(
+            f"find_symmetries: {notes[0]}. See syms.coverage(model).", UserWarning, stacklevel=2
+        )
+    return syms
+
+
+def symmetry_signature(sym: Symmetry, names: dict[int, str]) -> tuple[Any, ...]:
+    """A hashable description of what ``sym`` acts on, for exact comparisons in tests.
+
+    * rescaling: ``("rescaling", first_weight_name, second_weight_name, block)``
+    * scale: ``("scale", (param names…), per_channel)``
+    * rotation: ``("rotation", W-side blocks, U-side blocks)`` with each block
+      ``(param name, axis, start, stop)``.
+    """
+    if isinstance(sym, Rescaling):
+        return ("rescaling", names[id(sym.first.weight)], names[id(sym.second.weight)], sym.block)
+    if isinstance(sym, ScaleInvariance):
+        return ("scale", tuple(names[id(p)] for p in sym.params), sym.per_channel)
+    if isinstance(sym, DoubleRotation):
+
+        def blocks(bs: list[Any]) -> tuple[tuple[Any, ...], ...]:
+            return tuple((names[id(b.param)], b.axis, b.start, b.stop) for b in bs)
+
+        return ("rotation", blocks(sym.w_blocks), blocks(sym.u_blocks))
+    return (sym.family.value, tuple(names[id(p)] for p in sym.params))
+
+
+# -- CLI ------------------------------------------------------------------------------------
+
+
+def _load_factory(spec: str) -> Callable[[], nn.Module]:
+    path_s, sep, func = spec.rpartition(":")
+    if not sep or not path_s or not func:
+        raise ValueError(
+            f"model spec {spec!r} is not of the form path/to/file.py:factory; expected e.g. "
+            "models.py:make_net"
+        )
+    path = Path(path_s)
+    if not path.is_file():
+        raise ValueError(f"model file {path_s!r} does not exist; expected a Python file.")
+    mod_spec = importlib.util.spec_from_file_location(f"_nf_inspect_{path.stem}", path)
+    if mod_spec is None or mod_spec.loader is None:
+        raise ValueError(f"cannot import {path_s!r} as a Python module.")
+    module = importlib.util.module_from_spec(mod_spec)
+    sys.path.insert(0, str(path.resolve().parent))
+    try:
+        mod_spec.loader.exec_module(module)
+    finally:
+        sys.path.pop(0)
+    factory = getattr(module, func, None)
+    if not callable(factory):
+        raise ValueError(
+            f"{path_s} has no callable {func!r}; expected a function returning an nn.Module."
+        )
+    return factory
+
+
+def _shape(text: str) -> tuple[int, ...]:
+    try:
+        dims = tuple(int(t) for t in text.split(",") if t.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a comma-separated list of integers; expected e.g. 3,32,32"
+        ) from None
+    if not dims or any(d < 1 for d in dims):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected positive sizes, e.g. 3,32,32")
+    return dims
+
+
+def build_inspect_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
+    """The arguments of ``noetherflow inspect`` (added to ``parser`` when given)."""
+    p = parser or argparse.ArgumentParser(
+        prog="noetherflow inspect",
+        description="Detect, verify and print the symmetries of a model built by a factory.",
+    )
+    p.add_argument("model", help="path/to/file.py:factory (a function returning an nn.Module)")
+    p.add_argument(
+        "--input-shape",
+        type=_shape,
+        required=True,
+        help="shape of one input sample without the batch axis, e.g. 3,32,32",
+    )
+    p.add_argument("--batch-size", type=int, default=4, help="example batch size (default 4)")
+    p.add_argument("--eval", action="store_true", help="inspect in eval mode (default: train)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true", help="print syms.to_dict() and coverage as JSON")
+    return p
+
+
+def inspect_main(argv: list[str]) -> int:
+    """``noetherflow inspect path/to/file.py:factory --input-shape 3,32,32``.
+
+    Prints the symmetry table and the coverage report. Exit codes: 0 success, 2 usage error
+    (bad spec, bad shape, model does not run on the inputs).
+    """
+    import json
+
+    from rich.console import Console
+
+    args = build_inspect_parser().parse_args(argv)
+    err = Console(stderr=True, highlight=False)
+    try:
+        model = _load_factory(args.model)()
+        if not isinstance(model, nn.Module):
+            raise ValueError(
+                f"{args.model} returned a {type(model).__name__}; expected an nn.Module."
+            )
+        model.train(not args.eval)
+        gen = torch.Generator().manual_seed(args.seed)
+        dtype = next((p.dtype for p in model.parameters()), torch.float32)
+        x = torch.randn(args.batch_size, *args.input_shape, generator=gen, dtype=dtype)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            syms = find_symmetries(model, x, seed=args.seed)
+        for w in caught:
+            err.print(f"warning: {w.message}")
+        report = syms.coverage(model)
+    except (ValueError, OSError) as exc:
+        err.print(f"noetherflow inspect: error: {exc}")
+        return 2
+    if args.json:
+        print(json.dumps({"symmetries": syms.to_dict(), "coverage": report.to_dict()}, indent=2))
+        return 0
+    out = Console(highlight=False)
+    out.print(syms.table())
+    out.print(report.table())
+    if report.unsupported_modules:
+        out.print("unsupported modules:")
+        for k, v in report.unsupported_modules.items():
+            out.print(f"  {k}: {v}")
+    for n in report.notes:
+        out.print(f"note: {n}")
+    return 0
