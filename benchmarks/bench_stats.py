@@ -1,0 +1,295 @@
+"""Benchmark: cost of gradient statistics (hooks vs torch.func reference) against plain fwd+bwd.
+
+Three workloads, timed side by side in one run with interleaved repetitions (median seconds):
+
+(a) MLP 784-1024-1024-10, ReLU, batch 256, cross-entropy; the two per-neuron Rescalings.
+(b) two-layer linear net d_x = d_y = 100, hidden d = 2000, batch 100, MSE; one DoubleRotation.
+(c) token model [B=32, T=128, 256]: Linear → ReLU → Linear → Linear, MSE; a Rescaling and a
+    DoubleRotation (they share the middle weight, so the set is coupled and the hooks also
+    keep per-sample gradients).
+
+For each: plain forward+backward, ``collect_stats(..., estimator="hooks")`` and
+``collect_stats(..., estimator="reference")`` (torch.func vmap(grad)). Peak memory is the
+increase of the process's peak resident set size (``ru_maxrss``) caused by ONE call of the
+method, measured in a fresh subprocess per (workload, method) after the model and batch are
+built and torch.func is imported. It includes allocator caching and one-time buffers; it is
+CPU RSS, not GPU memory.
+
+Usage::
+
+    python benchmarks/bench_stats.py                 # full sizes
+    python benchmarks/bench_stats.py --quick         # small sizes, few repetitions
+    python benchmarks/bench_stats.py --reps 9 --threads 2 --no-memory
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.func  # imported before the memory baseline
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+from torch import Tensor, nn
+
+import noetherflow as nf
+
+METHODS = ("plain", "hooks", "reference")
+
+
+@dataclass
+class Workload:
+    key: str
+    title: str
+    model: nn.Module
+    syms: nf.SymmetrySet
+    loss_fn: Callable[[Tensor, Tensor], Tensor]
+    x: Tensor
+    y: Tensor
+    ref_reps: int | None  # cap on reference repetitions (None: same as the others)
+
+
+def _sizes(quick: bool, tiny: bool) -> dict[str, Any]:
+    if tiny:
+        return {"mlp": (32, 16, 16, 8), "lin": (6, 12, 6, 8), "tok": (4, 6, 8)}
+    if quick:
+        return {"mlp": (784, 128, 128, 64), "lin": (100, 400, 100, 50), "tok": (8, 32, 64)}
+    return {"mlp": (784, 1024, 1024, 256), "lin": (100, 2000, 100, 100), "tok": (32, 128, 256)}
+
+
+def build_workloads(quick: bool = False, tiny: bool = False, seed: int = 0) -> list[Workload]:
+    torch.manual_seed(seed)
+    sz = _sizes(quick, tiny)
+    out: list[Workload] = []
+
+    d_in, h, h2, bs = sz["mlp"]
+    mlp = nn.Sequential(
+        nn.Linear(d_in, h), nn.ReLU(), nn.Linear(h, h2), nn.ReLU(), nn.Linear(h2, 10)
+    )
+    syms = nf.SymmetrySet([nf.Rescaling(mlp[0], mlp[2]), nf.Rescaling(mlp[2], mlp[4])])
+    out.append(
+        Workload(
+            "mlp",
+            f"(a) MLP {d_in}-{h}-{h2}-10 ReLU, batch {bs}, CE, 2× Rescaling",
+            mlp,
+            syms,
+            nn.functional.cross_entropy,
+            torch.randn(bs, d_in),
+            torch.randint(0, 10, (bs,)),
+            ref_reps=2,
+        )
+    )
+
+    dx, d, dy, bs = sz["lin"]
+    lin = nn.Sequential(nn.Linear(dx, d, bias=False), nn.Linear(d, dy, bias=False))
+    out.append(
+        Workload(
+            "linear",
+            f"(b) linear {dx}-{d}-{dy}, batch {bs}, MSE, DoubleRotation",
+            lin,
+            nf.SymmetrySet([nf.DoubleRotation(lin[0], lin[1])]),
+            nn.functional.mse_loss,
+            torch.randn(bs, dx),
+            torch.randn(bs, dy),
+            ref_reps=None,
+        )
+    )
+
+    b, t, w = sz["tok"]
+    tok = nn.Sequential(nn.Linear(w, w), nn.ReLU(), nn.Linear(w, w), nn.Linear(w, w))
+    out.append(
+        Workload(
+            "token",
+            f"(c) tokens B={b} T={t} width {w}, MSE, Rescaling + DoubleRotation",
+            tok,
+            nf.SymmetrySet([nf.Rescaling(tok[0], tok[2]), nf.DoubleRotation(tok[2], tok[3])]),
+            nn.functional.mse_loss,
+            torch.randn(b, t, w),
+            torch.randn(b, t, w),
+            ref_reps=None,
+        )
+    )
+    return out
+
+
+def run_method(wl: Workload, method: str, n: int | None = None) -> Any:
+    """One call of ``method`` on the workload (optionally on the first ``n`` samples)."""
+    x, y = (wl.x, wl.y) if n is None else (wl.x[:n], wl.y[:n])
+    if method == "plain":
+        wl.model.zero_grad(set_to_none=True)
+        wl.loss_fn(wl.model(x), y).backward()
+        wl.model.zero_grad(set_to_none=True)
+        return None
+    return nf.collect_stats(wl.model, wl.syms, wl.loss_fn, x, y, estimator=method)
+
+
+def describe_levels(st: nf.GradStats) -> str:
+    """What a GradStats holds: per-coordinate diagonals, d×d side matrices, per-sample grads."""
+    parts = []
+    if st.sq:
+        n = sum(t.numel() for t in st.sq.values())
+        parts.append(f"diag E[g²]: {n:,} coords")
+    for w, u in st.side.values():
+        parts.append(f"M_W {tuple(w.shape)} + M_U {tuple(u.shape)}")
+    if st.samples:
+        n = sum(t.numel() for t in st.samples.values())
+        parts.append(f"per-sample grads: {n:,} floats")
+    return "; ".join(parts)
+
+
+def _timed(fn: Callable[[], Any]) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def time_all(workloads: list[Workload], reps: int) -> dict[str, dict[str, list[float]]]:
+    """Interleaved repetitions: each rep runs every (workload, method), order rotated per rep."""
+    times: dict[str, dict[str, list[float]]] = {w.key: {m: [] for m in METHODS} for w in workloads}
+    for wl in workloads:  # warm-up on a small sub-batch (lazy init, vmap tracing machinery)
+        for m in METHODS:
+            run_method(wl, m, n=min(8, wl.x.shape[0]))
+    for r in range(reps):
+        for wl in workloads:
+            order = METHODS[r % 3 :] + METHODS[: r % 3]
+            for m in order:
+                if m == "reference" and wl.ref_reps is not None and r >= wl.ref_reps:
+                    continue
+                times[wl.key][m].append(_timed(lambda wl=wl, m=m: run_method(wl, m)))
+    return times
+
+
+def _maxrss_mb() -> float:
+    kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return kb / 1024.0 if sys.platform != "darwin" else kb / 2**20
+
+
+def memory_cell(key: str, method: str, quick: bool, tiny: bool, threads: int | None) -> float:
+    """Run in a fresh process: peak-RSS increase (MiB) of one call of ``method``."""
+    if threads:
+        torch.set_num_threads(threads)
+    wl = next(w for w in build_workloads(quick, tiny) if w.key == key)
+    base = _maxrss_mb()
+    run_method(wl, method)
+    return _maxrss_mb() - base
+
+
+def measure_memory(key: str, method: str, quick: bool, tiny: bool, threads: int | None) -> float:
+    cmd = [sys.executable, __file__, "--_mem-cell", f"{key}:{method}"]
+    cmd += ["--quick"] * quick + ["--tiny"] * tiny
+    if threads:
+        cmd += ["--threads", str(threads)]
+    res = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=900)
+    return float(json.loads(res.stdout.strip().splitlines()[-1])["delta_mb"])
+
+
+def _fmt(v: float | None, spec: str) -> str:
+    return "—" if v is None or not math.isfinite(v) else format(v, spec)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="smaller sizes, 3 repetitions")
+    p.add_argument("--tiny", action="store_true", help="toy sizes (smoke tests)")
+    p.add_argument("--reps", type=int, default=None, help="repetitions (default 7, quick 3)")
+    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
+    p.add_argument("--no-memory", action="store_true", help="skip the memory subprocesses")
+    p.add_argument("--_mem-cell", dest="mem_cell", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    quick = args.quick or args.tiny
+
+    if args.mem_cell:
+        key, method = args.mem_cell.split(":")
+        delta = memory_cell(key, method, args.quick, args.tiny, args.threads)
+        print(json.dumps({"delta_mb": delta}))
+        return {"delta_mb": delta}
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    reps = args.reps or (3 if quick else 7)
+    workloads = build_workloads(args.quick, args.tiny)
+    levels = {
+        w.key: describe_levels(run_method(w, "hooks", n=min(8, w.x.shape[0]))) for w in workloads
+    }
+    times = time_all(workloads, reps)
+    mem: dict[str, dict[str, float | None]] = {w.key: dict.fromkeys(METHODS) for w in workloads}
+    if not args.no_memory:
+        for w in workloads:
+            for m in METHODS:
+                mem[w.key][m] = measure_memory(w.key, m, args.quick, args.tiny, args.threads)
+
+    results: dict[str, Any] = {"reps": reps, "threads": torch.get_num_threads(), "workloads": {}}
+    table = Table(
+        title=f"collect_stats cost (median of interleaved reps; torch threads "
+        f"{torch.get_num_threads()})"
+    )
+    for col in (
+        "workload",
+        "method",
+        "reps",
+        "median s",
+        "× plain",
+        "ref / hooks",
+        "peak ΔRSS MiB",
+    ):
+        table.add_column(col, justify="left" if col in ("workload", "method") else "right")
+    for w in workloads:
+        med = {m: statistics.median(times[w.key][m]) for m in METHODS}
+        ratio = {m: med[m] / med["plain"] for m in METHODS}
+        ref_over_hooks = med["reference"] / med["hooks"]
+        results["workloads"][w.key] = {
+            "title": w.title,
+            "median_s": med,
+            "ratio_to_plain": ratio,
+            "ref_over_hooks": ref_over_hooks,
+            "reps": {m: len(times[w.key][m]) for m in METHODS},
+            "peak_rss_delta_mib": mem[w.key],
+            "hooks_levels": levels[w.key],
+        }
+        for i, m in enumerate(METHODS):
+            table.add_row(
+                w.title if i == 0 else "",
+                m if m != "hooks" else escape(f"hooks [{levels[w.key]}]"),
+                str(len(times[w.key][m])),
+                _fmt(med[m], ".4f"),
+                _fmt(ratio[m], ".2f"),
+                _fmt(ref_over_hooks, ".1f") if m == "reference" else "",
+                _fmt(mem[w.key][m], ".1f"),
+                end_section=i == len(METHODS) - 1,
+            )
+    console = Console(width=160)
+    console.print(table)
+
+    mlp, lin, tok = (results["workloads"][k] for k in ("mlp", "linear", "token"))
+    r_resc = mlp["ratio_to_plain"]["hooks"]
+    full = max(lin["ratio_to_plain"]["hooks"], tok["ratio_to_plain"]["hooks"])
+    targets = [
+        ("rescaling flows ≤ 1.15× plain (issue)", r_resc, r_resc <= 1.15),
+        ("rescaling diagonals ≤ 1.35× plain (ours), MLP", r_resc, r_resc <= 1.35),
+        ("full d×d matrices ≤ 5× plain (max of (b), (c); a ReLU MLP has none)", full, full <= 5),
+        ("reference / hooks ≥ 100× on MLP", mlp["ref_over_hooks"], mlp["ref_over_hooks"] >= 100),
+    ]
+    tt = Table(title="Targets")
+    tt.add_column("target")
+    tt.add_column("measured", justify="right")
+    tt.add_column("met")
+    for name, val, ok in targets:
+        tt.add_row(name, _fmt(val, ".2f"), "yes" if ok else "NO")
+    console.print(tt)
+    results["targets"] = {name: {"value": val, "met": ok} for name, val, ok in targets}
+    return results
+
+
+if __name__ == "__main__":
+    main()

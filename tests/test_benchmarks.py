@@ -1,0 +1,43 @@
+"""Smoke test of benchmarks/bench_stats.py: it runs at toy sizes and reports finite ratios.
+
+No timing assertions: the point is that the benchmark keeps working as the API evolves.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_stats.py"
+
+
+@pytest.fixture(scope="module")
+def bench() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("bench_stats", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["bench_stats"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_bench_stats_quick_tiny_finite_ratios(bench: ModuleType) -> None:
+    res = bench.main(["--quick", "--tiny", "--reps", "1", "--no-memory"])
+    assert set(res["workloads"]) == {"mlp", "linear", "token"}
+    for w in res["workloads"].values():
+        assert all(math.isfinite(v) and v > 0 for v in w["ratio_to_plain"].values())
+        assert math.isfinite(w["ref_over_hooks"]) and w["ref_over_hooks"] > 0
+        assert w["hooks_levels"]
+    assert "M_W" in res["workloads"]["linear"]["hooks_levels"]
+    assert "diag" in res["workloads"]["mlp"]["hooks_levels"]
+    assert len(res["targets"]) == 4
+
+
+def test_bench_stats_memory_cell(bench: ModuleType) -> None:
+    delta = bench.memory_cell("linear", "hooks", quick=True, tiny=True, threads=None)
+    assert math.isfinite(delta) and delta >= 0
