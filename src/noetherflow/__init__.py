@@ -19,8 +19,20 @@ from noetherflow.equilibrium import (
     solve_equilibrium,
 )
 from noetherflow.flow import NoiseModel, TimeModel, charges, exact_step_charges, noether_flow
+from noetherflow.monitor import NoetherMonitor, SharpnessOptions, load_history
+from noetherflow.sharpness import (
+    EigenEstimate,
+    HVPMethod,
+    Sharpness,
+    TraceEstimate,
+    hessian_trace,
+    hvp,
+    sharpness,
+    top_eigenvalue,
+)
 from noetherflow.stats.collect import Capture, capture, collect_stats
 from noetherflow.stats.core import Estimator, GradStats, Reduction
+from noetherflow.stats.distributed import all_reduce_stats
 from noetherflow.symmetry.base import Family, Symmetry
 from noetherflow.symmetry.coverage import CoverageReport, CoverageStatus, ParamCoverage
 from noetherflow.symmetry.dense import DenseSymmetry
@@ -63,6 +75,19 @@ __all__ = [
     "charges",
     "exact_step_charges",
     "noether_flow",
+    # monitoring and sharpness
+    "EigenEstimate",
+    "HVPMethod",
+    "NoetherMonitor",
+    "Sharpness",
+    "SharpnessOptions",
+    "TraceEstimate",
+    "all_reduce_stats",
+    "hessian_trace",
+    "hvp",
+    "load_history",
+    "sharpness",
+    "top_eigenvalue",
     # equilibrium and teleport
     "EquilibriumSolution",
     "InfinityReport",

@@ -1,0 +1,1 @@
+"""Optional integrations with other frameworks; each module imports its framework lazily."""

@@ -1,0 +1,745 @@
+"""Watch Noether charges, their noise-driven flows and the distance to the noise equilibrium.
+
+:class:`NoetherMonitor` rides on the caller's own forward/backward pass (``nf.capture``): on a
+record step (every ``every`` steps) the hooks collect the gradient statistics of the batch,
+and :meth:`NoetherMonitor.step` turns them into
+
+* ``loss`` — the batch loss passed to ``step`` (the global-batch mean under DDP);
+* ``charge/<name>`` — C = θᵀAθ per generator (eq. 6); a rotation's ``[d, d]`` matrix charge is
+  logged as its Frobenius norm, the matrix itself as ``charge_matrix/<name>`` on request;
+* ``flow/<name>`` — the flow −κC + Tr[A·M] of :func:`noetherflow.noether_flow` (same shapes);
+* ``distance/<name>`` — the distance to the noise equilibrium of
+  :func:`noetherflow.solve_equilibrium`: |λ*| per generator (diagonal symmetries), ‖log P‖_F
+  (rotation), |λ*| (dense); ``inf`` where the equilibrium is at infinity, with the number of
+  such directions in ``at_infinity/<name>``;
+* ``sharpness/trace``, ``sharpness/trace_se``, ``sharpness/top_eigenvalue`` — optional, from
+  :mod:`noetherflow.sharpness` (Hutchinson, power iteration);
+* ``step``, ``time`` (seconds since the monitor started) and ``monitor_time`` (seconds spent
+  recording this row: the monitor's own overhead).
+
+Between record steps :meth:`NoetherMonitor.track` attaches nothing and ``step`` only counts,
+so the overhead is paid once per ``every`` steps. Rows go to ``history.csv`` and
+``history.jsonl`` (append-only, one line per record, written on rank 0), to TensorBoard when
+it is installed, and to a rich progress bar in terminals. :attr:`NoetherMonitor.history` is a
+dict of numpy arrays (first axis: records) and :func:`load_history` reads either file back to
+the same dict.
+
+Under ``torch.distributed`` the statistics (and the loss) are all-reduced so that every rank
+records the statistics of the global batch; every rank must call ``track``/``step``
+together. Read the statistics of the monitor *before* ``optimizer.step()``: charges, flows
+and statistics then all refer to the same θ.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import io
+import json
+import math
+import os
+import re
+import sys
+import time
+import warnings
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from noetherflow._io import atomic_write_json, from_jsonable_float, to_jsonable
+from noetherflow.equilibrium import solve_equilibrium
+from noetherflow.flow import NoiseModel, charges, noether_flow
+from noetherflow.stats.collect import Capture, capture
+from noetherflow.stats.core import GradStats, Reduction, parse_reduction
+from noetherflow.stats.distributed import all_reduce_mean, all_reduce_stats, is_distributed
+from noetherflow.symmetry.base import DiagonalSymmetry
+from noetherflow.symmetry.rotation import DoubleRotation
+from noetherflow.symmetry.set import SymmetrySet
+
+__all__ = ["NoetherMonitor", "SharpnessOptions", "load_history"]
+
+CSV_NAME = "history.csv"
+JSONL_NAME = "history.jsonl"
+META_NAME = "monitor.json"
+_FORMATS = ("csv", "jsonl")
+_INDEXED = re.compile(r"^(?P<key>.*)\[(?P<idx>\d+(?:,\d+)*)\]$")
+
+
+@dataclass(frozen=True)
+class SharpnessOptions:
+    """Sharpness measured by the monitor (see :func:`noetherflow.sharpness.sharpness`).
+
+    Attributes:
+        n_samples: Rademacher vectors of the Hutchinson trace.
+        max_iter, tol: power iteration budget and relative tolerance on the eigenvalue.
+        seed: seed of the random vectors (the same at every record: common random numbers).
+        every: measure every this many steps (a multiple of the monitor's ``every``);
+            ``None`` measures at every record.
+        method: ``"auto"``, ``"fwd-rev"`` or ``"rev-rev"`` Hessian-vector products.
+    """
+
+    n_samples: int = 10
+    max_iter: int = 20
+    tol: float = 1e-3
+    seed: int = 0
+    every: int | None = None
+    method: str = "auto"
+
+
+class NoetherMonitor:
+    """Record charges, flows, equilibrium distances (and sharpness) during training.
+
+    Let η, S, γ denote ``lr``, ``batch_size``, ``weight_decay`` (γ‖θ‖² in the loss); they fix
+    the flows and the equilibrium exactly as in :func:`noetherflow.noether_flow`. Change
+    ``mon.lr`` when a schedule changes the learning rate.
+
+    Example::
+
+        mon = nf.NoetherMonitor(model, syms, every=10, lr=0.1, batch_size=256, log_dir="runs/x")
+        for x, y in loader:
+            with mon.track():            # hooks only on record steps
+                loss = loss_fn(model(x), y)
+                loss.backward()
+            mon.step(loss)               # before opt.step(): same θ as the statistics
+            opt.step(); opt.zero_grad()
+        mon.close()
+        mon.plot("runs/x/monitor.png")
+
+    Args:
+        model: the model (may be wrapped in ``DistributedDataParallel``).
+        syms: the symmetries to watch; statistics use ``estimator='hooks'`` (Linear/Conv).
+        every: record every this many calls of :meth:`step`, starting with the first.
+        lr, batch_size, weight_decay, time: η, S, γ and the time model of the flows.
+        reduction: whether the training loss is the batch ``"mean"`` or ``"sum"``.
+        log_dir: directory for ``history.csv``/``history.jsonl``/``monitor.json`` (and
+            TensorBoard); ``None`` keeps the history in memory only. Existing history files
+            there are replaced.
+        formats: which of ``"csv"``, ``"jsonl"`` to write.
+        distance: solve for the equilibrium distance (``False`` skips the solve).
+        distance_every: solve every this many steps (a multiple of ``every``; default
+            ``every``); in between the ``distance/*`` entries are NaN.
+        solver_options: extra keyword arguments of :func:`noetherflow.solve_equilibrium`.
+        full_matrices: also record the ``[d, d]`` matrix charges and flows of rotations.
+        sharpness: ``True`` or :class:`SharpnessOptions` to record the Hessian trace and top
+            eigenvalue; needs ``loss_fn`` and a batch (``probe`` or ``step(inputs=, targets=)``).
+        loss_fn: ``loss_fn(outputs, targets)``, for sharpness only.
+        probe: a fixed ``(inputs, targets)`` batch on which sharpness is measured.
+        tensorboard: ``None`` (use it when installed and ``log_dir`` is set), ``False``, ``True``
+            (required), or a writer object with ``add_scalar``/``add_histogram``.
+        progress: ``None`` (a rich progress bar when stdout is a terminal), ``True``, ``False``.
+        total: number of steps, for the progress bar.
+        all_reduce: combine the statistics of all ranks; default: whether ``torch.distributed``
+            is initialised.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        syms: SymmetrySet,
+        *,
+        every: int = 10,
+        lr: float,
+        batch_size: int,
+        weight_decay: float = 0.0,
+        time: str = "continuous",
+        reduction: str | Reduction = "mean",
+        log_dir: str | os.PathLike[str] | None = None,
+        formats: Sequence[str] = _FORMATS,
+        distance: bool = True,
+        distance_every: int | None = None,
+        solver_options: Mapping[str, Any] | None = None,
+        full_matrices: bool = False,
+        sharpness: bool | SharpnessOptions = False,
+        loss_fn: Callable[[Any, Any], Tensor] | None = None,
+        probe: tuple[Any, Any] | None = None,
+        tensorboard: Any = None,
+        progress: bool | None = None,
+        total: int | None = None,
+        all_reduce: bool | None = None,
+    ) -> None:
+        if int(every) != every or every < 1:
+            raise ValueError(f"every={every!r} must be a positive integer (steps between records).")
+        NoiseModel.create(lr=lr, batch_size=batch_size, weight_decay=weight_decay, time=time)
+        bad = [f for f in formats if f not in _FORMATS]
+        if bad:
+            raise ValueError(
+                f"formats={list(formats)!r}: unknown {bad}; expected a subset of {_FORMATS}."
+            )
+        if len(syms) == 0:
+            raise ValueError("The symmetry set is empty; there is nothing to monitor.")
+        self.model, self.syms = model, syms
+        self.every = int(every)
+        self.lr, self.batch_size, self.weight_decay, self.time = lr, batch_size, weight_decay, time
+        self.reduction = parse_reduction(reduction)
+        self.distance = distance
+        self.distance_every = _multiple("distance_every", distance_every, self.every)
+        self.solver_options = dict(solver_options or {})
+        self.full_matrices = full_matrices
+        self.sharpness: SharpnessOptions | None = (
+            SharpnessOptions() if sharpness is True else (sharpness or None)
+        )
+        if self.sharpness is not None:
+            _multiple("sharpness.every", self.sharpness.every, self.every)
+            if loss_fn is None:
+                raise ValueError(
+                    "sharpness needs loss_fn: pass NoetherMonitor(..., loss_fn=loss_fn) (and "
+                    "probe=(x, y) or mon.step(loss, inputs=x, targets=y))."
+                )
+        self.loss_fn, self.probe = loss_fn, probe
+        self.all_reduce = is_distributed() if all_reduce is None else all_reduce
+        self.rank = torch.distributed.get_rank() if is_distributed() else 0
+        self.is_writer = self.rank == 0
+
+        self._step = 0
+        self._cap: Capture | None = None
+        self._rows: list[dict[str, np.ndarray]] = []
+        self._t0 = _now()
+        self._warned_untracked = False
+        self.schema = self._schema()
+        self.log_dir = Path(log_dir) if log_dir is not None else None
+        self.formats = tuple(formats)
+        self._paths: dict[str, Path] = {}
+        self._csv_columns = _csv_columns(self.schema)
+        if self.log_dir is not None and self.is_writer:
+            self._init_files()
+        self._tb = self._init_tensorboard(tensorboard) if self.is_writer else None
+        self._progress: Any = None
+        self._task: Any = None
+        if self.is_writer and (progress if progress is not None else _is_terminal()):
+            self._init_progress(total)
+
+    # -- schema ---------------------------------------------------------------------------
+    def _schema(self) -> dict[str, tuple[int, ...]]:
+        """Every recorded key and the shape of its value (fixed for the whole run)."""
+        sch: dict[str, tuple[int, ...]] = {
+            "step": (),
+            "time": (),
+            "monitor_time": (),
+            "loss": (),
+        }
+        ch = charges(self.model, self.syms)
+        for name, s in self.syms.items():
+            shape = tuple(ch[name].shape)
+            matrix = isinstance(s, DoubleRotation)
+            for kind in ("charge", "flow"):
+                sch[f"{kind}/{name}"] = () if matrix else shape
+                if matrix and self.full_matrices:
+                    sch[f"{kind}_matrix/{name}"] = shape
+        if self.distance:
+            for name, s in self.syms.items():
+                sch[f"distance/{name}"] = (
+                    (s.num_generators,) if isinstance(s, DiagonalSymmetry) else ()
+                )
+                sch[f"at_infinity/{name}"] = ()
+        if self.sharpness is not None:
+            for k in ("trace", "trace_se", "top_eigenvalue"):
+                sch[f"sharpness/{k}"] = ()
+        return sch
+
+    # -- the training-loop API ------------------------------------------------------------
+    @property
+    def step_count(self) -> int:
+        """Number of :meth:`step` calls so far (the index of the next step)."""
+        return self._step
+
+    def due(self, step: int | None = None) -> bool:
+        """Whether ``step`` (default: the next one) is a record step."""
+        return (self._step if step is None else step) % self.every == 0
+
+    def track(self) -> contextlib.AbstractContextManager[Any]:
+        """Context for the forward and backward pass of one step (hooks on record steps only)."""
+        if not self.due():
+            return contextlib.nullcontext()
+        return self._tracking()
+
+    @contextlib.contextmanager
+    def _tracking(self) -> Iterator[Capture]:
+        with capture(
+            self.model, self.syms, reduction=self.reduction, check_finite=False, all_reduce=False
+        ) as cap:
+            yield cap
+        self._cap = cap
+
+    def step(
+        self,
+        loss: Tensor | float | None = None,
+        *,
+        inputs: Any = None,
+        targets: Any = None,
+    ) -> dict[str, np.ndarray] | None:
+        """Count one training step; on record steps compute and write a row and return it.
+
+        Call after ``loss.backward()`` and before ``optimizer.step()``. ``inputs``/``targets``
+        are used for sharpness when no ``probe`` batch was given.
+        """
+        i = self._step
+        self._step += 1
+        row = None
+        if self.due(i):
+            row = self._record(i, loss, inputs, targets)
+            self._rows.append(row)
+            if self.is_writer:
+                self._write(row)
+        self._cap = None
+        if self._progress is not None:
+            info = "" if row is None else _progress_info(row)
+            if info:
+                self._progress.update(self._task, advance=1, info=info)
+            else:
+                self._progress.update(self._task, advance=1)
+        return row
+
+    # -- one record -----------------------------------------------------------------------
+    def _record(self, i: int, loss: Any, inputs: Any, targets: Any) -> dict[str, np.ndarray]:
+        t_start = _now()
+        row = {k: np.full(shape, np.nan) for k, shape in self.schema.items()}
+        row["step"] = np.asarray(i, dtype=np.int64)
+        stats: GradStats | None = None
+        n_local = 1
+        if self._cap is not None:
+            stats = self._cap.stats
+            n_local = stats.n
+            if self.all_reduce:
+                all_reduce_stats(stats)
+        elif not self._warned_untracked:
+            self._warned_untracked = True
+            warnings.warn(
+                f"NoetherMonitor: step {i} is a record step but no forward/backward ran inside "
+                "`with mon.track():`; only loss and charges are recorded. Wrap the forward and "
+                "backward of every step in mon.track().",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+        if loss is not None:
+            lt = loss.detach() if isinstance(loss, Tensor) else torch.tensor(float(loss))
+            if self.all_reduce:
+                lt = all_reduce_mean(lt.to(torch.float64), n_local)
+            row["loss"] = np.asarray(float(lt))
+
+        ch = charges(self.model, self.syms)
+        self._put(row, "charge", ch)
+        if stats is not None:
+            fl = noether_flow(
+                self.model,
+                self.syms,
+                stats,
+                lr=self.lr,
+                batch_size=self.batch_size,
+                weight_decay=self.weight_decay,
+                time=self.time,
+            )
+            self._put(row, "flow", fl)
+            if self.distance and i % self.distance_every == 0:
+                self._put_distance(row, stats)
+        sh = self.sharpness
+        if sh is not None and i % (sh.every or self.every) == 0:
+            self._put_sharpness(row, sh, inputs, targets)
+        row["time"] = np.asarray(_now() - self._t0)
+        row["monitor_time"] = np.asarray(_now() - t_start)
+        return row
+
+    def _put(self, row: dict[str, np.ndarray], kind: str, vals: Mapping[str, Tensor]) -> None:
+        for name, s in self.syms.items():
+            v = vals[name].detach()
+            if isinstance(s, DoubleRotation):
+                row[f"{kind}/{name}"] = _np(v.norm())
+                if self.full_matrices:
+                    row[f"{kind}_matrix/{name}"] = _np(v)
+            else:
+                row[f"{kind}/{name}"] = _np(v).reshape(self.schema[f"{kind}/{name}"])
+
+    def _put_distance(self, row: dict[str, np.ndarray], stats: GradStats) -> None:
+        if not _finite(stats):
+            return  # NaN statistics (divergence): leave the distances NaN
+        sol = solve_equilibrium(
+            self.model,
+            self.syms,
+            stats,
+            lr=self.lr,
+            batch_size=self.batch_size,
+            weight_decay=self.weight_decay,
+            time=self.time,
+            **self.solver_options,
+        )
+        for name, _s in self.syms.items():
+            row[f"distance/{name}"] = _np(sol.distance[name]).reshape(
+                self.schema[f"distance/{name}"]
+            )
+            row[f"at_infinity/{name}"] = np.asarray(0.0)
+        for rep in sol.at_infinity:
+            d = row[f"distance/{rep.name}"]
+            direc = rep.direction.detach().cpu()
+            if d.ndim == 1:  # diagonal: ±1 on the generators that run off
+                mask = direc.reshape(-1).numpy() != 0
+                d[mask] = np.inf
+                row[f"at_infinity/{rep.name}"] = np.asarray(float(mask.sum()))
+            elif direc.dim() == 2:  # rotation: an orthonormal basis [d, k] of hidden directions
+                row[f"at_infinity/{rep.name}"] = np.asarray(float(direc.shape[1]))
+            else:  # dense: the whole orbit
+                row[f"distance/{rep.name}"] = np.asarray(np.inf)
+                row[f"at_infinity/{rep.name}"] = np.asarray(1.0)
+
+    def _put_sharpness(
+        self, row: dict[str, np.ndarray], sh: SharpnessOptions, inputs: Any, targets: Any
+    ) -> None:
+        from noetherflow.sharpness import sharpness as measure
+
+        if self.probe is not None:
+            inputs, targets = self.probe
+        if inputs is None or targets is None:
+            raise ValueError(
+                "NoetherMonitor(sharpness=...) needs a batch: pass probe=(x, y) to the monitor or "
+                "mon.step(loss, inputs=x, targets=y)."
+            )
+        assert self.loss_fn is not None
+        res = measure(
+            self.model,
+            self.loss_fn,
+            inputs,
+            targets,
+            n_samples=sh.n_samples,
+            max_iter=sh.max_iter,
+            tol=sh.tol,
+            seed=sh.seed,
+            method=sh.method,
+            reduction=self.reduction,
+            all_reduce=self.all_reduce,
+        )
+        row["sharpness/trace"] = np.asarray(res.trace.value)
+        row["sharpness/trace_se"] = np.asarray(res.trace.std_error)
+        row["sharpness/top_eigenvalue"] = np.asarray(res.top.value)
+
+    # -- outputs --------------------------------------------------------------------------
+    @property
+    def history(self) -> dict[str, np.ndarray]:
+        """Every recorded key → ``[records, *shape]`` (``step`` int64, the rest float64)."""
+        return _stack(self._rows, self.schema)
+
+    def _init_files(self) -> None:
+        assert self.log_dir is not None
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        meta = {
+            "every": self.every,
+            "lr": self.lr,
+            "batch_size": self.batch_size,
+            "weight_decay": self.weight_decay,
+            "time": self.time,
+            "reduction": self.reduction.value,
+            "symmetries": self.syms.names,
+            "schema": {k: list(v) for k, v in self.schema.items()},
+            "world_size": torch.distributed.get_world_size() if is_distributed() else 1,
+        }
+        atomic_write_json(self.log_dir / META_NAME, meta)
+        if "csv" in self.formats:
+            p = self.log_dir / CSV_NAME
+            _write_line(p, _csv_line(self._csv_columns), mode="w")
+            self._paths["csv"] = p
+        if "jsonl" in self.formats:
+            p = self.log_dir / JSONL_NAME
+            _write_line(p, "", mode="w")
+            self._paths["jsonl"] = p
+
+    def _write(self, row: Mapping[str, np.ndarray]) -> None:
+        if "csv" in self._paths:
+            cells = []
+            for key, shape in self.schema.items():
+                v = row[key]
+                if shape == ():
+                    cells.append(_fmt(v))
+                else:
+                    cells += [_fmt(x) for x in np.asarray(v).reshape(-1)]
+            _write_line(self._paths["csv"], _csv_line(cells))
+        if "jsonl" in self._paths:
+            obj = {k: to_jsonable(row[k].tolist()) for k in self.schema}
+            _write_line(self._paths["jsonl"], json.dumps(obj, allow_nan=False) + "\n")
+        if self._tb is not None:
+            step = int(row["step"])
+            for k, v in row.items():
+                if k == "step":
+                    continue
+                if v.ndim == 0:
+                    if math.isfinite(float(v)):
+                        self._tb.add_scalar(k, float(v), step)
+                elif np.isfinite(v).all() and v.size > 0:
+                    self._tb.add_histogram(k, v, step)
+
+    def _init_tensorboard(self, tensorboard: Any) -> Any:
+        if tensorboard is False or (tensorboard is None and self.log_dir is None):
+            return None
+        if tensorboard is not None and tensorboard is not True:
+            return tensorboard  # a writer-like object
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:
+            if tensorboard is True:
+                raise ImportError(
+                    "tensorboard=True needs the tensorboard package: pip install tensorboard."
+                ) from None
+            return None
+        return SummaryWriter(log_dir=str(self.log_dir) if self.log_dir else None)
+
+    def _init_progress(self, total: int | None) -> None:
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+        )
+
+        self._progress = Progress(
+            TextColumn("[bold]noetherflow[/]"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("{task.fields[info]}"),
+        )
+        self._task = self._progress.add_task("train", total=total, info="")
+        self._progress.start()
+
+    def close(self) -> None:
+        """Stop the progress bar and flush/close TensorBoard. Files are complete at all times."""
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None
+        if self._tb is not None and hasattr(self._tb, "close"):
+            self._tb.close()
+        self._tb = None
+
+    def __enter__(self) -> NoetherMonitor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def plot(
+        self,
+        path: str | os.PathLike[str] | None = None,
+        *,
+        kinds: Sequence[str] = ("loss", "charge", "flow", "distance", "sharpness"),
+        max_lines: int = 8,
+    ) -> Any:
+        """A matplotlib figure with one panel per kind of quantity; saved to ``path`` if given.
+
+        Vector quantities with at most ``max_lines`` components are drawn one line each,
+        longer ones as the median with a 10–90 % band over components.
+        """
+        return plot_history(self.history, path, kinds=kinds, max_lines=max_lines)
+
+    def __repr__(self) -> str:
+        return (
+            f"NoetherMonitor({len(self.syms)} symmetries, every={self.every}, "
+            f"{len(self._rows)} records, step {self._step})"
+        )
+
+
+# -- helpers ------------------------------------------------------------------------------
+def _now() -> float:
+    return time.perf_counter()
+
+
+def _is_terminal() -> bool:
+    return sys.stdout.isatty()
+
+
+def _multiple(name: str, value: int | None, every: int) -> int:
+    if value is None:
+        return every
+    if int(value) != value or value < 1 or value % every:
+        raise ValueError(
+            f"{name}={value!r} must be a positive multiple of every={every} (records happen "
+            "only every `every` steps)."
+        )
+    return int(value)
+
+
+def _np(t: Tensor) -> np.ndarray:
+    return np.asarray(t.detach().to("cpu", torch.float64).numpy())
+
+
+def _finite(stats: GradStats) -> bool:
+    ts = [*stats.mean.values(), *stats.sq.values(), *stats.dense.values()]
+    ts += [m for pair in stats.side.values() for m in pair]
+    return all(bool(torch.isfinite(t).all()) for t in ts)
+
+
+def _progress_info(row: Mapping[str, np.ndarray]) -> str:
+    parts = []
+    if np.isfinite(row["loss"]):
+        parts.append(f"loss {float(row['loss']):.4g}")
+    dist = [np.max(v) for k, v in row.items() if k.startswith("distance/") and v.size]
+    fin = [d for d in dist if np.isfinite(d)]
+    if fin:
+        parts.append(f"max distance {max(fin):.3g}")
+    return "  ".join(parts)
+
+
+def _fmt(x: Any) -> str:
+    v = float(x)
+    if isinstance(x, np.integer) or (isinstance(x, np.ndarray) and x.dtype.kind == "i"):
+        return str(int(x))
+    return repr(v)  # repr round-trips exactly; nan/inf parse back with float()
+
+
+def _csv_columns(schema: Mapping[str, tuple[int, ...]]) -> list[str]:
+    cols = []
+    for key, shape in schema.items():
+        if shape == ():
+            cols.append(key)
+        else:
+            cols += [f"{key}[{','.join(map(str, idx))}]" for idx in np.ndindex(*shape)]
+    return cols
+
+
+def _csv_line(cells: Sequence[str]) -> str:
+    buf = io.StringIO()
+    csv.writer(buf, lineterminator="\n").writerow(cells)
+    return buf.getvalue()
+
+
+def _write_line(path: Path, text: str, *, mode: str = "a") -> None:
+    """Append ``text`` with one ``write`` call on an O_APPEND handle, then flush to disk."""
+    with open(path, mode, encoding="utf-8") as fh:
+        fh.write(text)
+        fh.flush()
+
+
+def _stack(
+    rows: Sequence[Mapping[str, np.ndarray]], schema: Mapping[str, tuple[int, ...]]
+) -> dict[str, np.ndarray]:
+    out: dict[str, np.ndarray] = {}
+    for key, shape in schema.items():
+        if rows:
+            out[key] = np.stack([np.asarray(r[key]) for r in rows])
+        else:
+            out[key] = np.empty((0, *shape))
+        out[key] = out[key].astype(np.int64 if key == "step" else np.float64)
+    return out
+
+
+def _decode(obj: Any) -> Any:
+    if isinstance(obj, list):
+        return [_decode(v) for v in obj]
+    return from_jsonable_float(obj)
+
+
+def load_history(path: str | os.PathLike[str]) -> dict[str, np.ndarray]:
+    """Read a monitor's ``history.jsonl`` or ``history.csv`` (or a log directory) back.
+
+    Returns the same dict of arrays as :attr:`NoetherMonitor.history`.
+    """
+    p = Path(path)
+    if p.is_dir():
+        cand = [p / JSONL_NAME, p / CSV_NAME]
+        found = [c for c in cand if c.exists()]
+        if not found:
+            raise FileNotFoundError(
+                f"No {JSONL_NAME} or {CSV_NAME} in {p}; expected a monitor log_dir."
+            )
+        p = found[0]
+    if p.suffix == ".jsonl":
+        return _load_jsonl(p)
+    if p.suffix == ".csv":
+        return _load_csv(p)
+    raise ValueError(f"{p}: expected a .jsonl or .csv history file or a log directory.")
+
+
+def _load_jsonl(p: Path) -> dict[str, np.ndarray]:
+    rows: list[dict[str, np.ndarray]] = []
+    schema: dict[str, tuple[int, ...]] = {}
+    with open(p, encoding="utf-8") as fh:
+        for line in fh:
+            if not line.strip():
+                continue
+            obj = json.loads(line)
+            row = {k: np.asarray(_decode(v), dtype=np.float64) for k, v in obj.items()}
+            if not schema:
+                schema = {k: v.shape for k, v in row.items()}
+            rows.append(row)
+    if not rows:
+        schema = _meta_schema(p.parent)
+    return _stack(rows, schema)
+
+
+def _load_csv(p: Path) -> dict[str, np.ndarray]:
+    with open(p, encoding="utf-8", newline="") as fh:
+        reader = csv.reader(fh)
+        header = next(reader)
+        data = [[float(c) for c in r] for r in reader if r]
+    arr = np.asarray(data, dtype=np.float64).reshape(len(data), len(header))
+    cols: dict[str, list[tuple[tuple[int, ...], int]]] = {}
+    for j, name in enumerate(header):
+        m = _INDEXED.match(name)
+        if m:
+            idx = tuple(int(i) for i in m["idx"].split(","))
+            cols.setdefault(m["key"], []).append((idx, j))
+        else:
+            cols.setdefault(name, []).append(((), j))
+    out: dict[str, np.ndarray] = {}
+    for key, entries in cols.items():
+        if entries[0][0] == ():
+            out[key] = arr[:, entries[0][1]]
+        else:
+            shape = tuple(max(idx[d] for idx, _ in entries) + 1 for d in range(len(entries[0][0])))
+            v = np.full((len(data), *shape), np.nan)
+            for idx, j in entries:
+                where: tuple[Any, ...] = (slice(None), *idx)
+                v[where] = arr[:, j]
+            out[key] = v
+        out[key] = out[key].astype(np.int64 if key == "step" else np.float64)
+    return out
+
+
+def _meta_schema(d: Path) -> dict[str, tuple[int, ...]]:
+    meta = d / META_NAME
+    if not meta.exists():
+        return {}
+    sch = json.loads(meta.read_text(encoding="utf-8")).get("schema", {})
+    return {k: tuple(v) for k, v in sch.items()}
+
+
+def plot_history(
+    history: Mapping[str, np.ndarray],
+    path: str | os.PathLike[str] | None = None,
+    *,
+    kinds: Sequence[str] = ("loss", "charge", "flow", "distance", "sharpness"),
+    max_lines: int = 8,
+) -> Any:
+    """Plot a monitor history (see :meth:`NoetherMonitor.plot`); returns the figure."""
+    from matplotlib.figure import Figure
+
+    steps = history.get("step", np.empty(0))
+    panels = [k for k in kinds if any(key == k or key.startswith(k + "/") for key in history)]
+    fig = Figure(figsize=(7, 2.4 * max(1, len(panels))), layout="constrained")
+    axes = fig.subplots(max(1, len(panels)), 1, sharex=True, squeeze=False)[:, 0]
+    for ax, kind in zip(axes, panels, strict=False):
+        keys = [k for k in history if k == kind or k.startswith(kind + "/")]
+        for key in keys:
+            v = history[key]
+            label = key.split("/", 1)[1] if "/" in key else key
+            if v.ndim == 1:
+                ax.plot(steps, v, label=label)
+            else:
+                flat = v.reshape(v.shape[0], -1)
+                if flat.shape[1] <= max_lines:
+                    for j in range(flat.shape[1]):
+                        ax.plot(steps, flat[:, j], lw=0.8, label=f"{label}[{j}]")
+                else:
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN rows
+                        lo, med, hi = np.nanpercentile(flat, [10, 50, 90], axis=1)
+                    (line,) = ax.plot(steps, med, label=f"{label} (median)")
+                    ax.fill_between(steps, lo, hi, alpha=0.2, color=line.get_color())
+        ax.set_ylabel(kind)
+        if keys:
+            ax.legend(fontsize="x-small", loc="best")
+    axes[-1].set_xlabel("step")
+    if path is not None:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=120)
+    return fig
