@@ -395,3 +395,21 @@ def test_undeclared_symmetry_is_caught_by_verify() -> None:
         m, torch.randn(8, 3), strict=False
     )
     assert not res[0].verified and res[0].rel_change > 1e-3
+
+
+@pytest.mark.parametrize("name", ["relu", "conv"])
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_neuron_level_flows_match_diag_level(name: str, reduction: str) -> None:
+    """level='neuron' keeps only per-neuron sums and gives the same flows as the reference."""
+    m, syms, x, y = make(name)
+    lf = loss_for(name, reduction)
+    kw = {"lr": 0.1, "batch_size": 8, "weight_decay": 1e-3}
+    neuron = nf.collect_stats(m, syms, lf, x, y, reduction=reduction, level="neuron")
+    assert not neuron.sq and neuron.sq_axis
+    ref = nf.collect_stats(m, syms, lf, x, y, reduction=reduction, estimator="reference")
+    fn = nf.noether_flow(m, syms, neuron, **kw)
+    fr = nf.noether_flow(m, syms, ref, **kw)
+    for k in fr:
+        assert rel(fn[k], fr[k]) < 1e-12
+    with pytest.raises(nf.StatisticsError, match="squared gradients"):
+        nf.solve_equilibrium(m, syms, neuron, **kw)

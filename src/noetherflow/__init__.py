@@ -31,7 +31,7 @@ from noetherflow.sharpness import (
     top_eigenvalue,
 )
 from noetherflow.stats.collect import Capture, capture, collect_stats
-from noetherflow.stats.core import Estimator, GradStats, Reduction
+from noetherflow.stats.core import Estimator, GradStats, Level, Reduction
 from noetherflow.stats.distributed import all_reduce_stats
 from noetherflow.symmetry.base import Family, Symmetry
 from noetherflow.symmetry.coverage import CoverageReport, CoverageStatus, ParamCoverage
@@ -66,6 +66,7 @@ __all__ = [
     "Capture",
     "Estimator",
     "GradStats",
+    "Level",
     "Reduction",
     "capture",
     "collect_stats",

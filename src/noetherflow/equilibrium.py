@@ -26,6 +26,7 @@ import torch
 from scipy.optimize import brentq
 from torch import Tensor, nn
 
+from noetherflow._errors import StatisticsError
 from noetherflow.flow import NoiseModel
 from noetherflow.stats.core import GradStats, stats_from_samples
 from noetherflow.symmetry.base import DiagonalSymmetry, Symmetry
@@ -92,46 +93,79 @@ class EquilibriumSolution:
 
 # -- diagonal generators, jointly ------------------------------------------------------------
 @dataclass
+class _Grid:
+    """One parameter's terms of F, summed over the axes no generator distinguishes.
+
+    ``m`` and ``c`` have shape ``[n0, n1]`` (rows × columns; n1 = 1 for vectors); each row
+    (column) term is ``(offset, n_generators, block, sign)`` in the global λ vector.
+    """
+
+    m: Tensor
+    c: Tensor
+    rows: list[tuple[int, int, int, float]]
+    cols: list[tuple[int, int, int, float]]
+
+
+def _spread(lam: Tensor, terms: list[tuple[int, int, int, float]], n: int) -> Tensor:
+    out = torch.zeros(n, dtype=torch.float64)
+    for off, k, b, sg in terms:
+        out += sg * lam[off : off + k].repeat_interleave(b)
+    return out
+
+
+def _gather(v: Tensor, k: int, b: int) -> Tensor:
+    """Sum consecutive blocks of b entries of ``v`` (length k·b). Has shape ``[k]``."""
+    return v.reshape(k, b).sum(1)
+
+
+@dataclass
 class _DiagProblem:
+    """F(λ) = ½ Σ_k (M_kk e^{−2a_k·λ} + κθ_k² e^{2a_k·λ}) for all diagonal generators jointly."""
+
     n: int
     offsets: dict[DiagonalSymmetry, int]
-    m: list[Tensor]  # per parameter, flattened M_kk (≥ 0)
-    c: list[Tensor]  # per parameter, flattened κθ_k²
-    terms: list[list[tuple[Tensor, Tensor]]]  # per parameter: (global generator index, a_kj)
+    grids: list[_Grid]
 
-    def exponents(self, lam: Tensor) -> list[Tensor]:
+    def _terms(self, lam: Tensor) -> list[tuple[_Grid, Tensor, Tensor]]:
         out = []
-        for tl, m in zip(self.terms, self.m, strict=True):
-            s = torch.zeros_like(m)
-            for idx, coef in tl:
-                s += coef * lam[idx.clamp(min=0)] * (idx >= 0)
-            out.append(s)
+        for g in self.grids:
+            n0, n1 = g.m.shape
+            s = _spread(lam, g.rows, n0)[:, None] + _spread(lam, g.cols, n1)[None, :]
+            out.append((g, g.m * torch.exp(-2 * s), g.c * torch.exp(2 * s)))
         return out
 
     def value(self, lam: Tensor) -> float:
-        tot = 0.0
-        for s, m, c in zip(self.exponents(lam), self.m, self.c, strict=True):
-            tot += float(0.5 * (m * torch.exp(-2 * s) + c * torch.exp(2 * s)).sum())
-        return tot
+        return float(sum(0.5 * (lo + hi).sum() for _, lo, hi in self._terms(lam)))
 
     def derivatives(self, lam: Tensor, *, hessian: bool = True) -> tuple[Tensor, Tensor, Tensor]:
-        """∇F (= −flow), |∇F| scale (Σ_k |a_kj|(m e^{−2s} + c e^{2s})), and the Hessian."""
-        g = torch.zeros(self.n, dtype=torch.float64)
+        """∇F (= −flow), its gross scale Σ_k |a_kj|(m e^{−2s} + c e^{2s}), and the Hessian."""
+        grad = torch.zeros(self.n, dtype=torch.float64)
         scale = torch.zeros(self.n, dtype=torch.float64)
         h = torch.zeros(self.n, self.n, dtype=torch.float64) if hessian else torch.empty(0)
-        for s, m, c, tl in zip(self.exponents(lam), self.m, self.c, self.terms, strict=True):
-            lo, hi = m * torch.exp(-2 * s), c * torch.exp(2 * s)
-            d1, w = hi - lo, 2 * (lo + hi)
-            for idx, coef in tl:
-                mask = idx >= 0
-                g.index_add_(0, idx[mask], (coef * d1)[mask])
-                scale.index_add_(0, idx[mask], (coef.abs() * (lo + hi))[mask])
-            if hessian:
-                for i1, c1 in tl:
-                    for i2, c2 in tl:
-                        mask = (i1 >= 0) & (i2 >= 0)
-                        h.index_put_((i1[mask], i2[mask]), (c1 * c2 * w)[mask], accumulate=True)
-        return g, scale, h
+        for g, lo, hi in self._terms(lam):
+            d, w = hi - lo, 2 * (lo + hi)
+            for axis, terms in ((1, g.rows), (0, g.cols)):
+                dsum, ssum = d.sum(axis), (lo + hi).sum(axis)
+                for off, k, b, sg in terms:
+                    grad[off : off + k] += sg * _gather(dsum, k, b)
+                    scale[off : off + k] += abs(sg) * _gather(ssum, k, b)
+            if not hessian:
+                continue
+            for axis, terms in ((1, g.rows), (0, g.cols)):
+                wsum = w.sum(axis)
+                pos = torch.arange(wsum.shape[0])
+                for off1, _, b1, s1 in terms:
+                    for off2, _, b2, s2 in terms:
+                        h.index_put_(
+                            (off1 + pos // b1, off2 + pos // b2), s1 * s2 * wsum, accumulate=True
+                        )
+            for off1, k1, b1, s1 in g.rows:
+                rowsum = w.reshape(k1, b1, -1).sum(1)
+                for off2, k2, b2, s2 in g.cols:
+                    blk = s1 * s2 * rowsum.reshape(k1, k2, b2).sum(2)
+                    h[off1 : off1 + k1, off2 : off2 + k2] += blk
+                    h[off2 : off2 + k2, off1 : off1 + k1] += blk.T
+        return grad, scale, h
 
     def one_sided(self) -> Tensor:
         """Per generator: +1 if the noise pushes it to +∞ whatever the others do, −1 to −∞, 0 else.
@@ -141,17 +175,25 @@ class _DiagProblem:
         """
         up = torch.zeros(self.n, dtype=torch.float64)
         down = torch.zeros(self.n, dtype=torch.float64)
-        for m, c, tl in zip(self.m, self.c, self.terms, strict=True):
-            for idx, coef in tl:
-                mask = idx >= 0
-                pos, neg = coef.clamp(min=0), (-coef).clamp(min=0)
-                up.index_add_(0, idx[mask], (pos * m + neg * c)[mask])
-                down.index_add_(0, idx[mask], (pos * c + neg * m)[mask])
+        for g in self.grids:
+            for axis, terms in ((1, g.rows), (0, g.cols)):
+                ms, cs = g.m.sum(axis), g.c.sum(axis)
+                for off, k, b, sg in terms:
+                    mk, ck = abs(sg) * _gather(ms, k, b), abs(sg) * _gather(cs, k, b)
+                    up[off : off + k] += mk if sg > 0 else ck
+                    down[off : off + k] += ck if sg > 0 else mk
         tiny = 1e-13 * (up + down)
         out = torch.zeros(self.n, dtype=torch.float64)
         out[(down <= tiny) & (up > 0)] = 1.0
         out[(up <= tiny) & (down > 0)] = -1.0
         return out
+
+
+def _to_grid(v: Tensor) -> Tensor:
+    v = v.to(torch.float64).cpu()
+    if v.dim() == 1:
+        return v[:, None]
+    return v.reshape(v.shape[0], v.shape[1], -1).sum(-1)
 
 
 def _diag_problem(
@@ -165,19 +207,29 @@ def _diag_problem(
     for s in syms:
         offsets[s] = n
         n += s.num_generators
-    per_param: dict[int, tuple[nn.Parameter, list[tuple[Tensor, Tensor]]]] = {}
+    per_param: dict[nn.Parameter, tuple[list[Any], list[Any]]] = {}
     for s in syms:
         for t in s.terms():
-            entry = per_param.setdefault(id(t.param), (t.param, []))
-            gidx = torch.where(t.gen >= 0, t.gen + offsets[s], -1).reshape(-1).cpu()
-            entry[1].append((gidx, t.coef.reshape(-1).to(torch.float64).cpu()))
-    ms, cs, terms = [], [], []
-    for p, tl in per_param.values():
-        m = nm.diag(stats.mean[p].to(torch.float64), stats.sq[p].to(torch.float64))
-        ms.append(m.reshape(-1).clamp(min=0).cpu())
-        cs.append((nm.kappa * values[p].to(torch.float64).square()).reshape(-1).cpu())
-        terms.append(tl)
-    return _DiagProblem(n, offsets, ms, cs, terms)
+            rows, cols = per_param.setdefault(t.param, ([], []))
+            entry = (offsets[s] + 0, t.num_generators, t.block, float(t.sign))
+            if t.axis == 0:
+                rows.append(entry)
+            elif t.axis == 1:
+                cols.append(entry)
+            else:  # pragma: no cover - the built-in families act along axes 0 and 1
+                raise NotImplementedError(f"diagonal terms along axis {t.axis} are not supported")
+    grids = []
+    for p, (rows, cols) in per_param.items():
+        if p not in stats.sq:
+            raise StatisticsError(
+                f"The solver needs per-coordinate squared gradients of a parameter of shape "
+                f"{tuple(p.shape)}, but these statistics were collected with level='neuron'; "
+                "collect them with level='diag' (the default)."
+            )
+        m = nm.diag(stats.mean[p].to(torch.float64), stats.sq[p].to(torch.float64)).clamp(min=0)
+        c = nm.kappa * values[p].to(torch.float64).square()
+        grids.append(_Grid(_to_grid(m), _to_grid(c), rows, cols))
+    return _DiagProblem(n, offsets, grids)
 
 
 def _solve_diag(
@@ -202,6 +254,8 @@ def _solve_diag(
     if not bool(free.any()):
         return lam, reports, 0.0, True, 0
     idx = free.nonzero().squeeze(1)
+    all_free = bool(free.all())
+    best, stalled = float("inf"), 0
     for it in range(1, max_iter + 1):
         g, scale, h = prob.derivatives(lam)
         gf, sf = g[idx], scale[idx]
@@ -209,15 +263,26 @@ def _solve_diag(
         rel = float((gf.abs()[active] / sf[active]).max()) if bool(active.any()) else 0.0
         if rel <= tol:
             break
-        hf = h[idx][:, idx]
+        stalled = stalled + 1 if rel > 0.5 * best else 0
+        if rel < 1e-9 and stalled >= 3:
+            break  # three Newton steps without progress: the round-off floor is reached
+        best = min(best, rel)
+        hf = h if all_free else h[idx][:, idx]
         damp = 1e-12 * float(hf.diagonal().abs().max().clamp_min(1e-300))
-        step = torch.linalg.solve(hf + damp * torch.eye(len(idx), dtype=torch.float64), -gf)
+        hf.diagonal().add_(damp)
+        # F is convex, so the damped Hessian is positive definite: Cholesky is the cheap solve.
+        chol, info = torch.linalg.cholesky_ex(hf)
+        if int(info) == 0:
+            step = torch.cholesky_solve(-gf[:, None], chol)[:, 0]
+        else:
+            step = torch.linalg.lstsq(hf, -gf[:, None]).solution[:, 0]
         f0, t = prob.value(lam), 1.0
         slope = float(gf @ step)
         while t > 1e-12:
             trial = lam.clone()
             trial[idx] += t * step
-            if prob.value(trial) <= f0 + 1e-4 * t * slope:
+            # Near the minimum F changes below its round-off; don't let that reject the step.
+            if prob.value(trial) <= f0 + 1e-4 * t * slope + 1e-13 * abs(f0):
                 break
             t /= 2
         else:

@@ -111,9 +111,7 @@ def symmetry_flow(s: Symmetry, stats: GradStats, nm: NoiseModel) -> Tensor:
     """The flow −κC + Tr[A M] of one symmetry (shape of its charge)."""
     vals = _param_values(s)
     if isinstance(s, DiagonalSymmetry):
-        # Tr[A M] per generator is Σ_k a_kj M_kk.
-        noise = _diag_weighted(s, {p: nm.diag(stats.mean[p], stats.sq[p]) for p in s.params})
-        return -nm.kappa * s.charge_of(vals) + noise
+        return -nm.kappa * s.charge_of(vals) + diag_noise(s, stats, nm)
     if isinstance(s, DoubleRotation):
         mw, mu = rotation_noise(s, stats, nm)
         return -nm.kappa * s.charge_of(vals) + (mu - mw)
@@ -124,11 +122,14 @@ def symmetry_flow(s: Symmetry, stats: GradStats, nm: NoiseModel) -> Tensor:
     raise TypeError(f"unknown symmetry type {type(s).__name__}")
 
 
-def _diag_weighted(s: DiagonalSymmetry, m: Mapping[nn.Parameter, Tensor]) -> Tensor:
+def diag_noise(s: DiagonalSymmetry, stats: GradStats, nm: NoiseModel) -> Tensor:
+    """Tr[A_j M] = Σ_k a_kj M_kk per generator j, from per-axis sums of the statistics. ``[J]``."""
     out = torch.zeros(s.num_generators, dtype=torch.float64, device=s.params[0].device)
     for t in s.terms():
-        mask = t.gen >= 0
-        out.index_add_(0, t.gen[mask], (t.coef * m[t.param]).to(torch.float64)[mask])
+        mean = stats.mean[t.param]
+        msq = mean.square().movedim(t.axis, 0).reshape(mean.shape[t.axis], -1).sum(1)
+        m = nm.c_mean * msq + nm.c_second * stats.axis_sq(t.param, t.axis)
+        out += t.sign * m.to(torch.float64).reshape(t.num_generators, t.block).sum(1)
     return out
 
 

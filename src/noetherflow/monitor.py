@@ -259,8 +259,15 @@ class NoetherMonitor:
 
     @contextlib.contextmanager
     def _tracking(self) -> Iterator[Capture]:
+        # Per-coordinate statistics only when the solver runs at this step; flows need less.
+        solve = self.distance and self._step % self.distance_every == 0
         with capture(
-            self.model, self.syms, reduction=self.reduction, check_finite=False, all_reduce=False
+            self.model,
+            self.syms,
+            reduction=self.reduction,
+            check_finite=False,
+            all_reduce=False,
+            level="diag" if solve else "neuron",
         ) as cap:
             yield cap
         self._cap = cap

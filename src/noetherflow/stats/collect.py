@@ -20,6 +20,7 @@ from noetherflow.stats import layers as L
 from noetherflow.stats.core import (
     Estimator,
     GradStats,
+    Level,
     Reduction,
     check_batch,
     needs_samples,
@@ -29,6 +30,7 @@ from noetherflow.stats.core import (
 from noetherflow.stats.distributed import all_reduce_stats, is_distributed, unwrap_ddp
 from noetherflow.stats.microbatch import microbatch_grads
 from noetherflow.stats.reference import per_sample_grads
+from noetherflow.symmetry.base import DiagonalSymmetry
 from noetherflow.symmetry.dense import DenseSymmetry
 from noetherflow.symmetry.rotation import Block, DoubleRotation
 from noetherflow.symmetry.set import SymmetrySet
@@ -83,7 +85,9 @@ class Capture:
         reduction: Reduction,
         check_finite: bool,
         all_reduce: bool | None = None,
+        level: Level = Level.DIAG,
     ):
+        self.level = level
         self.model, self.syms, self.reduction, self.check_finite = (
             model,
             syms,
@@ -121,6 +125,8 @@ class Capture:
             )
         ]
         self._stats: GradStats | None = None
+        # Mean gradients already computed by autograd (collect_stats), so hooks skip them.
+        self._means: dict[nn.Parameter, Tensor] = {}
 
     # -- hooks ------------------------------------------------------------------------------
     def _attach(self) -> None:
@@ -155,6 +161,7 @@ class Capture:
             rec.a = rec.g = None
             rec.calls = 0
         self._stats = None
+        self._means = {}
 
     # -- statistics -------------------------------------------------------------------------
     @property
@@ -197,17 +204,29 @@ class Capture:
                 rec, role = self._owners[id(p)]
                 a, g = facs[id(rec.module)]
                 shape = p.shape
-                if p not in st.mean:
-                    st.mean[p] = (
-                        L.weight_mean(a, g) if role == "weight" else L.bias_mean(g)
-                    ).reshape(shape)
-                if s.is_diagonal and p not in st.sq:
-                    st.sq[p] = (L.weight_sq(a, g) if role == "weight" else L.bias_sq(g)).reshape(
-                        shape
-                    )
                 if (id(p) in keep or isinstance(s, DenseSymmetry)) and p not in st.samples:
                     ps = L.per_sample_weight(a, g) if role == "weight" else g.sum(1)
                     st.samples[p] = ps.reshape(n, *shape)
+                if p in st.samples:  # already materialised: reductions are cheaper than matmuls
+                    st.mean.setdefault(p, st.samples[p].mean(0))
+                    if s.is_diagonal:
+                        st.sq.setdefault(p, st.samples[p].square().mean(0))
+                    continue
+                if p not in st.mean:
+                    known = self._means.get(p)
+                    st.mean[p] = (
+                        known
+                        if known is not None
+                        else (L.weight_mean(a, g) if role == "weight" else L.bias_mean(g))
+                    ).reshape(shape)
+                if s.is_diagonal and self.level is Level.NEURON:
+                    assert isinstance(s, DiagonalSymmetry)
+                    for t in s.terms():
+                        if t.param is p and (p, t.axis) not in st.sq_axis:
+                            st.sq_axis[(p, t.axis)] = self._axis_sq(rec.module, role, a, g, t.axis)
+                elif s.is_diagonal and p not in st.sq:
+                    sq = L.weight_sq(a, g) if role == "weight" else L.bias_sq(g)
+                    st.sq[p] = sq.reshape(shape)
             if isinstance(s, DoubleRotation):
                 st.side[s] = (self._side(s.w_blocks, facs), self._side(s.u_blocks, facs))
             elif isinstance(s, DenseSymmetry):
@@ -218,6 +237,16 @@ class Capture:
         if self.check_finite:
             st.check_finite()
         return st
+
+    @staticmethod
+    def _axis_sq(module: nn.Module, role: str, a: Tensor, g: Tensor, axis: int) -> Tensor:
+        if role == "bias":
+            return L.bias_sq(g)
+        if isinstance(module, nn.Linear):
+            return L.weight_sq_axis(a, g, axis)
+        # conv: the factor's input axis mixes channels and kernel taps
+        w = L.weight_sq(a, g).reshape(module.weight.shape)  # type: ignore[arg-type]
+        return w.movedim(axis, 0).reshape(w.shape[axis], -1).sum(1)
 
     def _side(self, blocks: list[Block], facs: dict[int, tuple[Tensor, Tensor]]) -> Tensor:
         out: Tensor | None = None
@@ -241,6 +270,16 @@ class Capture:
         return out
 
 
+def _level(level: str | Level) -> Level:
+    try:
+        return Level(level)
+    except ValueError:
+        raise ValueError(
+            f"level={level!r} is not supported; expected 'diag' (per-coordinate E[g²]: flows "
+            "and the equilibrium solver) or 'neuron' (per-neuron sums: flows only, cheapest)."
+        ) from None
+
+
 @contextlib.contextmanager
 def capture(
     model: nn.Module,
@@ -249,6 +288,7 @@ def capture(
     reduction: str | Reduction = "mean",
     check_finite: bool = True,
     all_reduce: bool | None = None,
+    level: str | Level = "diag",
 ) -> Iterator[Capture]:
     """Ride on the caller's own forward/backward pass and collect gradient statistics.
 
@@ -264,7 +304,9 @@ def capture(
     statistics of all ranks into those of the global batch (:mod:`.distributed`); every rank
     must then read ``stats``.
     """
-    cap = Capture(model, syms, parse_reduction(reduction), check_finite, all_reduce)
+    cap = Capture(
+        model, syms, parse_reduction(reduction), check_finite, all_reduce, level=_level(level)
+    )
     cap._attach()
     try:
         yield cap
@@ -285,6 +327,7 @@ def collect_stats(
     check_finite: bool = True,
     chunk_size: int | None = None,
     all_reduce: bool | None = None,
+    level: str | Level = "diag",
 ) -> GradStats:
     """Per-sample gradient statistics of ``syms`` over one batch (treated as the data distribution).
 
@@ -301,6 +344,9 @@ def collect_stats(
         micro_batch_size: micro-batch size m of the ``'microbatch'`` estimator.
         check_finite: raise on NaN/Inf statistics.
         chunk_size: vmap chunk size of the ``'reference'`` estimator (memory bound).
+        level: ``'diag'`` keeps E[g²] per coordinate (needed by :func:`solve_equilibrium`);
+            ``'neuron'`` keeps only per-neuron sums (enough for :func:`noether_flow`; with
+            ``'hooks'`` it costs O(N·d) on top of the backward pass instead of a matmul).
         all_reduce: combine the statistics of all ``torch.distributed`` ranks into those of
             the global batch (uneven batches allowed); default: whether a process group is
             initialised. ``model`` may be wrapped in ``DistributedDataParallel``.
@@ -321,11 +367,20 @@ def collect_stats(
     _check_devices(model, syms, xs)
     if est is Estimator.HOOKS:
         with capture(
-            model, syms, reduction=red, check_finite=check_finite, all_reduce=all_reduce
+            model,
+            syms,
+            reduction=red,
+            check_finite=check_finite,
+            all_reduce=all_reduce,
+            level=level,
         ) as cap:
             loss = loss_fn(model(*xs), targets)
             params = syms.params()
-            torch.autograd.grad(loss, params, allow_unused=True)
+            grads = torch.autograd.grad(loss, params, allow_unused=True)
+        div = xs[0].shape[0] if red is Reduction.SUM else 1
+        cap._means = {
+            p: g.detach() / div for p, g in zip(params, grads, strict=True) if g is not None
+        }
         return cap.stats
     params = syms.params()
     if est is Estimator.REFERENCE:

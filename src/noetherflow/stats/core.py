@@ -16,7 +16,7 @@ from noetherflow.symmetry.dense import DenseSymmetry
 from noetherflow.symmetry.rotation import DoubleRotation
 from noetherflow.symmetry.set import SymmetrySet
 
-__all__ = ["Estimator", "GradStats", "Reduction", "stats_from_samples"]
+__all__ = ["Estimator", "GradStats", "Level", "Reduction", "stats_from_samples"]
 
 
 class Reduction(str, Enum):
@@ -24,6 +24,13 @@ class Reduction(str, Enum):
 
     MEAN = "mean"
     SUM = "sum"
+
+
+class Level(str, Enum):
+    """How much per-coordinate detail the statistics of diagonal symmetries keep."""
+
+    DIAG = "diag"  # E[g²] per coordinate: flows and the joint equilibrium solver
+    NEURON = "neuron"  # E[g²] summed per neuron/channel: flows only, O(B·d) extra work
 
 
 class Estimator(str, Enum):
@@ -54,7 +61,9 @@ class GradStats:
     Attributes:
         n: number of samples N.
         mean: ḡ per parameter (shape of the parameter).
-        sq: E[g ⊙ g] per parameter, for parameters of diagonal symmetries.
+        sq: E[g ⊙ g] per parameter, for parameters of diagonal symmetries (``level="diag"``).
+        sq_axis: E[g ⊙ g] summed over every axis but one, keyed by (parameter, axis)
+            (``level="neuron"``: enough for flows, not for the solver).
         side: per rotation, (E[∇W_f ∇W_fᵀ], E[∇U_f ∇U_fᵀ]), each ``[d, d]`` (M_W and M_U of
             DESIGN §2.1 before scaling by the time model).
         dense: per dense symmetry, E[g gᵀ] over its parameters, ``[P, P]``.
@@ -66,28 +75,44 @@ class GradStats:
     n: int
     mean: dict[nn.Parameter, Tensor] = field(default_factory=dict)
     sq: dict[nn.Parameter, Tensor] = field(default_factory=dict)
+    sq_axis: dict[tuple[nn.Parameter, int], Tensor] = field(default_factory=dict)
     side: dict[Symmetry, tuple[Tensor, Tensor]] = field(default_factory=dict)
     dense: dict[Symmetry, Tensor] = field(default_factory=dict)
     samples: dict[nn.Parameter, Tensor] = field(default_factory=dict)
     estimator: str = "reference"
+
+    def axis_sq(self, p: nn.Parameter, axis: int) -> Tensor:
+        """E[g ⊙ g] of ``p`` summed over every axis but ``axis``. Has shape ``[p.shape[axis]]``."""
+        if p in self.sq:
+            v = self.sq[p]
+            return v.movedim(axis, 0).reshape(v.shape[axis], -1).sum(1)
+        try:
+            return self.sq_axis[(p, axis)]
+        except KeyError:
+            raise StatisticsError(
+                f"These statistics hold no squared gradients of a parameter of shape "
+                f"{tuple(p.shape)} along axis {axis}; collect them for this symmetry set."
+            ) from None
 
     def check_finite(self) -> None:
         """Raise :class:`NonFiniteGradientError` if any statistic is NaN or infinite."""
         groups: list[tuple[str, Mapping[Any, Tensor]]] = [
             ("mean gradient", self.mean),
             ("squared gradient", self.sq),
+            ("per-axis squared gradient", self.sq_axis),
             ("dense second moment", self.dense),
         ]
         for what, d in groups:
             for t in d.values():
-                if not torch.isfinite(t).all():
+                # One reduction instead of an elementwise mask: NaN and Inf propagate to the sum.
+                if not torch.isfinite(t.sum()):
                     raise NonFiniteGradientError(
                         f"The {what} statistic has NaN/Inf entries (shape {tuple(t.shape)}); "
                         "expected finite per-sample gradients. Lower the learning rate or check "
                         "the data; pass check_finite=False to skip this check."
                     )
         for w, u in self.side.values():
-            if not (torch.isfinite(w).all() and torch.isfinite(u).all()):
+            if not torch.isfinite(w.sum() + u.sum()):
                 raise NonFiniteGradientError(
                     "A rotation second moment has NaN/Inf entries; expected finite per-sample "
                     "gradients. Pass check_finite=False to skip this check."

@@ -53,6 +53,7 @@ def _entries(stats: GradStats) -> list[tuple[str, Any, int]]:
     out: list[tuple[str, Any, int]] = []
     out += [("mean", k, 0) for k in stats.mean]
     out += [("sq", k, 0) for k in stats.sq]
+    out += [("sq_axis", k, 0) for k in stats.sq_axis]
     for k in stats.side:
         out += [("side", k, 0), ("side", k, 1)]
     out += [("dense", k, 0) for k in stats.dense]

@@ -19,6 +19,7 @@ __all__ = [
     "row_moment",
     "weight_mean",
     "weight_sq",
+    "weight_sq_axis",
 ]
 
 _CHUNK_ELEMS = 2**24  # per-sample gradient elements materialised at once with a token axis
@@ -27,6 +28,8 @@ _CHUNK_ELEMS = 2**24  # per-sample gradient elements materialised at once with a
 def weight_mean(a: Tensor, g: Tensor) -> Tensor:
     """Mean gradient (1/N) Σ_n G_n. ``a``: ``[N, T, I]``, ``g``: ``[N, T, O]`` → ``[O, I]``."""
     n = a.shape[0]
+    if a.shape[1] == 1:
+        return g[:, 0].T @ a[:, 0] / n
     return torch.einsum("nto,nti->oi", g, a) / n
 
 
@@ -57,6 +60,21 @@ def weight_sq(a: Tensor, g: Tensor) -> Tensor:
     for chunk in _per_sample_chunks(a, g):
         out += chunk.square().sum(0)
     return out / n
+
+
+def weight_sq_axis(a: Tensor, g: Tensor, axis: int) -> Tensor:
+    """:func:`weight_sq` summed over the other axis: ``[O]`` (axis 0) or ``[I]`` (axis 1).
+
+    Without tokens this is O(N·(O+I)): (1/N) Σ_n g_n² ‖a_n‖² per output, or
+    (1/N) Σ_n ‖g_n‖² a_n² per input — the per-neuron sums a rescaling flow needs.
+    """
+    n = a.shape[0]
+    if a.shape[1] != 1:
+        return weight_sq(a, g).sum(1 - axis)
+    a0, g0 = a[:, 0], g[:, 0]
+    if axis == 0:
+        return g0.square().T @ a0.square().sum(1) / n
+    return a0.square().T @ g0.square().sum(1) / n
 
 
 def bias_sq(g: Tensor) -> Tensor:

@@ -33,16 +33,40 @@ class Family(str, Enum):
 
 @dataclass(frozen=True, eq=False)
 class DiagonalTerm:
-    """How a diagonal generator set touches one parameter.
+    """How a set of diagonal generators acts on one parameter.
 
-    ``gen`` has the shape of ``param`` and holds the generator index (within its symmetry)
-    of each coordinate, or -1 where no generator acts; ``coef`` holds the generator entry
-    a_kj (0 where no generator acts).
+    Generator j acts on the coordinates of ``param`` whose index along ``axis`` lies in
+    ``[j·block, (j+1)·block)``, all with the same generator entry a = ``sign``; e.g. the rows
+    of a layer's weight (axis 0, block 1, +1) or the flattened columns of a conv channel
+    (axis 1, block H·W, −1). This structure turns every sum over coordinates into a reshape.
     """
 
     param: nn.Parameter
-    gen: Tensor
-    coef: Tensor
+    axis: int
+    block: int
+    sign: float
+
+    @property
+    def num_generators(self) -> int:
+        return int(self.param.shape[self.axis]) // self.block
+
+    def reduce(self, v: Tensor) -> Tensor:
+        """Σ_{k ∈ generator j} a_k v_k for ``v`` of the parameter's shape. Has shape ``[J]``."""
+        return self.sign * v.movedim(self.axis, 0).reshape(self.num_generators, -1).sum(1)
+
+    def expand(self, lam: Tensor) -> Tensor:
+        """a_k λ_{j(k)}, broadcastable to the parameter's shape (and to ``[N, *shape]``)."""
+        view = [1] * self.param.dim()
+        view[self.axis] = -1
+        return (self.sign * lam.repeat_interleave(self.block)).view(view)
+
+    @property
+    def gen(self) -> Tensor:
+        """Generator index of every coordinate (shape of the parameter)."""
+        idx = torch.arange(self.param.shape[self.axis], device=self.param.device) // self.block
+        view = [1] * self.param.dim()
+        view[self.axis] = -1
+        return idx.view(view).expand(self.param.shape).clone()
 
 
 def check_params(params: Sequence[nn.Parameter], who: str) -> None:
@@ -167,23 +191,25 @@ class DiagonalSymmetry(Symmetry):
         return self.num_generators
 
     def _exponent(self, term: DiagonalTerm, lam: Tensor) -> Tensor:
-        """s_k = a_k·λ for the coordinates of ``term.param``. Has shape ``param.shape``."""
-        # float64 whatever the model dtype: the coefficients may predate a model.to(dtype).
-        dev = term.param.device
-        lam = torch.as_tensor(lam).to(device=dev, dtype=torch.float64)
-        idx = term.gen.to(dev).clamp(min=0)
-        return term.coef.to(device=dev, dtype=torch.float64) * lam[idx]
+        """s_k = a_k·λ for the coordinates of ``term.param`` (broadcastable to its shape)."""
+        # float64 whatever the model dtype, so that a round trip is exact to round-off.
+        lam = torch.as_tensor(lam).to(device=term.param.device, dtype=torch.float64)
+        return term.expand(lam)
 
     def charge_of(self, values: Mapping[nn.Parameter, Tensor]) -> Tensor:
+        return self.weighted_sum({p: v.square() for p, v in values.items() if p in self._pset()})
+
+    def weighted_sum(self, values: Mapping[nn.Parameter, Tensor]) -> Tensor:
+        """Σ_k a_kj v_k per generator j (e.g. Tr[A_j M] from M's diagonal). ``[J]``."""
         out: Tensor | None = None
         for t in self.terms():
-            v = values[t.param]
-            contrib = torch.zeros(self.num_generators, dtype=v.dtype, device=v.device)
-            mask = t.gen >= 0
-            contrib.index_add_(0, t.gen[mask], (t.coef.to(v.dtype) * v.square())[mask])
-            out = contrib if out is None else out + contrib
+            c = t.reduce(values[t.param])
+            out = c if out is None else out + c
         assert out is not None
         return out
+
+    def _pset(self) -> set[nn.Parameter]:
+        return set(self.params)
 
     def _check_lam(self, lam: Tensor) -> Tensor:
         lam = torch.as_tensor(lam)

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-import torch
-from torch import Tensor, nn
+from torch import nn
 
 from noetherflow._errors import SymmetryDefinitionError
 from noetherflow.symmetry.base import DiagonalSymmetry, DiagonalTerm, Family, check_params
@@ -18,15 +17,6 @@ from noetherflow.symmetry.base import DiagonalSymmetry, DiagonalTerm, Family, ch
 __all__ = ["Rescaling"]
 
 _LAYERS = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
-
-
-def _index_along(shape: torch.Size, dim: int, block: int, device: torch.device) -> Tensor:
-    """Generator index of each coordinate: its position along ``dim`` divided by ``block``."""
-    n = shape[dim]
-    view = [1] * len(shape)
-    view[dim] = n
-    idx = (torch.arange(n, device=device) // block).view(view)
-    return idx.expand(shape).clone()
 
 
 def _param(layer: nn.Module, name: str) -> nn.Parameter:
@@ -98,22 +88,10 @@ class Rescaling(DiagonalSymmetry):
 
     def terms(self) -> list[DiagonalTerm]:
         if self._terms is None:
-            w1 = self._w1
-            dev, dt = w1.device, w1.dtype
-            terms = [DiagonalTerm(w1, _index_along(w1.shape, 0, 1, dev), torch.ones_like(w1))]
+            terms = [DiagonalTerm(self._w1, 0, 1, 1.0)]
             if self._b1 is not None:
-                b = self._b1
-                terms.append(
-                    DiagonalTerm(b, torch.arange(b.shape[0], device=dev), torch.ones_like(b))
-                )
-            w2 = self._w2
-            terms.append(
-                DiagonalTerm(
-                    w2,
-                    _index_along(w2.shape, 1, self.block, dev),
-                    -torch.ones(w2.shape, device=dev, dtype=dt),
-                )
-            )
+                terms.append(DiagonalTerm(self._b1, 0, 1, 1.0))
+            terms.append(DiagonalTerm(self._w2, 1, self.block, -1.0))
             self._terms = terms
         return self._terms
 

@@ -9,12 +9,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import ClassVar
 
-import torch
 from torch import nn
 
 from noetherflow._errors import SymmetryDefinitionError
 from noetherflow.symmetry.base import DiagonalSymmetry, DiagonalTerm, Family, check_params
-from noetherflow.symmetry.rescaling import _index_along
 
 __all__ = ["ScaleInvariance"]
 
@@ -52,15 +50,14 @@ class ScaleInvariance(DiagonalSymmetry):
         else:
             self._n = 1
         self.per_channel = per_channel
+        for p in params:
+            if p.dim() == 0:
+                raise SymmetryDefinitionError(
+                    "ScaleInvariance: a 0-dimensional parameter cannot be grouped; store it as "
+                    "a tensor of shape (1,)."
+                )
         self._terms = [
-            DiagonalTerm(
-                p,
-                _index_along(p.shape, 0, 1, p.device)
-                if per_channel
-                else torch.zeros(p.shape, dtype=torch.long, device=p.device),
-                torch.ones_like(p.detach()),
-            )
-            for p in params
+            DiagonalTerm(p, 0, 1 if per_channel else int(p.shape[0]), 1.0) for p in params
         ]
 
     @property
