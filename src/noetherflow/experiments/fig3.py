@@ -1,0 +1,512 @@
+"""Fig. 3: SGD's layer balance and sharpness depend on the input distribution (Thm 5.2, Prop 5.3).
+
+The setting of Fig. 8: a two-layer linear net ``f(x) = UWx`` (``U`` ∈ R^{n×d},
+``W`` ∈ R^{d×n}) learns the autoencoding task ``y = x + ε ∈ R^n`` with
+``x_{1:n/2} ~ N(0, φ_x)``, ``x_{n/2+1:n} ~ N(0, 2 − φ_x)`` and ``Σ_ε = I``, on fresh
+minibatches. At the global minimum ``UW = I`` and Theorem 5.2 (``Γ_W = Tr[Σ_ε]Σ_x``,
+``Γ_U = Tr[Σ_x]Σ_ε``) gives ``WᵀW = Σ_x^{-1/2}``, ``UUᵀ = Σ_x^{1/2}``, hence
+
+    ‖W‖_F²/‖U‖_F² = Tr Σ_x^{-1/2} / Tr Σ_x^{1/2} = 1/sqrt(φ_x(2 − φ_x)),
+
+balanced only for isotropic data (``φ_x = 1``), whereas GD + weight decay converges to the
+balanced factorisation (ratio 1) for every ``φ_x``. With Prop. 5.3 (``Tr ∇²L =
+2(n‖WΣ_x^{1/2}‖_F² + ‖U‖_F² Tr Σ_x)`` for the summed loss) the two end points have
+
+    S_SGD = 4n Tr Σ_x^{1/2},   S_GD+WD ≈ 4n Tr Σ_x = 4n²,
+    S_SGD / S_GD+WD = (sqrt(φ_x) + sqrt(2 − φ_x)) / 2 ≤ 1.
+
+So in this setting the theory says SGD is never sharper than the weight-decay solution:
+equally sharp at ``φ_x = 1`` and flatter everywhere else (by concavity of the square root).
+The paper's text ("for some data distributions SGD converges to a sharper solution") is not
+what its own formulas give here; we measure and report the ratio.
+
+Exact width reduction (as in Fig. 8): every update of ``W`` lies in the column space of
+``Uᵀ`` and every update of ``U`` in the row space of ``Wᵀ``, so the rows of ``U`` and the
+columns of ``W`` stay in the span ``Q`` (dimension ≤ 2n) of the initial ones, for SGD, GD
+and weight decay alike. We initialise at the full width ``d``, change basis to ``Q`` and
+train ``[n, 2n]``/``[2n, n]`` factors: ``UW``, ``‖U‖_F``, ``‖W‖_F`` and the Hessian trace
+(which depends on the weights only through ``‖U‖_F`` and ``‖WΣ_x^{1/2}‖_F``) are exactly
+those of the width-``d`` net.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from noetherflow.experiments._base import (
+    Claim,
+    Op,
+    derive_seed,
+    find_divergence,
+    parallel_map,
+    save_figure,
+)
+from noetherflow.theory.ziyin2024 import (
+    two_layer_balanced_solution,
+    two_layer_hessian_trace,
+    two_layer_sgd_sharpness,
+    two_layer_sgd_solution,
+    weight_decay_ridge,
+)
+
+DESCRIPTION = (
+    "Two-layer linear net: SGD's layer-norm ratio and sharpness follow Thm 5.2 / Prop 5.3 as "
+    "the input covariance varies; GD + weight decay stays balanced."
+)
+
+METHODS = ("sgd", "sgd_wd", "gd_wd")
+
+
+@dataclass(frozen=True)
+class Config:
+    """Settings of the Fig. 3 experiment.
+
+    Choices and why:
+
+    - Paper sizes: ``dim=100`` (d_x = d_y), hidden width ``hidden=2000`` (trained exactly in
+      the ≤ 2·dim-dimensional span of the init, see the module docstring), ``batch_size=100``,
+      ``Σ_ε = I``; ``phi_x`` sweeps 9 values in [0.2, 1.8] (symmetric about 1: φ and 2 − φ
+      are the same problem up to a permutation of the inputs, a built-in replication).
+    - Loss: the paper's eq. (12), ``ℓ = ‖UWx − y‖²`` summed over outputs, minibatch mean;
+      the theory module is used with ``reduction="sum"``. With this loss the paper's
+      η = 0.1 diverges at n = 100; ``lr=0.04`` is stable (checked at every φ_x) and, as the
+      charges relax at a rate ∝ η², reaches the equilibrium within ~1000 steps from our
+      init (see the relaxation figure). The constant-η equilibrium carries an O(η) bias
+      (the iterate fluctuates: excess loss ≈ 9% of Tr Σ_ε at η = 0.04, norms ≈ 2–4% low),
+      so over the last ``decay_frac=0.5`` of ``steps=3000`` the lr decays geometrically to
+      ``lr_final=0.01`` (at which a long constant-η run was measured within 1% of
+      Thm 5.2), slowly enough that SGD follows the equilibrium down. Norms and Hessian
+      traces are averaged over the records of the last ``avg_frac=0.1`` of the steps.
+      (The output-averaged loss would allow η = 0.1, but it is η = 0.001 in these units
+      and equilibrates ~1000× more slowly per step than η = 0.04 here.)
+    - SGD with weight decay: ``weight_decay=1e-4`` (loss term γ‖θ‖², the paper's value);
+      its Thm 5.2 prediction adds the ridge ``ρ = γS/η`` (theory module,
+      ``weight_decay_ridge`` at the constant-phase η) to Γ_W and Γ_U: a ≤ 1.3% change.
+    - GD + weight decay: exact population gradient. Its imbalance ``WWᵀ − UᵀU`` decays by
+      ``(1 − 2ηγ)²`` per step (GD alone conserves it), so at the paper's γ = 1e-4 balance
+      would take ~10⁶ steps. We use ``gd_weight_decay=5e-3`` with ``gd_lr=0.1`` for
+      ``gd_steps=3000`` (``4ηγ·steps = 6``: the initial imbalance shrinks by e⁻⁶). Every
+      stationary point of the weight-decayed loss is exactly balanced whatever γ; the
+      larger γ only shrinks the product to ``UW = I − γΣ_x^{-1}`` (≤ 2.5% at φ_x = 0.2),
+      which the theoretical GD+WD sharpness includes (balanced factorisation of that
+      product, from the theory module); ``theory_sharpness_ratio_small_wd`` is the γ → 0
+      value ``(√φ_x + √(2 − φ_x))/2``.
+    - Init, the same for every run and method: Xavier-normal at the full width, ``W`` scaled
+      by ``init_w_scale=1`` and ``U`` by ``init_u_scale=0.1``: ``‖W₀‖² ≈ 190 ≫ ‖U₀‖² ≈ 2``
+      (final norms ~100), so GD without weight decay would stay far from balance and the
+      GD+WD balance is a real test; SGD forgets this imbalance within a few hundred steps.
+    - Sharpness: ``Tr ∇²L`` of the population loss in closed form (Prop. 5.3, theory
+      module ``two_layer_hessian_trace``) evaluated at the trained (U, W) with the
+      population Σ_x (the data are sampled from it); the closed form is checked against
+      ``nf.hessian_trace`` (autodiff Hutchinson) in the tests. The weight-decay term 2γ·#θ
+      is not included (the paper's S excludes it).
+    - ``dtype="float32"``: the runs are matmul-bound and float32 is ~2.5× faster; its
+      round-off (1e-7) is far below the 1–10% tolerances. Theory in float64.
+    """
+
+    phi_x: tuple[float, ...] = (0.2, 0.4, 0.6, 0.8, 1.0, 1.2, 1.4, 1.6, 1.8)
+    dim: int = 100
+    hidden: int = 2000
+    batch_size: int = 100
+    lr: float = 0.04
+    lr_final: float = 0.01
+    steps: int = 3000
+    decay_frac: float = 0.5
+    avg_frac: float = 0.1
+    weight_decay: float = 1e-4
+    gd_lr: float = 0.1
+    gd_weight_decay: float = 5e-3
+    gd_steps: int = 3000
+    init_u_scale: float = 0.1
+    init_w_scale: float = 1.0
+    n_records: int = 100
+    dtype: str = "float32"
+
+    @classmethod
+    def quick(cls) -> Config:
+        """n = 20, width 200, 7 values of φ_x: stable at a 2.5× larger lr, so fewer steps."""
+        return cls(
+            phi_x=tuple(float(v) for v in np.round(np.linspace(0.2, 1.8, 7), 4)),
+            dim=20,
+            hidden=200,
+            lr=0.1,
+            lr_final=0.025,
+            steps=3000,
+            gd_steps=3000,
+        )
+
+
+# --------------------------------------------------------------------------------------
+# data model and theory
+# --------------------------------------------------------------------------------------
+
+
+def input_variances(phi: float, dim: int) -> np.ndarray:
+    """Diagonal of Σ_x: ``φ`` on the first ``dim // 2`` inputs, ``2 − φ`` on the rest."""
+    sx = np.full(dim, 2.0 - phi)
+    sx[: dim // 2] = phi
+    return sx
+
+
+def theory(cfg: Config, phi: float) -> dict[str, float]:
+    """Thm 5.2 / Prop 5.3 predictions for one φ_x (float64, theory module)."""
+    n = cfg.dim
+    sx = torch.tensor(input_variances(phi, n), dtype=torch.float64)
+    sigma_x, sigma_e = torch.diag(sx), torch.eye(n, dtype=torch.float64)
+    V = torch.eye(n, dtype=torch.float64)
+    sgd = two_layer_sgd_solution(V, sigma_x, sigma_e, hidden_dim=cfg.hidden)
+    ridge = weight_decay_ridge(cfg.weight_decay, lr=cfg.lr, batch_size=cfg.batch_size)
+    sgd_wd = two_layer_sgd_solution(V, sigma_x, sigma_e, hidden_dim=cfg.hidden, ridge=ridge)
+    # GD + weight decay: argmin of E‖UWx − y‖² + γ(‖U‖² + ‖W‖²) is balanced with product
+    # P = I − γΣ_x^{-1} (stationarity of Tr[(P − I)Σ_x(P − I)ᵀ] + 2γ‖P‖_*).
+    gd = two_layer_balanced_solution(
+        torch.diag(1.0 - cfg.gd_weight_decay / sx), hidden_dim=cfg.hidden
+    )
+    return {
+        "sgd_ratio": sgd.ratio,
+        "sgd_wd_ratio": sgd_wd.ratio,
+        "sgd_sharpness": two_layer_sgd_sharpness(
+            V, sigma_x, sigma_e, hidden_dim=cfg.hidden, reduction="sum"
+        ),
+        "sgd_wd_sharpness": two_layer_hessian_trace(sgd_wd.U, sgd_wd.W, sigma_x),
+        "gd_wd_ratio": gd.ratio,
+        "gd_wd_sharpness": two_layer_hessian_trace(gd.U, gd.W, sigma_x),
+    }
+
+
+# --------------------------------------------------------------------------------------
+# training (all φ_x at once, batched over a run axis)
+# --------------------------------------------------------------------------------------
+
+
+def reduced_init(cfg: Config, seed: int) -> tuple[Tensor, Tensor]:
+    """Xavier-normal ``U₀`` [n, d], ``W₀`` [d, n] at width d, in the basis of their span.
+
+    Returns ``(U₀Q, QᵀW₀)`` with ``Q`` [d, k] an orthonormal basis of the span of the rows
+    of ``U₀`` and the columns of ``W₀`` (k = min(d, 2n)); float64.
+    """
+    n, d = cfg.dim, cfg.hidden
+    g = torch.Generator().manual_seed(int(seed))
+    std = math.sqrt(2.0 / (n + d))
+    U0 = torch.randn(n, d, generator=g, dtype=torch.float64) * (cfg.init_u_scale * std)
+    W0 = torch.randn(d, n, generator=g, dtype=torch.float64) * (cfg.init_w_scale * std)
+    if d <= 2 * n:
+        return U0, W0
+    basis, _ = torch.linalg.qr(torch.cat([U0.T, W0], dim=1))  # [d, 2n]
+    return U0 @ basis, basis.T @ W0
+
+
+def lr_schedule(lr: float, lr_final: float, steps: int, decay_frac: float) -> np.ndarray:
+    """Constant ``lr``, then a geometric decay to ``lr_final`` over the last ``decay_frac``."""
+    lrs = np.full(steps, float(lr))
+    n_decay = round(decay_frac * steps)
+    if n_decay > 0:
+        lrs[steps - n_decay :] = np.geomspace(lr, lr_final, n_decay)
+    return lrs
+
+
+def _train(cfg: Config, seed: int, method: str) -> dict[str, np.ndarray]:
+    """Train one method at every φ_x; records ‖U‖², ‖W‖², ‖WΣ_x^{1/2}‖² and the loss."""
+    dtype = getattr(torch, cfg.dtype)
+    phis = cfg.phi_x
+    R, n = len(phis), cfg.dim
+    sx = torch.tensor(np.stack([input_variances(p, n) for p in phis]), dtype=dtype)  # [R, n]
+    U0, W0 = reduced_init(cfg, derive_seed(seed, "fig3", "init"))
+    U = U0.to(dtype).expand(R, -1, -1).clone()
+    W = W0.to(dtype).expand(R, -1, -1).clone()
+    eye = torch.eye(n, dtype=dtype)
+    full_batch = method == "gd_wd"
+    if full_batch:
+        steps, gamma = cfg.gd_steps, cfg.gd_weight_decay
+        lrs = np.full(steps, cfg.gd_lr)
+    else:
+        steps = cfg.steps
+        gamma = cfg.weight_decay if method == "sgd_wd" else 0.0
+        lrs = lr_schedule(cfg.lr, cfg.lr_final, steps, cfg.decay_frac)
+    every = max(1, steps // cfg.n_records)
+    gen = torch.Generator().manual_seed(derive_seed(seed, "fig3", method))
+    sx_sqrt = sx.sqrt()[:, None, :]
+    S = cfg.batch_size
+
+    recs: dict[str, list[Tensor]] = {"u2": [], "w2": [], "sharpness": [], "loss": []}
+    sigma_x = [torch.diag(sx[r]) for r in range(R)]
+    window_start = (1.0 - cfg.avg_frac) * steps
+    nan = torch.full((R,), math.nan, dtype=torch.float64)
+    rec_step: list[int] = []
+
+    def record(t: int) -> None:
+        A = U @ W - eye
+        rec_step.append(t)
+        recs["u2"].append((U * U).sum(dim=(-2, -1)))
+        recs["w2"].append((W * W).sum(dim=(-2, -1)))
+        recs["sharpness"].append(  # Prop 5.3 closed form at (U, W), population Σ_x
+            torch.tensor([two_layer_hessian_trace(U[r], W[r], sigma_x[r]) for r in range(R)])
+            if t >= window_start
+            else nan
+        )
+        recs["loss"].append((A * A * sx[:, None, :]).sum(dim=(-2, -1)) + n)
+
+    record(0)
+    for t in range(steps):
+        eta = float(lrs[t])
+        if full_batch:
+            G = 2.0 * (U @ W - eye) * sx[:, None, :]  # ∇_P of E‖Px − y‖² at P = UW
+        else:
+            X = torch.randn((R, S, n), generator=gen, dtype=dtype) * sx_sqrt
+            E = torch.randn((R, S, n), generator=gen, dtype=dtype)
+            res = X @ (U @ W - eye).transpose(-2, -1) - E  # r = UWx − y, [R, S, n]
+            G = res.transpose(-2, -1) @ X * (2.0 / S)  # minibatch ∇_P
+        gU = G @ W.transpose(-2, -1)
+        gW = U.transpose(-2, -1) @ G
+        decay = 1.0 - 2.0 * eta * gamma
+        U, W = decay * U - eta * gU, decay * W - eta * gW
+        if (t + 1) % every == 0 or t + 1 == steps:
+            record(t + 1)
+            if not bool(torch.isfinite(recs["loss"][-1]).all()):
+                break
+    out = {k: torch.stack(v, dim=1).double().numpy() for k, v in recs.items()}  # [R, T]
+    out["step"] = np.asarray(rec_step)
+    return out
+
+
+def _summarise(cfg: Config, method: str, tr: dict[str, np.ndarray]) -> dict[str, Any]:
+    """Average the records of the last ``avg_frac`` of the run; closed-form sharpness."""
+    steps = cfg.gd_steps if method == "gd_wd" else cfg.steps
+    step = tr["step"]
+    window = step >= (1.0 - cfg.avg_frac) * steps  # the same records as in _train
+    u2 = tr["u2"][:, window].mean(axis=1)
+    w2 = tr["w2"][:, window].mean(axis=1)
+    sharp = tr["sharpness"][:, window].mean(axis=1)
+    n = cfg.dim
+    div = [find_divergence(tr["loss"][r]).to_dict() for r in range(len(cfg.phi_x))]
+    diverged = [
+        d["diverged"] or len(step) < 2 or step[-1] < steps for d in div
+    ]  # stopped early ⇒ non-finite
+    ratio = np.where(diverged, np.nan, w2 / u2)
+    sharp = np.where(diverged, np.nan, sharp)
+    return {
+        "ratio": ratio,
+        "sharpness": sharp,
+        "u2": u2,
+        "w2": w2,
+        "final_excess_loss": tr["loss"][:, -1] - n,
+        "divergence": div,
+        "ratio_traj": tr["w2"] / tr["u2"],
+        "step": step,
+    }
+
+
+def run(cfg: Config, seed: int, out_dir: Path) -> dict[str, Any]:
+    """SGD, SGD + weight decay and GD + weight decay at every φ_x, from one init."""
+    if cfg.dim % 2 or cfg.dim < 2:
+        raise ValueError(f"dim={cfg.dim}; expected an even number ≥ 2 (two input halves).")
+    trains = parallel_map(functools.partial(_train, cfg, seed), METHODS)
+    res = {m: _summarise(cfg, m, tr) for m, tr in zip(METHODS, trains, strict=True)}
+    th = [theory(cfg, p) for p in cfg.phi_x]
+
+    def col(key: str) -> np.ndarray:
+        return np.array([t[key] for t in th])
+
+    U0, W0 = reduced_init(cfg, derive_seed(seed, "fig3", "init"))
+    series = {
+        "phi_x": np.asarray(cfg.phi_x, dtype=float),
+        "sgd_norm_ratio": res["sgd"]["ratio"],
+        "theory_norm_ratio": col("sgd_ratio"),
+        "sgdwd_norm_ratio": res["sgd_wd"]["ratio"],
+        "theory_sgdwd_norm_ratio": col("sgd_wd_ratio"),
+        "gdwd_norm_ratio": res["gd_wd"]["ratio"],
+        "theory_gdwd_norm_ratio": col("gd_wd_ratio"),
+        "sgd_sharpness": res["sgd"]["sharpness"],
+        "theory_sharpness": col("sgd_sharpness"),
+        "sgdwd_sharpness": res["sgd_wd"]["sharpness"],
+        "theory_sgdwd_sharpness": col("sgd_wd_sharpness"),
+        "gdwd_sharpness": res["gd_wd"]["sharpness"],
+        "theory_gdwd_sharpness": col("gd_wd_sharpness"),
+        "sharpness_ratio": res["sgd"]["sharpness"] / res["gd_wd"]["sharpness"],
+        "theory_sharpness_ratio": col("sgd_sharpness") / col("gd_wd_sharpness"),
+        "theory_sharpness_ratio_small_wd": (
+            np.sqrt(cfg.phi_x) + np.sqrt(2.0 - np.asarray(cfg.phi_x))
+        )
+        / 2.0,
+        "d": cfg.hidden,
+        "d_x": cfg.dim,
+        "d_y": cfg.dim,
+        "traj_step": res["sgd"]["step"],
+        "sgd_ratio_traj": res["sgd"]["ratio_traj"],
+        "gd_traj_step": res["gd_wd"]["step"],
+        "gdwd_ratio_traj": res["gd_wd"]["ratio_traj"],
+    }
+    return {
+        "series": series,
+        "init_norm_sq": {"U": float((U0 * U0).sum()), "W": float((W0 * W0).sum())},
+        "final_excess_loss": {m: res[m]["final_excess_loss"] for m in METHODS},
+        "divergence": {m: res[m]["divergence"] for m in METHODS},
+    }
+
+
+# --------------------------------------------------------------------------------------
+# claims and plot
+# --------------------------------------------------------------------------------------
+
+
+def _max_rel_dev(a: Any, b: Any) -> float:
+    dev = np.abs(np.asarray(a, dtype=float) / np.asarray(b, dtype=float) - 1.0)
+    return float(np.max(dev)) if not np.isnan(dev).any() else math.nan
+
+
+def _at(series: dict[str, Any], key: str, phi: float) -> float:
+    phis = np.asarray(series["phi_x"], dtype=float)
+    i = int(np.argmin(np.abs(phis - phi)))
+    if abs(phis[i] - phi) > 1e-9:
+        return math.nan
+    return float(np.asarray(series[key], dtype=float)[i])
+
+
+def _flat_sharp_summary(s: dict[str, Any], margin: float = 0.01) -> str:
+    """Where SGD ends sharper / flatter than GD + WD (beyond ``margin``, relative)."""
+    phis = np.asarray(s["phi_x"], dtype=float)
+    meas = np.asarray(s["sharpness_ratio"], dtype=float)
+    theo = np.asarray(s["theory_sharpness_ratio"], dtype=float)
+    pairs = ", ".join(
+        f"φ={p:g}: {m:.3f} (theory {t:.3f})" for p, m, t in zip(phis, meas, theo, strict=True)
+    )
+
+    def fmt(mask: np.ndarray) -> str:
+        return "{" + ", ".join(f"{p:g}" for p in phis[mask]) + "}"
+
+    sharper, flatter = meas > 1.0 + margin, meas < 1.0 - margin
+    same = ~(sharper | flatter)
+    return (
+        f"S_SGD/S_GD+WD: {pairs}. SGD flatter (by > {margin:.0%}) at φ_x ∈ {fmt(flatter)}, "
+        f"sharper at φ_x ∈ {fmt(sharper)}, equal within {margin:.0%} at φ_x ∈ {fmt(same)}; "
+        "theory (γ → 0): (√φ_x + √(2 − φ_x))/2 ≤ 1, i.e. never sharper in this setting."
+    )
+
+
+def claims(results: dict[str, Any], cfg: Config) -> list[Claim]:
+    s = results["series"]
+    phis = np.asarray(s["phi_x"], dtype=float)
+    lo, hi = float(phis.min()), float(phis.max())
+    dev_sgd = _max_rel_dev(s["sgd_norm_ratio"], s["theory_norm_ratio"])
+    dev_sgdwd = _max_rel_dev(s["sgdwd_norm_ratio"], s["theory_sgdwd_norm_ratio"])
+    ends = min(abs(_at(s, "sgd_norm_ratio", lo) - 1.0), abs(_at(s, "sgd_norm_ratio", hi) - 1.0))
+    gd_dev = float(np.max(np.abs(np.asarray(s["gdwd_norm_ratio"], dtype=float) - 1.0)))
+    sh_sgd = _max_rel_dev(s["sgd_sharpness"], s["theory_sharpness"])
+    sh_sgdwd = _max_rel_dev(s["sgdwd_sharpness"], s["theory_sgdwd_sharpness"])
+    iso = _at(s, "sgd_norm_ratio", 1.0)
+    return [
+        Claim(
+            id="sgd_norm_ratio_theory",
+            statement="The layer-norm ratio ‖W‖_F²/‖U‖_F² of every SGD run (with and without "
+            "weight decay 1e-4) is within 10% of Thm 5.2 (max over runs of |measured/theory − 1|)",
+            value=max(dev_sgd, dev_sgdwd),
+            op=Op.LT,
+            threshold=0.1,
+            note=f"SGD {dev_sgd:.3g}, SGD+WD {dev_sgdwd:.3g} (theory with ridge γS/η)",
+        ),
+        Claim(
+            id="balanced_only_isotropic",
+            statement="SGD's norm ratio is within 5% of 1 at φ_x = 1 and off by more than 10% "
+            f"at both ends of the sweep (φ_x = {lo:g} and {hi:g})",
+            value=bool(abs(iso - 1.0) < 0.05 and ends > 0.1),
+            op=Op.EQ,
+            threshold=True,
+            note=f"ratio {iso:.4g} at φ_x = 1 (|ratio − 1| = {abs(iso - 1.0):.3g}); "
+            f"{_at(s, 'sgd_norm_ratio', lo):.4g} at φ_x = {lo:g}, "
+            f"{_at(s, 'sgd_norm_ratio', hi):.4g} at φ_x = {hi:g} (min |ratio − 1| = {ends:.3g})",
+        ),
+        Claim(
+            id="gd_wd_balanced",
+            statement="GD + weight decay ends balanced at every φ_x "
+            "(max over φ_x of |‖W‖_F²/‖U‖_F² − 1|)",
+            value=gd_dev,
+            op=Op.LT,
+            threshold=0.05,
+            note=f"γ = {cfg.gd_weight_decay:g}, η = {cfg.gd_lr:g}, {cfg.gd_steps} steps; init "
+            f"‖W₀‖² = {results['init_norm_sq']['W']:.3g}, ‖U₀‖² = "
+            f"{results['init_norm_sq']['U']:.3g}",
+        ),
+        Claim(
+            id="sharpness_theory",
+            statement="Tr ∇²L of every converged SGD run (with and without weight decay) is "
+            "within 10% of Prop. 5.3 at the Thm 5.2 solution (max |measured/theory − 1|)",
+            value=max(sh_sgd, sh_sgdwd),
+            op=Op.LT,
+            threshold=0.1,
+            note=f"SGD {sh_sgd:.3g}, SGD+WD {sh_sgdwd:.3g}. " + _flat_sharp_summary(s),
+        ),
+    ]
+
+
+def plot(results: dict[str, Any], cfg: Config, out_dir: Path) -> list[Path]:
+    from matplotlib.figure import Figure
+
+    s = results["series"]
+    phis = np.asarray(s["phi_x"], dtype=float)
+    fine = np.linspace(phis.min(), phis.max(), 200)
+    fig = Figure(figsize=(16, 4.6))
+    ax1, ax2, ax3 = fig.subplots(1, 3)
+
+    ax1.plot(fine, 1.0 / np.sqrt(fine * (2.0 - fine)), "k-", lw=1, label="Thm 5.2")
+    ax1.plot(phis, s["sgd_norm_ratio"], "o", color="C0", label="SGD")
+    ax1.plot(phis, s["sgdwd_norm_ratio"], "x", color="C1", ms=8, label="SGD + WD 1e-4")
+    ax1.plot(phis, s["gdwd_norm_ratio"], "s", color="C2", mfc="none", label="GD + WD")
+    ax1.axhline(1.0, color="0.5", ls=":", lw=0.8)
+    ax1.set_xlabel("φ_x")
+    ax1.set_ylabel("‖W‖_F² / ‖U‖_F²")
+    ax1.set_title("layer balance")
+    ax1.legend(fontsize=8)
+
+    ax2.plot(phis, s["theory_sharpness"], "k-", lw=1, label="Prop 5.3 at Thm 5.2 (SGD)")
+    ax2.plot(phis, s["theory_gdwd_sharpness"], "k--", lw=1, label="balanced (GD + WD)")
+    ax2.plot(phis, s["sgd_sharpness"], "o", color="C0", label="SGD")
+    ax2.plot(phis, s["sgdwd_sharpness"], "x", color="C1", ms=8, label="SGD + WD 1e-4")
+    ax2.plot(phis, s["gdwd_sharpness"], "s", color="C2", mfc="none", label="GD + WD")
+    ax2.set_xlabel("φ_x")
+    ax2.set_ylabel("Tr ∇²L")
+    ax2.set_title("sharpness of the converged model")
+    ax2.legend(fontsize=8)
+
+    ax3.plot(fine, (np.sqrt(fine) + np.sqrt(2.0 - fine)) / 2.0, "k:", lw=1, label="theory, γ → 0")
+    ax3.plot(
+        phis,
+        s["theory_sharpness_ratio"],
+        "k-",
+        lw=1,
+        label=f"theory, GD γ = {cfg.gd_weight_decay:g}",
+    )
+    ax3.plot(phis, s["sharpness_ratio"], "o", color="C0", label="measured")
+    ax3.axhline(1.0, color="0.5", ls=":", lw=0.8)
+    ax3.set_xlabel("φ_x")
+    ax3.set_ylabel("S_SGD / S_GD+WD")
+    ax3.set_title("< 1: SGD flatter than the weight-decay solution")
+    ax3.legend(fontsize=8)
+    fig.tight_layout()
+    paths = [save_figure(fig, out_dir / "fig3.png")]
+
+    fig2 = Figure(figsize=(11, 4))
+    b1, b2 = fig2.subplots(1, 2)
+    traj = np.asarray(s["sgd_ratio_traj"], dtype=float)
+    gtraj = np.asarray(s["gdwd_ratio_traj"], dtype=float)
+    for i, p in enumerate(phis):
+        b1.semilogy(s["traj_step"], traj[i], color=f"C{i % 10}", label=f"φ_x = {p:g}")
+        b1.axhline(float(np.asarray(s["theory_norm_ratio"])[i]), color=f"C{i % 10}", ls=":")
+        b2.semilogy(s["gd_traj_step"], gtraj[i], color=f"C{i % 10}")
+    b1.set_xlabel("SGD step")
+    b1.set_ylabel("‖W‖_F² / ‖U‖_F²")
+    b1.set_title("SGD relaxes to Thm 5.2 (dotted)")
+    b1.legend(fontsize=7, ncol=2)
+    b2.axhline(1.0, color="k", ls=":")
+    b2.set_xlabel("GD step")
+    b2.set_title("GD + WD relaxes to balance")
+    fig2.tight_layout()
+    paths.append(save_figure(fig2, out_dir / "fig3_relaxation.png"))
+    return paths
