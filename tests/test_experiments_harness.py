@@ -468,3 +468,33 @@ def test_console_script_installed() -> None:
     proc = subprocess.run([exe, "list"], capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 0, proc.stderr
     assert "fig1" in proc.stdout
+
+
+def test_mnist_flag_validates_directory(tmp_path: Path) -> None:
+    from noetherflow.cli import main
+
+    assert (
+        main(
+            [
+                "reproduce",
+                "fig1",
+                "--quick",
+                "--out",
+                str(tmp_path),
+                "--mnist",
+                str(tmp_path / "nope"),
+            ]
+        )
+        == 2
+    )
+
+
+def test_overrides_reach_only_configs_that_have_the_field(tmp_path: Path) -> None:
+    from noetherflow.experiments import registry
+    from noetherflow.experiments._base import run_experiment
+
+    rec = run_experiment(
+        "fig1", registry.target("fig1"), quick=True, out_dir=tmp_path,
+        overrides={"mnist_dir": "/x", "n_steps": 20},
+    )  # fmt: skip
+    assert rec["config"]["n_steps"] == 20 and "mnist_dir" not in rec["config"]

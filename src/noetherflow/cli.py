@@ -118,6 +118,15 @@ def _add_reproduce(sub: Any) -> None:
         help="torch intra-op threads per experiment/worker; fixed (default 1) so that results "
         "do not depend on --jobs",
     )
+    p.add_argument(
+        "--mnist",
+        metavar="DIR",
+        type=Path,
+        default=None,
+        help="directory with MNIST's IDX files (train-images-idx3-ubyte, "
+        "train-labels-idx1-ubyte, optionally .gz); image experiments (fig5) use it instead of "
+        "scikit-learn's bundled 8x8 digits",
+    )
     p.add_argument("--strict", action="store_true", help="exit 1 if any claim fails")
     p.set_defaults(func=cmd_reproduce)
 
@@ -141,6 +150,11 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     except registry.UnknownExperimentError as exc:
         return _usage_error("reproduce", str(exc))
     specs = [(i, registry.target(i)) for i in ids]
+    if args.mnist is not None and not args.mnist.is_dir():
+        return _usage_error(
+            "reproduce", f"--mnist {args.mnist}: not a directory; expected MNIST's IDX files there"
+        )
+    overrides = {"mnist_dir": str(args.mnist)} if args.mnist is not None else None
     out = Path(args.out)
     console = _console()
     err_console = _console(stderr=True)
@@ -183,6 +197,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
             torch_threads=args.torch_threads,
             on_start=on_start,
             on_done=on_done,
+            overrides=overrides,
         )
         progress.update(overall, description="done")
 

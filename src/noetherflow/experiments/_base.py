@@ -464,8 +464,12 @@ def run_experiment(
     out_dir: str | Path,
     jobs: int = 1,
     torch_threads: int = 1,
+    overrides: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Run one experiment into ``out_dir/<exp_id>/`` and return its metrics dict.
+
+    ``overrides`` replaces Config fields by name where the experiment's Config has them
+    (e.g. ``{"mnist_dir": ...}``); other experiments ignore them.
 
     Never raises for a failure inside the experiment: the traceback summary is stored
     under ``"error"`` (with the stage: load/config/run/claims/plot) and ``status`` is
@@ -499,6 +503,10 @@ def run_experiment(
             record["description"] = describe_target(exp)
             stage = "config"
             cfg = make_config(exp, quick=quick)
+            if overrides and dataclasses.is_dataclass(cfg):
+                names = {f.name for f in dataclasses.fields(cfg)}
+                keep = {k: v for k, v in overrides.items() if k in names}
+                cfg = dataclasses.replace(cfg, **keep)  # type: ignore[type-var]
             record["config"] = to_jsonable(cfg)
             stage = "run"
             seed_everything(seed)
@@ -575,6 +583,7 @@ def run_experiments(
     torch_threads: int = 1,
     on_start: Callable[[str], None] | None = None,
     on_done: Callable[[str, dict[str, Any]], None] | None = None,
+    overrides: dict[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
     """Run ``specs`` = [(id, import target), ...]; returns metrics dicts in the given order.
 
@@ -597,7 +606,7 @@ def run_experiments(
                 on_start(exp_id)
             rec = run_experiment(
                 exp_id, target, quick=quick, seed=seed, out_dir=out, jobs=inner,
-                torch_threads=torch_threads,
+                torch_threads=torch_threads, overrides=overrides,
             )  # fmt: skip
             results[exp_id] = rec
             if on_done:
@@ -614,7 +623,7 @@ def run_experiments(
         for exp_id, target in specs:
             fut = ex.submit(
                 run_experiment, exp_id, target, quick=quick, seed=seed, out_dir=out,
-                jobs=inner, torch_threads=torch_threads,
+                jobs=inner, torch_threads=torch_threads, overrides=overrides,
             )  # fmt: skip
             futures[fut] = (exp_id, target)
             if on_start:
