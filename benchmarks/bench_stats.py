@@ -181,11 +181,42 @@ def _maxrss_mb() -> float:
     return kb / 1024.0 if sys.platform != "darwin" else kb / 2**20
 
 
+def _proc_status_mb(field: str) -> float | None:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) / 1024.0
+    except OSError:
+        return None
+    return None
+
+
+def _reset_peak_rss() -> bool:
+    """Linux: writing 5 to clear_refs resets VmHWM (the peak RSS) to the current RSS."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
 def memory_cell(key: str, method: str, quick: bool, tiny: bool, threads: int | None) -> float:
-    """Run in a fresh process: peak-RSS increase (MiB) of one call of ``method``."""
+    """Run in a fresh process: peak-RSS increase (MiB) of one call of ``method``.
+
+    The peak is reset after the workloads are built (Linux ``VmHWM``), so building the
+    models does not mask the call's own peak; elsewhere ``ru_maxrss`` is the fallback.
+    """
     if threads:
         torch.set_num_threads(threads)
     wl = next(w for w in build_workloads(quick, tiny) if w.key == key)
+    if _reset_peak_rss():
+        base = _proc_status_mb("VmRSS")
+        run_method(wl, method)
+        peak = _proc_status_mb("VmHWM")
+        if base is not None and peak is not None:
+            return peak - base
     base = _maxrss_mb()
     run_method(wl, method)
     return _maxrss_mb() - base
