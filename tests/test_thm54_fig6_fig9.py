@@ -70,10 +70,12 @@ def test_fig6_quick(quick_run: Path) -> None:
     for c in claims.values():
         assert isinstance(c["value"], float) and math.isfinite(c["value"]), c
     s = data["series"]
-    # robust: SGD ends much closer to the Thm 5.2 relation than GD (measured ~4x)
+    # robust: SGD ends much closer to the Thm 5.2 relation than GD (measured ~4.6x)
     assert s["sgd_tanh"]["rel_diff_sigma"] < 0.6 * s["gd_tanh"]["rel_diff_sigma"]
     n = fig6.Config.quick().n_show
-    assert np.asarray(s["sgd_tanh"]["w_sigma_block"]).shape == (n, n)
+    for kind in nl.KINDS:
+        assert np.asarray(s["sgd_tanh"][f"w_{kind}_block"]).shape == (n, n)
+    assert math.isfinite(data["results"]["gd_fit_gap"])
     assert not data["results"]["any_diverged"]
     assert data["figures"] == ["fig6.png"]
 
@@ -84,11 +86,64 @@ def test_fig9_quick(quick_run: Path) -> None:
     assert [c["id"] for c in data["claims"]] == [f"sgd_similar_{a}" for a in acts]
     for c in data["claims"]:
         assert isinstance(c["value"], float) and math.isfinite(c["value"]), c
+    res = data["results"]
     for a in acts:
-        sgd, gd = data["results"]["sgd_rel_diff"][a], data["results"]["gd_rel_diff"][a]
-        assert math.isfinite(gd) and sgd < gd  # robust: measured 1.8-2.5x
-    assert not data["results"]["any_diverged"]
-    assert data["figures"] == ["fig9.png"]
+        assert math.isfinite(res["gd_rel_diff"][a])
+        # robust: the paper's matrices are much closer under SGD (measured ~3x)
+        assert res["sgd_rel_diff_paper"][a] < 0.6 * res["gd_rel_diff_paper"][a]
+    for a in ("relu", "leaky_relu"):
+        # robust: the exact per-neuron balance holds under SGD, not GD (measured ~15x)
+        assert res["sgd_rel_diff_diag"][a] < 0.3 * res["gd_rel_diff_diag"][a]
+    assert not res["any_diverged"]
+    assert data["figures"] == ["fig9.png", "fig9_noise.png"]
+
+
+def test_noise_matrices_match_per_sample_gradients() -> None:
+    """The ``noise`` matrices are the contracted covariances of exact per-sample gradients."""
+    from torch import nn
+
+    from noetherflow.stats.reference import per_sample_grads
+
+    n, h, N = 4, 6, 50
+    mods = {"tanh": nn.Tanh(), "relu": nn.ReLU(), "leaky_relu": nn.LeakyReLU(0.01),
+            "swish": nn.SiLU()}  # fmt: skip
+    se = nl.noise_variances(n, 3.0)
+    for i, (name, mod) in enumerate(mods.items()):
+        U, W = nl.init_weights(n, h, scale=1.0, seed=i)
+        hm = nl.hidden_matrices(U[None], W[None], [name], se, n_eval=N, seed=7)
+        net = nn.Sequential(nn.Linear(n, h, bias=False), mod, nn.Linear(h, n, bias=False))
+        net = net.double()
+        with torch.no_grad():
+            net[0].weight.copy_(W)
+            net[2].weight.copy_(U)
+        gen = torch.Generator().manual_seed(7)  # the evaluation sample of hidden_matrices
+        x = torch.randn((N, n), generator=gen, dtype=torch.float64)
+        y = x + torch.randn((N, n), generator=gen, dtype=torch.float64) * se.sqrt()
+        g = per_sample_grads(
+            net, [net[0].weight, net[2].weight], lambda o, t: ((o - t) ** 2).sum(), x, y
+        )
+        gW, gU = g[net[0].weight], g[net[2].weight]  # [N, h, n], [N, n, h]
+        mU, mW = gU.mean(0), gW.mean(0)
+        ref_w = torch.einsum("koh,kog->hg", gU, gU) / N - mU.T @ mU
+        ref_u = torch.einsum("khi,kgi->hg", gW, gW) / N - mW @ mW.T
+        torch.testing.assert_close(hm.w_noise[0], ref_w)
+        torch.testing.assert_close(hm.u_noise[0], ref_u)
+
+
+def test_quadrature_and_deterministic_gd() -> None:
+    xq = nl.quadrature_inputs(64, 5, seed=3)
+    torch.testing.assert_close(xq.T @ xq / 64, torch.eye(5, dtype=torch.float64))
+    torch.testing.assert_close(xq.mean(0), torch.zeros(5, dtype=torch.float64))
+    U0, W0 = nl.init_weights(5, 8, scale=1.0, seed=0)
+    se = nl.noise_variances(5, 5.0)
+    lrs = np.full(30, 0.02)
+    a, b = (
+        nl.train(U0, W0, ["tanh", "relu"], se, lrs=lrs, batch_size=4, seed=s, fixed_x=xq)
+        for s in (1, 2)
+    )
+    # GD on the quadrature uses no random numbers: the seed does not matter
+    torch.testing.assert_close(a.U, b.U, rtol=0, atol=0)
+    assert a.loss[0, -1] < a.loss[0, 0]
 
 
 def test_exact_design_moments() -> None:
@@ -132,7 +187,13 @@ def test_deterministic(tmp_path: Path) -> None:
     b = thm54._depth_result(cfg, *thm54.problem(cfg, 5), 3, 5)
     np.testing.assert_array_equal(a["measured_sq_norms"], b["measured_sq_norms"])
     ncfg = dataclasses.replace(
-        fig9.Config.quick(), hidden=20, steps=100, gd_steps=20, n_eval=200, n_records=5
+        fig9.Config.quick(),
+        hidden=20,
+        steps=100,
+        gd_steps=20,
+        gd_points=64,
+        n_eval=200,
+        n_records=5,
     )
     r1, r2, r3 = (fig9.run(ncfg, s, tmp_path) for s in (5, 5, 6))
     assert r1["sgd_rel_diff"] == r2["sgd_rel_diff"]

@@ -4,25 +4,55 @@ The net is ``f(x) = U σ(Wx)`` (``W`` ∈ R^{H×n}, ``U`` ∈ R^{n×H}, no biase
 ``ℓ = ‖f(x) − y‖²`` (sum over outputs, mean over the minibatch; the paper's eq. 12 without
 weight decay), ``y = x + ε``, ``x ~ N(0, I_n)``, ``ε ~ N(0, diag(σ_ε²))`` (paper §5.4, App.
 A.4). Several activations train at once, along a leading run axis, from the *same*
-initialisation. SGD draws fresh minibatches from the data model each step (online, so the
-residual at the end is the label noise and not a memorised training set). GD should follow
-the population gradient, which has no closed form for a nonlinear net; a fixed training
-sample is no substitute here (with H = 200 hidden units full-batch GD on 2048 points
-memorises it: held-out loss 68 against the noise floor 44). So "GD" is the large-batch
-limit: each step uses a fresh batch of ``gd_batch`` samples, whose gradient noise — and
-hence the noise-driven drift of the charges, ∝ η²/S — is ``gd_batch / batch_size`` times
-weaker than SGD's. That residual drift is *not* negligible over 10⁴ steps (measured on
-Fig. 6: GD's relative difference 1.21 after 600 steps, 0.68 after 10⁴ steps with
-``gd_batch=256``); a larger ``gd_batch`` is closer to GD and proportionally more costly.
+initialisation. Both optimisers minimise the same objective, the population risk
+``L(θ) = E‖f(x) − y‖²``:
 
-The hidden-space matrices of Thm 5.2 are evaluated at the end:
+* **SGD** follows unbiased stochastic gradients of ``L``: fresh minibatches of
+  ``batch_size`` samples ``(x, y)`` from the data model each step (online; nothing to
+  memorise, the residual at the end is the label noise).
+* **GD** follows the deterministic gradient of ``L``. Because ε is independent of x with
+  mean zero, ``∇L = E_x[2 Jᵀ(f(x) − x)]`` exactly — the label noise integrates out of the
+  population gradient — and the remaining expectation over x is a fixed quadrature: the
+  same ``gd_points`` inputs every step, whitened so that their empirical mean is 0 and
+  second moment exactly ``I`` (then the quadrature is exact for the linear part of the
+  net; only the nonlinear corrections carry a sampling error). Targets are the inputs
+  themselves. So GD has no gradient noise at all (its charges move only by the
+  O(η²‖∇L‖²) discretisation term), and there is no label noise it could memorise. The
+  gap between the quadrature loss and the held-out loss is recorded (``gd_fit_gap``).
+  A fixed noisy training set shared with SGD was rejected: at width 200 full-batch GD
+  memorises a few thousand points (held-out loss 68 against the noise floor 44 at
+  N = 2048), and a set large enough not to be memorised costs ~10× our budget.
 
-* ``WΣ̄_xWᵀ`` against ``UᵀΣ̄_εU`` with the population ``Σ_x = I``, ``Σ_ε = diag(σ_ε²)``, each
-  normalised by its trace (eq. 14; Fig. 6);
-* ``WΓ_WWᵀ`` against ``UᵀΓ_UU`` with ``Γ_W = E[‖r‖²xxᵀ]``, ``Γ_U = E[‖x‖²rrᵀ]``,
-  ``r = f(x) − y``, estimated on a fresh evaluation sample (eq. 13; Fig. 9).
+Training runs in float32 (2.6× faster than float64 for the GD quadrature on one core;
+the round-off in the charges over 10⁴ steps is ~1e-5 relative, far below the effects
+measured); all matrices at the end are computed in float64.
 
-Their relative difference is ``‖A − B‖_F / (½(‖A‖_F + ‖B‖_F))`` (symmetric in the two).
+The hidden-space matrices of Thm 5.2 are evaluated at the end on a fresh evaluation
+sample of ``n_eval`` noisy pairs:
+
+* ``sigma``: ``WΣ̄_xWᵀ`` against ``UᵀΣ̄_εU`` with the population ``Σ_x = I``,
+  ``Σ_ε = diag(σ_ε²)``, each normalised by its trace (eq. 14; Fig. 6);
+* ``gamma``: the paper's ``WΓ_WWᵀ`` against ``UᵀΓ_UU`` with ``Γ_W = E[‖r‖²xxᵀ]``,
+  ``Γ_U = E[‖x‖²rrᵀ]``, ``r = f(x) − y`` (eq. 13; what Fig. 9 plots);
+* ``noise``: the gradient-noise matrices of the two layers, the covariances over samples
+  of the per-sample gradients ``∇_Uℓ = 2 r aᵀ`` and ``∇_Wℓ = 2 (Uᵀr ⊙ σ'(h)) xᵀ``
+  (``h = Wx``, ``a = σ(h)``), contracted over the outer index:
+  ``N_U = Cov[∇_Uℓᵀ∇_Uℓ]``-type ``= 4 Cov-form of E[‖r‖² a aᵀ]`` and
+  ``N_W = 4 Cov-form of E[‖x‖² b bᵀ]``, ``b = Uᵀr ⊙ σ'(h)``. These are the matrices whose
+  balance ``N_U = N_W`` is the noise equilibrium of the double-rotation charges
+  (Prop 5.1 / Thm 4.3; DESIGN §2.1's ``M_U``, ``M_W``). For σ = identity they equal
+  ``4WΓ_WWᵀ`` and ``4UᵀΓ_UU`` (Thm 5.2 is exactly this balance for the linear net); for a
+  nonlinear σ the paper's ``Γ`` matrices drop σ' and use pre- instead of post-activations,
+  so they are not the balanced quantities. For ReLU and leaky-ReLU only the per-neuron
+  rescaling is an exact symmetry: its equilibrium is the balance of the diagonals,
+  ``diag N_U = diag N_W``, recorded as ``rel_diff_noise_diag``; the off-diagonal part of
+  the balance is only approximate (the rotation symmetry is broken by σ).
+  ``noise_mean_share`` records which share of ``‖N_U‖_F`` lies along the mean
+  post-activation ``E[a]`` (``ūᵀN_Uū / ‖N_U‖_F``): a direction in which ``∇_U`` carries noise
+  (``2r āᵀ``) while the function needs ``Uā ≈ 0``, with no counterpart in ``N_W``.
+
+Relative differences are ``‖A − B‖_F / (½(‖A‖_F + ‖B‖_F))`` (symmetric in the two); for
+diagonals, the same with vector norms.
 """
 
 from __future__ import annotations
@@ -45,11 +75,13 @@ __all__ = [
     "init_weights",
     "lr_schedule",
     "noise_variances",
+    "quadrature_inputs",
     "rel_diff",
     "train",
 ]
 
-_DTYPE = torch.float64
+_DTYPE = torch.float64  # evaluation
+_TRAIN_DTYPE = torch.float32  # training (see the module docstring)
 _LEAKY_SLOPE = 0.01  # torch.nn.LeakyReLU's default
 
 Act = Callable[[Tensor], tuple[Tensor, Tensor]]
@@ -108,6 +140,20 @@ def init_weights(dim: int, hidden: int, *, scale: float, seed: int) -> tuple[Ten
     return U, W
 
 
+def quadrature_inputs(n_points: int, dim: int, *, seed: int) -> Tensor:
+    """``n_points`` Gaussian inputs with empirical mean 0 and second moment exactly ``I``.
+
+    Has shape ``[n_points, dim]``; float64.
+    """
+    if n_points <= dim:
+        raise ValueError(f"gd_points={n_points} must exceed the input dimension {dim}")
+    g = torch.Generator().manual_seed(int(seed))
+    z = torch.randn(n_points, dim, generator=g, dtype=_DTYPE)
+    z = z - z.mean(0)
+    chol = torch.linalg.cholesky(z.T @ z / n_points)
+    return torch.linalg.solve_triangular(chol, z.T, upper=False).T
+
+
 def lr_schedule(lr: float, steps: int, *, lr_final: float, decay_frac: float) -> np.ndarray:
     """Constant ``lr``, then a geometric decay to ``lr_final`` over the last ``decay_frac``."""
     lrs = np.full(steps, float(lr))
@@ -141,12 +187,12 @@ def _forward_grads(
 
 @dataclass
 class Trained:
-    """Weights at the end (runs along the first axis) and the recorded losses."""
+    """Weights at the end (runs along the first axis, float64) and the recorded losses."""
 
     U: Tensor  # [R, n, H]
     W: Tensor  # [R, H, n]
     step: np.ndarray  # [T]
-    loss: np.ndarray  # [R, T] minibatch loss, averaged over the steps of each record
+    loss: np.ndarray  # [R, T] training loss, averaged over the steps of each record
     monitor: np.ndarray  # [R, T + 1] monitor(U, W) at step 0 and at each record
     diverged: bool
 
@@ -160,59 +206,74 @@ def train(
     lrs: np.ndarray,
     batch_size: int,
     seed: int,
+    fixed_x: Tensor | None = None,
     n_records: int = 100,
     monitor: Callable[[Tensor, Tensor], Tensor] | None = None,
     chunk: int = 250,
 ) -> Trained:
-    """SGD on fresh minibatches of ``batch_size`` (GD: a large ``batch_size``, see above).
+    """SGD on fresh minibatches of ``batch_size``, or GD on the quadrature ``fixed_x``.
 
-    Every activation in ``acts`` trains from the same ``(U0, W0)`` on the same data
-    stream. ``lrs`` holds the learning rate of each step; ``monitor(U, W) -> [R]`` is
-    recorded with the loss.
+    With ``fixed_x`` [N, n] every step uses all N inputs with targets ``x`` (the label
+    noise integrated out; see the module docstring), and its recorded loss adds
+    ``Tr Σ_ε`` so that it is comparable with SGD's; ``batch_size`` and ``seed`` are then
+    unused. Every activation in ``acts`` trains from the same ``(U0, W0)`` on the same
+    data. ``lrs`` holds the learning rate of each step; ``monitor(U, W) -> [R]`` (float64
+    arguments) is recorded with the loss.
     """
+    dt = _TRAIN_DTYPE
     fs = [activation(a) for a in acts]
     R = len(fs)
-    U = U0.expand(R, -1, -1).clone()
-    W = W0.expand(R, -1, -1).clone()
+    U = U0.to(dt).expand(R, -1, -1).clone()
+    W = W0.to(dt).expand(R, -1, -1).clone()
     n = W.shape[-1]
     steps = len(lrs)
     gen = torch.Generator().manual_seed(int(seed))
-    sd = se.sqrt()
+    sd = se.sqrt().to(dt)
+    floor = float(se.sum())
+    xq = None if fixed_x is None else fixed_x.to(dt)
     every = max(1, steps // n_records)
     rec_step: list[int] = []
     rec_loss: list[Tensor] = []
     rec_mon: list[Tensor] = []
-    if monitor is not None:
-        rec_mon.append(monitor(U, W))
+
+    def mon() -> None:
+        if monitor is not None:
+            rec_mon.append(monitor(U.to(_DTYPE), W.to(_DTYPE)))
+
+    mon()
     acc = torch.zeros(R, dtype=_DTYPE)
     n_acc = 0
     diverged = False
     t = 0
     while t < steps:
         m = min(chunk, steps - t)
-        xs = torch.randn((m, batch_size, n), generator=gen, dtype=_DTYPE)
-        ys = xs + torch.randn((m, batch_size, n), generator=gen, dtype=_DTYPE) * sd
+        if xq is None:
+            xs = torch.randn((m, batch_size, n), generator=gen, dtype=dt)
+            ys = xs + torch.randn((m, batch_size, n), generator=gen, dtype=dt) * sd
         for j in range(m):
-            gU, gW, loss = _forward_grads(U, W, xs[j], ys[j], fs)
+            if xq is None:
+                gU, gW, loss = _forward_grads(U, W, xs[j], ys[j], fs)
+            else:
+                gU, gW, loss = _forward_grads(U, W, xq, xq, fs)
+                loss = loss + floor
             eta = float(lrs[t])
             U = U - eta * gU
             W = W - eta * gW
-            acc += loss
+            acc += loss.to(_DTYPE)
             n_acc += 1
             t += 1
             if t % every == 0 or t == steps:
                 rec_step.append(t)
                 rec_loss.append(acc / n_acc)
-                if monitor is not None:
-                    rec_mon.append(monitor(U, W))
+                mon()
                 acc = torch.zeros(R, dtype=_DTYPE)
                 n_acc = 0
         if not bool(torch.isfinite(U).all() and torch.isfinite(W).all()):
             diverged = True
             break
     return Trained(
-        U=U,
-        W=W,
+        U=U.to(_DTYPE),
+        W=W.to(_DTYPE),
         step=np.asarray(rec_step),
         loss=(torch.stack(rec_loss, dim=1).numpy() if rec_loss else np.zeros((R, 0))),
         monitor=(torch.stack(rec_mon, dim=1).numpy() if rec_mon else np.zeros((R, 0))),
@@ -226,42 +287,75 @@ def rel_diff(a: Tensor, b: Tensor) -> Tensor:
     return num / (0.5 * (torch.linalg.matrix_norm(a) + torch.linalg.matrix_norm(b)))
 
 
+def _rel_diff_vec(a: Tensor, b: Tensor) -> Tensor:
+    num = torch.linalg.vector_norm(a - b, dim=-1)
+    return num / (0.5 * (torch.linalg.vector_norm(a, dim=-1) + torch.linalg.vector_norm(b, dim=-1)))
+
+
 @dataclass
 class Hidden:
     """The hidden-space matrices of Thm 5.2 for each run (shape [R, H, H])."""
 
     w_sigma: Tensor  # W Σ̄_x Wᵀ
     u_sigma: Tensor  # Uᵀ Σ̄_ε U
-    w_gamma: Tensor  # W Γ_W Wᵀ
-    u_gamma: Tensor  # Uᵀ Γ_U U
+    w_gamma: Tensor  # W Γ_W Wᵀ (paper's Γ_W = E[‖r‖² x xᵀ])
+    u_gamma: Tensor  # Uᵀ Γ_U U (paper's Γ_U = E[‖x‖² r rᵀ])
+    w_noise: Tensor  # Σ_i Cov[∇_U ℓ]: 4 (E[‖r‖² a aᵀ] − E[a rᵀ] E[r aᵀ])
+    u_noise: Tensor  # Σ_j Cov[∇_W ℓ]: 4 (E[‖x‖² b bᵀ] − E[b xᵀ] E[x bᵀ])
+    mean_share: Tensor  # [R] ūᵀ w_noise ū / ‖w_noise‖_F, ū = E[a] / ‖E[a]‖
     eval_loss: Tensor  # [R] E‖f(x) − y‖² on the evaluation sample
+    clean_loss: Tensor  # [R] E‖f(x) − x‖² on the evaluation sample (noise removed)
 
 
 def hidden_matrices(
     U: Tensor, W: Tensor, acts: Sequence[str], se: Tensor, *, n_eval: int, seed: int
 ) -> Hidden:
-    """Both pairs of hidden matrices at ``(U, W)``; Γ's on ``n_eval`` fresh samples."""
+    """All three pairs of hidden matrices at ``(U, W)``; expectations on ``n_eval`` samples.
+
+    The noise pair is named by the layer side it is compared with in Thm 5.2: ``w_noise``
+    (from ``∇_U``, the counterpart of ``WΓ_WWᵀ``) and ``u_noise`` (from ``∇_W``, the
+    counterpart of ``UᵀΓ_UU``).
+    """
     n = W.shape[-1]
     gen = torch.Generator().manual_seed(int(seed))
     x = torch.randn((n_eval, n), generator=gen, dtype=_DTYPE)
-    y = x + torch.randn((n_eval, n), generator=gen, dtype=_DTYPE) * se.sqrt()
+    eps = torch.randn((n_eval, n), generator=gen, dtype=_DTYPE) * se.sqrt()
+    y = x + eps
     sx_bar = torch.eye(n, dtype=_DTYPE) / n
     se_bar = torch.diag(se / se.sum())
     w_sigma = W @ sx_bar @ W.transpose(-2, -1)
     u_sigma = U.transpose(-2, -1) @ se_bar @ U
-    h = torch.matmul(x, W.transpose(-2, -1))
-    a = torch.stack([activation(name)(h[i])[0] for i, name in enumerate(acts)])
+    h = torch.matmul(x, W.transpose(-2, -1))  # [R, N, H]
+    pairs = [activation(name)(h[i]) for i, name in enumerate(acts)]
+    a = torch.stack([p[0] for p in pairs])
+    da = torch.stack([p[1] for p in pairs])
     r = torch.matmul(a, U.transpose(-2, -1)) - y  # [R, N, n]
     r2 = (r * r).sum(-1, keepdim=True)  # [R, N, 1]
     x2 = (x * x).sum(-1, keepdim=True)  # [N, 1]
     gamma_w = torch.matmul((x * r2).transpose(-2, -1), x) / n_eval  # E[‖r‖² x xᵀ]
     gamma_u = torch.matmul((r * x2).transpose(-2, -1), r) / n_eval  # E[‖x‖² r rᵀ]
+    # per-sample gradients: ∇_U ℓ = 2 r aᵀ, ∇_W ℓ = 2 b xᵀ with b = Uᵀr ⊙ σ'(h)
+    b = torch.matmul(r, U) * da  # [R, N, H]
+    mean_gu = 2.0 * torch.matmul(r.transpose(-2, -1), a) / n_eval  # [R, n, H]
+    mean_gw = 2.0 * torch.matmul(b.transpose(-2, -1), x) / n_eval  # [R, H, n]
+    w_noise = 4.0 * torch.matmul((a * r2).transpose(-2, -1), a) / n_eval
+    w_noise = w_noise - mean_gu.transpose(-2, -1) @ mean_gu
+    u_noise = 4.0 * torch.matmul((b * x2).transpose(-2, -1), b) / n_eval
+    u_noise = u_noise - mean_gw @ mean_gw.transpose(-2, -1)
+    clean = a @ U.transpose(-2, -1) - x
+    abar = a.mean(-2)
+    ubar = abar / torch.linalg.vector_norm(abar, dim=-1, keepdim=True)
+    along = torch.einsum("rh,rhg,rg->r", ubar, w_noise, ubar)
     return Hidden(
         w_sigma=w_sigma,
         u_sigma=u_sigma,
         w_gamma=W @ gamma_w @ W.transpose(-2, -1),
         u_gamma=U.transpose(-2, -1) @ gamma_u @ U,
+        w_noise=w_noise,
+        u_noise=u_noise,
+        mean_share=along / torch.linalg.matrix_norm(w_noise),
         eval_loss=r2.mean(dim=(-2, -1)),
+        clean_loss=(clean * clean).sum(-1).mean(-1),
     )
 
 
@@ -284,12 +378,15 @@ class NonlinearConfig:
     lr_final: float = 0.002
     decay_frac: float = 0.5
     steps: int = 10000
-    gd_batch: int = 256
+    gd_points: int = 512
     gd_lr: float = 0.02
     gd_steps: int = 10000
     n_eval: int = 20000
     n_show: int = 40
     n_records: int = 100
+
+
+KINDS = ("sigma", "gamma", "noise")
 
 
 def run_nonlinear(cfg: NonlinearConfig, seed: int, tag: str) -> dict[str, Any]:
@@ -308,47 +405,66 @@ def run_nonlinear(cfg: NonlinearConfig, seed: int, tag: str) -> dict[str, Any]:
 
     out: dict[str, Any] = {"series": {}}
     k = cfg.n_show
+    xq = quadrature_inputs(cfg.gd_points, cfg.dim, seed=derive_seed(seed, tag, "quadrature"))
     for mode in ("sgd", "gd"):
         if mode == "sgd":
             lrs = lr_schedule(cfg.lr, cfg.steps, lr_final=cfg.lr_final, decay_frac=cfg.decay_frac)
-            batch = cfg.batch_size
+            fixed = None
         else:
             lrs = np.full(cfg.gd_steps, float(cfg.gd_lr))
-            batch = cfg.gd_batch
+            fixed = xq
         tr = train(
-            U0, W0, acts, se, lrs=lrs, batch_size=batch, seed=derive_seed(seed, tag, mode),
+            U0, W0, acts, se, lrs=lrs, batch_size=cfg.batch_size,
+            seed=derive_seed(seed, tag, mode), fixed_x=fixed,
             n_records=cfg.n_records, monitor=sigma_gap,
         )  # fmt: skip
         hm = hidden_matrices(tr.U, tr.W, acts, se, n_eval=cfg.n_eval,
                              seed=derive_seed(seed, tag, "eval"))  # fmt: skip
-        rd_sigma = rel_diff(hm.w_sigma, hm.u_sigma).numpy()
-        rd_gamma = rel_diff(hm.w_gamma, hm.u_gamma).numpy()
+        rd = {kind: rel_diff(getattr(hm, f"w_{kind}"), getattr(hm, f"u_{kind}")).numpy()
+              for kind in KINDS}  # fmt: skip
+        rd_diag = _rel_diff_vec(
+            torch.diagonal(hm.w_noise, dim1=-2, dim2=-1),
+            torch.diagonal(hm.u_noise, dim1=-2, dim2=-1),
+        ).numpy()
         div = tr.diverged or any(find_divergence(row).diverged for row in tr.loss)
         for i, act in enumerate(acts):
-            out["series"][f"{mode}_{act}"] = {
-                "rel_diff_sigma": float(rd_sigma[i]),
-                "rel_diff_gamma": float(rd_gamma[i]),
-                "eval_loss": float(hm.eval_loss[i]),
-                "norm_sq_W": float((tr.W[i] ** 2).sum()),
-                "norm_sq_U": float((tr.U[i] ** 2).sum()),
-                "step": tr.step,
-                "loss": tr.loss[i],
-                "rel_diff_sigma_over_time": tr.monitor[i],
-                "w_sigma_block": hm.w_sigma[i, :k, :k].numpy(),
-                "u_sigma_block": hm.u_sigma[i, :k, :k].numpy(),
-                "w_gamma_block": hm.w_gamma[i, :k, :k].numpy(),
-                "u_gamma_block": hm.u_gamma[i, :k, :k].numpy(),
-                "diverged": bool(div),
-            }
+            s: dict[str, Any] = {f"rel_diff_{kind}": float(rd[kind][i]) for kind in KINDS}
+            s.update(
+                rel_diff_noise_diag=float(rd_diag[i]),
+                noise_mean_share=float(hm.mean_share[i]),
+                eval_loss=float(hm.eval_loss[i]),
+                eval_clean_loss=float(hm.clean_loss[i]),
+                final_train_loss=float(tr.loss[i, -1]) if tr.loss.shape[1] else math.nan,
+                norm_sq_W=float((tr.W[i] ** 2).sum()),
+                norm_sq_U=float((tr.U[i] ** 2).sum()),
+                step=tr.step,
+                loss=tr.loss[i],
+                rel_diff_sigma_over_time=tr.monitor[i],
+                diverged=bool(div),
+            )
+            for kind in KINDS:
+                s[f"w_{kind}_block"] = getattr(hm, f"w_{kind}")[i, :k, :k].numpy()
+                s[f"u_{kind}_block"] = getattr(hm, f"u_{kind}")[i, :k, :k].numpy()
+            if mode == "gd":
+                # quadrature loss (noise floor added) against the held-out loss
+                s["gd_fit_gap"] = s["eval_loss"] - s["final_train_loss"]
+            out["series"][f"{mode}_{act}"] = s
     out["noise_floor"] = float(se.sum())
     out["n_show"] = k
     return out
 
 
+_LABELS = {
+    "sigma": ("WΣ̄_xWᵀ", "UᵀΣ̄_εU"),
+    "gamma": ("WΓ_WWᵀ", "UᵀΓ_UU"),
+    "noise": ("Cov ∇_Uᵀ∇_U", "Cov ∇_W∇_Wᵀ"),
+}
+
+
 def heatmaps(
     results: dict[str, Any], acts: Sequence[str], kind: str, modes: Sequence[str], path: Any
 ) -> Any:
-    """Heat maps ``W·Wᵀ`` | ``Uᵀ·U`` (``kind`` = "sigma" or "gamma"), a row per (act, mode)."""
+    """Heat maps W-side | U-side of ``kind`` ("sigma", "gamma", "noise"), a row per run."""
     from matplotlib.figure import Figure
 
     from noetherflow.experiments._base import save_figure
@@ -356,21 +472,17 @@ def heatmaps(
     rows = [(a, m) for a in acts for m in modes]
     fig = Figure(figsize=(8.4, 3.8 * len(rows)))
     axes = np.asarray(fig.subplots(len(rows), 2)).reshape(len(rows), 2)
-    sym = "Σ̄" if kind == "sigma" else "Γ"
     for (act, mode), (ax_w, ax_u) in zip(rows, axes, strict=True):
         s = results["series"][f"{mode}_{act}"]
         a = np.asarray(s[f"w_{kind}_block"])
         b = np.asarray(s[f"u_{kind}_block"])
         vmax = float(max(np.abs(a).max(), np.abs(b).max()))
-        for ax, m, lab in ((ax_w, a, f"W{sym}_xWᵀ"), (ax_u, b, f"Uᵀ{sym}_εU")):
-            if kind == "gamma":
-                lab = lab.replace("_x", "_W").replace("_ε", "_U")
+        for ax, m, lab in ((ax_w, a, _LABELS[kind][0]), (ax_u, b, _LABELS[kind][1])):
             im = ax.imshow(m, cmap="RdBu_r", vmin=-vmax, vmax=vmax)
             ax.set_title(f"{act}, {mode.upper()}: {lab}", fontsize=9)
             ax.set_xticks([])
             ax.set_yticks([])
         fig.colorbar(im, ax=[ax_w, ax_u], shrink=0.8)
-        rd = s[f"rel_diff_{kind}"]
-        ax_w.set_ylabel(f"rel. diff {rd:.3f}", fontsize=9)
+        ax_w.set_ylabel(f"rel. diff {s[f'rel_diff_{kind}']:.3f}", fontsize=9)
     fig.suptitle(f"hidden-space matrices (first {results['n_show']} of the hidden units)")
     return save_figure(fig, path)
