@@ -377,9 +377,11 @@ def collect_stats(
             loss = loss_fn(model(*xs), targets)
             params = syms.params()
             grads = torch.autograd.grad(loss, params, allow_unused=True)
-        div = xs[0].shape[0] if red is Reduction.SUM else 1
+        n = xs[0].shape[0]
         cap._means = {
-            p: g.detach() / div for p, g in zip(params, grads, strict=True) if g is not None
+            p: (g.detach() / n if red is Reduction.SUM else g.detach())
+            for p, g in zip(params, grads, strict=True)
+            if g is not None
         }
         return cap.stats
     params = syms.params()
