@@ -42,6 +42,15 @@ from noetherflow.symmetry.rotation import Block, DoubleRotation
 from noetherflow.symmetry.scaling import ScaleInvariance
 from noetherflow.symmetry.set import SymmetrySet, VerifyResult
 from noetherflow.teleport import TeleportHandle, teleport
+from noetherflow.teleport_tool import (
+    EquilibriumTeleport,
+    GradNormTeleportResult,
+    OptimizerState,
+    TeleportingOptimizer,
+    TeleportRecord,
+    gradient_norm_teleport,
+    transform_optimizer_state,
+)
 
 __version__ = "0.1.0"
 
@@ -93,6 +102,13 @@ __all__ = [
     "EquilibriumSolution",
     "InfinityReport",
     "TeleportHandle",
+    "EquilibriumTeleport",
+    "GradNormTeleportResult",
+    "OptimizerState",
+    "TeleportingOptimizer",
+    "TeleportRecord",
+    "gradient_norm_teleport",
+    "transform_optimizer_state",
     "geometric_mean",
     "solve_equilibrium",
     "teleport",

@@ -1,9 +1,10 @@
 """Experiment registry: id → import target (``"pkg.module"`` or ``"pkg.module:attr"``).
 
 Every public module of :mod:`noetherflow.experiments` (name not starting with ``_``, other
-than ``registry``) is an experiment whose id is the module name: adding ``fig2.py`` is
-enough, no registration needed. :func:`register` adds experiments that live elsewhere
-(plugins, tests). Modules are imported lazily, only when an experiment is run or described.
+than ``registry``) is an experiment whose id is the module name with ``_`` written ``-``:
+adding ``fig2.py`` is enough, no registration needed. :func:`register` adds experiments that
+live elsewhere (plugins, tests). Modules are imported lazily, only when an experiment is run
+or described.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ def _discovered() -> dict[str, str]:
     for info in pkgutil.iter_modules(pkg.__path__):
         if info.name.startswith("_") or info.name in _NOT_EXPERIMENTS:
             continue
-        found[info.name] = f"{_PACKAGE}.{info.name}"
+        found[info.name.replace("_", "-")] = f"{_PACKAGE}.{info.name}"
     return found
 
 

@@ -29,7 +29,7 @@ from noetherflow.stats.core import (
 )
 from noetherflow.stats.distributed import all_reduce_stats, is_distributed, unwrap_ddp
 from noetherflow.stats.microbatch import microbatch_grads
-from noetherflow.stats.reference import per_sample_grads
+from noetherflow.stats.reference import check_no_train_batchnorm, per_sample_grads
 from noetherflow.symmetry.base import DiagonalSymmetry
 from noetherflow.symmetry.dense import DenseSymmetry
 from noetherflow.symmetry.rotation import Block, DoubleRotation
@@ -304,6 +304,7 @@ def capture(
     statistics of all ranks into those of the global batch (:mod:`.distributed`); every rank
     must then read ``stats``.
     """
+    check_no_train_batchnorm(model, "hooks")
     cap = Capture(
         model, syms, parse_reduction(reduction), check_finite, all_reduce, level=_level(level)
     )

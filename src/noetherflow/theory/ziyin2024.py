@@ -10,8 +10,9 @@ Conventions (they override the paper where the two differ):
   ``κ = 4ηγ(1 − ηγ)``, ``ḡ`` the full-batch gradient of the data loss and ``Σ`` the per-sample
   gradient covariance;
 * continuous time (SGF, Itô, ``σ² = η/(2S)``, time ``t = η · steps``):
-  ``dC/dt = −4γC + (η/S) Tr[ΣA] = −4γC + 2σ² Tr[ΣA]``. The paper's eq. (5)/(7) writes
-  ``σ² Tr[ΣA]``; Itô's lemma applied to its own eq. (1) gives ``2σ²``.
+  ``dC/dt = −4γC + (η/S) Tr[ΣA] = −4γC + 2σ² Tr[ΣA]``. The paper's eq. (7) (and
+  appendix eqs. 27, 31) writes ``σ² Tr[ΣA]``; Itô's lemma applied to its own eq. (1) gives
+  ``2σ²``.
 
 The two-layer linear net is ``f(x) = UWx`` with ``U`` of shape ``[d_y, d]`` and ``W`` of shape
 ``[d, d_x]``; the per-sample loss is the paper's eq. (12), ``ℓ = ‖UWx − y‖²`` (sum over

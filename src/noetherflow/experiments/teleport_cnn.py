@@ -1,0 +1,193 @@
+"""Teleport vs warmup on a small CNN with BatchNorm (digits), and the grad-norm teleport.
+
+Same harness and comparison as :mod:`noetherflow.experiments.teleport_mlp` (no warmup,
+linear warmup, equilibrium teleport at the start and every k steps), on
+``conv(1→c1) → BN → ReLU → conv(c1→c2) → BN → ReLU → maxpool 2 → linear(→10)``, trained by
+SGD with weight decay. The convolutions feeding BatchNorm are scale invariant per channel
+(in training mode, up to BN's eps), so with weight decay their equilibrium norm is finite
+(the closed-form balance of noise and decay, paper §4.2 and eq. 24 with γ > 0); the BN
+affine parameters and the next layer form per-channel rescalings. Added: the symmetry
+teleportation of Zhao et al. (2022), gradient ascent on ‖∇L‖² over the same group elements
+(:func:`~noetherflow.teleport_tool.gradient_norm_teleport`), at the start and every k steps,
+in the same harness, so that the two teleports are compared side by side.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from noetherflow.experiments._base import Claim, derive_seed, parallel_map
+from noetherflow.experiments.teleport_mlp import (
+    Stacked,
+    plot_curves,
+    summarise,
+    teleport_claims,
+    train_stacked,
+)
+
+DESCRIPTION = (
+    "CNN + BatchNorm on digits, SGD + weight decay: no warmup, warmup, equilibrium teleport "
+    "(start / every k) and Zhao et al.'s grad-norm teleport side by side."
+)
+
+METHODS = (
+    "none",
+    "warmup",
+    "teleport_start",
+    "teleport_every",
+    "gradnorm_start",
+    "gradnorm_every",
+)
+
+
+@dataclass(frozen=True)
+class Config:
+    """Settings of ``teleport-cnn``; the data, split, schedules and criteria are
+    ``teleport-mlp``'s (see its Config).
+
+    Choices and why:
+
+    - Model: ``c1 = 8``, ``c2 = 16`` channels, 3×3 convolutions with padding 1 and no bias
+      (a bias before BatchNorm is cancelled by it), BatchNorm in training mode with batch
+      statistics, ReLU, 2×2 max-pooling, one linear layer; float64. Test metrics use the
+      test set's own batch statistics (train-mode BatchNorm on all 497 test images) rather
+      than running averages: a teleport rescales the channels feeding BatchNorm, which
+      leaves train-mode BatchNorm invariant but not running statistics (they would lag
+      until re-estimated; the tool does not transform BatchNorm buffers).
+    - SGD with ``weight_decay = 1e-3`` (torch's coupled L2: γ = 5e-4 in the paper's
+      convention), batch size 32, no momentum.
+    - Equilibrium teleport: statistics by the micro-batch estimator (BatchNorm couples the
+      samples of a batch, so per-sample gradients are undefined; micro-batches of
+      ``micro_batch_size = 8`` samples, ``teleport_batch = 128``), all symmetries
+      ``nf.find_symmetries`` verifies, solved jointly.
+    - Grad-norm teleport (Zhao et al., 2022): ``gradnorm_steps = 10`` normalised ascent steps
+      of size ``gradnorm_step_size = 0.05`` in λ on the same batch and the same diagonal
+      symmetries (so each generator moves by at most 0.5: ‖∇L‖² of a scale-invariant layer
+      grows without bound as its norm shrinks, and Zhao et al. also take a few steps only).
+    - Claims as for ``teleport-mlp``, for both equilibrium teleports; the grad-norm
+      teleport is a baseline and gets no claim of its own, but its numbers sit next to the
+      others in the results, the claims' notes and the figure.
+    """
+
+    c1: int = 8
+    c2: int = 16
+    batch_size: int = 32
+    n_steps: int = 300
+    warmup_steps: int = 75
+    teleport_every: int = 75
+    teleport_batch: int = 128
+    micro_batch_size: int = 8
+    lrs: tuple[float, ...] = (0.5, 0.71, 1.0, 1.41)
+    n_seeds: int = 3
+    n_test: int = 497
+    eval_every: int = 50
+    diverge_factor: float = 10.0
+    train_frac: float = 0.5
+    weight_decay: float = 1e-3
+    gradnorm_steps: int = 10
+    gradnorm_step_size: float = 0.05
+
+    @classmethod
+    def quick(cls) -> Config:
+        """Fewer steps, two learning rates, narrower, fewer grad-norm steps (3 seeds)."""
+        return cls(
+            n_steps=100, warmup_steps=40, teleport_every=50, eval_every=25, lrs=(0.5, 1.0),
+            c1=4, c2=8, teleport_batch=64, gradnorm_steps=5,
+        )  # fmt: skip
+
+
+def build_cnn(c1: int, c2: int) -> Any:
+    import torch
+    from torch import nn
+
+    return nn.Sequential(
+        nn.Conv2d(1, c1, 3, padding=1, bias=False),
+        nn.BatchNorm2d(c1),
+        nn.ReLU(),
+        nn.Conv2d(c1, c2, 3, padding=1, bias=False),
+        nn.BatchNorm2d(c2),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(c2 * 16, 10),
+    ).to(torch.float64)
+
+
+class StackedCNN(Stacked):
+    """:func:`build_cnn` over a run axis: grouped convolutions, per-run BatchNorm channels."""
+
+    def __init__(self, n_runs: int, c1: int, c2: int) -> None:
+        import torch
+
+        self.c1, self.c2, self.n_runs = c1, c2, n_runs
+        self.params = [
+            torch.zeros(n_runs, *p.shape, dtype=torch.float64, requires_grad=True)
+            for p in self.template().parameters()
+        ]
+
+    def template(self) -> Any:
+        return build_cnn(self.c1, self.c2)
+
+    def forward(self, x: Any) -> Any:
+        import torch
+        import torch.nn.functional as F
+
+        w1, g1, b1, w2, g2, b2, wf, bf = self.params
+        R, B = x.shape[0], x.shape[1]
+        h = x.transpose(0, 1).reshape(B, R * x.shape[2], *x.shape[3:])  # [B, R·C, H, W]
+        h = F.conv2d(h, w1.flatten(0, 1), padding=1, groups=R)
+        h = F.batch_norm(h, None, None, g1.flatten(), b1.flatten(), training=True)
+        h = F.conv2d(torch.relu(h), w2.flatten(0, 1), padding=1, groups=R)
+        h = F.batch_norm(h, None, None, g2.flatten(), b2.flatten(), training=True)
+        h = F.max_pool2d(torch.relu(h), 2)  # [B, R·c2, 4, 4]
+        h = h.reshape(B, R, -1).transpose(0, 1)  # [R, B, c2·16]
+        return torch.baddbmm(bf[:, None, :], h, wf.transpose(1, 2))
+
+
+def _run_method(method: str, cfg: Config, seeds: Sequence[int]) -> list[dict[str, Any]]:
+    stacked = StackedCNN(len(cfg.lrs) * len(seeds), cfg.c1, cfg.c2)
+    return train_stacked(
+        method, cfg.lrs, seeds, cfg=cfg, stacked=stacked, shape=(1, 8, 8),
+        estimator="microbatch", micro_batch_size=cfg.micro_batch_size,
+        gradnorm_steps=cfg.gradnorm_steps, gradnorm_step_size=cfg.gradnorm_step_size,
+    )  # fmt: skip
+
+
+_KEEP = (
+    "method", "lr", "seed", "diverged_at", "trains", "final_test_acc", "final_test_loss",
+    "final_train_loss", "teleport_seconds", "teleport_distance", "gradnorm_ratio",
+)  # fmt: skip
+
+
+def run(cfg: Config, seed: int, out_dir: Path) -> dict[str, Any]:
+    """All methods × learning rates × seeds (runs of a method batched); summary at η*."""
+    seeds = [derive_seed(seed, "teleport-cnn", i) % 2**31 for i in range(cfg.n_seeds)]
+    per_method = parallel_map(functools.partial(_run_method, cfg=cfg, seeds=seeds), METHODS)
+    runs = [r for rs in per_method for r in rs]
+    out = summarise(runs, METHODS, cfg.lrs, cfg)
+    out["runs"] = [{k: r[k] for k in _KEEP} for r in runs]
+    out["symmetries"] = runs[0]["symmetries"]
+    return out
+
+
+def claims(results: dict[str, Any], cfg: Config) -> list[Claim]:
+    out = teleport_claims(results, cfg, ("teleport_start", "teleport_every"))
+    star, stable = results["at_lr_star"], results["largest_stable_lr"]
+    extra = "; grad-norm teleport (Zhao+22): " + ", ".join(
+        f"{m} acc {star[m]['final_test_acc_mean']:.4f} ± {star[m]['final_test_acc_std']:.4f}, "
+        f"trains {star[m]['n_trains']}/{cfg.n_seeds}, largest stable lr {stable[m]}"
+        for m in ("gradnorm_start", "gradnorm_every")
+    )
+    return [Claim(c.id, c.statement, c.value, c.op, c.threshold, note=c.note + extra) for c in out]
+
+
+def plot(results: dict[str, Any], cfg: Config, out_dir: Path) -> list[Path]:
+    title = (
+        f"CNN {cfg.c1}-{cfg.c2} channels + BatchNorm on digits, SGD S={cfg.batch_size}, "
+        f"weight decay {cfg.weight_decay}"
+    )
+    return [plot_curves(results, cfg, out_dir / "teleport_cnn.png", METHODS, title)]

@@ -1,0 +1,459 @@
+"""Teleport instead of warmup in the Fig. 4 setting (rank-1 factorisation, Kaiming start).
+
+The setting, data stream and initialisations are those of :mod:`noetherflow.experiments.fig4`
+(imported, not copied): ``f(x) = UWx``, ``U ∈ R^{d×1}``, ``W ∈ R^{1×d}``, per-sample loss
+``ℓ = ‖UWx − y‖²`` (sum over outputs, no weight decay), online SGD with batch size 1, the
+paper's ``η_small = 0.001`` (warmup) and ``η_max = 0.008``. Three runs share each seed's
+Kaiming initialisation and data stream:
+
+* ``warmup``: ``η_small`` for ``warmup_steps`` steps, then ``η_max`` (the paper's recipe);
+* ``teleport``: :class:`~noetherflow.teleport_tool.EquilibriumTeleport` at step 0 (the
+  noise equilibrium of SGD at ``η_max``, S = 1), then ``η_max`` from the first step;
+* ``none``: ``η_max`` from the Kaiming start (the control that diverges in Fig. 4).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from noetherflow.experiments import fig4
+from noetherflow.experiments._base import Claim, Op, derive_seed, find_divergence, save_figure
+
+DESCRIPTION = (
+    "Fig. 4 setting: teleport a Kaiming init to the noise equilibrium and train at η_max "
+    "without warmup; Hessian top eigenvalue vs 2/η_max; steps to the warmup run's loss."
+)
+
+_RUNS = ("warmup", "teleport", "none")
+_F4 = fig4.Config()
+
+
+@dataclass(frozen=True)
+class Config:
+    """Settings of ``teleport-fig4``. The problem is fig4's (same defaults, same helpers).
+
+    Choices and why:
+
+    - Everything fig4 fixes is kept: ``d_io = 16``, hidden width 1, ``x ~ N(0, 5I)``,
+      label noise variance 1, rank-1 target of norm 1, batch size 1, fresh samples every step,
+      ``η_small = 0.001`` for ``warmup_steps = 5000`` then ``η_max = 0.008``. Loss
+      normalisation: per-sample ``‖UWx − y‖²`` summed over outputs, mean over the batch.
+    - The teleport solves the joint noise equilibrium (here: one double rotation of width 1,
+      i.e. the rescaling ``U → e^{−λ}U, W → e^{λ}W``) of SGD at ``η_max`` with batch size 1 in
+      the discrete time model (one SGD step), with statistics from ``stats_batch = 4096``
+      fresh samples (a Monte-Carlo estimate of the population moments; the batch does not
+      enter training). No weight decay, as in fig4.
+    - "Top Hessian eigenvalue" (``teleport_flattens``): the issue compares it with the
+      stability threshold ``2/η_max`` of the step. Each SGD step here descends a one-sample
+      loss, so the Hessian that the threshold applies to is that of the minibatch loss at the
+      training batch size: we use ``E_x[λ_max(∇²ℓ_x)]`` (closed form per sample, checked
+      against autograd, averaged over ``hessian_samples`` samples and over seeds). The top
+      eigenvalue of the population Hessian ``∇²L`` is reported alongside (it is the
+      large-batch limit), and so is the smallest ``E_x[λ_max]`` anywhere on the symmetry orbit
+      of the initialisation (a grid of ``orbit_grid`` values of λ): if that is above
+      ``2/η_max``, no function-preserving teleport can make ``η_max`` stable at step 0.
+    - Divergence: a run whose loss becomes non-finite (``find_divergence``) diverged; the
+      claim counts seeds.
+    - ``teleport_faster``: the warmup run's final loss is the mean over seeds and over the
+      last ``end_window`` of the steps of the population loss; the steps to reach it are the
+      first logged step at which a run's seed-mean population loss is at or below it (never
+      reached: ∞). A run with a diverged seed has a non-finite seed mean and never reaches it.
+    """
+
+    d_io: int = _F4.d_io
+    hidden: int = _F4.hidden
+    input_var: float = _F4.input_var
+    noise_var: float = _F4.noise_var
+    target_norm: float = _F4.target_norm
+    batch_size: int = _F4.batch_size
+    lr_small: float = _F4.lr_small
+    lr_max: float = _F4.lr_max
+    warmup_steps: int = _F4.warmup_steps
+    n_steps: int = 20000
+    n_seeds: int = 16
+    log_every: int = 50
+    end_window: float = 0.2
+    stats_batch: int = 4096
+    hessian_samples: int = 512
+    orbit_grid: int = 61
+    orbit_span: float = 3.0
+
+    @classmethod
+    def quick(cls) -> Config:
+        """Same problem, fewer steps and seeds (warmup still switches at 5000)."""
+        return cls(n_steps=8000, n_seeds=6, stats_batch=2048, hessian_samples=256)
+
+    def fig4_config(self) -> fig4.Config:
+        return fig4.Config(
+            d_io=self.d_io,
+            hidden=self.hidden,
+            input_var=self.input_var,
+            noise_var=self.noise_var,
+            target_norm=self.target_norm,
+            batch_size=self.batch_size,
+            lr_small=self.lr_small,
+            lr_max=self.lr_max,
+            warmup_steps=self.warmup_steps,
+            n_steps=self.n_steps,
+            n_seeds=self.n_seeds,
+            log_every=self.log_every,
+        )
+
+
+# --------------------------------------------------------------------------------------
+# Hessians of the rank-1 factorisation (hidden width d = 1)
+# --------------------------------------------------------------------------------------
+
+
+def per_sample_top_eig(U: np.ndarray, W: np.ndarray, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """λ_max of ∇²ℓ for ℓ = ‖UWx − y‖², hidden width 1, per sample, closed form.
+
+    With h = Wx, r = Uh − y and θ = (U, W): ∇²_UU = 2h²I, ∇²_WW = 2‖U‖²xxᵀ,
+    ∇²_UW = 2(hU + r)xᵀ.
+
+    Args:
+        U: has shape ``[R, d_y, 1]``. W: has shape ``[R, 1, d_x]``.
+        x: has shape ``[N, d_x]``. y: has shape ``[N, d_y]``.
+
+    Returns:
+        Has shape ``[R, N]``.
+    """
+    u, w = U[..., 0], W[:, 0, :]  # [R, d_y], [R, d_x]
+    h = np.einsum("rj,nj->rn", w, x)  # [R, N]
+    r = h[..., None] * u[:, None, :] - y[None]  # [R, N, d_y]
+    dy, dx = u.shape[1], w.shape[1]
+    n_r, n_s = h.shape
+    H = np.zeros((n_r, n_s, dy + dx, dy + dx))
+    eye = np.eye(dy)
+    H[..., :dy, :dy] = 2 * (h**2)[..., None, None] * eye
+    H[..., dy:, dy:] = 2 * (u * u).sum(1)[:, None, None, None] * np.einsum("ni,nj->nij", x, x)[None]
+    cross = 2 * np.einsum("rni,nj->rnij", h[..., None] * u[:, None, :] + r, x)
+    H[..., :dy, dy:] = cross
+    H[..., dy:, :dy] = cross.swapaxes(-1, -2)
+    out: np.ndarray = np.linalg.eigvalsh(H)[..., -1]
+    return out
+
+
+def population_top_eig(U: np.ndarray, W: np.ndarray, V: np.ndarray, input_var: float) -> np.ndarray:
+    """λ_max of ∇²L for L = σ_x²‖UW − V‖² + const (x ~ N(0, σ_x²I)). Has shape ``[R]``."""
+    u, w = U[..., 0], W[:, 0, :]
+    P = np.einsum("ri,rj->rij", u, w) - V
+    dy, dx = u.shape[1], w.shape[1]
+    H = np.zeros((u.shape[0], dy + dx, dy + dx))
+    H[:, :dy, :dy] = 2 * input_var * (w * w).sum(1)[:, None, None] * np.eye(dy)
+    H[:, dy:, dy:] = 2 * input_var * (u * u).sum(1)[:, None, None] * np.eye(dx)
+    cross = 2 * input_var * (np.einsum("ri,rj->rij", u, w) + P)
+    H[:, :dy, dy:] = cross
+    H[:, dy:, :dy] = cross.swapaxes(-1, -2)
+    out: np.ndarray = np.linalg.eigvalsh(H)[:, -1]
+    return out
+
+
+def _autograd_check(U: np.ndarray, W: np.ndarray, x: np.ndarray, y: np.ndarray) -> float:
+    """Max relative error of :func:`per_sample_top_eig` against torch.func.hessian."""
+    import torch
+
+    dy = U.shape[1]
+
+    def loss(theta: torch.Tensor, xi: torch.Tensor, yi: torch.Tensor) -> torch.Tensor:
+        u, w = theta[:dy], theta[dy:]
+        r = u * (w @ xi) - yi
+        return (r * r).sum()
+
+    theta = torch.as_tensor(np.concatenate([U[0, :, 0], W[0, 0]]))
+    hs = [
+        torch.func.hessian(loss)(theta, torch.as_tensor(xi), torch.as_tensor(yi))
+        for xi, yi in zip(x, y, strict=True)
+    ]
+    ref = np.array([float(torch.linalg.eigvalsh(h)[-1]) for h in hs])
+    got = per_sample_top_eig(U[:1], W[:1], x, y)[0]
+    return float(np.max(np.abs(got - ref) / np.abs(ref)))
+
+
+# --------------------------------------------------------------------------------------
+# Teleport and training
+# --------------------------------------------------------------------------------------
+
+
+def _sample(
+    rng: np.random.Generator, cfg: Config, V: np.ndarray, n: int
+) -> tuple[np.ndarray, np.ndarray]:
+    x = rng.standard_normal((n, cfg.d_io)) * math.sqrt(cfg.input_var)
+    y = x @ V.T + rng.standard_normal((n, cfg.d_io)) * math.sqrt(cfg.noise_var)
+    return x, y
+
+
+def _teleport_inits(
+    cfg: Config, seed: int, U: np.ndarray, W: np.ndarray, V: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, list[dict[str, Any]]]:
+    """Teleport every seed's initialisation with the tool, on a torch copy of the model."""
+    import torch
+
+    import noetherflow as nf
+    from noetherflow.teleport_tool import EquilibriumTeleport
+
+    def loss_fn(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return ((out - target) ** 2).sum(1).mean()
+
+    Ut, Wt, info = np.empty_like(U), np.empty_like(W), []
+    rng = np.random.default_rng(derive_seed(seed, "teleport-fig4", "stats"))
+    for s in range(U.shape[0]):
+        first = torch.nn.Linear(cfg.d_io, cfg.hidden, bias=False).double()
+        second = torch.nn.Linear(cfg.hidden, cfg.d_io, bias=False).double()
+        net = torch.nn.Sequential(first, second)
+        with torch.no_grad():
+            first.weight.copy_(torch.as_tensor(W[s]))
+            second.weight.copy_(torch.as_tensor(U[s]))
+        x, y = (torch.as_tensor(a) for a in _sample(rng, cfg, V, cfg.stats_batch))
+        syms = nf.find_symmetries(net, x[:8])
+        tp = EquilibriumTeleport(net, syms, loss_fn, lr=cfg.lr_max, batch_size=cfg.batch_size)
+        with torch.no_grad():
+            before = net(x[:64]).clone()
+        sol = tp.teleport(x, y)
+        with torch.no_grad():
+            change = float((net(x[:64]) - before).abs().max() / before.abs().max())
+        Ut[s] = second.weight.detach().numpy()
+        Wt[s] = first.weight.detach().numpy()
+        info.append(
+            {
+                "symmetries": [sym.family.value for sym in syms],
+                "distance": sol.max_distance(),
+                "converged": sol.converged,
+                "output_rel_change": change,
+                "seconds": tp.history[-1].seconds,
+            }
+        )
+    return Ut, Wt, info
+
+
+def _train(
+    cfg: Config, seed: int, U0: np.ndarray, W0: np.ndarray, V: np.ndarray
+) -> dict[str, np.ndarray]:
+    """All runs × seeds at once (run axis first), fig4's update; per-step and logged losses."""
+    U, W = U0.copy(), W0.copy()  # [runs, seeds, d_y, 1], [runs, seeds, 1, d_x]
+    n_runs, n_s, n = U.shape[0], U.shape[1], cfg.d_io
+    bsz = cfg.batch_size
+    rng = np.random.default_rng(derive_seed(seed, "teleport-fig4", "data"))
+    sx, se = math.sqrt(cfg.input_var), math.sqrt(cfg.noise_var)
+    lr_max = np.full(n_runs, cfg.lr_max)
+    step_loss = np.empty((cfg.n_steps, n_runs, n_s))
+    log_steps = [*range(0, cfg.n_steps, cfg.log_every), cfg.n_steps]
+    pop: list[np.ndarray] = []
+    l_star = n * cfg.noise_var
+
+    def log() -> None:
+        P = U @ W - V
+        pop.append(cfg.input_var * (P * P).sum((-2, -1)) + l_star)
+
+    warm = _RUNS.index("warmup")
+    with np.errstate(over="ignore", invalid="ignore"):
+        for k in range(cfg.n_steps):
+            if k % cfg.log_every == 0:
+                log()
+            lr = lr_max.copy()
+            if k < cfg.warmup_steps:
+                lr[warm] = cfg.lr_small
+            x = rng.standard_normal((n_s, bsz, n)) * sx  # shared by all runs
+            y = x @ V.T + se * rng.standard_normal((n_s, bsz, n))
+            h = x[None] @ W.swapaxes(-1, -2)
+            r = h @ U.swapaxes(-1, -2) - y[None]
+            step_loss[k] = (r * r).sum((-2, -1)) / bsz
+            r *= (2.0 / bsz) * lr[:, None, None, None]
+            W -= (r @ U).swapaxes(-1, -2) @ x[None]
+            U -= r.swapaxes(-1, -2) @ h
+        log()
+    return {
+        "log_steps": np.asarray(log_steps),
+        "pop_loss": np.stack(pop, axis=-1),  # [runs, seeds, logs]
+        "step_loss": step_loss,
+    }
+
+
+def run(cfg: Config, seed: int, out_dir: Path) -> dict[str, Any]:
+    """Teleport the Kaiming inits, train the three runs, measure Hessians and losses."""
+    f4 = cfg.fig4_config()
+    V = fig4._target(f4, seed)
+    Uk, Wk = fig4._inits(f4, seed, "kaiming")
+    Ut, Wt, tele_info = _teleport_inits(cfg, seed, Uk, Wk, V)
+    # Hessians: same samples for both points
+    rng = np.random.default_rng(derive_seed(seed, "teleport-fig4", "hessian"))
+    xh, yh = _sample(rng, cfg, V, cfg.hessian_samples)
+    eig_k = per_sample_top_eig(Uk, Wk, xh, yh).mean(1)  # [seeds]
+    eig_t = per_sample_top_eig(Ut, Wt, xh, yh).mean(1)
+    pop_k = population_top_eig(Uk, Wk, V, cfg.input_var)
+    pop_t = population_top_eig(Ut, Wt, V, cfg.input_var)
+    lams = np.linspace(-cfg.orbit_span, cfg.orbit_span, cfg.orbit_grid)
+    xo, yo = xh[: min(128, len(xh))], yh[: min(128, len(yh))]
+    orbit = np.stack(
+        [
+            per_sample_top_eig(Uk * math.exp(-lam), Wk * math.exp(lam), xo, yo).mean(1)
+            for lam in lams
+        ],
+        axis=1,
+    )  # [seeds, grid]
+    check = _autograd_check(Ut, Wt, xh[:4], yh[:4])
+
+    U0 = np.stack([Uk, Ut, Uk])
+    W0 = np.stack([Wk, Wt, Wk])
+    sim = _train(cfg, seed, U0, W0, V)
+    steps = sim["log_steps"]
+    per_run: dict[str, Any] = {}
+    mean_curves: dict[str, np.ndarray] = {}
+    for i, name in enumerate(_RUNS):
+        divs = [find_divergence(sim["step_loss"][:, i, s]) for s in range(cfg.n_seeds)]
+        curve = sim["pop_loss"][i].mean(0)  # non-finite if any seed diverged
+        curve = np.where(np.isfinite(curve), curve, np.nan)
+        mean_curves[name] = curve
+        per_run[name] = {
+            "n_diverged": int(sum(d.diverged for d in divs)),
+            "diverged_at_step": [d.step for d in divs],
+            "last_finite_loss": [d.last_finite_value for d in divs],
+        }
+    window = steps >= (1.0 - cfg.end_window) * cfg.n_steps
+    target = float(np.mean(mean_curves["warmup"][window]))
+    for name in _RUNS:
+        hit = np.nonzero(mean_curves[name] <= target)[0]
+        per_run[name]["steps_to_warmup_final_loss"] = int(steps[hit[0]]) if len(hit) else math.inf
+        per_run[name]["final_loss"] = float(np.mean(mean_curves[name][window]))
+    # diagnostic only (not a claim): the teleport seeds that did not diverge
+    alive = np.array([d is None for d in per_run["teleport"]["diverged_at_step"]])
+    survivors = sim["pop_loss"][_RUNS.index("teleport")][alive]
+    surv_curve = survivors.mean(0) if len(survivors) else np.full(len(steps), np.nan)
+    hit = np.nonzero(surv_curve <= target)[0]
+    per_run["teleport"]["survivors"] = int(alive.sum())
+    per_run["teleport"]["survivors_steps_to_warmup_final_loss"] = (
+        int(steps[hit[0]]) if len(hit) else math.inf
+    )
+    per_run["teleport"]["survivors_final_loss"] = (
+        float(np.mean(surv_curve[window])) if len(survivors) else math.nan
+    )
+    series: dict[str, Any] = {
+        "step": steps,
+        "orbit_lambda": lams,
+        "orbit_top_eig": orbit,
+        "loss_teleport_survivors": surv_curve,
+    }
+    for i, name in enumerate(_RUNS):
+        series[f"loss_{name}"] = mean_curves[name]
+        series[f"loss_{name}_per_seed"] = np.where(
+            np.isfinite(sim["pop_loss"][i]), sim["pop_loss"][i], np.nan
+        )
+    return {
+        "series": series,
+        "runs": per_run,
+        "teleport": tele_info,
+        "threshold_2_over_lr_max": 2.0 / cfg.lr_max,
+        "top_eig_minibatch_kaiming": eig_k,
+        "top_eig_minibatch_teleported": eig_t,
+        "top_eig_population_kaiming": pop_k,
+        "top_eig_population_teleported": pop_t,
+        "orbit_min_top_eig_minibatch": orbit.min(1),
+        "hessian_closed_form_check_max_rel_err": check,
+        "warmup_final_loss": target,
+        "norms_kaiming": {"U2": (Uk**2).sum((1, 2)), "W2": (Wk**2).sum((1, 2))},
+        "norms_teleported": {"U2": (Ut**2).sum((1, 2)), "W2": (Wt**2).sum((1, 2))},
+    }
+
+
+def claims(results: dict[str, Any], cfg: Config) -> list[Claim]:
+    runs = results["runs"]
+    thr = float(results["threshold_2_over_lr_max"])
+    eig_k = float(np.mean(results["top_eig_minibatch_kaiming"]))
+    eig_t = float(np.mean(results["top_eig_minibatch_teleported"]))
+    pop_k = float(np.mean(results["top_eig_population_kaiming"]))
+    pop_t = float(np.mean(results["top_eig_population_teleported"]))
+    orbit_min = float(np.mean(results["orbit_min_top_eig_minibatch"]))
+    tele, warm = runs["teleport"], runs["warmup"]
+    div_steps = [s for s in tele["diverged_at_step"] if s is not None]
+    return [
+        Claim(
+            id="teleport_no_warmup_stable",
+            statement=f"Kaiming + teleport at step 0, then η_max = {cfg.lr_max} from the first "
+            "step: fraction of seeds that diverged",
+            value=tele["n_diverged"] / cfg.n_seeds,
+            op=Op.EQ,
+            threshold=0.0,
+            note=(f"divergence steps {sorted(div_steps)}; " if div_steps else "")
+            + f"no warmup, no teleport: {runs['none']['n_diverged']}/{cfg.n_seeds} diverged; "
+            f"warmup: {warm['n_diverged']}/{cfg.n_seeds}",
+        ),
+        Claim(
+            id="teleport_flattens",
+            statement="top Hessian eigenvalue (E over samples of λ_max of the batch-size-1 "
+            "loss, mean over seeds) after teleport below 2/η_max and at Kaiming above it: "
+            "max(λ_teleport·η_max/2, 2/(η_max·λ_Kaiming)) (< 1 iff both hold)",
+            value=max(eig_t / thr, thr / eig_k),
+            op=Op.LT,
+            threshold=1.0,
+            note=f"2/η_max = {thr:.4g}; λ_max Kaiming {eig_k:.4g}, teleported {eig_t:.4g}; "
+            f"smallest over the orbit of the init {orbit_min:.4g}; population Hessian "
+            f"λ_max Kaiming {pop_k:.4g}, teleported {pop_t:.4g}",
+        ),
+        Claim(
+            id="teleport_faster",
+            statement="steps to reach the warmup run's final population loss: teleport run "
+            "(value) fewer than the warmup run (threshold)",
+            value=float(tele["steps_to_warmup_final_loss"]),
+            op=Op.LT,
+            threshold=float(warm["steps_to_warmup_final_loss"]),
+            note=f"warmup final loss {results['warmup_final_loss']:.4g}; teleport run final "
+            f"loss {tele['final_loss']:.4g}; the {tele['survivors']} teleport seeds that did "
+            f"not diverge: steps {tele['survivors_steps_to_warmup_final_loss']}, final loss "
+            f"{tele['survivors_final_loss']:.4g}",
+        ),
+    ]
+
+
+def plot(results: dict[str, Any], cfg: Config, out_dir: Path) -> list[Path]:
+    from matplotlib.figure import Figure
+
+    s = results["series"]
+    steps = np.asarray(s["step"], dtype=float)
+    fig = Figure(figsize=(12, 4.5))
+    ax, ax2 = fig.subplots(1, 2)
+    colors = {"warmup": "C2", "teleport": "C0", "none": "C1"}
+    labels = {
+        "warmup": f"warmup: η={cfg.lr_small} for {cfg.warmup_steps} steps, then η={cfg.lr_max}",
+        "teleport": f"teleport at step 0, then η={cfg.lr_max}",
+        "none": f"no warmup: η={cfg.lr_max}",
+    }
+    for name in _RUNS:
+        per = np.asarray(s[f"loss_{name}_per_seed"], dtype=float)
+        for row in per:
+            ax.plot(steps, row, color=colors[name], lw=0.4, alpha=0.25)
+        n_div = results["runs"][name]["n_diverged"]
+        ax.plot(
+            steps,
+            np.asarray(s[f"loss_{name}"], dtype=float),
+            color=colors[name],
+            lw=1.8,
+            label=f"{labels[name]} (diverged {n_div}/{cfg.n_seeds})",
+        )
+    surv = np.asarray(s["loss_teleport_survivors"], dtype=float)
+    if np.isfinite(surv).any():
+        ax.plot(steps, surv, color="C0", lw=1.2, ls="--", label="teleport: seeds that survived")
+    ax.axhline(float(results["warmup_final_loss"]), color="k", lw=0.8, ls=":")
+    ax.set_yscale("log")
+    ax.set_xlabel("step")
+    ax.set_ylabel("population loss")
+    ax.set_title("Rank-1 factorisation: teleport vs warmup")
+    ax.legend(fontsize=7)
+    lam = np.asarray(s["orbit_lambda"], dtype=float)
+    orbit = np.asarray(s["orbit_top_eig"], dtype=float)
+    for row in orbit:
+        ax2.plot(lam, row, color="C0", lw=0.6, alpha=0.5)
+    thr = float(results["threshold_2_over_lr_max"])
+    ax2.axhline(thr, color="k", ls="--", lw=1, label="2/η_max")
+    ax2.axvline(0.0, color="C1", lw=0.8, label="Kaiming init (λ = 0)")
+    ax2.set_yscale("log")
+    ax2.set_xlabel("λ   (U → e^{−λ}U, W → e^{λ}W)")
+    ax2.set_ylabel("E_x λ_max(∇²ℓ_x)")
+    ax2.set_title("Top eigenvalue along the symmetry orbit of each init")
+    ax2.legend(fontsize=7)
+    fig.tight_layout()
+    return [save_figure(fig, out_dir / "teleport_fig4.png")]

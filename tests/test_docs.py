@@ -1,0 +1,157 @@
+"""The documentation: tutorials run and check their numbers, the API reference is complete,
+the getting-started tour runs, and the site builds with ``mkdocs build --strict``.
+
+The tutorials run at ``--tiny`` size in subprocesses (each ends with an ``assert``). The
+site is built from a temporary copy of ``mkdocs.yml`` and ``docs/`` with a Results page
+generated from one quick experiment (fig1), so the repository is left untouched.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import runpy
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+TUTORIALS = sorted(p.name for p in (DOCS / "tutorials").glob("[a-z]*.py"))
+
+
+def _load(name: str, path: Path) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ, OMP_NUM_THREADS="1", NO_MKDOCS_2_WARNING="1", MPLBACKEND="Agg")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "src"), env.get("PYTHONPATH")]))
+    return env
+
+
+def _run(cmd: list[str], cwd: Path, timeout: float) -> subprocess.CompletedProcess[str]:
+    res = subprocess.run(
+        cmd, cwd=cwd, env=_env(), capture_output=True, text=True, timeout=timeout, check=False
+    )
+    assert res.returncode == 0, (
+        f"{' '.join(cmd)} failed:\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}"
+    )
+    return res
+
+
+def test_every_tutorial_has_a_page() -> None:
+    assert len(TUTORIALS) == 5, TUTORIALS
+    pages = "\n".join(p.read_text(encoding="utf-8") for p in (DOCS / "tutorials").glob("*.md"))
+    for script in TUTORIALS:
+        assert f'--8<-- "docs/tutorials/{script}"' in pages, f"no page includes {script}"
+
+
+@pytest.mark.parametrize("script", TUTORIALS)
+def test_tutorial_runs_tiny(script: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each script as ``python docs/tutorials/<script> --tiny``; its final asserts must hold.
+
+    In-process (runpy, under pytest's warnings-as-errors) to save a torch import each; the
+    DDP tutorial spawns its own processes, so it runs as a subprocess.
+    """
+    path = DOCS / "tutorials" / script
+    if script == "ddp_torchrun.py":
+        _run([sys.executable, str(path), "--tiny"], ROOT, timeout=300)
+        return
+    monkeypatch.setattr(sys, "argv", [str(path), "--tiny"])
+    monkeypatch.syspath_prepend(str(path.parent))
+    runpy.run_path(str(path), run_name="__main__")
+
+
+def test_public_api_has_docstrings_and_reference_pages() -> None:
+    hooks = _load("nf_docs_hooks", DOCS / "hooks.py")
+    assert hooks.api_problems() == []
+
+
+class _Base:
+    def inherited(self) -> None:
+        """Documented once, here."""
+
+
+class _Public(_Base):
+    def inherited(self) -> None:
+        pass
+
+    def bare(self) -> None:
+        pass
+
+    @property
+    def prop(self) -> int:
+        return 0
+
+    def _private(self) -> None:
+        pass
+
+
+def test_api_check_catches_missing_entries(tmp_path: Path) -> None:
+    hooks = _load("nf_docs_hooks", DOCS / "hooks.py")
+    (tmp_path / "x.md").write_text("::: noetherflow.charges\n::: noetherflow.not_public\n")
+    problems = hooks.api_problems(tmp_path)
+    assert any("noetherflow.teleport is public but not in the API reference" in p for p in problems)
+    assert any("not_public, which is not in noetherflow.__all__" in p for p in problems)
+
+    assert hooks.undocumented_members(_Public) == ["_Public.bare", "_Public.prop"]
+
+
+def test_results_page_placeholder_and_conversion(tmp_path: Path) -> None:
+    hooks = _load("nf_docs_hooks", DOCS / "hooks.py")
+    assert "docs/gen_results.py" in hooks.report_markdown(tmp_path)
+    assert hooks.MARKER in (DOCS / "reproduction" / "index.md").read_text(encoding="utf-8")
+    gen = _load("nf_docs_gen_results", DOCS / "gen_results.py")
+    md = "# title\n\n## fig1\n\n![fig1: fig1.png](fig1/fig1.png)\n[fig1](#fig1)\n"
+    out = gen.convert(md)
+    assert out.startswith("### fig1")
+    assert "](_generated/fig1/fig1.png)" in out and "](#fig1)" in out
+
+
+def test_getting_started_tour_runs() -> None:
+    """The python blocks of getting-started.md, in order; the training loop cut to 10 steps."""
+    text = (DOCS / "getting-started.md").read_text(encoding="utf-8")
+    code = "\n".join(re.findall(r"```python\n(.*?)```", text, re.S))
+    assert "range(200)" in code and 'log_dir="runs/tour"' in code
+    code = code.replace("range(200)", "range(10)").replace('log_dir="runs/tour"', "log_dir=None")
+    ns: dict[str, object] = {}
+    exec(compile(code, "getting-started.md", "exec"), ns)
+    assert float(ns["handle"].solution.max_distance()) > 0  # type: ignore[attr-defined]
+
+
+def test_mkdocs_build_strict(tmp_path: Path) -> None:
+    for mod in ("mkdocs", "material", "mkdocstrings_handlers.python"):
+        if importlib.util.find_spec(mod.split(".")[0]) is None or (
+            "." in mod and importlib.util.find_spec(mod) is None
+        ):
+            pytest.skip(f"{mod} is not installed: pip install -e '.[docs]' to build the site")
+    site = tmp_path / "site"
+    work = tmp_path / "repo"
+    work.mkdir()
+    shutil.copy(ROOT / "mkdocs.yml", work / "mkdocs.yml")
+    shutil.copytree(DOCS, work / "docs", ignore=shutil.ignore_patterns("_generated", "__pycache__"))
+    (work / "src").symlink_to(ROOT / "src", target_is_directory=True)
+    # the Results page from one quick experiment (what `gen_results.py --ids fig1` does)
+    from noetherflow.cli import main as cli
+
+    assert cli(["reproduce", "fig1", "--quick", "--out", str(tmp_path / "run")]) == 0
+    gen = _load("nf_docs_gen_results", work / "docs" / "gen_results.py")
+    gen.copy_run(tmp_path / "run", work / "docs" / "reproduction" / "_generated")
+    _run([sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(site)], work, timeout=300)
+    results = (site / "reproduction" / "index.html").read_text(encoding="utf-8")
+    assert "gf_norm_conserved" in results and "_generated/fig1/fig1.png" in results
+    assert (site / "reproduction" / "_generated" / "fig1" / "fig1.png").is_file()
+    ddp = (site / "tutorials" / "ddp" / "index.html").read_text(encoding="utf-8")
+    assert "init_process_group" in ddp  # the script is included verbatim
+    api = (site / "api" / "flow" / "index.html").read_text(encoding="utf-8")
+    assert "noether_flow" in api and ":func:" not in api
