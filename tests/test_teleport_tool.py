@@ -20,7 +20,14 @@ from noetherflow.teleport_tool import (
     transform_optimizer_state,
 )
 
-torch.set_default_dtype(torch.float64)
+
+@pytest.fixture(autouse=True)
+def _float64_default() -> object:
+    """float64 inside this module only: the default dtype is global to the test session."""
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(old)
 
 
 def mlp_problem(seed: int = 0) -> tuple[nn.Module, nf.SymmetrySet, torch.Tensor, torch.Tensor]:
