@@ -107,18 +107,21 @@ def _param_values(s: Symmetry) -> dict[nn.Parameter, Tensor]:
     return {p: p.detach() for p in s.params}
 
 
-def symmetry_flow(s: Symmetry, stats: GradStats, nm: NoiseModel) -> Tensor:
-    """The flow −κC + Tr[A M] of one symmetry (shape of its charge)."""
+def symmetry_flow(
+    s: Symmetry, stats: GradStats, nm: NoiseModel, charge: Tensor | None = None
+) -> Tensor:
+    """The flow −κC + Tr[A M] of one symmetry (shape of its charge; C may be passed in)."""
     vals = _param_values(s)
+    c = s.charge_of(vals) if charge is None else charge
     if isinstance(s, DiagonalSymmetry):
-        return -nm.kappa * s.charge_of(vals) + diag_noise(s, stats, nm)
+        return -nm.kappa * c + diag_noise(s, stats, nm)
     if isinstance(s, DoubleRotation):
         mw, mu = rotation_noise(s, stats, nm)
-        return -nm.kappa * s.charge_of(vals) + (mu - mw)
+        return -nm.kappa * c + (mu - mw)
     if isinstance(s, DenseSymmetry):
         gbar = s.flat(stats.mean)
         mm = nm.matrix(torch.outer(gbar, gbar), stats.dense[s])
-        return -nm.kappa * s.charge_of(vals) + (s.A * mm).sum()
+        return -nm.kappa * c + (s.A * mm).sum()
     raise TypeError(f"unknown symmetry type {type(s).__name__}")
 
 
@@ -150,14 +153,19 @@ def noether_flow(
     batch_size: int,
     weight_decay: float = 0.0,
     time: str = "continuous",
+    charges: Mapping[str, Tensor] | None = None,
 ) -> dict[str, Tensor]:
     """The noise-driven flow of every charge (eq. 7 in our convention; DESIGN §2).
 
     ``time="continuous"`` gives dC/dt = −4γC + (η/S)Tr[ΣA]; ``time="discrete"`` gives the
-    expected change per SGD step, −κC + η²Tr[A(∇L∇Lᵀ + Σ/S)]. Shapes follow :func:`charges`.
+    expected change per SGD step, −κC + η²Tr[A(∇L∇Lᵀ + Σ/S)]. Shapes follow :func:`charges`;
+    pass ``charges`` (from :func:`charges`) to reuse them instead of recomputing.
     """
     nm = NoiseModel.create(lr=lr, batch_size=batch_size, weight_decay=weight_decay, time=time)
-    return {name: symmetry_flow(s, stats, nm) for name, s in syms.items()}
+    return {
+        name: symmetry_flow(s, stats, nm, None if charges is None else charges[name])
+        for name, s in syms.items()
+    }
 
 
 def exact_step_charges(

@@ -339,6 +339,7 @@ class NoetherMonitor:
                 batch_size=self.batch_size,
                 weight_decay=self.weight_decay,
                 time=self.time,
+                charges=ch,
             )
             self._put(row, "flow", fl)
             if self.distance and i % self.distance_every == 0:
