@@ -231,3 +231,28 @@ def test_lightning_callback_hook_order(monkeypatch: pytest.MonkeyPatch) -> None:
     assert h["step"].tolist() == [0, 2]
     assert np.isfinite(h["flow/r"]).all() and np.isfinite(h["loss"]).all()
     assert len(m[0]._forward_hooks) == 0
+
+
+def test_monitor_reuses_fresh_grad_and_falls_back_when_accumulating() -> None:
+    """Flows are the same whether .grad was empty (reused) or already held a gradient."""
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(5, 7), nn.ReLU(), nn.Linear(7, 3)).double()
+    syms = nf.SymmetrySet([nf.Rescaling(m[0], m[2])])
+    x, y = torch.randn(32, 5, dtype=torch.float64), torch.randn(32, 3, dtype=torch.float64)
+    lf = nn.MSELoss()
+    ref = nf.noether_flow(
+        m, syms, nf.collect_stats(m, syms, lf, x, y, estimator="reference"), lr=0.1, batch_size=8
+    )["rescaling0"]
+    for stale in (False, True):
+        mon = nf.NoetherMonitor(m, syms, every=1, lr=0.1, batch_size=8, distance=False)
+        m.zero_grad(set_to_none=True)
+        if stale:  # a gradient left from before: the capture must not take .grad as the mean
+            lf(m(x[:4]), y[:4]).backward()
+        with mon.track():
+            loss = lf(m(x), y)
+            loss.backward()
+        row = mon.step(loss)
+        assert row is not None
+        got = torch.as_tensor(np.asarray(row["flow/rescaling0"]))
+        assert torch.allclose(got, ref, rtol=1e-10, atol=1e-14), stale
+        mon.close()

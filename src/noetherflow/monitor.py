@@ -269,7 +269,18 @@ class NoetherMonitor:
             all_reduce=False,
             level="diag" if solve else "neuron",
         ) as cap:
+            # When every .grad is empty before the backward, afterwards it holds exactly this
+            # batch's mean gradient, so the capture need not recompute it (one matmul per
+            # layer). Not under DDP: its averaged .grad weights ranks equally.
+            params = self.syms.params()
+            fresh = (
+                self.reduction is Reduction.MEAN
+                and not is_distributed()
+                and all(p.grad is None for p in params)
+            )
             yield cap
+            if fresh:
+                cap._means = {p: p.grad.detach() for p in params if p.grad is not None}
         self._cap = cap
 
     def step(
