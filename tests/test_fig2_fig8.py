@@ -6,17 +6,16 @@ asserted; the others are only checked to be computed."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
 import torch
+from _quick import metrics as _metrics
 
 from noetherflow import cli
-from noetherflow.experiments import METRICS_FILE, fig2, fig8
+from noetherflow.experiments import fig2, fig8
 from noetherflow.theory.ziyin2024 import two_layer_noise_factors
 
 
@@ -26,12 +25,6 @@ def quick_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     code = cli.main(["reproduce", "fig2", "fig8", "--quick", "--jobs", "2", "--out", str(out)])
     assert code == 0
     return out
-
-
-def _metrics(out: Path, exp_id: str) -> dict[str, Any]:
-    data: dict[str, Any] = json.loads((out / exp_id / METRICS_FILE).read_text(encoding="utf-8"))
-    assert data["status"] == "ok", data["error"]
-    return data
 
 
 def test_fig2_quick(quick_run: Path) -> None:

@@ -8,18 +8,17 @@ from __future__ import annotations
 
 import dataclasses
 import gzip
-import json
 import math
 import struct
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
 import torch
+from _quick import metrics as _metrics
 
 from noetherflow import cli
-from noetherflow.experiments import METRICS_FILE, fig4, fig5
+from noetherflow.experiments import fig4, fig5
 from noetherflow.experiments._data import (
     IdxFormatError,
     load_digits_data,
@@ -35,12 +34,6 @@ def quick_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     code = cli.main(["reproduce", "fig4", "fig5", "--quick", "--jobs", "2", "--out", str(out)])
     assert code == 0
     return out
-
-
-def _metrics(out: Path, exp_id: str) -> dict[str, Any]:
-    data: dict[str, Any] = json.loads((out / exp_id / METRICS_FILE).read_text(encoding="utf-8"))
-    assert data["status"] == "ok", data["error"]
-    return data
 
 
 # --------------------------------------------------------------------------------------

@@ -6,7 +6,6 @@ runs are deterministic for a seed. Claims asserted to hold are those with a wide
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from pathlib import Path
 from typing import Any
@@ -14,10 +13,11 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from _quick import metrics as _metrics
 from torch import nn
 
 from noetherflow import cli
-from noetherflow.experiments import METRICS_FILE, prop51, remark44
+from noetherflow.experiments import prop51, remark44
 from noetherflow.train import run_sgd, run_sgf, sample_batch
 
 
@@ -29,12 +29,6 @@ def quick_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
     assert code == 0
     return out
-
-
-def _metrics(out: Path, exp_id: str) -> dict[str, Any]:
-    data: dict[str, Any] = json.loads((out / exp_id / METRICS_FILE).read_text(encoding="utf-8"))
-    assert data["status"] == "ok", data["error"]
-    return data
 
 
 # --------------------------------------------------------------------------------------

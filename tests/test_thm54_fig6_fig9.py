@@ -5,18 +5,17 @@ deterministic for a seed. Only claims that hold with a wide margin are asserted.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
 import torch
+from _quick import metrics as _metrics
 
 from noetherflow import cli
-from noetherflow.experiments import METRICS_FILE, fig6, fig9, thm54
 from noetherflow.experiments import _nonlinear as nl
+from noetherflow.experiments import fig6, fig9, thm54
 
 
 @pytest.fixture(scope="module")
@@ -27,12 +26,6 @@ def quick_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
     assert code == 0
     return out
-
-
-def _metrics(out: Path, exp_id: str) -> dict[str, Any]:
-    data: dict[str, Any] = json.loads((out / exp_id / METRICS_FILE).read_text(encoding="utf-8"))
-    assert data["status"] == "ok", data["error"]
-    return data
 
 
 def test_thm54_quick(quick_run: Path) -> None:

@@ -4,17 +4,16 @@ metrics) and determinism for a seed."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
+from _quick import metrics as _metrics
 from scipy.integrate import solve_ivp
 
 from noetherflow import cli
-from noetherflow.experiments import METRICS_FILE, approx, timescales
+from noetherflow.experiments import approx, timescales
 from noetherflow.theory import ziyin2024 as th
 
 # --------------------------------------------------------------------------------------------
@@ -92,12 +91,6 @@ def quick_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("issue9")
     assert cli.main(["reproduce", "timescales", "approx", "--quick", "--out", str(out)]) == 0
     return out
-
-
-def _metrics(out: Path, exp: str) -> dict[str, Any]:
-    data: dict[str, Any] = json.loads((out / exp / METRICS_FILE).read_text(encoding="utf-8"))
-    assert data["status"] == "ok", data.get("error")
-    return data
 
 
 def test_timescales_quick(quick_run: Path) -> None:

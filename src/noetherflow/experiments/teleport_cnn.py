@@ -14,17 +14,16 @@ in the same harness, so that the two teleports are compared side by side.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from noetherflow.experiments._base import Claim, derive_seed, parallel_map
+from noetherflow.experiments._base import Claim
 from noetherflow.experiments.teleport_mlp import (
     Stacked,
     plot_curves,
-    summarise,
+    run_comparison,
     teleport_claims,
     train_stacked,
 )
@@ -157,21 +156,9 @@ def _run_method(method: str, cfg: Config, seeds: Sequence[int]) -> list[dict[str
     )  # fmt: skip
 
 
-_KEEP = (
-    "method", "lr", "seed", "diverged_at", "trains", "final_test_acc", "final_test_loss",
-    "final_train_loss", "teleport_seconds", "teleport_distance", "gradnorm_ratio",
-)  # fmt: skip
-
-
 def run(cfg: Config, seed: int, out_dir: Path) -> dict[str, Any]:
     """All methods × learning rates × seeds (runs of a method batched); summary at η*."""
-    seeds = [derive_seed(seed, "teleport-cnn", i) % 2**31 for i in range(cfg.n_seeds)]
-    per_method = parallel_map(functools.partial(_run_method, cfg=cfg, seeds=seeds), METHODS)
-    runs = [r for rs in per_method for r in rs]
-    out = summarise(runs, METHODS, cfg.lrs, cfg)
-    out["runs"] = [{k: r[k] for k in _KEEP} for r in runs]
-    out["symmetries"] = runs[0]["symmetries"]
-    return out
+    return run_comparison("teleport-cnn", _run_method, METHODS, cfg, seed)
 
 
 def claims(results: dict[str, Any], cfg: Config) -> list[Claim]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import math
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -519,15 +519,30 @@ _KEEP = (
 )  # fmt: skip
 
 
-def run(cfg: Config, seed: int, out_dir: Path) -> dict[str, Any]:
-    """All methods × learning rates × seeds (runs of a method batched); summary at η*."""
-    seeds = [derive_seed(seed, "teleport-mlp", i) % 2**31 for i in range(cfg.n_seeds)]
-    per_method = parallel_map(functools.partial(_run_method, cfg=cfg, seeds=seeds), METHODS)
+def run_comparison(
+    exp_id: str,
+    run_method: Callable[..., list[dict[str, Any]]],
+    methods: Sequence[str],
+    cfg: Any,
+    seed: int,
+) -> dict[str, Any]:
+    """All methods × learning rates × seeds (runs of a method batched); summary at η*.
+
+    Shared by teleport-mlp and teleport-cnn; ``run_method(method, cfg=, seeds=)`` trains one
+    method's runs.
+    """
+    seeds = [derive_seed(seed, exp_id, i) % 2**31 for i in range(cfg.n_seeds)]
+    per_method = parallel_map(functools.partial(run_method, cfg=cfg, seeds=seeds), methods)
     runs = [r for rs in per_method for r in rs]
-    out = summarise(runs, METHODS, cfg.lrs, cfg)
+    out = summarise(runs, methods, cfg.lrs, cfg)
     out["runs"] = [{k: r[k] for k in _KEEP} for r in runs]
     out["symmetries"] = runs[0]["symmetries"]
     return out
+
+
+def run(cfg: Config, seed: int, out_dir: Path) -> dict[str, Any]:
+    """All methods × learning rates × seeds (runs of a method batched); summary at η*."""
+    return run_comparison("teleport-mlp", _run_method, METHODS, cfg, seed)
 
 
 def claims(results: dict[str, Any], cfg: Config) -> list[Claim]:
