@@ -106,7 +106,7 @@ def bench(name: str, wl: dict[str, Any], reps: int, every: int) -> dict[str, Any
     t_step = _median_time(step, reps)
     t_stats = _median_time(
         lambda: nf.collect_stats(
-            model, syms, loss_fn, x, y, level="diag",
+            model, syms, loss_fn, x, y, level="solve",
             **{k: v for k, v in wl["kw"].items()},
         ),
         reps,

@@ -28,14 +28,15 @@ def bench() -> ModuleType:
 
 def test_bench_stats_quick_tiny_finite_ratios(bench: ModuleType) -> None:
     res = bench.main(["--quick", "--tiny", "--reps", "1", "--no-memory"])
-    assert set(res["workloads"]) == {"mlp", "linear", "token"}
+    assert set(res["workloads"]) == {"mlp", "linear", "token", "mlp_full"}
     for w in res["workloads"].values():
         assert all(math.isfinite(v) and v > 0 for v in w["ratio_to_plain"].values())
         assert math.isfinite(w["ref_over_hooks"]) and w["ref_over_hooks"] > 0
         assert w["hooks_levels"]
     assert "M_W" in res["workloads"]["linear"]["hooks_levels"]
     assert "diag" in res["workloads"]["mlp"]["hooks_levels"]
-    assert len(res["targets"]) == 4
+    assert "M_W" in res["workloads"]["mlp_full"]["hooks_levels"]
+    assert len(res["targets"]) == 5
 
 
 def test_bench_stats_memory_cell(bench: ModuleType) -> None:

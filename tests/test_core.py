@@ -411,5 +411,67 @@ def test_neuron_level_flows_match_diag_level(name: str, reduction: str) -> None:
     fr = nf.noether_flow(m, syms, ref, **kw)
     for k in fr:
         assert rel(fn[k], fr[k]) < 1e-12
-    with pytest.raises(nf.StatisticsError, match="squared gradients"):
+    # the middle layer carries generators on both axes: the solver needs it per coordinate
+    with pytest.raises(nf.StatisticsError, match="level='solve'"):
         nf.solve_equilibrium(m, syms, neuron, **kw)
+
+
+@pytest.mark.parametrize("name", ["relu", "conv"])
+@pytest.mark.parametrize("time", ["continuous", "discrete"])
+def test_solve_level_gives_the_diag_level_solution(name: str, time: str) -> None:
+    """level='solve' keeps per-coordinate E[g²] only where two axes carry generators."""
+    m, syms, x, y = make(name)
+    lf = loss_for(name, "mean")
+    kw = {"lr": 0.1, "batch_size": 8, "weight_decay": 1e-3, "time": time}
+    solve = nf.collect_stats(m, syms, lf, x, y, level="solve")
+    middle = m[2].weight
+    assert set(solve.sq) == {middle}  # the only parameter between two rescaled layers
+    assert solve.sq_axis and all(p is not middle for p, _ in solve.sq_axis)
+    ref = nf.collect_stats(m, syms, lf, x, y, estimator="reference")
+    a = nf.solve_equilibrium(m, syms, solve, **kw)
+    b = nf.solve_equilibrium(m, syms, ref, **kw)
+    assert a.converged and b.converged and a.max_distance() > 1e-3
+    for k, v in b.elements.items():
+        assert rel(a.elements[k], v) < 1e-9
+    fn, fr = nf.noether_flow(m, syms, solve, **kw), nf.noether_flow(m, syms, ref, **kw)
+    for k in fr:
+        assert rel(fn[k], fr[k]) < 1e-12
+
+
+def test_neuron_level_suffices_for_a_single_rescaling() -> None:
+    """With generators along one axis of every parameter, per-neuron sums determine F."""
+    torch.manual_seed(1)
+    m = nn.Sequential(nn.Linear(5, 7), nn.ReLU(), nn.Linear(7, 3)).to(DT)
+    syms = nf.SymmetrySet([nf.Rescaling(m[0], m[2])])
+    x, y = torch.randn(30, 5, dtype=DT), torch.randn(30, 3, dtype=DT)
+    kw = {"lr": 0.1, "batch_size": 8, "weight_decay": 1e-3}
+    neuron = nf.collect_stats(m, syms, nn.MSELoss(), x, y, level="neuron")
+    assert not neuron.sq
+    ref = nf.collect_stats(m, syms, nn.MSELoss(), x, y, estimator="reference")
+    a, b = nf.solve_equilibrium(m, syms, neuron, **kw), nf.solve_equilibrium(m, syms, ref, **kw)
+    assert b.max_distance() > 1e-3
+    for k, v in b.elements.items():
+        assert rel(a.elements[k], v) < 1e-9
+
+
+@pytest.mark.parametrize("level", ["neuron", "solve"])
+def test_coupled_levels_solve_like_the_reference(level: str) -> None:
+    """A coupled set keeps per-sample gradients, so every level can feed the sweeps."""
+    m, syms, x, y = make("mixed")
+    kw = {"lr": 0.1, "batch_size": 8, "weight_decay": 1e-3}
+    st = nf.collect_stats(m, syms, nn.MSELoss(), x, y, level=level)
+    ref = nf.collect_stats(m, syms, nn.MSELoss(), x, y, estimator="reference")
+    a, b = nf.solve_equilibrium(m, syms, st, **kw), nf.solve_equilibrium(m, syms, ref, **kw)
+    assert b.max_distance() > 1e-3
+    for k, v in b.elements.items():
+        assert rel(a.elements[k], v) < 1e-9
+    fn, fr = nf.noether_flow(m, syms, st, **kw), nf.noether_flow(m, syms, ref, **kw)
+    for k in fr:
+        assert rel(fn[k], fr[k]) < 1e-12
+
+
+def test_unknown_level_is_rejected_for_every_estimator() -> None:
+    m, syms, x, y = make("relu")
+    for est in ("hooks", "reference"):
+        with pytest.raises(ValueError, match="level='coords' is not supported"):
+            nf.collect_stats(m, syms, nn.MSELoss(), x, y, estimator=est, level="coords")

@@ -189,6 +189,11 @@ class _DiagProblem:
         return out
 
 
+def _axis_sum(v: Tensor, axis: int) -> Tensor:
+    """Sum of ``v`` over every axis but ``axis``. Has shape ``[v.shape[axis]]``."""
+    return v.movedim(axis, 0).reshape(v.shape[axis], -1).sum(1)
+
+
 def _to_grid(v: Tensor) -> Tensor:
     v = v.to(torch.float64).cpu()
     if v.dim() == 1:
@@ -220,15 +225,26 @@ def _diag_problem(
                 raise NotImplementedError(f"diagonal terms along axis {t.axis} are not supported")
     grids = []
     for p, (rows, cols) in per_param.items():
-        if p not in stats.sq:
+        mean = stats.mean[p].to(torch.float64)
+        c = nm.kappa * values[p].to(torch.float64).square()
+        if p in stats.sq:
+            m = nm.diag(mean, stats.sq[p].to(torch.float64)).clamp(min=0)
+            grids.append(_Grid(_to_grid(m), _to_grid(c), rows, cols))
+            continue
+        # Generators along one axis only: F depends on the per-neuron sums along it.
+        ax = 0 if rows else 1
+        if (rows and cols) or (p, ax) not in stats.sq_axis:
             raise StatisticsError(
                 f"The solver needs per-coordinate squared gradients of a parameter of shape "
-                f"{tuple(p.shape)}, but these statistics were collected with level='neuron'; "
-                "collect them with level='diag' (the default)."
+                f"{tuple(p.shape)} (generators act on {'both its axes' if rows and cols else 'it'}"
+                "), but these statistics hold only per-neuron sums (level='neuron'); collect "
+                "them with level='solve' or 'diag' (the default)."
             )
-        m = nm.diag(stats.mean[p].to(torch.float64), stats.sq[p].to(torch.float64)).clamp(min=0)
-        c = nm.kappa * values[p].to(torch.float64).square()
-        grids.append(_Grid(_to_grid(m), _to_grid(c), rows, cols))
+        msq = _axis_sum(mean.square(), ax)
+        m = (nm.c_mean * msq + nm.c_second * stats.sq_axis[(p, ax)].to(torch.float64)).cpu()
+        m, cs = m.clamp(min=0), _axis_sum(c, ax).cpu()
+        shape = (-1, 1) if ax == 0 else (1, -1)
+        grids.append(_Grid(m.reshape(shape), cs.reshape(shape), rows, cols))
     return _DiagProblem(n, offsets, grids)
 
 

@@ -267,7 +267,7 @@ class NoetherMonitor:
             reduction=self.reduction,
             check_finite=False,
             all_reduce=False,
-            level="diag" if solve else "neuron",
+            level="solve" if solve else "neuron",
         ) as cap:
             # When every .grad is empty before the backward, afterwards it holds exactly this
             # batch's mean gradient, so the capture need not recompute it (one matmul per
@@ -582,7 +582,8 @@ def _np(t: Tensor) -> np.ndarray:
 
 
 def _finite(stats: GradStats) -> bool:
-    ts = [*stats.mean.values(), *stats.sq.values(), *stats.dense.values()]
+    ts = [*stats.mean.values(), *stats.sq.values(), *stats.sq_axis.values()]
+    ts += list(stats.dense.values())
     ts += [m for pair in stats.side.values() for m in pair]
     return all(bool(torch.isfinite(t).all()) for t in ts)
 

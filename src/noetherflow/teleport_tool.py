@@ -332,7 +332,7 @@ class EquilibriumTeleport:
                 reduction=self.reduction,
                 estimator=self.estimator,
                 micro_batch_size=self.micro_batch_size,
-                level="diag",
+                level="solve",
             )
         return solve_equilibrium(
             self.model,

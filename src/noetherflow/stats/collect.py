@@ -191,21 +191,32 @@ class Capture:
         for rec in self._records:
             a, g = _factors(rec)
             n = a.shape[0]
-            if self.reduction is Reduction.MEAN:
-                g = g * n  # per-sample output-gradients of ℓ_n (the small factor, not the result)
             facs[id(rec.module)] = (a, g)
         assert n is not None
         check_batch(n)
+        # Per-sample output-gradients of ℓ_n are scale·g: N·g for a batch-mean loss. The
+        # formulas apply the factor to their smallest operand.
+        sc = float(n) if self.reduction is Reduction.MEAN else 1.0
         syms = self.syms
         st = GradStats(n=n, estimator=Estimator.HOOKS.value)
         keep = needs_samples(syms)
+        # Parameters whose E[g²] is kept as per-neuron sums (the rest: per coordinate).
+        want = {} if self.level is Level.DIAG else self._axes_wanted(keep)
+        if self.level is Level.SOLVE:  # the solver needs full grids only where two axes meet
+            want = {p: ax for p, ax in want.items() if len(ax) == 1}
+        if want:
+            st.sq_axis = self._neuron_sums(facs, sc, want)
         for s in syms:
             for p in s.params:
                 rec, role = self._owners[id(p)]
                 a, g = facs[id(rec.module)]
                 shape = p.shape
                 if (id(p) in keep or isinstance(s, DenseSymmetry)) and p not in st.samples:
-                    ps = L.per_sample_weight(a, g) if role == "weight" else g.sum(1)
+                    ps = (
+                        L.per_sample_weight(a, g, scale=sc)
+                        if role == "weight"
+                        else g.sum(1).mul_(sc)
+                    )
                     st.samples[p] = ps.reshape(n, *shape)
                 if p in st.samples:  # already materialised: reductions are cheaper than matmuls
                     st.mean.setdefault(p, st.samples[p].mean(0))
@@ -214,21 +225,20 @@ class Capture:
                     continue
                 if p not in st.mean:
                     known = self._means.get(p)
-                    st.mean[p] = (
-                        known
-                        if known is not None
-                        else (L.weight_mean(a, g) if role == "weight" else L.bias_mean(g))
-                    ).reshape(shape)
-                if s.is_diagonal and self.level is Level.NEURON:
-                    assert isinstance(s, DiagonalSymmetry)
-                    for t in s.terms():
-                        if t.param is p and (p, t.axis) not in st.sq_axis:
-                            st.sq_axis[(p, t.axis)] = self._axis_sq(rec.module, role, a, g, t.axis)
-                elif s.is_diagonal and p not in st.sq:
-                    sq = L.weight_sq(a, g) if role == "weight" else L.bias_sq(g)
+                    if known is None:
+                        known = (
+                            L.weight_mean(a, g, scale=sc)
+                            if role == "weight"
+                            else L.bias_mean(g, scale=sc)
+                        )
+                    st.mean[p] = known.reshape(shape)
+                if not s.is_diagonal:
+                    continue
+                if p not in want and self.level is not Level.NEURON and p not in st.sq:
+                    sq = L.weight_sq(a, g, scale=sc) if role == "weight" else L.bias_sq(g, scale=sc)
                     st.sq[p] = sq.reshape(shape)
             if isinstance(s, DoubleRotation):
-                st.side[s] = (self._side(s.w_blocks, facs), self._side(s.u_blocks, facs))
+                st.side[s] = (self._side(s.w_blocks, facs, sc), self._side(s.u_blocks, facs, sc))
             elif isinstance(s, DenseSymmetry):
                 f = s.flat_batched(st.samples)
                 st.dense[s] = f.T @ f / n
@@ -238,17 +248,51 @@ class Capture:
             st.check_finite()
         return st
 
-    @staticmethod
-    def _axis_sq(module: nn.Module, role: str, a: Tensor, g: Tensor, axis: int) -> Tensor:
-        if role == "bias":
-            return L.bias_sq(g)
-        if isinstance(module, nn.Linear):
-            return L.weight_sq_axis(a, g, axis)
-        # conv: the factor's input axis mixes channels and kernel taps
-        w = L.weight_sq(a, g).reshape(module.weight.shape)  # type: ignore[arg-type]
-        return w.movedim(axis, 0).reshape(w.shape[axis], -1).sum(1)
+    def _axes_wanted(self, skip: set[int]) -> dict[nn.Parameter, tuple[int, ...]]:
+        """Per parameter of a diagonal symmetry, the axes its generators act along.
 
-    def _side(self, blocks: list[Block], facs: dict[int, tuple[Tensor, Tensor]]) -> Tensor:
+        Parameters in ``skip`` keep per-sample gradients, whose squares give every statistic.
+        """
+        want: dict[nn.Parameter, tuple[int, ...]] = {}
+        for s in self.syms:
+            if isinstance(s, DiagonalSymmetry):
+                for t in s.terms():
+                    have = want.get(t.param, ())
+                    if id(t.param) not in skip and t.axis not in have:
+                        want[t.param] = (*have, t.axis)
+        return want
+
+    def _neuron_sums(
+        self,
+        facs: dict[int, tuple[Tensor, Tensor]],
+        sc: float,
+        want: dict[nn.Parameter, tuple[int, ...]],
+    ) -> dict[tuple[nn.Parameter, int], Tensor]:
+        """Per-neuron sums of E[g²] along the axes in ``want``, computed layer by layer."""
+        out: dict[tuple[nn.Parameter, int], Tensor] = {}
+        for rec in self._records:
+            mod = rec.module
+            w, b = getattr(mod, "weight", None), getattr(mod, "bias", None)
+            axes = want.get(w, ()) if isinstance(w, nn.Parameter) else ()
+            has_b = isinstance(b, nn.Parameter) and b in want
+            if not axes and not has_b:
+                continue
+            a, g = facs[id(mod)]
+            if isinstance(mod, nn.Linear):
+                ws, bs = L.neuron_sums(a, g, axes, bias=has_b, scale=sc)
+            else:  # conv: the factor's input axis mixes channels and kernel taps
+                full = L.weight_sq(a, g, scale=sc).reshape(mod.weight.shape)  # type: ignore[arg-type]
+                ws = {ax: full.movedim(ax, 0).reshape(full.shape[ax], -1).sum(1) for ax in axes}
+                bs = L.bias_sq(g, scale=sc) if has_b else None
+            for ax, v in ws.items():
+                out[(w, ax)] = v  # type: ignore[index]
+            if bs is not None:
+                out[(b, 0)] = bs  # type: ignore[index]
+        return out
+
+    def _side(
+        self, blocks: list[Block], facs: dict[int, tuple[Tensor, Tensor]], sc: float
+    ) -> Tensor:
         out: Tensor | None = None
         for b in blocks:
             rec, role = self._owners[id(b.param)]
@@ -260,11 +304,11 @@ class Capture:
             a, g = facs[id(rec.module)]
             sl = slice(b.start, b.stop)
             if role == "bias":
-                m = L.row_moment(a, g, sl, bias=True)
+                m = L.row_moment(a, g, sl, bias=True, scale=sc)
             elif b.axis == 0:
-                m = L.row_moment(a, g, sl)
+                m = L.row_moment(a, g, sl, scale=sc)
             else:
-                m = L.col_moment(a, g, sl)
+                m = L.col_moment(a, g, sl, scale=sc)
             out = m if out is None else out + m
         assert out is not None
         return out
@@ -275,8 +319,9 @@ def _level(level: str | Level) -> Level:
         return Level(level)
     except ValueError:
         raise ValueError(
-            f"level={level!r} is not supported; expected 'diag' (per-coordinate E[g²]: flows "
-            "and the equilibrium solver) or 'neuron' (per-neuron sums: flows only, cheapest)."
+            f"level={level!r} is not supported; expected 'diag' (per-coordinate E[g²] of every "
+            "parameter), 'solve' (what solve_equilibrium needs, cheaper) or 'neuron' "
+            "(per-neuron sums: flows only, cheapest)."
         ) from None
 
 
@@ -345,15 +390,20 @@ def collect_stats(
         micro_batch_size: micro-batch size m of the ``'microbatch'`` estimator.
         check_finite: raise on NaN/Inf statistics.
         chunk_size: vmap chunk size of the ``'reference'`` estimator (memory bound).
-        level: ``'diag'`` keeps E[g²] per coordinate (needed by :func:`solve_equilibrium`);
-            ``'neuron'`` keeps only per-neuron sums (enough for :func:`noether_flow`; with
-            ``'hooks'`` it costs O(N·d) on top of the backward pass instead of a matmul).
+        level: ``'diag'`` keeps E[g²] per coordinate of every parameter; ``'solve'`` keeps
+            it per coordinate only for parameters whose two axes both carry generators (a
+            weight between two rescaled layers) and per-neuron sums elsewhere, which is
+            exactly what :func:`solve_equilibrium` needs; ``'neuron'`` keeps only per-neuron
+            sums (enough for :func:`noether_flow`, and for the solver when no parameter has
+            generators along two axes). With ``'hooks'``, a per-coordinate E[g²] costs one
+            matmul per layer and a per-neuron sum O(N·d).
         all_reduce: combine the statistics of all ``torch.distributed`` ranks into those of
             the global batch (uneven batches allowed); default: whether a process group is
             initialised. ``model`` may be wrapped in ``DistributedDataParallel``.
     """
     model = unwrap_ddp(model)
     red = parse_reduction(reduction)
+    level = _level(level)
     try:
         est = Estimator(estimator)
     except ValueError:

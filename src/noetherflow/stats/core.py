@@ -29,7 +29,8 @@ class Reduction(str, Enum):
 class Level(str, Enum):
     """How much per-coordinate detail the statistics of diagonal symmetries keep."""
 
-    DIAG = "diag"  # E[g²] per coordinate: flows and the joint equilibrium solver
+    DIAG = "diag"  # E[g²] per coordinate of every parameter: flows, the solver, own analysis
+    SOLVE = "solve"  # per coordinate only where the solver needs it, per-neuron sums elsewhere
     NEURON = "neuron"  # E[g²] summed per neuron/channel: flows only, O(B·d) extra work
 
 
@@ -61,9 +62,11 @@ class GradStats:
     Attributes:
         n: number of samples N.
         mean: ḡ per parameter (shape of the parameter).
-        sq: E[g ⊙ g] per parameter, for parameters of diagonal symmetries (``level="diag"``).
+        sq: E[g ⊙ g] per parameter, for parameters of diagonal symmetries (``level="diag"``;
+            with ``level="solve"`` only for parameters that generators act on along two axes).
         sq_axis: E[g ⊙ g] summed over every axis but one, keyed by (parameter, axis)
-            (``level="neuron"``: enough for flows, not for the solver).
+            (``level="neuron"`` and ``"solve"``: enough for flows, and for the solver on
+            parameters that generators act on along one axis only).
         side: per rotation, (E[∇W_f ∇W_fᵀ], E[∇U_f ∇U_fᵀ]), each ``[d, d]`` (M_W and M_U of
             DESIGN §2.1 before scaling by the time model).
         dense: per dense symmetry, E[g gᵀ] over its parameters, ``[P, P]``.
@@ -96,8 +99,11 @@ class GradStats:
 
     def check_finite(self) -> None:
         """Raise :class:`NonFiniteGradientError` if any statistic is NaN or infinite."""
+        # A non-finite per-sample gradient makes its squares non-finite too, so the means of
+        # parameters with squared statistics need no separate (full-size) pass.
+        squared = set(self.sq) | {p for p, _ in self.sq_axis}
         groups: list[tuple[str, Mapping[Any, Tensor]]] = [
-            ("mean gradient", self.mean),
+            ("mean gradient", {p: t for p, t in self.mean.items() if p not in squared}),
             ("squared gradient", self.sq),
             ("per-axis squared gradient", self.sq_axis),
             ("dense second moment", self.dense),

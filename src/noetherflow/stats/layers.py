@@ -2,9 +2,11 @@
 
 Index legend: n = samples, t = tokens (or conv positions), i = input features,
 o = output features. For sample n the per-sample gradient of a linear map is
-G_n = Σ_t g_{nto} a_{nti} (DESIGN §2.2), with ``a`` the layer input and ``g`` the gradient of
-the per-sample loss ℓ_n with respect to the layer output. Every function returns averages over
-samples (1/N Σ_n), the convention of :class:`noetherflow.GradStats`.
+G_n = Σ_t g_{nto} a_{nti} (DESIGN §2.2), with ``a`` the layer input and ``scale · g`` the
+gradient of the per-sample loss ℓ_n with respect to the layer output (``scale`` = N when the
+captured gradients are those of a batch-mean loss). Every function returns averages over
+samples (1/N Σ_n), the convention of :class:`noetherflow.GradStats`. Constant factors are
+applied to the smallest operand, or inside the BLAS call, never to a large result.
 """
 
 from __future__ import annotations
@@ -18,36 +20,43 @@ __all__ = [
     "col_moment",
     "row_moment",
     "weight_mean",
+    "neuron_sums",
     "weight_sq",
-    "weight_sq_axis",
 ]
 
 _CHUNK_ELEMS = 2**24  # per-sample gradient elements materialised at once with a token axis
 
 
-def weight_mean(a: Tensor, g: Tensor) -> Tensor:
+def _mm(x: Tensor, y: Tensor, alpha: float) -> Tensor:
+    """alpha · x @ y with the factor applied inside the matmul (no pass over the result)."""
+    out = torch.empty(x.shape[0], y.shape[1], dtype=x.dtype, device=x.device)
+    return torch.addmm(out, x, y, beta=0, alpha=alpha)
+
+
+def weight_mean(a: Tensor, g: Tensor, *, scale: float = 1.0) -> Tensor:
     """Mean gradient (1/N) Σ_n G_n. ``a``: ``[N, T, I]``, ``g``: ``[N, T, O]`` → ``[O, I]``."""
     n = a.shape[0]
     if a.shape[1] == 1:
-        return g[:, 0].T @ a[:, 0] / n
-    return torch.einsum("nto,nti->oi", g, a) / n
+        return _mm(g[:, 0].T, a[:, 0], scale / n)
+    return torch.einsum("nto,nti->oi", g, a).mul_(scale / n)
 
 
-def bias_mean(g: Tensor) -> Tensor:
+def bias_mean(g: Tensor, *, scale: float = 1.0) -> Tensor:
     """Mean bias gradient. ``g``: ``[N, T, O]`` → ``[O]``."""
-    return g.sum(dim=(0, 1)) / g.shape[0]
+    return g.sum(dim=(0, 1)).mul_(scale / g.shape[0])
 
 
-def _per_sample_chunks(a: Tensor, g: Tensor) -> list[Tensor]:
+def _per_sample_chunks(a: Tensor, g: Tensor, scale: float = 1.0) -> list[Tensor]:
     n, _, i = a.shape
     o = g.shape[2]
     step = max(1, _CHUNK_ELEMS // max(1, o * i))
+    gs = g if scale == 1.0 else g * scale
     return [
-        torch.einsum("nto,nti->noi", g[s : s + step], a[s : s + step]) for s in range(0, n, step)
+        torch.einsum("nto,nti->noi", gs[s : s + step], a[s : s + step]) for s in range(0, n, step)
     ]
 
 
-def weight_sq(a: Tensor, g: Tensor) -> Tensor:
+def weight_sq(a: Tensor, g: Tensor, *, scale: float = 1.0) -> Tensor:
     """Per-coordinate second moment (1/N) Σ_n G_n ⊙ G_n. Shapes as :func:`weight_mean`.
 
     Without a token axis (T = 1) this is one matmul, (g²)ᵀ(a²)/N, and nothing per-sample is
@@ -55,34 +64,53 @@ def weight_sq(a: Tensor, g: Tensor) -> Tensor:
     """
     n = a.shape[0]
     if a.shape[1] == 1:
-        return g[:, 0].square().T @ a[:, 0].square() / n
+        return _mm(g[:, 0].square().T, a[:, 0].square(), scale * scale / n)
     out = torch.zeros(g.shape[2], a.shape[2], dtype=a.dtype, device=a.device)
     for chunk in _per_sample_chunks(a, g):
         out += chunk.square().sum(0)
-    return out / n
+    return out.mul_(scale * scale / n)
 
 
-def weight_sq_axis(a: Tensor, g: Tensor, axis: int) -> Tensor:
-    """:func:`weight_sq` summed over the other axis: ``[O]`` (axis 0) or ``[I]`` (axis 1).
+def neuron_sums(
+    a: Tensor, g: Tensor, axes: tuple[int, ...], *, bias: bool = False, scale: float = 1.0
+) -> tuple[dict[int, Tensor], Tensor | None]:
+    """:func:`weight_sq` summed over the other axis for each axis in ``axes``, and the bias's.
 
-    Without tokens this is O(N·(O+I)): (1/N) Σ_n g_n² ‖a_n‖² per output, or
-    (1/N) Σ_n ‖g_n‖² a_n² per input — the per-neuron sums a rescaling flow needs.
+    Returns ``({0: [O], 1: [I]}, [O] or None)`` (the requested keys; the bias entry when
+    ``bias``). Without tokens this is O(N·(O+I)): (1/N) Σ_n g_n² ‖a_n‖² per output,
+    (1/N) Σ_n ‖g_n‖² a_n² per input and (1/N) Σ_n g_n² for the bias — the per-neuron sums a
+    rescaling flow needs. Each elementwise square is formed at most once per layer.
     """
     n = a.shape[0]
+    c = scale * scale / n
     if a.shape[1] != 1:
-        return weight_sq(a, g).sum(1 - axis)
+        full = weight_sq(a, g, scale=scale)
+        return {ax: full.sum(1 - ax) for ax in axes}, bias_sq(g, scale=scale) if bias else None
     a0, g0 = a[:, 0], g[:, 0]
-    if axis == 0:
-        return g0.square().T @ a0.square().sum(1) / n
-    return a0.square().T @ g0.square().sum(1) / n
+    g2 = g0.square() if (0 in axes or bias) else None
+    a2 = a0.square() if 1 in axes else None
+    out = {}
+    if 0 in axes:
+        assert g2 is not None
+        an2 = a2.sum(1) if a2 is not None else torch.linalg.vector_norm(a0, dim=1).square_()
+        out[0] = g2.T.mv(an2).mul_(c)
+    if 1 in axes:
+        assert a2 is not None
+        gn2 = g2.sum(1) if g2 is not None else torch.linalg.vector_norm(g0, dim=1).square_()
+        out[1] = a2.T.mv(gn2).mul_(c)
+    b = g2.sum(0).mul_(c) if g2 is not None and bias else None
+    return out, b
 
 
-def bias_sq(g: Tensor) -> Tensor:
+def bias_sq(g: Tensor, *, scale: float = 1.0) -> Tensor:
     """Per-coordinate second moment of the bias gradient. ``g``: ``[N, T, O]`` → ``[O]``."""
-    return g.sum(1).square().sum(0) / g.shape[0]
+    s = g[:, 0] if g.shape[1] == 1 else g.sum(1)
+    return s.square().sum(0).mul_(scale * scale / g.shape[0])
 
 
-def row_moment(a: Tensor, g: Tensor, rows: slice, *, bias: bool = False) -> Tensor:
+def row_moment(
+    a: Tensor, g: Tensor, rows: slice, *, bias: bool = False, scale: float = 1.0
+) -> Tensor:
     """(1/N) Σ_n G_n[rows] G_n[rows]ᵀ for a row block of the weight (or of the bias).
 
     This is M_W of DESIGN §2.1 for the map applied first. ``a``: ``[N, T, I]``,
@@ -90,32 +118,34 @@ def row_moment(a: Tensor, g: Tensor, rows: slice, *, bias: bool = False) -> Tens
     gᵀ diag(‖a_n‖²) g; with tokens it uses the per-sample Gram matrix a_n a_nᵀ (``[T, T]``).
     """
     n = a.shape[0]
+    c = scale * scale / n
     gr = g[..., rows]
     if bias:
         s = gr.sum(1)
-        return s.T @ s / n
+        return _mm((s * c).T, s, 1.0)
     if a.shape[1] == 1:
-        w = a[:, 0].square().sum(1, keepdim=True)
-        return (gr[:, 0] * w).T @ gr[:, 0] / n
-    gram = torch.einsum("nti,nsi->nts", a, a)
-    return torch.einsum("nto,nts,nsp->op", gr, gram, gr) / n
+        w = a[:, 0].square().sum(1, keepdim=True).mul_(c)
+        return _mm((gr[:, 0] * w).T, gr[:, 0], 1.0)
+    gram = torch.einsum("nti,nsi->nts", a, a).mul_(c)
+    return torch.einsum("nto,nts,nsp->op", gr, gram, gr)
 
 
-def col_moment(a: Tensor, g: Tensor, cols: slice) -> Tensor:
+def col_moment(a: Tensor, g: Tensor, cols: slice, *, scale: float = 1.0) -> Tensor:
     """(1/N) Σ_n G_n[:, cols]ᵀ G_n[:, cols] for a column block of the weight.
 
     This is M_U of DESIGN §2.1 for the map applied second. ``a``: ``[N, T, I]``,
     ``g``: ``[N, T, O]`` → ``[d, d]``. Without tokens it is aᵀ diag(‖g_n‖²) a.
     """
     n = a.shape[0]
+    c = scale * scale / n
     ac = a[..., cols]
     if a.shape[1] == 1:
-        w = g[:, 0].square().sum(1, keepdim=True)
-        return (ac[:, 0] * w).T @ ac[:, 0] / n
-    gram = torch.einsum("nto,nso->nts", g, g)
-    return torch.einsum("nti,nts,nsj->ij", ac, gram, ac) / n
+        w = g[:, 0].square().sum(1, keepdim=True).mul_(c)
+        return _mm((ac[:, 0] * w).T, ac[:, 0], 1.0)
+    gram = torch.einsum("nto,nso->nts", g, g).mul_(c)
+    return torch.einsum("nti,nts,nsj->ij", ac, gram, ac)
 
 
-def per_sample_weight(a: Tensor, g: Tensor) -> Tensor:
+def per_sample_weight(a: Tensor, g: Tensor, *, scale: float = 1.0) -> Tensor:
     """Materialised per-sample gradients. ``[N, T, I]``, ``[N, T, O]`` → ``[N, O, I]``."""
-    return torch.cat(_per_sample_chunks(a, g), dim=0)
+    return torch.cat(_per_sample_chunks(a, g, scale), dim=0)
