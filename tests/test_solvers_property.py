@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from noetherflow import equilibrium as eq
 from noetherflow.equilibrium import (
     _DiagProblem,
     _Grid,
     _solve_diag,
     _solve_rotation,
+    _spd_solve,
     geometric_mean,
 )
 
@@ -79,7 +82,7 @@ def test_diagonal_derivatives_match_autograd(seed: int, n1: int, n2: int, block:
     lam = torch.randn(n1 + n2, generator=torch.Generator().manual_seed(seed), dtype=DT) * 0.3
 
     def f(v: torch.Tensor) -> torch.Tensor:
-        return sum(0.5 * (lo + hi).sum() for _, lo, hi in prob._terms(v))  # type: ignore[return-value]
+        return sum(0.5 * (lo + hi).sum() for _, lo, hi in prob.terms(v))  # type: ignore[return-value]
 
     grad, _, hess = prob.derivatives(lam)
     ref_g = torch.autograd.functional.jacobian(f, lam)
@@ -102,3 +105,64 @@ def test_joint_diagonal_newton_zero_flow(seed: int, n1: int, n2: int, block: int
     for _ in range(5):
         d = torch.randn(n1 + n2, generator=g, dtype=DT) * 1e-3
         assert prob.value(lam + d) >= f0 - 1e-12 * abs(f0)
+
+
+@settings(max_examples=12, deadline=None)
+@given(st.integers(0, 10_000), st.floats(0.0, 14.0))
+def test_spd_solve_reaches_float64_backward_error(seed: int, cond: float) -> None:
+    """The float32 factor with float64 refinement (or its fallback) solves to float64 round-off."""
+    n = 300  # above the size where the float32 factor is tried
+    h = _spd(seed, n, cond)
+    b = torch.randn(n, generator=torch.Generator().manual_seed(seed), dtype=DT)
+    x = _spd_solve(h, b)
+    backward = float((h @ x - b).abs().max()) / (
+        float(h.abs().sum(1).max()) * float(x.abs().max()) + float(b.abs().max())
+    )
+    assert backward < 1e-13
+    if cond <= 6:  # well conditioned: the forward error is small too
+        ref = torch.linalg.solve(h, b)
+        assert float((x - ref).norm() / ref.norm()) < 1e-9
+
+
+def test_spd_solve_singular_falls_back_to_least_squares() -> None:
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(300, 5, generator=g, dtype=DT)
+    h = a @ a.T  # rank 5
+    b = h @ torch.randn(300, generator=g, dtype=DT)
+    x = _spd_solve(h, b)
+    assert float((h @ x - b).norm() / b.norm()) < 1e-8
+
+
+def test_mixed_precision_newton_matches_float64(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A joint solve over 2·200 coupled generators gives the same λ* with either factorisation."""
+    g = torch.Generator().manual_seed(3)
+    n = 200
+    # one weight between two rescaled layers (rows: generators 0..n-1, columns: n..2n-1),
+    # plus each layer's own terms along one axis
+    grids = [
+        _Grid(
+            torch.rand(n, n, generator=g, dtype=DT),
+            torch.rand(n, n, generator=g, dtype=DT),
+            [(0, n, 1, 1.0)],
+            [(n, n, 1, -1.0)],
+        ),
+        _Grid(
+            torch.rand(n, 1, generator=g, dtype=DT) * 50,
+            torch.rand(n, 1, generator=g, dtype=DT) * 50,
+            [(0, n, 1, -1.0)],
+            [],
+        ),
+        _Grid(
+            torch.rand(1, n, generator=g, dtype=DT) * 50,
+            torch.rand(1, n, generator=g, dtype=DT) * 50,
+            [],
+            [(n, n, 1, 1.0)],
+        ),
+    ]
+    prob = _DiagProblem(2 * n, {}, grids)
+    lam_mixed, _, rel_mixed, ok_mixed, _ = _solve_diag(prob, {}, tol=1e-12, max_iter=50)
+    monkeypatch.setattr(eq, "_MIXED_MIN", 10**9)
+    lam64, _, rel64, ok64, _ = _solve_diag(prob, {}, tol=1e-12, max_iter=50)
+    assert ok_mixed and ok64 and rel_mixed <= 1e-12 and rel64 <= 1e-12
+    assert float(lam64.abs().max()) > 0.1
+    assert float((lam_mixed - lam64).abs().max()) < 1e-9
