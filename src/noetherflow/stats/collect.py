@@ -345,6 +345,8 @@ def capture(
 
     ``reduction`` says whether the loss is the batch mean or the sum of per-sample losses.
     Only ``nn.Linear`` and ``nn.Conv1d/2d`` layers are captured; the batch is dim 0.
+    ``level`` is as in :func:`collect_stats` (``'neuron'`` for flows only, ``'solve'`` for the
+    solver, ``'diag'`` for per-coordinate E[g²] of every parameter).
     ``all_reduce`` (default: whether ``torch.distributed`` is initialised) combines the
     statistics of all ranks into those of the global batch (:mod:`.distributed`); every rank
     must then read ``stats``.
