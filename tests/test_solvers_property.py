@@ -166,3 +166,21 @@ def test_mixed_precision_newton_matches_float64(monkeypatch: pytest.MonkeyPatch)
     assert ok_mixed and ok64 and rel_mixed <= 1e-12 and rel64 <= 1e-12
     assert float(lam64.abs().max()) > 0.1
     assert float((lam_mixed - lam64).abs().max()) < 1e-9
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 10_000), st.integers(4, 9), st.integers(1, 2))
+def test_rotation_partly_overlapping_ranges(seed: int, d: int, c: int) -> None:
+    """X and Y share a c-dimensional range and each has a private direction: the geometric
+    mean is taken on the shared part, the other d − c directions are reported and unmoved."""
+    g = torch.Generator().manual_seed(seed)
+    shared = torch.randn(d, c, generator=g, dtype=DT)
+    a, b = torch.randn(d, 1, generator=g, dtype=DT), torch.randn(d, 1, generator=g, dtype=DT)
+    x = shared @ shared.T + a @ a.T
+    y = 0.3 * shared @ shared.T + b @ b.T
+    gm, null, before, after = _solve_rotation(x, y, rtol=1e-10, ridge=None)
+    assert null is not None and null.shape == (d, d - c)
+    q, _ = torch.linalg.qr(shared)
+    assert float((null.T @ q).abs().max()) < 1e-8  # reported directions ⟂ the common range
+    assert torch.allclose(gm @ null, null, atol=1e-10)  # identity on what is reported
+    assert before > 1e-3 and after < 1e-9

@@ -393,13 +393,36 @@ def geometric_mean(X: Tensor, Y: Tensor) -> Tensor:
     return (p + p.T) / 2
 
 
+def _common_range(rx: Tensor, ry: Tensor, tol: float = 1e-8) -> Tensor:
+    """Orthonormal basis of range X ∩ range Y from orthonormal range bases ``[d, r]``.
+
+    The directions of range X whose distance from range Y (the sine of the principal angle)
+    is at most ``tol``: right singular vectors of (I − R_Y R_Yᵀ) R_X, O(d·r²) not O(d³).
+    """
+    d = rx.shape[0]
+    if rx.shape[1] == 0 or ry.shape[1] == 0:
+        return rx.new_zeros(d, 0)
+    _, sv, vh = torch.linalg.svd(rx - ry @ (ry.T @ rx), full_matrices=False)
+    return rx @ vh[sv <= tol].T
+
+
+def _complement(q: Tensor) -> Tensor:
+    """Orthonormal basis ``[d, d − k]`` of the orthogonal complement of orthonormal ``q``."""
+    d, k = q.shape
+    if k == 0:
+        return torch.eye(d, dtype=q.dtype)
+    full, _ = torch.linalg.qr(q, mode="complete")
+    return full[:, k:]
+
+
 def _solve_rotation(
     X: Tensor, Y: Tensor, *, rtol: float, ridge: float | None
 ) -> tuple[Tensor, Tensor | None, float, float]:
     """G = P^{1/2} with P Y P = X on the common range.
 
     Returns (G, basis of the directions at infinity or None, relative flow before, after), the
-    flows measured on the finite directions only.
+    flows measured on the finite directions only. With singular statistics the geometric mean
+    is taken in a basis of the common range (k×k), and G is the identity on its complement.
     """
     d = X.shape[0]
     X = (X + X.T) / 2
@@ -410,30 +433,30 @@ def _solve_rotation(
     ex, vx = torch.linalg.eigh(X)
     ey, vy = torch.linalg.eigh(Y)
     top = float(max(ex.max(), ey.max(), 0.0))
-    cut = rtol * top
-    null = torch.cat([vx[:, ex <= cut], vy[:, ey <= cut]], dim=1)
     if top == 0.0:
         return eye, eye, 0.0, 0.0
-    if null.shape[1] == 0:
-        p = geometric_mean(X, Y)
-        nb = None
-    else:
-        u, sv, _ = torch.linalg.svd(null, full_matrices=True)
-        k = int((sv > 1e-8).sum())
-        nb, q = u[:, :k], u[:, k:]
+    cut = rtol * top
+    q: Tensor | None = None
+    nb: Tensor | None = None
+    xs, ys = X, Y
+    if bool((ex <= cut).any() or (ey <= cut).any()):
+        q = _common_range(vx[:, ex > cut], vy[:, ey > cut])
+        nb = _complement(q)
         if q.shape[1] == 0:
             return eye, nb, 0.0, 0.0
-        pr = geometric_mean(q.T @ X @ q, q.T @ Y @ q)
-        p = q @ pr @ q.T + nb @ nb.T
-    g = _sym_fn(p, torch.sqrt)
-    gi = torch.linalg.inv(g)
-    proj = eye if nb is None else eye - nb @ nb.T
+        xs, ys = q.T @ X @ q, q.T @ Y @ q
+    w, v = torch.linalg.eigh(geometric_mean(xs, ys))
+    w = w.clamp(min=float(w.max()) * 1e-300)
+    gr = (v * w.sqrt()) @ v.T
+    gri = (v / w.sqrt()) @ v.T
 
     def rel(x: Tensor, y: Tensor) -> float:
-        x, y = proj @ x @ proj, proj @ y @ proj
         return float((x - y).norm() / (x.norm() + y.norm()).clamp_min(1e-300))
 
-    return g, nb, rel(X, Y), rel(gi @ X @ gi.T, g.T @ Y @ g)
+    before, after = rel(xs, ys), rel(gri @ xs @ gri, gr @ ys @ gr)
+    if q is None:
+        return gr, None, before, after
+    return eye + q @ (gr - torch.eye(q.shape[1], dtype=gr.dtype)) @ q.T, nb, before, after
 
 
 def _rotation_xy(
@@ -573,9 +596,11 @@ def solve_equilibrium(
                     reports[names[s]] = InfinityReport(
                         names[s],
                         nb,
-                        f"{nb.shape[1]} of {s.d} hidden directions have singular gradient "
-                        "statistics (no noise and no weight decay there): their equilibrium is "
-                        "at infinity; solved on the rest",
+                        f"{nb.shape[1]} of {s.d} hidden directions lie outside the common range "
+                        "of X = M_U + κWWᵀ and Y = M_W + κUᵀU (no gradient noise and no "
+                        "weight-decay term on one side: the width exceeds what the weights and "
+                        "data span): their equilibrium is at infinity; solved on the rest, "
+                        "those left unmoved",
                     )
                 g = g.to(s.params[0].device)
                 steps.append((index[s], g))
@@ -611,7 +636,8 @@ def solve_equilibrium(
         t = totals[s]
         if isinstance(s, DoubleRotation):
             p = t @ t.T
-            distance[names[s]] = _sym_fn((p + p.T) / 2, torch.log).norm()
+            # ‖log P‖_F from the eigenvalues alone (P is symmetric positive definite)
+            distance[names[s]] = torch.linalg.eigvalsh((p + p.T) / 2).log().norm()
         elif isinstance(s, DenseSymmetry):
             distance[names[s]] = torch.tensor(abs(float(t)))
         else:
