@@ -28,7 +28,7 @@ from torch import Tensor, nn
 
 from noetherflow._errors import StatisticsError
 from noetherflow.flow import NoiseModel
-from noetherflow.stats.core import GradStats, stats_from_samples
+from noetherflow.stats.core import GradStats, axis_sum, stats_from_samples
 from noetherflow.symmetry.base import DiagonalSymmetry, Symmetry
 from noetherflow.symmetry.dense import DenseSymmetry
 from noetherflow.symmetry.rotation import DoubleRotation
@@ -206,11 +206,6 @@ class _DiagProblem:
         return out
 
 
-def _axis_sum(v: Tensor, axis: int) -> Tensor:
-    """Sum of ``v`` over every axis but ``axis``. Has shape ``[v.shape[axis]]``."""
-    return v.movedim(axis, 0).reshape(v.shape[axis], -1).sum(1)
-
-
 def _to_grid(v: Tensor) -> Tensor:
     v = v.to(torch.float64).cpu()
     if v.dim() == 1:
@@ -257,9 +252,9 @@ def _diag_problem(
                 "), but these statistics hold only per-neuron sums (level='neuron'); collect "
                 "them with level='solve' or 'diag' (the default)."
             )
-        msq = _axis_sum(mean.square(), ax)
+        msq = axis_sum(mean.square(), ax)
         m = (nm.c_mean * msq + nm.c_second * stats.sq_axis[(p, ax)].to(torch.float64)).cpu()
-        m, cs = m.clamp(min=0), _axis_sum(c, ax).cpu()
+        m, cs = m.clamp(min=0), axis_sum(c, ax).cpu()
         shape = (-1, 1) if ax == 0 else (1, -1)
         grids.append(_Grid(m.reshape(shape), cs.reshape(shape), rows, cols))
     return _DiagProblem(n, offsets, grids)

@@ -19,7 +19,7 @@ from enum import Enum
 import torch
 from torch import Tensor, nn
 
-from noetherflow.stats.core import GradStats
+from noetherflow.stats.core import GradStats, axis_sum
 from noetherflow.symmetry.base import DiagonalSymmetry, Symmetry
 from noetherflow.symmetry.dense import DenseSymmetry
 from noetherflow.symmetry.rotation import DoubleRotation
@@ -130,7 +130,7 @@ def diag_noise(s: DiagonalSymmetry, stats: GradStats, nm: NoiseModel) -> Tensor:
     out = torch.zeros(s.num_generators, dtype=torch.float64, device=s.params[0].device)
     for t in s.terms():
         mean = stats.mean[t.param]
-        msq = mean.square().movedim(t.axis, 0).reshape(mean.shape[t.axis], -1).sum(1)
+        msq = axis_sum(mean.square(), t.axis)
         m = nm.c_mean * msq + nm.c_second * stats.axis_sq(t.param, t.axis)
         out += t.sign * m.to(torch.float64).reshape(t.num_generators, t.block).sum(1)
     return out

@@ -22,6 +22,7 @@ from noetherflow.stats.core import (
     GradStats,
     Level,
     Reduction,
+    axis_sum,
     check_batch,
     needs_samples,
     parse_reduction,
@@ -282,7 +283,7 @@ class Capture:
                 ws, bs = L.neuron_sums(a, g, axes, bias=has_b, scale=sc)
             else:  # conv: the factor's input axis mixes channels and kernel taps
                 full = L.weight_sq(a, g, scale=sc).reshape(mod.weight.shape)  # type: ignore[arg-type]
-                ws = {ax: full.movedim(ax, 0).reshape(full.shape[ax], -1).sum(1) for ax in axes}
+                ws = {ax: axis_sum(full, ax) for ax in axes}
                 bs = L.bias_sq(g, scale=sc) if has_b else None
             for ax, v in ws.items():
                 out[(w, ax)] = v  # type: ignore[index]

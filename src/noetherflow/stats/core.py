@@ -42,6 +42,11 @@ class Estimator(str, Enum):
     MICROBATCH = "microbatch"  # one backward pass per micro-batch: any model, BatchNorm included
 
 
+def axis_sum(v: Tensor, axis: int) -> Tensor:
+    """Sum of ``v`` over every axis but ``axis``. Has shape ``[v.shape[axis]]``."""
+    return v.movedim(axis, 0).reshape(v.shape[axis], -1).sum(1)
+
+
 def parse_reduction(reduction: str | Reduction) -> Reduction:
     try:
         return Reduction(reduction)
@@ -87,8 +92,7 @@ class GradStats:
     def axis_sq(self, p: nn.Parameter, axis: int) -> Tensor:
         """E[g ⊙ g] of ``p`` summed over every axis but ``axis``. Has shape ``[p.shape[axis]]``."""
         if p in self.sq:
-            v = self.sq[p]
-            return v.movedim(axis, 0).reshape(v.shape[axis], -1).sum(1)
+            return axis_sum(self.sq[p], axis)
         try:
             return self.sq_axis[(p, axis)]
         except KeyError:
