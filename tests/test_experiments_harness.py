@@ -307,6 +307,19 @@ def test_metrics_schema(tmp_path: Path) -> None:
     assert not [p for p in (tmp_path / "fake_good").iterdir() if p.name.endswith(".tmp")]
 
 
+def test_relative_out_dir_keeps_figures(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--out results` (relative, as in the README): figures are recorded and rendered."""
+    monkeypatch.chdir(tmp_path)
+    rec = run_experiment("fake_good", _target(GoodExp), quick=True, seed=3, out_dir="results")
+    assert rec["status"] == "ok", rec["error"]
+    assert rec["figures"] == ["good.png"]
+    md_path, html_path = report.write_report([rec], "results")
+    assert "missing figure" not in html_path.read_text()
+    assert "data:image/png;base64," in html_path.read_text()
+    assert "](fake_good/good.png)" in md_path.read_text()
+    assert (tmp_path / "results" / "fake_good" / "good.png").is_file()
+
+
 def test_quick_field_config(tmp_path: Path) -> None:
     rec = run_experiment("qf", _target(QuickFieldExp), quick=True, seed=0, out_dir=tmp_path)
     assert rec["status"] == "ok", rec["error"]

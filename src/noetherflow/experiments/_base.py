@@ -540,11 +540,16 @@ def run_experiment(
 
 
 def _relative_figure(p: str | Path, exp_dir: Path) -> str:
+    # plot() receives exp_dir as given (possibly relative to the working directory), so a
+    # relative path it returns is usually exp_dir/name already; a bare name is taken relative
+    # to exp_dir. Joining exp_dir twice lost every figure of `--out results`.
     path = Path(p)
+    root = exp_dir.resolve()
     if not path.is_absolute():
-        path = exp_dir / path  # relative paths are relative to the experiment directory
+        as_written = path.resolve()
+        path = as_written if as_written.is_relative_to(root) else exp_dir / path
     try:
-        return str(path.resolve().relative_to(exp_dir.resolve()))
+        return str(path.resolve().relative_to(root))
     except ValueError:
         raise ValueError(
             f"plot() returned {str(p)!r}, outside the experiment directory {str(exp_dir)!r}; "
