@@ -136,7 +136,7 @@ MATHJAX_URI = "javascripts/mathjax/tex-svg.js"
 
 
 def mathjax_bundle() -> Path:
-    """The installed MathJax 3 ``tex-svg-full.js`` (one self-contained file: fonts and every TeX extension)."""
+    """The installed MathJax 3 ``tex-svg-full.js``: one file, fonts and all TeX extensions."""
     import mathjax  # the django-static-mathjax package: MathJax's own files, nothing else
 
     path = Path(mathjax.__file__).parent / "static" / "mathjax" / "es5" / "tex-svg-full.js"
