@@ -21,7 +21,11 @@ IDS = {
     "teleport-cnn": "noetherflow.experiments.teleport_cnn",
 }
 CLAIMS = {
-    "teleport-fig4": {"teleport_no_warmup_stable", "teleport_flattens", "teleport_faster"},
+    "teleport-fig4": {
+        f"{prefix}{c}"
+        for prefix in ("", "reachable_")
+        for c in ("teleport_no_warmup_stable", "teleport_flattens", "teleport_faster")
+    },
     "teleport-mlp": {
         f"{m}_{c}"
         for m in ("teleport_start", "teleport_every")
@@ -63,6 +67,12 @@ def test_fig4_robust_facts(quick: Any) -> None:
     assert np.mean(r["top_eig_minibatch_teleported"]) < np.mean(r["top_eig_minibatch_kaiming"])
     assert r["runs"]["warmup"]["n_diverged"] == 0
     assert r["runs"]["none"]["n_diverged"] == len(r["runs"]["none"]["diverged_at_step"])
+    # the second setting: the orbit reaches stability and the teleport lands below 2/η_max
+    reach = r["reachable"]
+    assert np.mean(reach["orbit_min_top_eig_minibatch"]) < thr
+    assert np.mean(reach["top_eig_minibatch_teleported"]) < thr
+    assert all(t["output_rel_change"] < 1e-12 for t in reach["teleport"])
+    assert teleport_fig4.setup(teleport_fig4.Config.quick())
 
 
 def test_digits_robust_facts(quick: Any) -> None:
