@@ -217,6 +217,8 @@ def test_fig4_simulator_matches_library_integrators(run_name: str) -> None:
 
 def test_fig5_quick(quick_run: Path) -> None:
     data = _metrics(quick_run, "fig5")
+    assert data["results"]["library_charge_trace_max_rel_err"] < 1e-12
+    assert fig5.setup(fig5.Config.quick())
     claims = {c["id"]: c for c in data["claims"]}
     assert set(claims) == {"intermediate_norms_equal", "init_independent"}
     for c in claims.values():
@@ -242,6 +244,44 @@ def test_fig5_quick(quick_run: Path) -> None:
     assert np.all(imbalance(rnd[:, -1]) < 0.1 * imbalance(rnd[:, 0]))
     assert data["figures"] == ["fig5.png"]
     assert (quick_run / "fig5" / "fig5.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_fig5_simulator_matches_run_online_sgd() -> None:
+    """fig5's batched numpy SGD, step for step, against train.run_online_sgd replaying the same
+    minibatches on nn.Linear layers (float64); and nf.charges' traces are the norm gaps."""
+    from torch import nn
+
+    from noetherflow.experiments._base import derive_seed
+    from noetherflow.train import run_online_sgd
+
+    cfg = dataclasses.replace(fig5.Config.quick(), n_steps=30, n_seeds=1, batch_size=2,
+                              log_every=10)  # fmt: skip
+    data = load_digits_data()
+    dims = fig5._dims(cfg, data)
+    ws, _ = fig5._init(cfg, 4, dims)
+    start = [w.copy() for w in ws]
+    final, norms, _ = fig5.simulate(cfg, 4, data, ws)
+    idx = np.random.default_rng(derive_seed(4, "fig5", "batches")).integers(
+        0, data.n, size=(cfg.n_steps, 1, cfg.batch_size)
+    )[:, 0]
+    x, y = torch.as_tensor(data.x), torch.as_tensor(data.one_hot())
+    lr = cfg.lr_norm / float((data.x**2).sum(1).mean())
+    for run in (0, 1):  # the equal-norm and the random-norm init of seed 0
+        layers = [nn.Linear(w.shape[2], w.shape[1], bias=False).double() for w in start]
+        with torch.no_grad():
+            for lin, w in zip(layers, start, strict=True):
+                lin.weight.copy_(torch.as_tensor(w[run]))
+        net = nn.Sequential(*layers)
+        res = run_online_sgd(
+            net, lambda o, t: ((o - t) ** 2).sum(1).mean(),
+            lambda k: (x[idx[k]], y[idx[k]]), lr=lr, steps=cfg.n_steps,
+        )  # fmt: skip
+        for i, lin in enumerate(layers):
+            np.testing.assert_allclose(lin.weight.detach().numpy(), final[i][run], rtol=1e-10,
+                                       atol=1e-13)  # fmt: skip
+        assert not res.diverged
+    assert norms.shape == (2, cfg.n_steps // cfg.log_every + 1, cfg.depth)
+    assert fig5.library_charge_check(final) < 1e-12
 
 
 def test_fig5_deterministic(tmp_path: Path) -> None:
