@@ -216,4 +216,8 @@ def summarise_drift(res: dict[str, Any], cfg: DriftConfig) -> dict[str, Any]:
         "stationary_bias_before_drift": stationary_bias,
         "library_vs_closed_form_rms": float(np.sqrt(np.mean((c_star.mean(1) - c_closed) ** 2))),
         "spread_rms": float(np.sqrt(np.mean(c[win].var(1)))),
+        "lag_rms_minus_stationary_bias": float(np.sqrt(np.mean((lag[win] - stationary_bias) ** 2))),
+        "relative_rms_closed_form": float(
+            np.sqrt(np.mean(((c[win] - c_closed[win, None]) / c_closed[win, None]) ** 2))
+        ),
     }
