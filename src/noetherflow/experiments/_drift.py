@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -105,6 +105,7 @@ class _Probe:
     def measure(self, u: float, w: np.ndarray, s: float) -> dict[str, float]:
         """Charge, equilibrium charge and Lemma B.5's block rates at (u, w) under variance s."""
         import torch
+        from torch import nn
 
         import noetherflow as nf
 
@@ -126,12 +127,9 @@ class _Probe:
         w_eq = self.first.weight.detach()
         u_eq = self.second.weight.detach()
         stats_eq = nf.collect_stats(self.model, self.syms, self.loss_fn, x, y)
-        var_w = float(
-            (stats_eq.sq[self.first.weight] - stats_eq.mean[self.first.weight] ** 2).sum()
-        )
-        var_u = float(
-            (stats_eq.sq[self.second.weight] - stats_eq.mean[self.second.weight] ** 2).sum()
-        )
+        wp, up = cast(nn.Parameter, self.first.weight), cast(nn.Parameter, self.second.weight)
+        var_w = float((stats_eq.sq[wp] - stats_eq.mean[wp] ** 2).sum())
+        var_u = float((stats_eq.sq[up] - stats_eq.mean[up] ** 2).sum())
         rate_plus = var_w / float((w_eq**2).sum())
         rate_minus = var_u / float((u_eq**2).sum())
         handle.undo()

@@ -508,6 +508,7 @@ def _direction_claims(runs: dict[str, Any]) -> list[Claim]:
         for name, r in (("gd", gd), ("xavier", xav))
     }
     xav_seeds = np.asarray(xav["S_end_per_seed"], dtype=float) / float(xav["S_init_mean"]) - 1
+    gd_seeds = np.asarray(gd["S_end_per_seed"], dtype=float) / float(gd["S_init_mean"]) - 1
     d_x = float(xav["S_end_mean"]) - float(xav["S_init_mean"])
     return [
         Claim(
@@ -519,7 +520,7 @@ def _direction_claims(runs: dict[str, Any]) -> list[Claim]:
             threshold=0.0,
             note=f"S_init {float(gd['S_init_mean']):.4g}, S_end {float(gd['S_end_mean']):.4g}; GD "
             "conserves ‖U‖² − ‖W‖², so from Kaiming (‖U‖² ≈ d, ‖W‖² ≈ 1) it can only shrink "
-            "‖W‖² while fitting: S decreases here",
+            f"‖W‖² while fitting; per seed {np.round(gd_seeds, 3).tolist()}",
         ),
         Claim(
             id="xavier_sharpness_increases",
@@ -566,7 +567,9 @@ def _orbit_and_library_claims(res: dict[str, Any], cfg: Config, *, prefix: str) 
             value=abs(s_lib / s_pred - 1.0),
             op=Op.LT,
             threshold=0.15,
-            note=f"S_lib = {s_lib:.4g}, S_pred = {s_pred:.4g}; nf.charges vs ‖W‖² − ‖U‖²: max "
+            note=f"S_lib = {s_lib:.4g} (per seed "
+            f"{np.round(np.asarray(lib['S_equilibrium'], dtype=float), 1).tolist()}), "
+            f"S_pred = {s_pred:.4g}; nf.charges vs ‖W‖² − ‖U‖²: max "
             f"rel. error {lib['charge_max_rel_err']:.2g}",
         ),
     ]
