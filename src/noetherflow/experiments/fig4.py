@@ -382,6 +382,7 @@ def _analyse(cfg: Config, seed: int) -> dict[str, Any]:
             "diverged_at_step": [dv.step for dv in divs],
             "last_finite_loss": [dv.last_finite_value for dv in divs],
             "S_init_mean": float(np.mean(S[name][:, 0])),
+            "S_init_per_seed": S[name][:, 0],
             "S_end_per_seed": s_end_seed,
             "S_end_mean": float(np.mean(s_end_seed))
             if np.all(np.isfinite(s_end_seed))
@@ -507,8 +508,11 @@ def _direction_claims(runs: dict[str, Any]) -> list[Claim]:
         name: float(r["S_end_mean"]) / float(r["S_init_mean"]) - 1.0
         for name, r in (("gd", gd), ("xavier", xav))
     }
-    xav_seeds = np.asarray(xav["S_end_per_seed"], dtype=float) / float(xav["S_init_mean"]) - 1
-    gd_seeds = np.asarray(gd["S_end_per_seed"], dtype=float) / float(gd["S_init_mean"]) - 1
+    xav_seeds, gd_seeds = (
+        np.asarray(r["S_end_per_seed"], dtype=float) / np.asarray(r["S_init_per_seed"], dtype=float)
+        - 1.0
+        for r in (xav, gd)
+    )
     d_x = float(xav["S_end_mean"]) - float(xav["S_init_mean"])
     return [
         Claim(
