@@ -163,6 +163,15 @@ class Config:
     - A diverging run is data: its per-step minibatch losses go to inf/NaN and
       :func:`~noetherflow.experiments._base.find_divergence` records the step and last
       finite loss.
+    - Second setting (issue #17; ``reachable()``, claims ``reachable_*``):
+      ``reachable_input_var = 1.5``, ``reachable_noise_var = 4``. In the first setting no
+      point of the symmetry orbit of the init is stable at ``η_max``; here most seeds have
+      one (pilot in NOTES), so warmup and teleport test the paper's mechanism. The orbit's
+      flattest point is the minimum of ``E_x λ_max(∇²ℓ_x)`` (``hessian_samples`` fresh
+      samples, closed form) over ``orbit_grid`` values of λ in ``±orbit_span``.
+    - The library's equilibrium: ``nf.collect_stats`` on ``stats_batch`` fresh samples at each
+      final SGD-Kaiming state, ``nf.solve_equilibrium`` (continuous time, ``η_small``, S = 1),
+      ``nf.teleport``; its S is compared with Thm 5.2 like ``S_end``.
     - float64 throughout.
     """
 

@@ -106,6 +106,9 @@ class Config:
       last ``end_window`` of the steps of the population loss; the steps to reach it are the
       first logged step at which a run's seed-mean population loss is at or below it (never
       reached: ∞). A run with a diverged seed has a non-finite seed mean and never reaches it.
+    - Both of fig4's settings run (issue #17): the figure's (input variance 5), where no
+      orbit point is stable at ``η_max``, and ``reachable()`` (input variance 1.5, label
+      noise 4; claims ``reachable_*``), where the orbit reaches stability.
     """
 
     d_io: int = _F4.d_io
