@@ -41,7 +41,7 @@ PAPER = (
     "first order (eq. 20); large ζ leaves an SGD bias C − C* = 2σ²Tr[Σ(θ*)A]/(ζh) ∝ σ² "
     "(eq. 23) that vanishes under GD."
 )
-PAPER_ORDER = 5.5
+PAPER_ORDER = 5.4
 NOTES = (
     "History. A pilot at η = 0.02, S = 1 put the small-ζ shift 9% off the first-order "
     "formula (its O(ηh), O(σ²) corrections); η = 0.01, S = 2 keeps them near 3%. Thresholds "

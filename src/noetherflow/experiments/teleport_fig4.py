@@ -35,7 +35,7 @@ PAPER = (
     "point where η_max can be used; tested by teleporting to the noise equilibrium instead of "
     "warming up (not in the paper: a consequence of its mechanism)."
 )
-PAPER_ORDER = 5.21
+PAPER_ORDER = 4.05
 NOTES = (
     "History. First version: fig4's setting only (input variance 5): teleport at step 0 left "
     "3/6 seeds diverging at η_max, λ_max after teleport 522 > 2/η_max = 250, and the orbit's "
