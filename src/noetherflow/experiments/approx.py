@@ -76,6 +76,9 @@ def setup(cfg: Config) -> list[dict[str, str]]:
          "ours": f"{cfg.n_chains} chains (quick {quick.n_chains}), burn-in {cfg.burn_large}, "
                  f"average over {cfg.avg_large} steps (quick {quick.avg_large})",
          "why": "time averages at constant η after a burn-in"},
+        {"quantity": "ζ sweep (plot)", "paper": "—",
+         "ours": f"ζ/r ∈ {list(cfg.zeta_sweep_over_rate)} (quick "
+                 f"{list(quick.zeta_sweep_over_rate)})", "why": "cost; not a claim"},
         {"quantity": "γ / schedule", "paper": "—", "ours": "γ = 0, constant η", "why": "—"},
     ]  # fmt: skip
 

@@ -84,8 +84,10 @@ def setup(cfg: Config) -> list[dict[str, str]]:
                  f"{list(quick.batch_sizes)})", "why": "spread of |λ*| < 0.05"},
         {"quantity": "γ / schedule", "paper": "γ = 0 (§4.2)", "ours": "γ = 0, constant η",
          "why": "—"},
-        {"quantity": "chains", "paper": "—",
-         "ours": f"{cfg.n_chains} per S (quick {quick.n_chains})", "why": "cost"},
+        {"quantity": "chains, logs", "paper": "—",
+         "ours": f"{cfg.n_chains} per S (quick {quick.n_chains}); logs every "
+                 f"{cfg.log_dt_early:g}/{cfg.log_dt_late:g} t_equi (quick "
+                 f"{quick.log_dt_early:g}/{quick.log_dt_late:g})", "why": "cost"},
         {"quantity": "drift (Thm 4.5)", "paper": "dC* = μdt + s dW",
          "ours": f"s = 0; C* ramped {cfg.drift_charge_start:g} → {cfg.drift_charge_end:g} by "
                  f"the variance of x₁, fresh samples, {cfg.drift_steps} steps after "
