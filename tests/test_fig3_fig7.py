@@ -188,3 +188,25 @@ def test_fig7_deterministic(tmp_path: Path) -> None:
     np.testing.assert_array_equal(a["series"]["netB_gd_norm"], b["series"]["netB_gd_norm"])
     assert not np.array_equal(a["series"]["netA_sgd_norm"], c["series"]["netA_sgd_norm"])
     assert len(fig7.claims(a, cfg)) == 3
+    assert fig7.setup(cfg)
+
+
+def test_fig7_module_is_the_functional_net_and_trains_through_the_library() -> None:
+    """ScaleInvariantNet is forward(); its symmetries hold; run_sgd keeps every charge's
+    exact step identity (nf.exact_step_charges) to round-off, float64."""
+    g = torch.Generator().manual_seed(1)
+    u = torch.randn(1, 4, generator=g, dtype=torch.float64)
+    w = torch.randn(4, 3, generator=g, dtype=torch.float64)
+    x = torch.randn(9, 3, generator=g, dtype=torch.float64)
+    for net in ("A", "B"):
+        model = fig7.ScaleInvariantNet(net, u, w)
+        torch.testing.assert_close(model(x), fig7.forward(net, u, w, x), rtol=0, atol=0)
+        syms = model.symmetries()
+        assert set(syms.names) == ({"total"} if net == "A" else {"total", "u", "w"})
+        assert all(r.verified for r in syms.verify(model, x)), net
+        cfg = dataclasses.replace(make_config(fig7, quick=True), n_steps=30, n_records=10)
+        for method in ("sgd", "gd"):
+            out = fig7._train_one(cfg, 2, net, method)
+            assert len(out["u2"]) == 31 and out["identity_residual"] < 1e-12, (net, method)
+            total = out["u2"] + out["w2"]
+            assert np.all(np.diff(total) > 0), (net, method)

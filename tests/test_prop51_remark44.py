@@ -61,6 +61,7 @@ def test_prop51_quick(quick_run: Path) -> None:
     s = data["series"]
     assert len(s["sgd_q_norm"]) == len(s["gd_q_norm"]) == len(s["step"])
     assert r["signs_init"] == [5, 5]
+    assert r["library_charge_max_rel_err"] < 1e-10  # nf.charges of the double rotation is −Q
     assert data["figures"] == ["prop51.png"]
     assert (quick_run / "prop51" / "prop51.png").read_bytes()[:4] == b"\x89PNG"
 
@@ -87,6 +88,25 @@ def test_prop51_loop_is_run_sgd() -> None:
             generator=torch.Generator().manual_seed(11))  # fmt: skip
     np.testing.assert_allclose(ours["w"][-1], model[0].weight.detach().numpy()[:, 0], rtol=1e-12)
     np.testing.assert_allclose(ours["u"][-1], model[1].weight.detach().numpy()[0], rtol=1e-12)
+
+
+def test_prop51_library_training_is_the_explicit_loop() -> None:
+    """run() trains through run_sgd/run_gd (train_library); its trajectory and per-step m
+    equal the explicit loop on the replayed minibatches, every step, float64."""
+    cfg = dataclasses.replace(prop51.Config.quick(), batch_size=2, n_steps=50)
+    x, y = prop51.make_data(cfg, 1)
+    u0, w0 = prop51.mixed_sign_init(cfg, 1)
+    lib = prop51.train_library(cfg, x, y, u0, w0, batch_seed=7)
+    gen = torch.Generator().manual_seed(7)
+    idx = torch.stack([sample_batch(cfg.n_samples, 2, generator=gen) for _ in range(50)])
+    ref = prop51.train(u0, w0, x, y, lr=cfg.lr, steps=50, batch_idx=idx.numpy())
+    for key in ("u", "w", "m"):
+        np.testing.assert_allclose(lib[key], ref[key], rtol=1e-11, atol=1e-14)
+    gd = prop51.train_library(cfg, x, y, u0, w0, batch_seed=None)
+    ref_gd = prop51.train(u0, w0, x, y, lr=cfg.lr, steps=50, batch_idx=None)
+    for key in ("u", "w", "m"):
+        np.testing.assert_allclose(gd[key], ref_gd[key], rtol=1e-11, atol=1e-14)
+    assert prop51.setup(cfg)
 
 
 def test_prop51_q_helpers() -> None:
