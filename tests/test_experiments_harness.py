@@ -24,6 +24,10 @@ from noetherflow.experiments import (
     METRICS_FILE,
     Claim,
     Op,
+    Record,
+    RunContext,
+    current_context,
+    default_jobs,
     derive_seed,
     evaluate,
     find_divergence,
@@ -31,6 +35,7 @@ from noetherflow.experiments import (
     registry,
     run_experiment,
     save_figure,
+    use_context,
 )
 
 # --------------------------------------------------------------------------------------
@@ -503,11 +508,68 @@ def test_mnist_flag_validates_directory(tmp_path: Path) -> None:
 
 
 def test_overrides_reach_only_configs_that_have_the_field(tmp_path: Path) -> None:
-    from noetherflow.experiments import registry
-    from noetherflow.experiments._base import run_experiment
+    from noetherflow.experiments import registry, run_experiment
 
     rec = run_experiment(
         "fig1", registry.target("fig1"), quick=True, out_dir=tmp_path,
         overrides={"mnist_dir": "/x", "n_steps": 20},
     )  # fmt: skip
     assert rec["config"]["n_steps"] == 20 and "mnist_dir" not in rec["config"]
+
+
+# --------------------------------------------------------------------------------------
+# run context (no module-global state) and the record
+# --------------------------------------------------------------------------------------
+
+
+class JobsSeenExp(GoodExp):
+    """Records the worker budget the experiment saw through default_jobs()."""
+
+    @staticmethod
+    def run(cfg: Any, seed: int, out_dir: Path) -> dict[str, Any]:
+        ctx = current_context()
+        return {"series": {}, "jobs": default_jobs(), "ctx_seed": ctx.seed}
+
+    @staticmethod
+    def claims(results: dict[str, Any], cfg: Any) -> list[Claim]:
+        return []
+
+    @staticmethod
+    def plot(results: dict[str, Any], cfg: Any, out_dir: Path) -> list[Path]:
+        return []
+
+
+def test_run_context_is_scoped_to_the_run(tmp_path: Path) -> None:
+    """The budget reaches the experiment and does not leak into the caller afterwards
+    (the old harness set module globals that stayed set after run_experiment)."""
+    assert default_jobs() == 1 and current_context() == RunContext()
+    rec = run_experiment("js", _target(JobsSeenExp), seed=9, out_dir=tmp_path, jobs=3)
+    assert rec["status"] == "ok", rec["error"]
+    assert rec["results"] == {"jobs": 3, "ctx_seed": 9}
+    assert default_jobs() == 1 and current_context() == RunContext()
+    with use_context(RunContext(jobs=2, seed=4)):
+        assert default_jobs() == 2 and current_context().seed == 4
+    assert default_jobs() == 1
+    for bad in ({"jobs": 0}, {"torch_threads": 0}, {"seed": -1}, {"jobs": True}):
+        with pytest.raises(ValueError, match="expected an int"):
+            RunContext(**bad)
+
+
+def test_parallel_map_explicit_context_and_seed_validation() -> None:
+    fn = partial(_noisy_sum, scale=2.0)
+    via_ctx = parallel_map(fn, range(3), context=RunContext(jobs=1, seed=7))
+    assert via_ctx == parallel_map(fn, range(3), jobs=1, seed=7)
+    with pytest.raises(ValueError, match="seed=-2"):
+        parallel_map(fn, range(2), seed=-2)
+
+
+def test_record_keys_are_the_metrics_schema(tmp_path: Path) -> None:
+    """One Record type writes both the normal and the crash record: same keys."""
+    ok = run_experiment("fake_good", _target(GoodExp), quick=True, seed=3, out_dir=tmp_path)
+    crashed = Record(experiment="x", target="t", quick=True, seed=0)
+    crashed.fail("worker", RuntimeError("killed"))
+    d = crashed.to_dict()
+    assert set(d) == set(ok)
+    assert d["status"] == "error" and d["error"]["stage"] == "worker"
+    assert d["error"]["message"] == "killed" and "RuntimeError" in d["error"]["traceback"]
+    json.dumps(d, allow_nan=False)

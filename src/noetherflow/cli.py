@@ -152,8 +152,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     )
 
     from noetherflow import report
-    from noetherflow.experiments import registry
-    from noetherflow.experiments._base import run_experiments
+    from noetherflow.experiments import registry, run_experiments
 
     try:
         ids = registry.resolve_ids(args.ids)

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from noetherflow._io import atomic_write_text
-from noetherflow.experiments._base import METRICS_FILE, Status
+from noetherflow.experiments import METRICS_FILE, Status
 
 __all__ = [
     "FAILS",
