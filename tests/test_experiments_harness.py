@@ -573,3 +573,89 @@ def test_record_keys_are_the_metrics_schema(tmp_path: Path) -> None:
     assert d["status"] == "error" and d["error"]["stage"] == "worker"
     assert d["error"]["message"] == "killed" and "RuntimeError" in d["error"]["traceback"]
     json.dumps(d, allow_nan=False)
+
+
+# --------------------------------------------------------------------------------------
+# the reproduction-report contract: setup(cfg), PAPER, PAPER_ORDER, NOTES
+# --------------------------------------------------------------------------------------
+
+
+class PaperExp(GoodExp):
+    """A fake experiment that states the paper's claim, its deviations and its history."""
+
+    PAPER = "Fig. 9 (§5.1): the charge converges to its equilibrium value (eq. 15)."
+    PAPER_ORDER = 5.1
+    NOTES = "Tried η = 0.1: diverged in 2/3 seeds; η = 0.05 kept."
+
+    @staticmethod
+    def setup(cfg: Any) -> list[dict[str, str]]:
+        return [
+            {"quantity": "η", "paper": "0.1", "ours": "0.05", "why": "diverges at 0.1"},
+            {"quantity": "steps", "paper": "10⁵", "ours": str(cfg.n), "why": "quick sizes"},
+        ]
+
+
+class BadSetupExp(PaperExp):
+    """setup() raises."""
+
+    @staticmethod
+    def setup(cfg: Any) -> list[dict[str, str]]:
+        raise KeyError("eta")
+
+
+class WrongRowsExp(PaperExp):
+    """setup() returns a row with a missing key."""
+
+    @staticmethod
+    def setup(cfg: Any) -> list[dict[str, str]]:
+        return [{"quantity": "η", "paper": "0.1", "ours": "0.05"}]
+
+
+class NonStrCellExp(PaperExp):
+    """setup() returns a number where text is expected."""
+
+    @staticmethod
+    def setup(cfg: Any) -> list[dict[str, str]]:
+        return [{"quantity": "η", "paper": "0.1", "ours": 0.05, "why": "x"}]  # type: ignore[dict-item]
+
+
+class BadOrderExp(GoodExp):
+    """PAPER_ORDER is not a number."""
+
+    PAPER_ORDER = "Fig. 2"
+
+
+def test_setup_paper_notes_are_recorded(tmp_path: Path) -> None:
+    rec = run_experiment("paper", _target(PaperExp), quick=True, seed=0, out_dir=tmp_path)
+    data = _strict_json(tmp_path / "paper" / METRICS_FILE)
+    assert data == json.loads(json.dumps(rec))
+    assert data["status"] == "ok", data["error"]
+    assert data["paper"] == PaperExp.PAPER and data["paper_order"] == 5.1
+    assert data["notes"] == PaperExp.NOTES
+    assert data["setup"] == [
+        {"quantity": "η", "paper": "0.1", "ours": "0.05", "why": "diverges at 0.1"},
+        {"quantity": "steps", "paper": "10⁵", "ours": "8", "why": "quick sizes"},
+    ]
+    assert len(data["claims"]) == 3 and data["figures"] == ["good.png"]
+    # an experiment without the optional attributes: empty defaults, not missing keys
+    plain = run_experiment("plain", _target(GoodExp), quick=True, seed=0, out_dir=tmp_path)
+    assert plain["setup"] == [] and plain["paper"] == "" and plain["notes"] == ""
+    assert plain["paper_order"] is None
+
+
+@pytest.mark.parametrize(
+    ("cls", "stage", "match"),
+    [
+        (BadSetupExp, "setup", "eta"),
+        (WrongRowsExp, "setup", "exactly the keys quantity, paper, ours, why"),
+        (NonStrCellExp, "setup", "ours not str"),
+        (BadOrderExp, "load", "PAPER_ORDER='Fig. 2'; expected a finite number"),
+    ],
+)
+def test_setup_failures_are_recorded_like_any_stage(
+    tmp_path: Path, cls: type, stage: str, match: str
+) -> None:
+    rec = run_experiment("x", _target(cls), quick=True, seed=0, out_dir=tmp_path)
+    assert rec["status"] == "error" and rec["error"]["stage"] == stage
+    assert match in rec["error"]["message"]
+    assert rec["claims"] == []  # the run did not start
