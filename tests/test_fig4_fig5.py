@@ -10,14 +10,14 @@ import dataclasses
 import gzip
 import math
 import struct
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 import torch
-from _quick import metrics as _metrics
 
-from noetherflow import cli
 from noetherflow.experiments import fig4, fig5
 from noetherflow.experiments._data import (
     IdxFormatError,
@@ -29,11 +29,8 @@ from noetherflow.experiments._data import (
 
 
 @pytest.fixture(scope="module")
-def quick_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("fig4_fig5")
-    code = cli.main(["reproduce", "fig4", "fig5", "--quick", "--jobs", "2", "--out", str(out)])
-    assert code == 0
-    return out
+def quick_run(reproduce: Callable[..., Path]) -> Path:
+    return reproduce("fig4", "fig5", jobs=2)
 
 
 # --------------------------------------------------------------------------------------
@@ -41,8 +38,8 @@ def quick_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 # --------------------------------------------------------------------------------------
 
 
-def test_fig4_quick(quick_run: Path) -> None:
-    data = _metrics(quick_run, "fig4")
+def test_fig4_quick(quick_run: Path, metrics: Callable[[Path, str], dict[str, Any]]) -> None:
+    data = metrics(quick_run, "fig4")
     claims = {c["id"]: c for c in data["claims"]}
     assert set(claims) == {
         "kaiming_large_lr_diverges",
@@ -129,8 +126,8 @@ def test_fig4_deterministic_and_records_divergence(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------------------
 
 
-def test_fig5_quick(quick_run: Path) -> None:
-    data = _metrics(quick_run, "fig5")
+def test_fig5_quick(quick_run: Path, metrics: Callable[[Path, str], dict[str, Any]]) -> None:
+    data = metrics(quick_run, "fig5")
     claims = {c["id"]: c for c in data["claims"]}
     assert set(claims) == {"intermediate_norms_equal", "init_independent"}
     for c in claims.values():
