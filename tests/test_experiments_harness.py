@@ -34,6 +34,7 @@ from noetherflow.experiments import (
     parallel_map,
     registry,
     run_experiment,
+    run_experiments,
     save_figure,
     use_context,
 )
@@ -659,3 +660,15 @@ def test_setup_failures_are_recorded_like_any_stage(
     assert rec["status"] == "error" and rec["error"]["stage"] == stage
     assert match in rec["error"]["message"]
     assert rec["claims"] == []  # the run did not start
+
+
+def test_runner_validates_its_budget_before_running(tmp_path: Path) -> None:
+    """Invalid budgets are refused before any experiment starts (none is written); numpy
+    integers are accepted as ints."""
+    spec = [("fake_good", _target(GoodExp))]
+    for bad in ({"seed": -1}, {"jobs": 0}, {"torch_threads": 0}, {"seed": 1.5}):
+        with pytest.raises(ValueError, match="expected an int"):
+            run_experiments(spec, quick=True, out_dir=tmp_path / "bad", **bad)
+    assert not (tmp_path / "bad").exists()
+    rec = run_experiment("g", _target(GoodExp), quick=True, seed=np.int64(3), out_dir=tmp_path)
+    assert rec["status"] == "ok" and rec["seed"] == 3

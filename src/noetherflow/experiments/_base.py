@@ -271,6 +271,15 @@ class Record:
         return out
 
 
+def _context(*, jobs: Any, seed: Any, torch_threads: Any) -> RunContext:
+    """The run's :class:`RunContext`; numpy integers accepted, a float or bool refused."""
+    values = {"jobs": jobs, "seed": seed, "torch_threads": torch_threads}
+    for name, value in values.items():
+        if isinstance(value, bool) or not hasattr(value, "__index__"):
+            raise ValueError(f"{name}={value!r}; expected an int (e.g. {name}=1)")
+    return RunContext(jobs=int(jobs), seed=int(seed), torch_threads=int(torch_threads))
+
+
 def _environment(ctx: RunContext) -> dict[str, Any]:
     import torch
 
@@ -318,7 +327,8 @@ def run_experiment(
     ``"error"``; whatever was computed before the failure is kept. ``jobs`` is the budget
     :func:`parallel_map` uses inside the experiment (bound as a :class:`RunContext`).
     """
-    ctx = RunContext(jobs=jobs, seed=seed, torch_threads=torch_threads)
+    ctx = _context(jobs=jobs, seed=seed, torch_threads=torch_threads)
+    seed = ctx.seed  # a plain int from here on (numpy integers accepted above)
     exp_dir = Path(out_dir) / exp_id
     exp_dir.mkdir(parents=True, exist_ok=True)
     rec = Record(
@@ -415,10 +425,7 @@ def run_experiments(
     processes, and each experiment gets ``jobs // workers`` for its own parallel_map.
     A worker that dies is recorded as an error for its experiment; the others still run.
     """
-    if jobs < 1:
-        raise ValueError(f"jobs={jobs!r}; expected an int >= 1 (e.g. --jobs 4)")
-    if torch_threads < 1:
-        raise ValueError(f"torch_threads={torch_threads!r}; expected an int >= 1")
+    _context(jobs=jobs, seed=seed, torch_threads=torch_threads)  # validates, before any run
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     results: dict[str, dict[str, Any]] = {}
