@@ -178,15 +178,19 @@ def test_corrections_section_shows_measured_values(tmp_path: Path) -> None:
 
 def test_corrections_data_is_complete_and_points_at_real_claims() -> None:
     """Every correction: paper text, corrected text, two derivation lines, at least one
-    measured check naming a registered experiment whose source defines that claim id."""
+    measured check on a registered experiment, and every check on a registered experiment
+    names a claim id its source defines (a renamed claim fails here). A check may name an
+    experiment that is not registered in this checkout (added by another part of the project);
+    the report then says "not measured in this run"."""
     ids = set(registry.experiment_ids())
     assert len(CORRECTIONS) >= 7 and len({c.id for c in CORRECTIONS}) == len(CORRECTIONS)
     for corr in CORRECTIONS:
         assert corr.paper and corr.corrected and corr.where
         assert len(corr.derivation) == 2 and all(len(d) > 20 for d in corr.derivation)
-        assert corr.checks, corr.id
+        assert any(chk.experiment in ids for chk in corr.checks), corr.id
         for chk in corr.checks:
-            assert chk.experiment in ids, (corr.id, chk.experiment)
+            if chk.experiment not in ids:
+                continue
             module = importlib.import_module(registry.target(chk.experiment).partition(":")[0])
             assert re.search(rf"""["']{re.escape(chk.claim)}["']""", inspect.getsource(module)), (
                 corr.id,

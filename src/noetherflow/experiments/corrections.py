@@ -3,9 +3,10 @@
 Each :class:`Correction` carries the paper's text, the corrected statement, a two-line
 derivation and the measured checks: :class:`Check` names an experiment id and a claim id whose
 value the report shows beside the correction (or says "not measured in this run" when the run
-lacks it). The derivations are the ones in :mod:`noetherflow.theory.ziyin2024`'s docstrings,
-where the corrected closed forms live; ``tests`` names the unit tests that check the same
-formula against simulation or autograd.
+lacks it; a check may name an experiment that another part of the project adds). The
+derivations are the ones in :mod:`noetherflow.theory.ziyin2024`'s docstrings, where the
+corrected closed forms live; ``tests`` names the unit tests that check the same formula
+against simulation or autograd.
 
 This module is data for :mod:`noetherflow.report` only; it is not an experiment (the registry
 skips it).
@@ -58,6 +59,16 @@ CORRECTIONS: tuple[Correction, ...] = (
         ),
         checks=(
             Check(
+                "eq9",
+                "corrected_sgf_constant",
+                "worst relative difference over γ between 4γ⟨C⟩ and (η/S)⟨Tr[ΣA]⟩ at constant η",
+            ),
+            Check(
+                "eq9",
+                "printed_eq9_constant",
+                "the same with the printed σ²⟨Tr[ΣA]⟩: expected to fail, by a factor 2",
+            ),
+            Check(
                 "remark44",
                 "sgf_sgd_same_equilibrium",
                 "relative distance between SGF, SGD and the solver's equilibrium, which uses "
@@ -78,6 +89,12 @@ CORRECTIONS: tuple[Correction, ...] = (
             "without weight decay ‖θ‖² grows like √(2(η/S)K t).",
         ),
         checks=(
+            Check(
+                "eq9",
+                "corrected_sgf_constant",
+                "a scale-invariant layer (A = I, C = ‖θ‖²): 4γ⟨‖θ‖²⟩ against (η/S)⟨Tr Σ⟩, the "
+                "stationary form of the corrected eq. (24)",
+            ),
             Check(
                 "fig1",
                 "identity_exact",
