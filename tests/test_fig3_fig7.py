@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +14,6 @@ import torch
 from torch import nn
 
 import noetherflow as nf
-from noetherflow import cli
 from noetherflow.experiments import METRICS_FILE, fig3, fig7, make_config
 from noetherflow.sharpness import hessian
 from noetherflow.theory.ziyin2024 import two_layer_hessian_trace
@@ -36,9 +35,8 @@ def _one_thread() -> Iterator[None]:
 
 
 @pytest.fixture(scope="module")
-def fig3_quick(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    out = tmp_path_factory.mktemp("fig3")
-    assert cli.main(["reproduce", "fig3", "--quick", "--out", str(out)]) == 0
+def fig3_quick(reproduce: Callable[..., Path]) -> dict:
+    out = reproduce("fig3")
     data = json.loads((out / "fig3" / METRICS_FILE).read_text(encoding="utf-8"))
     data["_out"] = str(out)
     return data
@@ -135,9 +133,8 @@ def test_hessian_trace_closed_form_matches_autodiff() -> None:
 
 
 @pytest.fixture(scope="module")
-def fig7_quick(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    out = tmp_path_factory.mktemp("fig7")
-    assert cli.main(["reproduce", "fig7", "--quick", "--strict", "--out", str(out)]) == 0
+def fig7_quick(reproduce: Callable[..., Path]) -> dict:
+    out = reproduce("fig7", strict=True)
     return json.loads((out / "fig7" / METRICS_FILE).read_text(encoding="utf-8"))
 
 

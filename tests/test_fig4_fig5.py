@@ -10,14 +10,14 @@ import dataclasses
 import gzip
 import math
 import struct
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 import torch
-from _quick import metrics as _metrics
 
-from noetherflow import cli
 from noetherflow.experiments import _rank1 as fig4_rank1
 from noetherflow.experiments import fig4, fig5
 from noetherflow.experiments._data import (
@@ -30,11 +30,8 @@ from noetherflow.experiments._data import (
 
 
 @pytest.fixture(scope="module")
-def quick_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("fig4_fig5")
-    code = cli.main(["reproduce", "fig4", "fig5", "--quick", "--jobs", "2", "--out", str(out)])
-    assert code == 0
-    return out
+def quick_run(reproduce: Callable[..., Path]) -> Path:
+    return reproduce("fig4", "fig5", jobs=2)
 
 
 # --------------------------------------------------------------------------------------
@@ -42,8 +39,8 @@ def quick_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 # --------------------------------------------------------------------------------------
 
 
-def test_fig4_quick(quick_run: Path) -> None:
-    data = _metrics(quick_run, "fig4")
+def test_fig4_quick(quick_run: Path, metrics: Callable[[Path, str], dict[str, Any]]) -> None:
+    data = metrics(quick_run, "fig4")
     claims = {c["id"]: c for c in data["claims"]}
     assert set(claims) == {
         "kaiming_large_lr_diverges",
@@ -215,8 +212,8 @@ def test_fig4_simulator_matches_library_integrators(run_name: str) -> None:
 # --------------------------------------------------------------------------------------
 
 
-def test_fig5_quick(quick_run: Path) -> None:
-    data = _metrics(quick_run, "fig5")
+def test_fig5_quick(quick_run: Path, metrics: Callable[[Path, str], dict[str, Any]]) -> None:
+    data = metrics(quick_run, "fig5")
     assert data["results"]["library_charge_trace_max_rel_err"] < 1e-12
     assert fig5.setup(fig5.Config.quick())
     claims = {c["id"]: c for c in data["claims"]}

@@ -7,28 +7,22 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
-from _quick import metrics as _metrics
 from torch import nn
 
-from noetherflow import cli
 from noetherflow.experiments import prop51, remark44
 from noetherflow.train import run_sgd, run_sgf, sample_batch
 
 
 @pytest.fixture(scope="module")
-def quick_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("prop51_remark44")
-    code = cli.main(
-        ["reproduce", "prop51", "remark44", "--quick", "--jobs", "2", "--out", str(out)]
-    )
-    assert code == 0
-    return out
+def quick_run(reproduce: Callable[..., Path]) -> Path:
+    return reproduce("prop51", "remark44", jobs=2)
 
 
 # --------------------------------------------------------------------------------------
@@ -36,8 +30,8 @@ def quick_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 # --------------------------------------------------------------------------------------
 
 
-def test_prop51_quick(quick_run: Path) -> None:
-    data = _metrics(quick_run, "prop51")
+def test_prop51_quick(quick_run: Path, metrics: Callable[[Path, str], dict[str, Any]]) -> None:
+    data = metrics(quick_run, "prop51")
     claims = {c["id"]: c for c in data["claims"]}
     assert set(claims) == {
         "exponential_decay",
@@ -134,8 +128,8 @@ def test_prop51_deterministic(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------------------
 
 
-def test_remark44_quick(quick_run: Path) -> None:
-    data = _metrics(quick_run, "remark44")
+def test_remark44_quick(quick_run: Path, metrics: Callable[[Path, str], dict[str, Any]]) -> None:
+    data = metrics(quick_run, "remark44")
     claims = {c["id"]: c for c in data["claims"]}
     assert set(claims) == {"gf_conserves", "gd_exact_drift", "sgf_sgd_same_equilibrium"}
     for c in claims.values():

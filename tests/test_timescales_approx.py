@@ -5,17 +5,16 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
-from _quick import metrics as _metrics
 from scipy.integrate import solve_ivp
 from torch import nn
 
-from noetherflow import cli
 from noetherflow.experiments import approx, timescales
 from noetherflow.experiments._base import derive_seed
 from noetherflow.theory import ziyin2024 as th
@@ -92,14 +91,12 @@ def test_mean_field_charge_limits() -> None:
 
 
 @pytest.fixture(scope="module")
-def quick_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("issue9")
-    assert cli.main(["reproduce", "timescales", "approx", "--quick", "--out", str(out)]) == 0
-    return out
+def quick_run(reproduce: Callable[..., Path]) -> Path:
+    return reproduce("timescales", "approx")
 
 
-def test_timescales_quick(quick_run: Path) -> None:
-    data = _metrics(quick_run, "timescales")
+def test_timescales_quick(quick_run: Path, metrics: Callable[[Path, str], dict[str, Any]]) -> None:
+    data = metrics(quick_run, "timescales")
     claims = {c["id"]: c for c in data["claims"]}
     assert set(claims) == {
         "distance_vanishes",
@@ -141,8 +138,8 @@ def test_timescales_quick(quick_run: Path) -> None:
     assert (quick_run / "timescales" / "timescales.png").read_bytes()[:4] == b"\x89PNG"
 
 
-def test_approx_quick(quick_run: Path) -> None:
-    data = _metrics(quick_run, "approx")
+def test_approx_quick(quick_run: Path, metrics: Callable[[Path, str], dict[str, Any]]) -> None:
+    data = metrics(quick_run, "approx")
     claims = {c["id"]: c for c in data["claims"]}
     assert set(claims) == {
         "small_zeta_first_order",
