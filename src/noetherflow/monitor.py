@@ -33,12 +33,7 @@ and statistics then all refer to the same θ.
 from __future__ import annotations
 
 import contextlib
-import csv
-import io
-import json
-import math
 import os
-import re
 import sys
 import time
 import warnings
@@ -51,9 +46,21 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from noetherflow._io import atomic_write_json, from_jsonable_float, to_jsonable
+from noetherflow._history import (
+    CSV_NAME,
+    FORMATS,
+    JSONL_NAME,
+    CsvSink,
+    JsonlSink,
+    TensorBoardSink,
+    load_history,
+    open_tensorboard,
+    stack_rows,
+    write_meta,
+)
 from noetherflow.equilibrium import solve_equilibrium
 from noetherflow.flow import NoiseModel, charges, noether_flow
+from noetherflow.plotting import plot_history
 from noetherflow.stats.collect import Capture, capture
 from noetherflow.stats.core import GradStats, Reduction, parse_reduction
 from noetherflow.stats.distributed import all_reduce_mean, all_reduce_stats, is_distributed
@@ -61,13 +68,9 @@ from noetherflow.symmetry.base import DiagonalSymmetry
 from noetherflow.symmetry.rotation import DoubleRotation
 from noetherflow.symmetry.set import SymmetrySet
 
-__all__ = ["NoetherMonitor", "SharpnessOptions", "load_history"]
+__all__ = ["NoetherMonitor", "SharpnessOptions", "load_history", "plot_history"]
 
-CSV_NAME = "history.csv"
-JSONL_NAME = "history.jsonl"
-META_NAME = "monitor.json"
-_FORMATS = ("csv", "jsonl")
-_INDEXED = re.compile(r"^(?P<key>.*)\[(?P<idx>\d+(?:,\d+)*)\]$")
+_FORMATS = FORMATS
 
 
 @dataclass(frozen=True)
@@ -203,11 +206,12 @@ class NoetherMonitor:
         self.schema = self._schema()
         self.log_dir = Path(log_dir) if log_dir is not None else None
         self.formats = tuple(formats)
-        self._paths: dict[str, Path] = {}
-        self._csv_columns = _csv_columns(self.schema)
+        self._sinks: list[Any] = []
         if self.log_dir is not None and self.is_writer:
             self._init_files()
-        self._tb = self._init_tensorboard(tensorboard) if self.is_writer else None
+        tb = open_tensorboard(tensorboard, self.log_dir) if self.is_writer else None
+        if tb is not None:
+            self._sinks.append(TensorBoardSink(tb))
         self._progress: Any = None
         self._task: Any = None
         if self.is_writer and (progress if progress is not None else _is_terminal()):
@@ -437,11 +441,10 @@ class NoetherMonitor:
     @property
     def history(self) -> dict[str, np.ndarray]:
         """Every recorded key → ``[records, *shape]`` (``step`` int64, the rest float64)."""
-        return _stack(self._rows, self.schema)
+        return stack_rows(self._rows, self.schema)
 
     def _init_files(self) -> None:
         assert self.log_dir is not None
-        self.log_dir.mkdir(parents=True, exist_ok=True)
         meta = {
             "every": self.every,
             "lr": self.lr,
@@ -453,54 +456,15 @@ class NoetherMonitor:
             "schema": {k: list(v) for k, v in self.schema.items()},
             "world_size": torch.distributed.get_world_size() if is_distributed() else 1,
         }
-        atomic_write_json(self.log_dir / META_NAME, meta)
+        write_meta(self.log_dir, meta)
         if "csv" in self.formats:
-            p = self.log_dir / CSV_NAME
-            _write_line(p, _csv_line(self._csv_columns), mode="w")
-            self._paths["csv"] = p
+            self._sinks.append(CsvSink(self.log_dir / CSV_NAME, self.schema))
         if "jsonl" in self.formats:
-            p = self.log_dir / JSONL_NAME
-            _write_line(p, "", mode="w")
-            self._paths["jsonl"] = p
+            self._sinks.append(JsonlSink(self.log_dir / JSONL_NAME, self.schema))
 
     def _write(self, row: Mapping[str, np.ndarray]) -> None:
-        if "csv" in self._paths:
-            cells = []
-            for key, shape in self.schema.items():
-                v = row[key]
-                if shape == ():
-                    cells.append(_fmt(v))
-                else:
-                    cells += [_fmt(x) for x in np.asarray(v).reshape(-1)]
-            _write_line(self._paths["csv"], _csv_line(cells))
-        if "jsonl" in self._paths:
-            obj = {k: to_jsonable(row[k].tolist()) for k in self.schema}
-            _write_line(self._paths["jsonl"], json.dumps(obj, allow_nan=False) + "\n")
-        if self._tb is not None:
-            step = int(row["step"])
-            for k, v in row.items():
-                if k == "step":
-                    continue
-                if v.ndim == 0:
-                    if math.isfinite(float(v)):
-                        self._tb.add_scalar(k, float(v), step)
-                elif np.isfinite(v).all() and v.size > 0:
-                    self._tb.add_histogram(k, v, step)
-
-    def _init_tensorboard(self, tensorboard: Any) -> Any:
-        if tensorboard is False or (tensorboard is None and self.log_dir is None):
-            return None
-        if tensorboard is not None and tensorboard is not True:
-            return tensorboard  # a writer-like object
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-        except ImportError:
-            if tensorboard is True:
-                raise ImportError(
-                    "tensorboard=True needs the tensorboard package: pip install tensorboard."
-                ) from None
-            return None
-        return SummaryWriter(log_dir=str(self.log_dir) if self.log_dir else None)
+        for sink in self._sinks:
+            sink.write(row)
 
     def _init_progress(self, total: int | None) -> None:
         from rich.progress import (
@@ -526,9 +490,9 @@ class NoetherMonitor:
         if self._progress is not None:
             self._progress.stop()
             self._progress = None
-        if self._tb is not None and hasattr(self._tb, "close"):
-            self._tb.close()
-        self._tb = None
+        for sink in self._sinks:
+            sink.close()
+        self._sinks = []
 
     def __enter__(self) -> NoetherMonitor:
         return self
@@ -597,169 +561,3 @@ def _progress_info(row: Mapping[str, np.ndarray]) -> str:
     if fin:
         parts.append(f"max distance {max(fin):.3g}")
     return "  ".join(parts)
-
-
-def _fmt(x: Any) -> str:
-    v = float(x)
-    if isinstance(x, np.integer) or (isinstance(x, np.ndarray) and x.dtype.kind == "i"):
-        return str(int(x))
-    return repr(v)  # repr round-trips exactly; nan/inf parse back with float()
-
-
-def _csv_columns(schema: Mapping[str, tuple[int, ...]]) -> list[str]:
-    cols = []
-    for key, shape in schema.items():
-        if shape == ():
-            cols.append(key)
-        else:
-            cols += [f"{key}[{','.join(map(str, idx))}]" for idx in np.ndindex(*shape)]
-    return cols
-
-
-def _csv_line(cells: Sequence[str]) -> str:
-    buf = io.StringIO()
-    csv.writer(buf, lineterminator="\n").writerow(cells)
-    return buf.getvalue()
-
-
-def _write_line(path: Path, text: str, *, mode: str = "a") -> None:
-    """Append ``text`` with one ``write`` call on an O_APPEND handle, then flush to disk."""
-    with open(path, mode, encoding="utf-8") as fh:
-        fh.write(text)
-        fh.flush()
-
-
-def _stack(
-    rows: Sequence[Mapping[str, np.ndarray]], schema: Mapping[str, tuple[int, ...]]
-) -> dict[str, np.ndarray]:
-    out: dict[str, np.ndarray] = {}
-    for key, shape in schema.items():
-        if rows:
-            out[key] = np.stack([np.asarray(r[key]) for r in rows])
-        else:
-            out[key] = np.empty((0, *shape))
-        out[key] = out[key].astype(np.int64 if key == "step" else np.float64)
-    return out
-
-
-def _decode(obj: Any) -> Any:
-    if isinstance(obj, list):
-        return [_decode(v) for v in obj]
-    return from_jsonable_float(obj)
-
-
-def load_history(path: str | os.PathLike[str]) -> dict[str, np.ndarray]:
-    """Read a monitor's ``history.jsonl`` or ``history.csv`` (or a log directory) back.
-
-    Returns the same dict of arrays as :attr:`NoetherMonitor.history`.
-    """
-    p = Path(path)
-    if p.is_dir():
-        cand = [p / JSONL_NAME, p / CSV_NAME]
-        found = [c for c in cand if c.exists()]
-        if not found:
-            raise FileNotFoundError(
-                f"No {JSONL_NAME} or {CSV_NAME} in {p}; expected a monitor log_dir."
-            )
-        p = found[0]
-    if p.suffix == ".jsonl":
-        return _load_jsonl(p)
-    if p.suffix == ".csv":
-        return _load_csv(p)
-    raise ValueError(f"{p}: expected a .jsonl or .csv history file or a log directory.")
-
-
-def _load_jsonl(p: Path) -> dict[str, np.ndarray]:
-    rows: list[dict[str, np.ndarray]] = []
-    schema: dict[str, tuple[int, ...]] = {}
-    with open(p, encoding="utf-8") as fh:
-        for line in fh:
-            if not line.strip():
-                continue
-            obj = json.loads(line)
-            row = {k: np.asarray(_decode(v), dtype=np.float64) for k, v in obj.items()}
-            if not schema:
-                schema = {k: v.shape for k, v in row.items()}
-            rows.append(row)
-    if not rows:
-        schema = _meta_schema(p.parent)
-    return _stack(rows, schema)
-
-
-def _load_csv(p: Path) -> dict[str, np.ndarray]:
-    with open(p, encoding="utf-8", newline="") as fh:
-        reader = csv.reader(fh)
-        header = next(reader)
-        data = [[float(c) for c in r] for r in reader if r]
-    arr = np.asarray(data, dtype=np.float64).reshape(len(data), len(header))
-    cols: dict[str, list[tuple[tuple[int, ...], int]]] = {}
-    for j, name in enumerate(header):
-        m = _INDEXED.match(name)
-        if m:
-            idx = tuple(int(i) for i in m["idx"].split(","))
-            cols.setdefault(m["key"], []).append((idx, j))
-        else:
-            cols.setdefault(name, []).append(((), j))
-    out: dict[str, np.ndarray] = {}
-    for key, entries in cols.items():
-        if entries[0][0] == ():
-            out[key] = arr[:, entries[0][1]]
-        else:
-            shape = tuple(max(idx[d] for idx, _ in entries) + 1 for d in range(len(entries[0][0])))
-            v = np.full((len(data), *shape), np.nan)
-            for idx, j in entries:
-                where: tuple[Any, ...] = (slice(None), *idx)
-                v[where] = arr[:, j]
-            out[key] = v
-        out[key] = out[key].astype(np.int64 if key == "step" else np.float64)
-    return out
-
-
-def _meta_schema(d: Path) -> dict[str, tuple[int, ...]]:
-    meta = d / META_NAME
-    if not meta.exists():
-        return {}
-    sch = json.loads(meta.read_text(encoding="utf-8")).get("schema", {})
-    return {k: tuple(v) for k, v in sch.items()}
-
-
-def plot_history(
-    history: Mapping[str, np.ndarray],
-    path: str | os.PathLike[str] | None = None,
-    *,
-    kinds: Sequence[str] = ("loss", "charge", "flow", "distance", "sharpness"),
-    max_lines: int = 8,
-) -> Any:
-    """Plot a monitor history (see :meth:`NoetherMonitor.plot`); returns the figure."""
-    from matplotlib.figure import Figure
-
-    steps = history.get("step", np.empty(0))
-    panels = [k for k in kinds if any(key == k or key.startswith(k + "/") for key in history)]
-    fig = Figure(figsize=(7, 2.4 * max(1, len(panels))), layout="constrained")
-    axes = fig.subplots(max(1, len(panels)), 1, sharex=True, squeeze=False)[:, 0]
-    for ax, kind in zip(axes, panels, strict=False):
-        keys = [k for k in history if k == kind or k.startswith(kind + "/")]
-        for key in keys:
-            v = history[key]
-            label = key.split("/", 1)[1] if "/" in key else key
-            if v.ndim == 1:
-                ax.plot(steps, v, label=label)
-            else:
-                flat = v.reshape(v.shape[0], -1)
-                if flat.shape[1] <= max_lines:
-                    for j in range(flat.shape[1]):
-                        ax.plot(steps, flat[:, j], lw=0.8, label=f"{label}[{j}]")
-                else:
-                    with warnings.catch_warnings():
-                        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN rows
-                        lo, med, hi = np.nanpercentile(flat, [10, 50, 90], axis=1)
-                    (line,) = ax.plot(steps, med, label=f"{label} (median)")
-                    ax.fill_between(steps, lo, hi, alpha=0.2, color=line.get_color())
-        ax.set_ylabel(kind)
-        if keys:
-            ax.legend(fontsize="x-small", loc="best")
-    axes[-1].set_xlabel("step")
-    if path is not None:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, dpi=120)
-    return fig

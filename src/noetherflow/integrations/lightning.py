@@ -1,4 +1,8 @@
-"""PyTorch Lightning callback around :class:`noetherflow.NoetherMonitor` (optional extra).
+"""PyTorch Lightning callbacks (optional extra): the monitor and the equilibrium teleport.
+
+* :class:`NoetherCallback` runs a :class:`noetherflow.NoetherMonitor` inside ``Trainer.fit``;
+* :func:`teleport_callback` (also :meth:`noetherflow.EquilibriumTeleport.lightning_callback`)
+  teleports to the noise equilibrium before the forward pass of due steps.
 
 Import it explicitly (``from noetherflow.integrations.lightning import NoetherCallback``);
 ``import noetherflow`` never imports Lightning. Works with ``lightning`` (2.x) or the older
@@ -20,35 +24,48 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from typing import Any
-
-try:
-    from lightning.pytorch.callbacks import Callback
-except ImportError:  # pragma: no cover - depends on the installed extra
-    try:
-        from pytorch_lightning.callbacks import Callback
-    except ImportError:
-        raise ImportError(
-            "noetherflow.integrations.lightning needs PyTorch Lightning: pip install lightning "
-            "(or use nf.NoetherMonitor directly in your own loop)."
-        ) from None
+from typing import TYPE_CHECKING, Any, cast
 
 from noetherflow.monitor import NoetherMonitor
 from noetherflow.symmetry.set import SymmetrySet
 
-__all__ = ["NoetherCallback"]
+if TYPE_CHECKING:
+    from noetherflow.teleporter import EquilibriumTeleport
+
+__all__ = ["NoetherCallback", "teleport_callback"]
+
+
+def _callback_base() -> type:
+    """Lightning's ``Callback`` class (``lightning`` 2.x or ``pytorch_lightning``), imported now."""
+    import importlib
+
+    try:
+        mod = importlib.import_module("lightning.pytorch.callbacks")
+    except ImportError:  # pragma: no cover - depends on the installed extra
+        try:
+            mod = importlib.import_module("pytorch_lightning.callbacks")
+        except ImportError:
+            raise ImportError(
+                "noetherflow.integrations.lightning needs PyTorch Lightning: pip install "
+                "lightning (or use nf.NoetherMonitor / EquilibriumTeleport.maybe_teleport in your "
+                "own loop)."
+            ) from None
+    return cast(type, mod.Callback)
+
+
+Callback = _callback_base()
 
 
 def _default_split(batch: Any) -> tuple[Any, Any]:
     if isinstance(batch, list | tuple) and len(batch) == 2:
         return batch[0], batch[1]
     raise ValueError(
-        "NoetherCallback: cannot split the batch into (inputs, targets) for sharpness; pass "
-        "split_batch=lambda batch: (x, y)."
+        f"cannot split a batch of type {type(batch).__name__} into (inputs, targets); expected a "
+        "2-tuple or 2-list; pass split_batch=lambda batch: (x, y)."
     )
 
 
-class NoetherCallback(Callback):
+class NoetherCallback(Callback):  # type: ignore[misc,valid-type]
     """Run a :class:`~noetherflow.NoetherMonitor` inside ``Trainer.fit``.
 
     Args:
@@ -129,3 +146,32 @@ class NoetherCallback(Callback):
         self._stack.close()
         if self.monitor is not None:
             self.monitor.close()
+
+
+def teleport_callback(
+    teleporter: EquilibriumTeleport, *, split_batch: Callable[[Any], tuple[Any, Any]] | None = None
+) -> Any:
+    """A Lightning ``Callback`` that calls ``teleporter.maybe_teleport`` before each forward pass.
+
+    Lightning's ``Callback`` is looked up when this is called. The optimizer whose state is
+    transformed is ``trainer.optimizers[0]`` unless the teleporter already has one.
+    """
+    tp = teleporter
+    split = split_batch or _default_split
+
+    class EquilibriumTeleportCallback(_callback_base()):  # type: ignore[misc]
+        """Teleports to the noise equilibrium when due, before the step's forward pass."""
+
+        teleporter = tp
+
+        def on_train_batch_start(
+            self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int
+        ) -> None:
+            if tp.optimizer is None:
+                opts = getattr(trainer, "optimizers", None) or []
+                if opts:
+                    tp.optimizer = opts[0]
+            x, y = split(batch)
+            tp.maybe_teleport(x, y)
+
+    return EquilibriumTeleportCallback()
