@@ -58,6 +58,7 @@ from noetherflow._history import (
     stack_rows,
     write_meta,
 )
+from noetherflow._hyperparams import HyperSource
 from noetherflow.equilibrium import solve_equilibrium
 from noetherflow.flow import NoiseModel, charges, noether_flow
 from noetherflow.plotting import plot_history
@@ -98,12 +99,17 @@ class NoetherMonitor:
     """Record charges, flows, equilibrium distances (and sharpness) during training.
 
     Let η, S, γ denote ``lr``, ``batch_size``, ``weight_decay`` (γ‖θ‖² in the loss); they fix
-    the flows and the equilibrium exactly as in :func:`noetherflow.noether_flow`. Change
-    ``mon.lr`` when a schedule changes the learning rate.
+    the flows and the equilibrium exactly as in :func:`noetherflow.noether_flow`. Either pass
+    ``optimizer=opt``: η and γ are then read from its param groups at every record (schedules
+    are followed; ``torch.optim.SGD(weight_decay=w)`` is γ = w/2), or pass ``lr`` (and
+    ``weight_decay``) by hand and change ``mon.lr`` when a schedule changes the learning rate.
+    The values used are recorded as ``lr`` and ``weight_decay`` (γ) in every row.
 
     Example::
 
-        mon = nf.NoetherMonitor(model, syms, every=10, lr=0.1, batch_size=256, log_dir="runs/x")
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        mon = nf.NoetherMonitor(model, syms, every=10, optimizer=opt, batch_size=256,
+                                log_dir="runs/x")
         for x, y in loader:
             with mon.track():            # hooks only on record steps
                 loss = loss_fn(model(x), y)
@@ -118,6 +124,8 @@ class NoetherMonitor:
         syms: the symmetries to watch; statistics use ``estimator='hooks'`` (Linear/Conv).
         every: record every this many calls of :meth:`step`, starting with the first.
         lr, batch_size, weight_decay, time: η, S, γ and the time model of the flows.
+        optimizer: read η and γ from this optimizer's param groups at every record instead of
+            ``lr``/``weight_decay`` (plain SGD for now; passing both is an error).
         reduction: whether the training loss is the batch ``"mean"`` or ``"sum"``.
         log_dir: directory for ``history.csv``/``history.jsonl``/``monitor.json`` (and
             TensorBoard); ``None`` keeps the history in memory only. Existing history files
@@ -146,9 +154,10 @@ class NoetherMonitor:
         syms: SymmetrySet,
         *,
         every: int = 10,
-        lr: float,
+        lr: float | None = None,
         batch_size: int,
-        weight_decay: float = 0.0,
+        weight_decay: float | None = None,
+        optimizer: torch.optim.Optimizer | None = None,
         time: str = "continuous",
         reduction: str | Reduction = "mean",
         log_dir: str | os.PathLike[str] | None = None,
@@ -167,7 +176,15 @@ class NoetherMonitor:
     ) -> None:
         if int(every) != every or every < 1:
             raise ValueError(f"every={every!r} must be a positive integer (steps between records).")
-        NoiseModel.create(lr=lr, batch_size=batch_size, weight_decay=weight_decay, time=time)
+        self._hyper = HyperSource.create(
+            "NoetherMonitor",
+            lr=lr,
+            weight_decay=weight_decay,
+            optimizer=optimizer,
+            params=syms.params(),
+        )
+        lr0, gamma0 = self._hyper.current()
+        NoiseModel.create(lr=lr0, batch_size=batch_size, weight_decay=gamma0, time=time)
         bad = [f for f in formats if f not in _FORMATS]
         if bad:
             raise ValueError(
@@ -177,7 +194,7 @@ class NoetherMonitor:
             raise ValueError("The symmetry set is empty; there is nothing to monitor.")
         self.model, self.syms = model, syms
         self.every = int(every)
-        self.lr, self.batch_size, self.weight_decay, self.time = lr, batch_size, weight_decay, time
+        self.batch_size, self.time = batch_size, time
         self.reduction = parse_reduction(reduction)
         self.distance = distance
         self.distance_every = _multiple("distance_every", distance_every, self.every)
@@ -225,6 +242,8 @@ class NoetherMonitor:
             "time": (),
             "monitor_time": (),
             "loss": (),
+            "lr": (),
+            "weight_decay": (),
         }
         ch = charges(self.model, self.syms)
         for name, s in self.syms.items():
@@ -244,6 +263,40 @@ class NoetherMonitor:
             for k in ("trace", "trace_se", "top_eigenvalue"):
                 sch[f"sharpness/{k}"] = ()
         return sch
+
+    # -- hyper-parameters -----------------------------------------------------------------
+    @property
+    def lr(self) -> float:
+        """η used by the next record (read from the optimizer when one was given)."""
+        return self._hyper.current()[0]
+
+    @lr.setter
+    def lr(self, value: float) -> None:
+        self._set_hyper("lr", value)
+
+    @property
+    def weight_decay(self) -> float:
+        """γ (of γ‖θ‖²) used by the next record (from the optimizer: its weight_decay / 2)."""
+        return self._hyper.current()[1]
+
+    @weight_decay.setter
+    def weight_decay(self, value: float) -> None:
+        self._set_hyper("weight_decay", value)
+
+    def _set_hyper(self, name: str, value: float) -> None:
+        if self._hyper.from_optimizer:
+            raise AttributeError(
+                f"NoetherMonitor.{name} is read from the optimizer given as optimizer=; change "
+                f"the optimizer's param_groups (or use a torch.optim.lr_scheduler) instead of "
+                f"setting mon.{name}={value!r}."
+            )
+        old = getattr(self._hyper, name)
+        setattr(self._hyper, name, value)
+        try:
+            self._hyper.current()
+        except ValueError:
+            setattr(self._hyper, name, old)
+            raise
 
     # -- the training-loop API ------------------------------------------------------------
     @property
@@ -343,6 +396,8 @@ class NoetherMonitor:
                 lt = all_reduce_mean(lt.to(torch.float64), n_local)
             row["loss"] = np.asarray(float(lt))
 
+        lr, gamma = self._hyper.current()
+        row["lr"], row["weight_decay"] = np.asarray(lr), np.asarray(gamma)
         ch = charges(self.model, self.syms)
         self._put(row, "charge", ch)
         if stats is not None:
@@ -350,15 +405,15 @@ class NoetherMonitor:
                 self.model,
                 self.syms,
                 stats,
-                lr=self.lr,
+                lr=lr,
                 batch_size=self.batch_size,
-                weight_decay=self.weight_decay,
+                weight_decay=gamma,
                 time=self.time,
                 charges=ch,
             )
             self._put(row, "flow", fl)
             if self.distance and i % self.distance_every == 0:
-                self._put_distance(row, stats)
+                self._put_distance(row, stats, lr, gamma)
         sh = self.sharpness
         if sh is not None and i % (sh.every or self.every) == 0:
             self._put_sharpness(row, sh, inputs, targets)
@@ -376,16 +431,18 @@ class NoetherMonitor:
             else:
                 row[f"{kind}/{name}"] = _np(v).reshape(self.schema[f"{kind}/{name}"])
 
-    def _put_distance(self, row: dict[str, np.ndarray], stats: GradStats) -> None:
+    def _put_distance(
+        self, row: dict[str, np.ndarray], stats: GradStats, lr: float, gamma: float
+    ) -> None:
         if not _finite(stats):
             return  # NaN statistics (divergence): leave the distances NaN
         sol = solve_equilibrium(
             self.model,
             self.syms,
             stats,
-            lr=self.lr,
+            lr=lr,
             batch_size=self.batch_size,
-            weight_decay=self.weight_decay,
+            weight_decay=gamma,
             time=self.time,
             **self.solver_options,
         )
@@ -450,6 +507,7 @@ class NoetherMonitor:
             "lr": self.lr,
             "batch_size": self.batch_size,
             "weight_decay": self.weight_decay,
+            "hyperparameters_from": "optimizer" if self._hyper.from_optimizer else "arguments",
             "time": self.time,
             "reduction": self.reduction.value,
             "symmetries": self.syms.names,

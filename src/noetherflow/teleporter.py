@@ -39,6 +39,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from noetherflow._hyperparams import HyperSource
 from noetherflow._optimizer_state import (
     OptimizerState,
     preserved,
@@ -96,14 +97,22 @@ class EquilibriumTeleport:
         model: the model; ``syms`` must be built on its parameters.
         syms: the symmetries, e.g. from :func:`noetherflow.find_symmetries`.
         loss_fn: ``loss_fn(outputs, targets)`` → batch mean (or sum, with ``reduction``).
-        lr, batch_size, weight_decay: η, S, γ of the SGD whose equilibrium is sought.
+        lr, batch_size, weight_decay: η, S, γ of the SGD whose equilibrium is sought. When
+            ``lr`` is not given, η and γ are read from ``optimizer`` (or the optimizer that
+            :meth:`wrap` or the Lightning callback attaches) at every teleport:
+            ``torch.optim.SGD(lr=η, weight_decay=w)`` with ``momentum=0`` is η, γ = w/2;
+            momentum and Adam-type optimizers are refused until the optimizer issue (#18).
+            With both ``lr`` and ``optimizer`` given, ``lr``/``weight_decay`` are the target
+            (e.g. the peak learning rate a warmup has not reached yet) and the optimizer is
+            used for its state only; ``weight_decay`` without ``lr`` is an error.
         every: teleport every ``every`` calls of :meth:`maybe_teleport` (None: never again).
         at_start: teleport at the first call.
         time: ``"discrete"`` or ``"continuous"`` (see :mod:`noetherflow.flow`).
         estimator, micro_batch_size, reduction: passed to
             :func:`~noetherflow.collect_stats`. Models with BatchNorm in training mode need
             ``estimator="microbatch"`` and ``micro_batch_size >= 2``.
-        optimizer: optional; its state is kept consistent (see ``optimizer_state``).
+        optimizer: optional; its state is kept consistent (see ``optimizer_state``), and
+            without ``lr`` its param groups give η and γ.
         optimizer_state: ``"transform"`` (default) or ``"reset"``; see the module docstring.
         solver_kwargs: extra keyword arguments of :func:`~noetherflow.solve_equilibrium`.
 
@@ -144,9 +153,9 @@ class EquilibriumTeleport:
         syms: SymmetrySet,
         loss_fn: Callable[[Any, Any], Tensor],
         *,
-        lr: float,
+        lr: float | None = None,
         batch_size: int,
-        weight_decay: float = 0.0,
+        weight_decay: float | None = None,
         every: int | None = None,
         at_start: bool = True,
         time: str = "discrete",
@@ -167,11 +176,14 @@ class EquilibriumTeleport:
         self.model = model
         self.syms = syms
         self.loss_fn = loss_fn
-        self.lr, self.batch_size, self.weight_decay = (
-            float(lr),
-            int(batch_size),
-            float(weight_decay),
-        )
+        if lr is None and weight_decay is not None:
+            raise ValueError(
+                f"EquilibriumTeleport: weight_decay={weight_decay!r} was given without lr; set "
+                "both by hand (lr=η, weight_decay=γ) or neither (both read from the optimizer)."
+            )
+        self._lr_arg = None if lr is None else float(lr)
+        self._wd_arg = None if weight_decay is None else float(weight_decay)
+        self.batch_size = int(batch_size)
         self.every = None if every is None else int(every)
         self.at_start = bool(at_start)
         self.time = time
@@ -184,6 +196,45 @@ class EquilibriumTeleport:
         self.history: list[TeleportRecord] = []
         self.steps_seen = 0
         self._names = _names(model)
+        if self._lr_arg is not None or optimizer is not None:
+            self.hyperparameters()  # fail early on a bad value or an unsupported optimizer
+
+    # -- hyper-parameters -------------------------------------------------------------------
+    def hyperparameters(self) -> tuple[float, float]:
+        """(η, γ) of the next teleport: the ``lr``/``weight_decay`` given, or the optimizer's."""
+        if self._lr_arg is not None:
+            src = HyperSource.create(
+                "EquilibriumTeleport",
+                lr=self._lr_arg,
+                weight_decay=self._wd_arg,
+                optimizer=None,
+                params=(),
+            )
+        elif self.optimizer is not None:
+            src = HyperSource.create(
+                "EquilibriumTeleport",
+                lr=None,
+                weight_decay=None,
+                optimizer=self.optimizer,
+                params=self.syms.params(),
+            )
+        else:
+            raise ValueError(
+                "EquilibriumTeleport: no learning rate: pass lr=η (and weight_decay=γ), or an "
+                "optimizer (optimizer=opt, tp.wrap(opt) or the Lightning callback) whose param "
+                "groups give η and γ."
+            )
+        return src.current()
+
+    @property
+    def lr(self) -> float:
+        """η of the next teleport."""
+        return self.hyperparameters()[0]
+
+    @property
+    def weight_decay(self) -> float:
+        """γ (of γ‖θ‖²) of the next teleport."""
+        return self.hyperparameters()[1]
 
     # -- scheduling -------------------------------------------------------------------------
     def due(self, step: int | None = None) -> bool:
@@ -207,6 +258,7 @@ class EquilibriumTeleport:
     # -- the teleport -----------------------------------------------------------------------
     def solve(self, inputs: Any, targets: Any) -> EquilibriumSolution:
         """Statistics on the batch and the equilibrium; the model is not moved."""
+        lr, gamma = self.hyperparameters()
         with preserved(self.model):
             stats = collect_stats(
                 self.model,
@@ -223,9 +275,9 @@ class EquilibriumTeleport:
             self.model,
             self.syms,
             stats,
-            lr=self.lr,
+            lr=lr,
             batch_size=self.batch_size,
-            weight_decay=self.weight_decay,
+            weight_decay=gamma,
             time=self.time,
             **self.solver_kwargs,
         )
