@@ -11,7 +11,19 @@ A *record* is a dict ``key → numpy array`` whose keys and shapes are fixed for
 
 Each line is appended with one ``write`` and flushed, so the files are complete after every
 record. :func:`load_history` reads either file (or a log directory) back to the dict of
-arrays of :attr:`noetherflow.NoetherMonitor.history`.
+arrays of :attr:`noetherflow.NoetherMonitor.history`; a torn last line (a crash while
+writing) is skipped with a warning naming the file and line.
+
+History keys. Every key is ASCII and typable: ``<quantity>/<symmetry key>`` where the
+symmetry key is :func:`symmetry_key` of the symmetry's name (``rescaling:fc1→fc2`` →
+``rescaling.fc1_to_fc2``); the pretty name is kept for display only (plots, ``monitor.json``).
+
+Flat records. :func:`flat_record` turns a record into ``key → float`` for scalar loggers
+(TensorBoard scalars, Lightning's logger, :meth:`noetherflow.NoetherMonitor.on_record`):
+scalars as they are, vectors as ``<key>/mean`` and ``<key>/max_abs`` (distances:
+``<key>/max``), plus ``summary/max_abs_flow``, ``summary/max_distance`` and
+``summary/at_infinity`` over all symmetries. NaN entries (not measured at this record) are
+left out.
 """
 
 from __future__ import annotations
@@ -22,7 +34,9 @@ import json
 import math
 import os
 import re
-from collections.abc import Mapping, Sequence
+import unicodedata
+import warnings
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,9 +51,12 @@ __all__ = [
     "CsvSink",
     "JsonlSink",
     "TensorBoardSink",
+    "flat_record",
     "load_history",
     "open_tensorboard",
     "stack_rows",
+    "symmetry_key",
+    "symmetry_keys",
     "write_meta",
 ]
 
@@ -51,6 +68,83 @@ _INDEXED = re.compile(r"^(?P<key>.*)\[(?P<idx>\d+(?:,\d+)*)\]$")
 
 Schema = Mapping[str, tuple[int, ...]]
 Row = Mapping[str, np.ndarray]
+
+
+# -- keys ---------------------------------------------------------------------------------
+_WORDS = {"→": "_to_", "↔": "_and_", "←": "_from_", ":": ".", "/": ".", "×": "x"}
+_NOT_KEY = re.compile(r"[^A-Za-z0-9_.\-]+")
+
+
+def symmetry_key(name: str) -> str:
+    """The ASCII key of a symmetry name in history keys, CSV columns and logger tags.
+
+    Characters ``A-Z a-z 0-9 _ . -`` are kept; ``→`` becomes ``_to_``, ``↔`` ``_and_``,
+    ``:`` and ``/`` a dot; accents are stripped; any other run of characters becomes one
+    ``_``. Stable (a function of the name alone) and idempotent on ASCII keys.
+
+    >>> symmetry_key("rescaling:0→2"), symmetry_key("layer1↔layer2"), symmetry_key("rescaling0")
+    ('rescaling.0_to_2', 'layer1_and_layer2', 'rescaling0')
+    """
+    out = name
+    for k, v in _WORDS.items():
+        out = out.replace(k, v)
+    out = unicodedata.normalize("NFKD", out).encode("ascii", "ignore").decode("ascii")
+    out = _NOT_KEY.sub("_", out).strip("_")
+    return out or "symmetry"
+
+
+def symmetry_keys(names: Iterable[str]) -> dict[str, str]:
+    """``name → key`` for a set's names; keys made unique by ``_2``, ``_3`` … in set order."""
+    keys: dict[str, str] = {}
+    used: set[str] = set()
+    for name in names:
+        key = base = symmetry_key(name)
+        k = 2
+        while key in used:
+            key, k = f"{base}_{k}", k + 1
+        used.add(key)
+        keys[name] = key
+    return keys
+
+
+def flat_record(row: Row) -> dict[str, float]:
+    """A record as ``key → float`` for scalar loggers (see the module docstring)."""
+    out: dict[str, float] = {}
+    flows: list[float] = []
+    dists: list[float] = []
+    at_inf: list[float] = []
+    for key, value in row.items():
+        v = np.asarray(value, dtype=np.float64)
+        kind = key.split("/", 1)[0]
+        if kind.endswith("_matrix"):
+            continue  # the Frobenius norm is the scalar entry of the same symmetry
+        if v.ndim == 0:
+            x = float(v)
+            if not math.isnan(x):
+                out[key] = x
+        else:
+            fin = v[~np.isnan(v)]
+            if fin.size == 0:
+                continue
+            if kind == "distance":
+                out[f"{key}/max"] = float(fin.max())
+            else:
+                out[f"{key}/mean"] = float(fin.mean())
+                out[f"{key}/max_abs"] = float(np.abs(fin).max())
+        flat = v[~np.isnan(v)].reshape(-1)
+        if kind == "flow":
+            flows += np.abs(flat).tolist()
+        elif kind == "distance":
+            dists += flat.tolist()
+        elif kind == "at_infinity":
+            at_inf += flat.tolist()
+    if flows:
+        out["summary/max_abs_flow"] = max(flows)
+    if dists:
+        out["summary/max_distance"] = max(dists)
+    if at_inf:
+        out["summary/at_infinity"] = float(sum(at_inf))
+    return out
 
 
 # -- sinks --------------------------------------------------------------------------------
@@ -97,21 +191,26 @@ class JsonlSink:
 
 
 class TensorBoardSink:
-    """Scalars (finite ones) as TensorBoard scalars, finite vectors as histograms."""
+    """The finite entries of :func:`flat_record` as scalars; finite vectors as histograms.
+
+    Tags are the ASCII history keys: ``charge/<sym>``, ``flow/<sym>``, ``distance/<sym>``
+    (vectors: ``/mean``, ``/max_abs``, ``/max``), ``summary/*``, ``loss``, ``lr`` ….
+    """
 
     def __init__(self, writer: Any) -> None:
         self.writer = writer
+        self.path = getattr(writer, "log_dir", None) or getattr(writer, "logdir", None)
 
     def write(self, row: Row) -> None:
         step = int(row["step"])
+        for k, x in flat_record(row).items():
+            if k != "step" and math.isfinite(x):
+                self.writer.add_scalar(k, x, step)
         for k, v in row.items():
-            if k == "step":
-                continue
-            if v.ndim == 0:
-                if math.isfinite(float(v)):
-                    self.writer.add_scalar(k, float(v), step)
-            elif np.isfinite(v).all() and v.size > 0:
+            if v.ndim > 0 and v.size > 0 and np.isfinite(v).all():
                 self.writer.add_histogram(k, v, step)
+        if hasattr(self.writer, "flush"):
+            self.writer.flush()
 
     def close(self) -> None:
         if hasattr(self.writer, "close"):
@@ -208,18 +307,43 @@ def load_history(path: str | os.PathLike[str]) -> dict[str, np.ndarray]:
     raise ValueError(f"{p}: expected a .jsonl or .csv history file or a log directory.")
 
 
+def _torn(p: Path, lineno: int, why: str) -> None:
+    warnings.warn(
+        f"{p}, line {lineno}: the last line is incomplete ({why}), most likely cut by a crash "
+        "while writing; it is skipped.",
+        RuntimeWarning,
+        stacklevel=4,
+    )
+
+
 def _load_jsonl(p: Path) -> dict[str, np.ndarray]:
     rows: list[dict[str, np.ndarray]] = []
     schema: dict[str, tuple[int, ...]] = {}
     with open(p, encoding="utf-8") as fh:
-        for line in fh:
-            if not line.strip():
-                continue
+        lines = fh.read().split("\n")
+    last = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
             obj = json.loads(line)
+            if not isinstance(obj, dict):
+                raise ValueError(f"expected a JSON object, got {type(obj).__name__}")
             row = {k: np.asarray(_decode(v), dtype=np.float64) for k, v in obj.items()}
-            if not schema:
-                schema = {k: v.shape for k, v in row.items()}
-            rows.append(row)
+            if schema and {k: v.shape for k, v in row.items()} != schema:
+                raise ValueError("its keys or shapes differ from the first record's")
+        except ValueError as e:
+            if i == last:
+                _torn(p, i + 1, str(e))
+                break
+            raise ValueError(
+                f"{p}, line {i + 1}: not a monitor record ({e}); the file is damaged before its "
+                "last line. Remove or repair that line (history.csv in the same directory holds "
+                "the same records)."
+            ) from None
+        if not schema:
+            schema = {k: v.shape for k, v in row.items()}
+        rows.append(row)
     if not rows:
         schema = _meta_schema(p.parent)
     return stack_rows(rows, schema)
@@ -227,9 +351,30 @@ def _load_jsonl(p: Path) -> dict[str, np.ndarray]:
 
 def _load_csv(p: Path) -> dict[str, np.ndarray]:
     with open(p, encoding="utf-8", newline="") as fh:
-        reader = csv.reader(fh)
-        header = next(reader)
-        data = [[float(c) for c in r] for r in reader if r]
+        text = fh.read()
+    lines = list(csv.reader(io.StringIO(text)))
+    if not lines:
+        raise ValueError(f"{p}: empty file; expected a CSV header (a monitor history.csv).")
+    header, body = lines[0], lines[1:]
+    data: list[list[float]] = []
+    nonempty = [j for j, r in enumerate(body) if r]
+    for j in nonempty:
+        r = body[j]
+        if j == nonempty[-1] and not text.endswith("\n"):
+            _torn(p, j + 2, "no end of line")  # parseable or not, its last cell may be cut
+            break
+        try:
+            if len(r) != len(header):
+                raise ValueError(f"{len(r)} cells for {len(header)} columns")
+            data.append([float(c) for c in r])
+        except ValueError as e:
+            if j == nonempty[-1]:
+                _torn(p, j + 2, str(e))
+                break
+            raise ValueError(
+                f"{p}, line {j + 2}: not a monitor record ({e}); the file is damaged before its "
+                "last line. Remove or repair that line."
+            ) from None
     arr = np.asarray(data, dtype=np.float64).reshape(len(data), len(header))
     cols: dict[str, list[tuple[tuple[int, ...], int]]] = {}
     for j, name in enumerate(header):

@@ -160,3 +160,19 @@ class HyperSource:
                 "torch.optim.SGD(weight_decay=w) is γ = w/2)."
             )
         return lr, gamma
+
+    def set(self, name: str, value: float) -> None:
+        """Set ``lr`` or ``weight_decay`` by hand (refused when they come from an optimizer)."""
+        if self.optimizer is not None:
+            raise AttributeError(
+                f"{self.owner}.{name} is read from the optimizer given as optimizer=; change "
+                "the optimizer's param_groups (or use a torch.optim.lr_scheduler) instead of "
+                f"setting {name}={value!r}."
+            )
+        old = getattr(self, name)
+        setattr(self, name, value)
+        try:
+            self.current()
+        except ValueError:
+            setattr(self, name, old)
+            raise

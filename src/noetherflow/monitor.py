@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sys
 import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -46,6 +45,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from noetherflow._display import ProgressDisplay, is_terminal
 from noetherflow._history import (
     CSV_NAME,
     FORMATS,
@@ -53,18 +53,28 @@ from noetherflow._history import (
     CsvSink,
     JsonlSink,
     TensorBoardSink,
+    flat_record,
     load_history,
     open_tensorboard,
     stack_rows,
+    symmetry_keys,
     write_meta,
 )
 from noetherflow._hyperparams import HyperSource
+from noetherflow._optimizer_state import preserved
+from noetherflow._tracking import monitor_advice, refuse_accumulation
 from noetherflow.equilibrium import solve_equilibrium
 from noetherflow.flow import NoiseModel, charges, noether_flow
 from noetherflow.plotting import plot_history
-from noetherflow.stats.collect import Capture, capture
-from noetherflow.stats.core import GradStats, Reduction, parse_reduction
-from noetherflow.stats.distributed import all_reduce_mean, all_reduce_stats, is_distributed
+from noetherflow.stats.collect import Capture, capture, collect_stats
+from noetherflow.stats.core import Estimator, GradStats, Reduction, parse_reduction
+from noetherflow.stats.distributed import (
+    all_reduce_mean,
+    all_reduce_stats,
+    is_distributed,
+    unwrap_ddp,
+)
+from noetherflow.stats.reference import check_no_train_batchnorm
 from noetherflow.symmetry.base import DiagonalSymmetry
 from noetherflow.symmetry.rotation import DoubleRotation
 from noetherflow.symmetry.set import SymmetrySet
@@ -121,7 +131,8 @@ class NoetherMonitor:
 
     Args:
         model: the model (may be wrapped in ``DistributedDataParallel``).
-        syms: the symmetries to watch; statistics use ``estimator='hooks'`` (Linear/Conv).
+        syms: the symmetries to watch. History keys use each symmetry's ASCII key
+            (:attr:`keys`, e.g. ``flow/rescaling.fc1_to_fc2``), the names only for display.
         every: record every this many calls of :meth:`step`, starting with the first.
         lr, batch_size, weight_decay, time: η, S, γ and the time model of the flows.
         optimizer: read η and γ from this optimizer's param groups at every record instead of
@@ -138,7 +149,15 @@ class NoetherMonitor:
         full_matrices: also record the ``[d, d]`` matrix charges and flows of rotations.
         sharpness: ``True`` or :class:`SharpnessOptions` to record the Hessian trace and top
             eigenvalue; needs ``loss_fn`` and a batch (``probe`` or ``step(inputs=, targets=)``).
-        loss_fn: ``loss_fn(outputs, targets)``, for sharpness only.
+        estimator: how the gradient statistics are obtained. ``"hooks"`` (default): from the
+            loop's own forward/backward inside :meth:`track` (Linear/Conv layers, no
+            BatchNorm in training mode). ``"microbatch"`` (any model, BatchNorm in training
+            mode included) and ``"reference"`` (torch.func, exact, no BatchNorm in training
+            mode): computed in :meth:`step` on the batch passed as ``step(loss, inputs=x,
+            targets=y)``, with ``loss_fn``; ``.grad`` and buffers are left as they were.
+        micro_batch_size: micro-batch size m of ``estimator="microbatch"`` (≥ 2 with
+            BatchNorm in training mode; it must divide the batch into at least 2 parts).
+        loss_fn: ``loss_fn(outputs, targets)``, for sharpness and the non-hook estimators.
         probe: a fixed ``(inputs, targets)`` batch on which sharpness is measured.
         tensorboard: ``None`` (use it when installed and ``log_dir`` is set), ``False``, ``True``
             (required), or a writer object with ``add_scalar``/``add_histogram``.
@@ -167,6 +186,8 @@ class NoetherMonitor:
         solver_options: Mapping[str, Any] | None = None,
         full_matrices: bool = False,
         sharpness: bool | SharpnessOptions = False,
+        estimator: str = "hooks",
+        micro_batch_size: int = 1,
         loss_fn: Callable[[Any, Any], Tensor] | None = None,
         probe: tuple[Any, Any] | None = None,
         tensorboard: Any = None,
@@ -211,6 +232,24 @@ class NoetherMonitor:
                     "probe=(x, y) or mon.step(loss, inputs=x, targets=y))."
                 )
         self.loss_fn, self.probe = loss_fn, probe
+        try:
+            self.estimator = Estimator(estimator)
+        except ValueError:
+            raise ValueError(
+                f"estimator={estimator!r} is not supported; expected one of "
+                f"{[e.value for e in Estimator]}."
+            ) from None
+        self.micro_batch_size = int(micro_batch_size)
+        if self.estimator is not Estimator.HOOKS and loss_fn is None:
+            raise ValueError(
+                f"estimator={self.estimator.value!r} computes the statistics from the batch and "
+                "needs loss_fn: pass NoetherMonitor(..., loss_fn=loss_fn) and call "
+                "mon.step(loss, inputs=x, targets=y)."
+            )
+        if self.estimator is Estimator.HOOKS:
+            with monitor_advice():
+                check_no_train_batchnorm(unwrap_ddp(model), "hooks")
+                Capture(unwrap_ddp(model), syms, Reduction.MEAN, check_finite=False)
         self.all_reduce = is_distributed() if all_reduce is None else all_reduce
         self.rank = torch.distributed.get_rank() if is_distributed() else 0
         self.is_writer = self.rank == 0
@@ -220,6 +259,8 @@ class NoetherMonitor:
         self._rows: list[dict[str, np.ndarray]] = []
         self._t0 = _now()
         self._warned_untracked = False
+        self._callbacks: list[Callable[[dict[str, float]], Any]] = []
+        self.keys: dict[str, str] = symmetry_keys(syms.names)
         self.schema = self._schema()
         self.log_dir = Path(log_dir) if log_dir is not None else None
         self.formats = tuple(formats)
@@ -229,10 +270,9 @@ class NoetherMonitor:
         tb = open_tensorboard(tensorboard, self.log_dir) if self.is_writer else None
         if tb is not None:
             self._sinks.append(TensorBoardSink(tb))
-        self._progress: Any = None
-        self._task: Any = None
-        if self.is_writer and (progress if progress is not None else _is_terminal()):
-            self._init_progress(total)
+        self._progress: ProgressDisplay | None = None
+        if self.is_writer and (progress if progress is not None else is_terminal()):
+            self._progress = ProgressDisplay(total)
 
     # -- schema ---------------------------------------------------------------------------
     def _schema(self) -> dict[str, tuple[int, ...]]:
@@ -247,18 +287,19 @@ class NoetherMonitor:
         }
         ch = charges(self.model, self.syms)
         for name, s in self.syms.items():
-            shape = tuple(ch[name].shape)
+            shape, key = tuple(ch[name].shape), self.keys[name]
             matrix = isinstance(s, DoubleRotation)
             for kind in ("charge", "flow"):
-                sch[f"{kind}/{name}"] = () if matrix else shape
+                sch[f"{kind}/{key}"] = () if matrix else shape
                 if matrix and self.full_matrices:
-                    sch[f"{kind}_matrix/{name}"] = shape
+                    sch[f"{kind}_matrix/{key}"] = shape
         if self.distance:
             for name, s in self.syms.items():
-                sch[f"distance/{name}"] = (
+                key = self.keys[name]
+                sch[f"distance/{key}"] = (
                     (s.num_generators,) if isinstance(s, DiagonalSymmetry) else ()
                 )
-                sch[f"at_infinity/{name}"] = ()
+                sch[f"at_infinity/{key}"] = ()
         if self.sharpness is not None:
             for k in ("trace", "trace_se", "top_eigenvalue"):
                 sch[f"sharpness/{k}"] = ()
@@ -272,7 +313,7 @@ class NoetherMonitor:
 
     @lr.setter
     def lr(self, value: float) -> None:
-        self._set_hyper("lr", value)
+        self._hyper.set("lr", value)
 
     @property
     def weight_decay(self) -> float:
@@ -281,22 +322,7 @@ class NoetherMonitor:
 
     @weight_decay.setter
     def weight_decay(self, value: float) -> None:
-        self._set_hyper("weight_decay", value)
-
-    def _set_hyper(self, name: str, value: float) -> None:
-        if self._hyper.from_optimizer:
-            raise AttributeError(
-                f"NoetherMonitor.{name} is read from the optimizer given as optimizer=; change "
-                f"the optimizer's param_groups (or use a torch.optim.lr_scheduler) instead of "
-                f"setting mon.{name}={value!r}."
-            )
-        old = getattr(self._hyper, name)
-        setattr(self._hyper, name, value)
-        try:
-            self._hyper.current()
-        except ValueError:
-            setattr(self._hyper, name, old)
-            raise
+        self._hyper.set("weight_decay", value)
 
     # -- the training-loop API ------------------------------------------------------------
     @property
@@ -309,23 +335,34 @@ class NoetherMonitor:
         return (self._step if step is None else step) % self.every == 0
 
     def track(self) -> contextlib.AbstractContextManager[Any]:
-        """Context for the forward and backward pass of one step (hooks on record steps only)."""
-        if not self.due():
+        """Context for the forward and backward pass of one step (hooks on record steps only).
+
+        One forward and one backward pass: gradient accumulation (several forward/backward
+        passes inside one ``track``) is refused with an error naming it; see the docs for
+        the two ways to monitor an accumulating loop.
+        """
+        if not self.due() or self.estimator is not Estimator.HOOKS:
             return contextlib.nullcontext()
         return self._tracking()
 
+    def _level(self) -> str:
+        # Per-coordinate statistics only when the solver runs at this step; flows need less.
+        return self._level_at(self._step)
+
     @contextlib.contextmanager
     def _tracking(self) -> Iterator[Capture]:
-        # Per-coordinate statistics only when the solver runs at this step; flows need less.
-        solve = self.distance and self._step % self.distance_every == 0
-        with capture(
-            self.model,
-            self.syms,
-            reduction=self.reduction,
-            check_finite=False,
-            all_reduce=False,
-            level="solve" if solve else "neuron",
-        ) as cap:
+        with (
+            monitor_advice(),
+            refuse_accumulation(self.model),
+            capture(
+                self.model,
+                self.syms,
+                reduction=self.reduction,
+                check_finite=False,
+                all_reduce=False,
+                level=self._level(),
+            ) as cap,
+        ):
             # When every .grad is empty before the backward, afterwards it holds exactly this
             # batch's mean gradient, so the capture need not recompute it (one matmul per
             # layer). Not under DDP: its averaged .grad weights ranks equally.
@@ -336,8 +373,8 @@ class NoetherMonitor:
                 and all(p.grad is None for p in params)
             )
             yield cap
-            if fresh:
-                cap._means = {p: p.grad.detach() for p in params if p.grad is not None}
+            if fresh:  # a copy: clipping .grad before mon.step() must not change the record
+                cap._means = {p: p.grad.detach().clone() for p in params if p.grad is not None}
         self._cap = cap
 
     def step(
@@ -350,7 +387,8 @@ class NoetherMonitor:
         """Count one training step; on record steps compute and write a row and return it.
 
         Call after ``loss.backward()`` and before ``optimizer.step()``. ``inputs``/``targets``
-        are used for sharpness when no ``probe`` batch was given.
+        are the batch: used for sharpness when no ``probe`` batch was given, and for the
+        statistics with ``estimator="microbatch"``/``"reference"``.
         """
         i = self._step
         self._step += 1
@@ -362,11 +400,7 @@ class NoetherMonitor:
                 self._write(row)
         self._cap = None
         if self._progress is not None:
-            info = "" if row is None else _progress_info(row)
-            if info:
-                self._progress.update(self._task, advance=1, info=info)
-            else:
-                self._progress.update(self._task, advance=1)
+            self._progress.advance(row)
         return row
 
     # -- one record -----------------------------------------------------------------------
@@ -376,8 +410,11 @@ class NoetherMonitor:
         row["step"] = np.asarray(i, dtype=np.int64)
         stats: GradStats | None = None
         n_local = 1
-        if self._cap is not None:
+        if self.estimator is not Estimator.HOOKS:
+            stats = self._batch_stats(inputs, targets)
+        elif self._cap is not None:
             stats = self._cap.stats
+        if stats is not None:
             n_local = stats.n
             if self.all_reduce:
                 all_reduce_stats(stats)
@@ -421,15 +458,42 @@ class NoetherMonitor:
         row["monitor_time"] = np.asarray(_now() - t_start)
         return row
 
+    def _batch_stats(self, inputs: Any, targets: Any) -> GradStats:
+        """Statistics of the given batch with a non-hook estimator (``.grad``, buffers kept)."""
+        if inputs is None or targets is None:
+            raise ValueError(
+                f"NoetherMonitor(estimator={self.estimator.value!r}) computes the statistics "
+                f"from the batch: call mon.step(loss, inputs=x, targets=y) (step {self._step - 1} "
+                "is a record step)."
+            )
+        assert self.loss_fn is not None
+        with preserved(unwrap_ddp(self.model)):
+            return collect_stats(
+                self.model,
+                self.syms,
+                self.loss_fn,
+                inputs,
+                targets,
+                reduction=self.reduction,
+                estimator=self.estimator,
+                micro_batch_size=self.micro_batch_size,
+                check_finite=False,
+                all_reduce=False,
+                level=self._level_at(self._step - 1),
+            )
+
+    def _level_at(self, i: int) -> str:
+        return "solve" if self.distance and i % self.distance_every == 0 else "neuron"
+
     def _put(self, row: dict[str, np.ndarray], kind: str, vals: Mapping[str, Tensor]) -> None:
         for name, s in self.syms.items():
-            v = vals[name].detach()
+            v, key = vals[name].detach(), self.keys[name]
             if isinstance(s, DoubleRotation):
-                row[f"{kind}/{name}"] = _np(v.norm())
+                row[f"{kind}/{key}"] = _np(v.norm())
                 if self.full_matrices:
-                    row[f"{kind}_matrix/{name}"] = _np(v)
+                    row[f"{kind}_matrix/{key}"] = _np(v)
             else:
-                row[f"{kind}/{name}"] = _np(v).reshape(self.schema[f"{kind}/{name}"])
+                row[f"{kind}/{key}"] = _np(v).reshape(self.schema[f"{kind}/{key}"])
 
     def _put_distance(
         self, row: dict[str, np.ndarray], stats: GradStats, lr: float, gamma: float
@@ -447,22 +511,22 @@ class NoetherMonitor:
             **self.solver_options,
         )
         for name, _s in self.syms.items():
-            row[f"distance/{name}"] = _np(sol.distance[name]).reshape(
-                self.schema[f"distance/{name}"]
-            )
-            row[f"at_infinity/{name}"] = np.asarray(0.0)
+            key = self.keys[name]
+            row[f"distance/{key}"] = _np(sol.distance[name]).reshape(self.schema[f"distance/{key}"])
+            row[f"at_infinity/{key}"] = np.asarray(0.0)
         for rep in sol.at_infinity:
-            d = row[f"distance/{rep.name}"]
+            key = self.keys[rep.name]
+            d = row[f"distance/{key}"]
             direc = rep.direction.detach().cpu()
             if d.ndim == 1:  # diagonal: ±1 on the generators that run off
                 mask = direc.reshape(-1).numpy() != 0
                 d[mask] = np.inf
-                row[f"at_infinity/{rep.name}"] = np.asarray(float(mask.sum()))
+                row[f"at_infinity/{key}"] = np.asarray(float(mask.sum()))
             elif direc.dim() == 2:  # rotation: an orthonormal basis [d, k] of hidden directions
-                row[f"at_infinity/{rep.name}"] = np.asarray(float(direc.shape[1]))
+                row[f"at_infinity/{key}"] = np.asarray(float(direc.shape[1]))
             else:  # dense: the whole orbit
-                row[f"distance/{rep.name}"] = np.asarray(np.inf)
-                row[f"at_infinity/{rep.name}"] = np.asarray(1.0)
+                row[f"distance/{key}"] = np.asarray(np.inf)
+                row[f"at_infinity/{key}"] = np.asarray(1.0)
 
     def _put_sharpness(
         self, row: dict[str, np.ndarray], sh: SharpnessOptions, inputs: Any, targets: Any
@@ -511,6 +575,8 @@ class NoetherMonitor:
             "time": self.time,
             "reduction": self.reduction.value,
             "symmetries": self.syms.names,
+            "keys": self.keys,
+            "estimator": self.estimator.value,
             "schema": {k: list(v) for k, v in self.schema.items()},
             "world_size": torch.distributed.get_world_size() if is_distributed() else 1,
         }
@@ -521,27 +587,53 @@ class NoetherMonitor:
             self._sinks.append(JsonlSink(self.log_dir / JSONL_NAME, self.schema))
 
     def _write(self, row: Mapping[str, np.ndarray]) -> None:
-        for sink in self._sinks:
-            sink.write(row)
+        """Send the row to every sink and ``on_record`` callback.
 
-    def _init_progress(self, total: int | None) -> None:
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TextColumn,
-            TimeElapsedColumn,
+        An ``OSError`` (disk full, a network file system gone) stops that one sink with one
+        warning; training and the other sinks go on, and :attr:`history` keeps every row.
+        """
+        for sink in list(self._sinks):
+            try:
+                sink.write(row)
+            except OSError as e:
+                self._sinks.remove(sink)
+                self._io_failed(f"writing {sink.path or type(sink).__name__}", e)
+        if self._callbacks:
+            flat = flat_record(row)
+            for cb in list(self._callbacks):
+                try:
+                    cb(dict(flat))
+                except OSError as e:
+                    self._callbacks.remove(cb)
+                    self._io_failed(f"the on_record callback {cb!r}", e)
+
+    def _io_failed(self, what: str, err: OSError) -> None:
+        warnings.warn(
+            f"NoetherMonitor: {what} failed at step {self._step - 1} ({err}); it is stopped for "
+            "the rest of the run and training goes on. mon.history keeps every record in "
+            "memory; the files hold the records written before the failure.",
+            RuntimeWarning,
+            stacklevel=4,
         )
 
-        self._progress = Progress(
-            TextColumn("[bold]noetherflow[/]"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            TextColumn("{task.fields[info]}"),
-        )
-        self._task = self._progress.add_task("train", total=total, info="")
-        self._progress.start()
+    def on_record(
+        self, callback: Callable[[dict[str, float]], Any]
+    ) -> Callable[[dict[str, float]], Any]:
+        """Call ``callback(record)`` at every record, on the writing rank (rank 0).
+
+        ``record`` is a flat ``dict`` of floats with ASCII keys (see
+        :func:`noetherflow._history.flat_record`): ``step``, ``loss``, ``lr``,
+        ``charge/<key>``, ``flow/<key>/max_abs`` …, ``summary/max_abs_flow`` — ready for any
+        scalar logger (``wandb.log``, ``mlflow.log_metrics``, a CSV writer). Returns
+        ``callback``, so it can be used as a decorator.
+        """
+        if not callable(callback):
+            raise TypeError(
+                f"on_record expects a callable taking a dict of floats, got {callback!r}."
+            )
+        if self.is_writer:
+            self._callbacks.append(callback)
+        return callback
 
     def close(self) -> None:
         """Stop the progress bar and flush/close TensorBoard. Files are complete at all times."""
@@ -584,10 +676,6 @@ def _now() -> float:
     return time.perf_counter()
 
 
-def _is_terminal() -> bool:
-    return sys.stdout.isatty()
-
-
 def _multiple(name: str, value: int | None, every: int) -> int:
     if value is None:
         return every
@@ -608,14 +696,3 @@ def _finite(stats: GradStats) -> bool:
     ts += list(stats.dense.values())
     ts += [m for pair in stats.side.values() for m in pair]
     return all(bool(torch.isfinite(t).all()) for t in ts)
-
-
-def _progress_info(row: Mapping[str, np.ndarray]) -> str:
-    parts = []
-    if np.isfinite(row["loss"]):
-        parts.append(f"loss {float(row['loss']):.4g}")
-    dist = [np.max(v) for k, v in row.items() if k.startswith("distance/") and v.size]
-    fin = [d for d in dist if np.isfinite(d)]
-    if fin:
-        parts.append(f"max distance {max(fin):.3g}")
-    return "  ".join(parts)
