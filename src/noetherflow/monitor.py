@@ -1,33 +1,29 @@
 """Watch Noether charges, their noise-driven flows and the distance to the noise equilibrium.
 
-:class:`NoetherMonitor` rides on the caller's own forward/backward pass (``nf.capture``): on a
-record step (every ``every`` steps) the hooks collect the gradient statistics of the batch,
-and :meth:`NoetherMonitor.step` turns them into
+:class:`NoetherMonitor` rides on the caller's own forward/backward pass (``nf.capture``, or
+another estimator): on a record step (every ``every`` steps) it collects the gradient
+statistics of the batch, and :meth:`NoetherMonitor.step` turns them into a row. Keys use the
+symmetry's ASCII key ``<sym>`` (:func:`noetherflow._history.symmetry_key`):
 
-* ``loss`` — the batch loss passed to ``step`` (the global-batch mean under DDP);
-* ``charge/<name>`` — C = θᵀAθ per generator (eq. 6); a rotation's ``[d, d]`` matrix charge is
-  logged as its Frobenius norm, the matrix itself as ``charge_matrix/<name>`` on request;
-* ``flow/<name>`` — the flow −κC + Tr[A·M] of :func:`noetherflow.noether_flow` (same shapes);
-* ``distance/<name>`` — the distance to the noise equilibrium of
-  :func:`noetherflow.solve_equilibrium`: |λ*| per generator (diagonal symmetries), ‖log P‖_F
-  (rotation), |λ*| (dense); ``inf`` where the equilibrium is at infinity, with the number of
-  such directions in ``at_infinity/<name>``;
-* ``sharpness/trace``, ``sharpness/trace_se``, ``sharpness/top_eigenvalue`` — optional, from
-  :mod:`noetherflow.sharpness` (Hutchinson, power iteration);
-* ``step``, ``time`` (seconds since the monitor started) and ``monitor_time`` (seconds spent
-  recording this row: the monitor's own overhead).
+* ``loss`` (the global-batch mean under DDP), ``lr`` and ``weight_decay`` (the η, γ used);
+* ``charge/<sym>`` — C = θᵀAθ per generator (eq. 6); a rotation's ``[d, d]`` matrix charge is
+  logged as its Frobenius norm, the matrix itself as ``charge_matrix/<sym>`` on request;
+* ``flow/<sym>`` — the flow −κC + Tr[A·M] of :func:`noetherflow.noether_flow` (same shapes);
+* ``distance/<sym>`` — the distance to the noise equilibrium of
+  :func:`noetherflow.solve_equilibrium`: |λ*| per generator (diagonal), ‖log P‖_F (rotation),
+  |λ*| (dense); ``inf`` at infinity, with the number of such directions in
+  ``at_infinity/<sym>``;
+* ``sharpness/trace``, ``sharpness/trace_se``, ``sharpness/top_eigenvalue`` — optional;
+* ``step``, ``time`` (seconds since the start) and ``monitor_time`` (this row's overhead).
 
-Between record steps :meth:`NoetherMonitor.track` attaches nothing and ``step`` only counts,
-so the overhead is paid once per ``every`` steps. Rows go to ``history.csv`` and
-``history.jsonl`` (append-only, one line per record, written on rank 0), to TensorBoard when
-it is installed, and to a rich progress bar in terminals. :attr:`NoetherMonitor.history` is a
-dict of numpy arrays (first axis: records) and :func:`load_history` reads either file back to
-the same dict.
+Between record steps nothing is attached and ``step`` only counts. Rows go to
+``history.csv``/``history.jsonl`` (append-only, rank 0), TensorBoard, ``on_record``
+callbacks and a progress bar in terminals (:mod:`noetherflow._history`); :func:`load_history`
+reads the files back to the dict of :attr:`NoetherMonitor.history`.
 
-Under ``torch.distributed`` the statistics (and the loss) are all-reduced so that every rank
-records the statistics of the global batch; every rank must call ``track``/``step``
-together. Read the statistics of the monitor *before* ``optimizer.step()``: charges, flows
-and statistics then all refer to the same θ.
+Under ``torch.distributed`` the statistics (and the loss) are all-reduced to those of the
+global batch; every rank must call ``track``/``step`` together. Call ``step`` *before*
+``optimizer.step()``: charges, flows and statistics then refer to the same θ.
 """
 
 from __future__ import annotations
@@ -656,13 +652,17 @@ class NoetherMonitor:
         *,
         kinds: Sequence[str] = ("loss", "charge", "flow", "distance", "sharpness"),
         max_lines: int = 8,
+        top_k: int = 8,
     ) -> Any:
         """A matplotlib figure with one panel per kind of quantity; saved to ``path`` if given.
 
-        Vector quantities with at most ``max_lines`` components are drawn one line each,
-        longer ones as the median with a 10–90 % band over components.
+        Symmetries are named by their pretty names; see :func:`noetherflow.plotting.
+        plot_history` for ``max_lines`` (vector entries) and ``top_k`` (named lines per panel).
         """
-        return plot_history(self.history, path, kinds=kinds, max_lines=max_lines)
+        names = {k: n for n, k in self.keys.items()}
+        return plot_history(
+            self.history, path, kinds=kinds, max_lines=max_lines, top_k=top_k, labels=names
+        )
 
     def __repr__(self) -> str:
         return (
