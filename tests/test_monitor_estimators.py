@@ -123,3 +123,17 @@ def test_reference_estimator_equals_hooks_on_an_mlp() -> None:
     for k in a:
         if k.startswith(("flow/", "charge/", "distance/")):
             np.testing.assert_allclose(a[k], b[k], rtol=1e-9, atol=1e-13, err_msg=k)
+
+
+def test_teleporter_estimator_is_checked_when_built() -> None:
+    m, syms, x, y = bn_cnn()
+    with pytest.raises(ValueError, match=r"EquilibriumTeleport: estimator='exact'.*'microbatch'"):
+        nf.EquilibriumTeleport(m, syms, F.cross_entropy, lr=0.1, batch_size=16, estimator="exact")
+    tp = nf.EquilibriumTeleport(
+        m, syms, F.cross_entropy, lr=0.1, batch_size=16, weight_decay=5e-4,
+        estimator="microbatch", micro_batch_size=4,
+    )  # fmt: skip
+    running = m[1].running_var.clone()
+    sol = tp.teleport(x, y)
+    assert tp.estimator == "microbatch" and len(tp.history) == 1 and sol.converged
+    assert torch.equal(m[1].running_var, running)  # the statistics' passes left the buffers

@@ -151,3 +151,30 @@ def test_tensorboard_event_file_has_scalars_per_symmetry_and_histograms(tmp_path
         [e.value for e in events], np.abs(h[f"flow/{key}"]).max(axis=1), rtol=1e-6, atol=0
     )
     np.testing.assert_allclose([e.value for e in ea.Scalars("loss")], h["loss"], rtol=1e-6)
+
+
+def test_readme_monitor_snippet_runs_and_closes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    readme = Path(__file__).resolve().parents[1] / "README.md"
+    blocks = re.findall(r"```python\n(.*?)```", readme.read_text(), flags=re.S)
+    snippet = next(b for b in blocks if "nf.NoetherMonitor(" in b)
+    assert "mon.close()" in snippet
+    monkeypatch.chdir(tmp_path)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, 3))
+    x, y = torch.randn(64, 4), torch.randint(0, 3, (64,))
+    ns = {
+        "nf": nf,
+        "torch": torch,
+        "model": model,
+        "syms": nf.SymmetrySet([nf.Rescaling(model[0], model[2])]),
+        "loss_fn": F.cross_entropy,
+        "loader": [(x[i : i + 32], y[i : i + 32]) for i in (0, 32)] * 6,
+    }
+    exec(compile(snippet, "README.md", "exec"), ns)
+    mon = ns["mon"]
+    assert mon.history["step"].tolist() == [0, 10]
+    assert mon.history["weight_decay"].tolist() == [1e-4, 1e-4]
+    assert (tmp_path / "runs/x/monitor.png").exists()
+    assert nf.load_history(tmp_path / "runs/x")["step"].tolist() == [0, 10]

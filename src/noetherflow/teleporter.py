@@ -48,6 +48,7 @@ from noetherflow._optimizer_state import (
 )
 from noetherflow.equilibrium import EquilibriumSolution, solve_equilibrium
 from noetherflow.stats.collect import collect_stats
+from noetherflow.stats.core import Estimator
 from noetherflow.symmetry.set import SymmetrySet
 from noetherflow.teleport import teleport
 
@@ -187,7 +188,14 @@ class EquilibriumTeleport:
         self.every = None if every is None else int(every)
         self.at_start = bool(at_start)
         self.time = time
-        self.estimator = estimator
+        try:
+            self.estimator = Estimator(estimator).value
+        except ValueError:
+            raise ValueError(
+                f"EquilibriumTeleport: estimator={estimator!r} is not supported; expected one of "
+                f"{[e.value for e in Estimator]} ('microbatch' with micro_batch_size >= 2 for "
+                "BatchNorm in training mode)."
+            ) from None
         self.micro_batch_size = int(micro_batch_size)
         self.reduction = reduction
         self.optimizer = optimizer
