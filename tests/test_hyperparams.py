@@ -195,3 +195,11 @@ def test_history_files_keep_lr(tmp_path) -> None:
     for fmt in ("csv", "jsonl"):
         back = nf.load_history(tmp_path / f"history.{fmt}")
         assert np.allclose(back["lr"], [0.1, 0.05, 0.1 / 3], rtol=1e-15, atol=0)
+
+
+def test_wrapped_optimizers_are_unwrapped() -> None:
+    m, syms, _, _ = problem()
+    tp = nf.EquilibriumTeleport(m, syms, F.mse_loss, lr=0.1, batch_size=8)
+    wrapped = tp.wrap(torch.optim.SGD(m.parameters(), lr=0.2, weight_decay=0.04))
+    mon = nf.NoetherMonitor(m, syms, optimizer=wrapped, batch_size=8)  # type: ignore[arg-type]
+    assert (mon.lr, mon.weight_decay) == (0.2, 0.02)

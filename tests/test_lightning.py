@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import csv
 import os
-import pty
 import select
 import signal
 import sys
@@ -24,6 +23,7 @@ import torch.nn.functional as F
 import noetherflow as nf
 
 L = pytest.importorskip("lightning")
+pty = pytest.importorskip("pty")  # POSIX pseudo-terminals
 
 # Lightning's own warnings about this tiny CPU setup and its use of a deprecated torch API.
 pytestmark = [

@@ -43,6 +43,11 @@ def sgd_hyperparameters(
     Raises ``ValueError`` naming ``owner`` when the optimizer is not plain SGD, when the
     parameters are not in the optimizer, or when their groups disagree on lr/weight decay.
     """
+    inner = getattr(optimizer, "optimizer", None)  # TeleportingOptimizer, LightningOptimizer
+    if not isinstance(optimizer, torch.optim.Optimizer) and isinstance(
+        inner, torch.optim.Optimizer
+    ):
+        optimizer = inner
     name = type(optimizer).__name__
     if not isinstance(optimizer, torch.optim.SGD):
         raise ValueError(
