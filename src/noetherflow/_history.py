@@ -36,7 +36,7 @@ import os
 import re
 import unicodedata
 import warnings
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +50,7 @@ __all__ = [
     "META_NAME",
     "CsvSink",
     "JsonlSink",
+    "Outputs",
     "TensorBoardSink",
     "flat_record",
     "load_history",
@@ -215,6 +216,52 @@ class TensorBoardSink:
     def close(self) -> None:
         if hasattr(self.writer, "close"):
             self.writer.close()
+
+
+class Outputs:
+    """The sinks and ``on_record`` callbacks of one monitor.
+
+    An ``OSError`` (disk full, a network file system or logging service gone) stops that one
+    destination with one warning; training and the other destinations go on (the monitor's
+    in-memory history keeps every row).
+    """
+
+    def __init__(self) -> None:
+        self.sinks: list[Any] = []
+        self.callbacks: list[Callable[[dict[str, float]], Any]] = []
+
+    def write(self, row: Row, step: int) -> None:
+        """Send ``row`` to every sink, its :func:`flat_record` to every callback."""
+        for sink in list(self.sinks):
+            try:
+                sink.write(row)
+            except OSError as e:
+                self.sinks.remove(sink)
+                _io_failed(f"writing {sink.path or type(sink).__name__}", e, step)
+        if self.callbacks:
+            flat = flat_record(row)
+            for cb in list(self.callbacks):
+                try:
+                    cb(dict(flat))
+                except OSError as e:
+                    self.callbacks.remove(cb)
+                    _io_failed(f"the on_record callback {cb!r}", e, step)
+
+    def close(self) -> None:
+        """Close every sink (TensorBoard flushes)."""
+        for sink in self.sinks:
+            sink.close()
+        self.sinks = []
+
+
+def _io_failed(what: str, err: OSError, step: int) -> None:
+    warnings.warn(
+        f"NoetherMonitor: {what} failed at step {step} ({err}); it is stopped for the rest of "
+        "the run and training goes on. mon.history keeps every record in memory; the files "
+        "hold the records written before the failure.",
+        RuntimeWarning,
+        stacklevel=5,
+    )
 
 
 def open_tensorboard(tensorboard: Any, log_dir: Path | None) -> Any:

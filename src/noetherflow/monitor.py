@@ -3,7 +3,7 @@
 :class:`NoetherMonitor` rides on the caller's own forward/backward pass (``nf.capture``, or
 another estimator): on a record step (every ``every`` steps) it collects the gradient
 statistics of the batch, and :meth:`NoetherMonitor.step` turns them into a row. Keys use the
-symmetry's ASCII key ``<sym>`` (:func:`noetherflow._history.symmetry_key`):
+symmetry's ASCII key ``<sym>`` (:func:`symmetry_key`):
 
 * ``loss`` (the global-batch mean under DDP), ``lr`` and ``weight_decay`` (the η, γ used);
 * ``charge/<sym>`` — C = θᵀAθ per generator (eq. 6); a rotation's ``[d, d]`` matrix charge is
@@ -48,11 +48,13 @@ from noetherflow._history import (
     JSONL_NAME,
     CsvSink,
     JsonlSink,
+    Outputs,
     TensorBoardSink,
     flat_record,
     load_history,
     open_tensorboard,
     stack_rows,
+    symmetry_key,
     symmetry_keys,
     write_meta,
 )
@@ -75,7 +77,14 @@ from noetherflow.symmetry.base import DiagonalSymmetry
 from noetherflow.symmetry.rotation import DoubleRotation
 from noetherflow.symmetry.set import SymmetrySet
 
-__all__ = ["NoetherMonitor", "SharpnessOptions", "load_history", "plot_history"]
+__all__ = [
+    "NoetherMonitor",
+    "SharpnessOptions",
+    "flat_record",
+    "load_history",
+    "plot_history",
+    "symmetry_key",
+]
 
 _FORMATS = FORMATS
 
@@ -255,17 +264,16 @@ class NoetherMonitor:
         self._rows: list[dict[str, np.ndarray]] = []
         self._t0 = _now()
         self._warned_untracked = False
-        self._callbacks: list[Callable[[dict[str, float]], Any]] = []
         self.keys: dict[str, str] = symmetry_keys(syms.names)
         self.schema = self._schema()
         self.log_dir = Path(log_dir) if log_dir is not None else None
         self.formats = tuple(formats)
-        self._sinks: list[Any] = []
+        self._out = Outputs()
         if self.log_dir is not None and self.is_writer:
             self._init_files()
         tb = open_tensorboard(tensorboard, self.log_dir) if self.is_writer else None
         if tb is not None:
-            self._sinks.append(TensorBoardSink(tb))
+            self._out.sinks.append(TensorBoardSink(tb))
         self._progress: ProgressDisplay | None = None
         if self.is_writer and (progress if progress is not None else is_terminal()):
             self._progress = ProgressDisplay(total)
@@ -578,39 +586,12 @@ class NoetherMonitor:
         }
         write_meta(self.log_dir, meta)
         if "csv" in self.formats:
-            self._sinks.append(CsvSink(self.log_dir / CSV_NAME, self.schema))
+            self._out.sinks.append(CsvSink(self.log_dir / CSV_NAME, self.schema))
         if "jsonl" in self.formats:
-            self._sinks.append(JsonlSink(self.log_dir / JSONL_NAME, self.schema))
+            self._out.sinks.append(JsonlSink(self.log_dir / JSONL_NAME, self.schema))
 
     def _write(self, row: Mapping[str, np.ndarray]) -> None:
-        """Send the row to every sink and ``on_record`` callback.
-
-        An ``OSError`` (disk full, a network file system gone) stops that one sink with one
-        warning; training and the other sinks go on, and :attr:`history` keeps every row.
-        """
-        for sink in list(self._sinks):
-            try:
-                sink.write(row)
-            except OSError as e:
-                self._sinks.remove(sink)
-                self._io_failed(f"writing {sink.path or type(sink).__name__}", e)
-        if self._callbacks:
-            flat = flat_record(row)
-            for cb in list(self._callbacks):
-                try:
-                    cb(dict(flat))
-                except OSError as e:
-                    self._callbacks.remove(cb)
-                    self._io_failed(f"the on_record callback {cb!r}", e)
-
-    def _io_failed(self, what: str, err: OSError) -> None:
-        warnings.warn(
-            f"NoetherMonitor: {what} failed at step {self._step - 1} ({err}); it is stopped for "
-            "the rest of the run and training goes on. mon.history keeps every record in "
-            "memory; the files hold the records written before the failure.",
-            RuntimeWarning,
-            stacklevel=4,
-        )
+        self._out.write(row, int(row["step"]))
 
     def on_record(
         self, callback: Callable[[dict[str, float]], Any]
@@ -618,7 +599,7 @@ class NoetherMonitor:
         """Call ``callback(record)`` at every record, on the writing rank (rank 0).
 
         ``record`` is a flat ``dict`` of floats with ASCII keys (see
-        :func:`noetherflow._history.flat_record`): ``step``, ``loss``, ``lr``,
+        :func:`flat_record`): ``step``, ``loss``, ``lr``,
         ``charge/<key>``, ``flow/<key>/max_abs`` …, ``summary/max_abs_flow`` — ready for any
         scalar logger (``wandb.log``, ``mlflow.log_metrics``, a CSV writer). Returns
         ``callback``, so it can be used as a decorator.
@@ -628,7 +609,7 @@ class NoetherMonitor:
                 f"on_record expects a callable taking a dict of floats, got {callback!r}."
             )
         if self.is_writer:
-            self._callbacks.append(callback)
+            self._out.callbacks.append(callback)
         return callback
 
     def close(self) -> None:
@@ -636,9 +617,7 @@ class NoetherMonitor:
         if self._progress is not None:
             self._progress.stop()
             self._progress = None
-        for sink in self._sinks:
-            sink.close()
-        self._sinks = []
+        self._out.close()
 
     def __enter__(self) -> NoetherMonitor:
         return self

@@ -79,7 +79,7 @@ class NoetherCallback(Callback):  # type: ignore[misc,valid-type]
 
     The monitor's own progress bar is off while Lightning shows one (two rich live displays
     break the terminal at teardown); records go to every ``trainer.loggers`` as flat scalars
-    (``noether/flow/<key>/max_abs`` …, see :func:`noetherflow._history.flat_record`).
+    (``noether/flow/<key>/max_abs`` …, see :func:`noetherflow.monitor.flat_record`).
 
     Args:
         syms: the symmetries, built on the LightningModule's layers.
