@@ -456,6 +456,11 @@ def run_family(
         rec["zero_in_grid"] = bool(math.isfinite(root) and grid[0] < root < grid[-1])
         if gam < 0:
             rec["criterion"] = negative_gamma_criterion(prob, th, nz, grads)
+            lim = 40.0 / float(torch.linalg.eigvalsh(prob.A).abs().max())
+            with torch.no_grad():
+                wide = np.array([float(oracle_flow(prob, th, float(x), nz, grads=grads))
+                                 for x in np.linspace(-lim, lim, 321)])  # fmt: skip
+            rec["oracle_decreasing_wide"] = bool(np.all(np.diff(wide) < 0))
         else:
             st0 = at_orbit_point(prob, 0.0, lambda gd=gd: library_stats(prob, gd=gd))
             lam_s, conv = library_solve(prob, st0, time, lr, bs, gam)
