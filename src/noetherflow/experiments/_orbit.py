@@ -43,10 +43,11 @@ data written twice gives exactly (both micro-batch gradients are ``ḡ``) with `
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -96,7 +97,7 @@ class Problem:
     family: str
     model: nn.Module
     syms: nf.SymmetrySet
-    params: list[nn.Parameter]  # the parameters A acts on, in A's order
+    params: list[Any]  # the nn.Parameters A acts on, in A's order
     A: Tensor  # [P, P]
     X: Tensor
     Y: Tensor
@@ -120,8 +121,21 @@ def loss_fn(out: Tensor, target: Tensor) -> Tensor:
     return ((out - target) ** 2).sum(dim=-1).mean()
 
 
-def make_problem(family: str, seed: int, *, n: int, d_x: int, h: int, d_y: int,
-                 b_eigs: Sequence[float] = (1.0, 0.4, -0.7), noise: float = 0.5) -> Problem:  # fmt: skip
+def _param(t: Any) -> nn.Parameter:
+    return cast(nn.Parameter, t)
+
+
+def make_problem(
+    family: str,
+    seed: int,
+    *,
+    n: int,
+    d_x: int,
+    h: int,
+    d_y: int,
+    b_eigs: Sequence[float] = (1.0, 0.4, -0.7),
+    noise: float = 0.5,
+) -> Problem:
     """Data, a random initialisation and the symmetry of ``family`` (see the module docstring)."""
     g = torch.Generator().manual_seed(derive_seed(seed, "orbit", family))
     X = torch.randn(n, d_x, generator=g, dtype=_DT)
@@ -132,7 +146,7 @@ def make_problem(family: str, seed: int, *, n: int, d_x: int, h: int, d_y: int,
         first, second = nn.Linear(d_x, h), nn.Linear(h, d_y)
         model: nn.Module = nn.Sequential(first, nn.ReLU(), second).to(_DT)
         syms = nf.SymmetrySet([nf.Rescaling(first, second, label="rescaling")])
-        params = [first.weight, first.bias, second.weight]
+        params = [_param(first.weight), _param(first.bias), _param(second.weight)]
         w1, b1, w2 = torch.zeros(h, d_x), torch.zeros(h), torch.zeros(d_y, h)
         w1[0], b1[0], w2[:, 0] = 1.0, 1.0, -1.0  # neuron 0: in +1, out −1
         A = torch.diag(torch.cat([w1.reshape(-1), b1, w2.reshape(-1)])).to(_DT)
@@ -142,8 +156,8 @@ def make_problem(family: str, seed: int, *, n: int, d_x: int, h: int, d_y: int,
         model = nn.Sequential(
             first, nn.LayerNorm(h, eps=0.0, elementwise_affine=False), nn.Tanh(), nn.Linear(h, d_y)
         ).to(_DT)
-        syms = nf.SymmetrySet([nf.ScaleInvariance([first.weight], label="scale")])
-        params = [first.weight]
+        syms = nf.SymmetrySet([nf.ScaleInvariance([_param(first.weight)], label="scale")])
+        params = [_param(first.weight)]
         A = torch.eye(h * d_x, dtype=_DT)
         est = "hooks"
     elif family == "rotation":
@@ -156,9 +170,10 @@ def make_problem(family: str, seed: int, *, n: int, d_x: int, h: int, d_y: int,
         B = q @ torch.diag(torch.tensor(list(b_eigs), dtype=_DT)) @ q.T
         B = 0.5 * (B + B.T)
         # vec(W) row-major: W → e^{−λB}W is kron(e^{−λB}, I); U → Ue^{λB} is kron(I, e^{λB})
-        A = torch.block_diag(-torch.kron(B, torch.eye(d_x, dtype=_DT)),
-                             torch.kron(torch.eye(d_y, dtype=_DT), B))  # fmt: skip
-        params = [first.weight, second.weight]
+        A = torch.block_diag(
+            -torch.kron(B, torch.eye(d_x, dtype=_DT)), torch.kron(torch.eye(d_y, dtype=_DT), B)
+        )
+        params = [_param(first.weight), _param(second.weight)]
         syms = nf.SymmetrySet([nf.DenseSymmetry(params, A, label="rotation")])
         est = "reference"
     else:
@@ -183,8 +198,11 @@ def per_sample_flat(prob: Problem, theta: Tensor, X: Tensor, Y: Tensor) -> Tenso
     names = {id(p): n for n, p in prob.model.named_parameters()}
     keys = [names[id(p)] for p in prob.params]
     shapes = [p.shape for p in prob.params]
-    others = {n: p.detach() for n, p in prob.model.named_parameters() if id(p) not in
-              {id(q) for q in prob.params}}  # fmt: skip
+    others = {
+        n: p.detach()
+        for n, p in prob.model.named_parameters()
+        if id(p) not in {id(q) for q in prob.params}
+    }
 
     def one(th: Tensor, x: Tensor, y: Tensor) -> Tensor:
         vals, i = {}, 0
@@ -264,16 +282,17 @@ def oracle_root(prob: Problem, theta: Tensor, noise: Noise, *, lam_max: float = 
     return float(brentq(f, grid[i], grid[i + 1], xtol=1e-15, rtol=1e-15, maxiter=500))
 
 
-def ift_derivative(prob: Problem, theta: Tensor, lam_star: float, noise: Noise,
-                   direction: Tensor) -> float:  # fmt: skip
+def ift_derivative(
+    prob: Problem, theta: Tensor, lam_star: float, noise: Noise, direction: Tensor
+) -> float:
     """``dλ*/dε`` at ``θ + εδ``: ``−(∂G/∂θ · δ) / (∂G/∂λ)`` (implicit function theorem)."""
 
     def g_of(th: Tensor, lam: Tensor) -> Tensor:
         return oracle_flow(prob, th, lam, noise)
 
     lam_t = torch.tensor(lam_star, dtype=_DT)
-    _, d_theta = torch.func.jvp(lambda th: g_of(th, lam_t), (theta,), (direction,))
-    _, d_lam = torch.func.jvp(lambda la: g_of(theta, la), (lam_t,), (torch.ones((), dtype=_DT),))
+    d_theta = torch.func.jvp(lambda th: g_of(th, lam_t), (theta,), (direction,))[1]
+    d_lam = torch.func.jvp(lambda la: g_of(theta, la), (lam_t,), (torch.ones((), dtype=_DT),))[1]
     return float(-d_theta / d_lam)
 
 
@@ -290,13 +309,17 @@ def library_stats(prob: Problem, *, gd: bool) -> nf.GradStats:
     """``nf.collect_stats`` at the model's current parameters (GD: micro-batch trick)."""
     if gd:
         X2, Y2, n = _gd_data(prob)
-        return nf.collect_stats(prob.model, prob.syms, loss_fn, X2, Y2,
-                                estimator="microbatch", micro_batch_size=n)  # fmt: skip
-    return nf.collect_stats(prob.model, prob.syms, loss_fn, prob.X, prob.Y, estimator=prob.estimator)
+        return nf.collect_stats(
+            prob.model, prob.syms, loss_fn, X2, Y2, estimator="microbatch", micro_batch_size=n
+        )
+    return nf.collect_stats(
+        prob.model, prob.syms, loss_fn, prob.X, prob.Y, estimator=prob.estimator
+    )
 
 
-def library_flow(prob: Problem, stats: nf.GradStats, time: str, lr: float, batch_size: int,
-                 weight_decay: float) -> tuple[float, float]:  # fmt: skip
+def library_flow(
+    prob: Problem, stats: nf.GradStats, time: str, lr: float, batch_size: int, weight_decay: float
+) -> tuple[float, float]:
     """``(G, C)`` from ``nf.noether_flow`` and ``nf.charges`` at the current parameters.
 
     ``nf.noether_flow`` takes ``γ ≥ 0`` only; for ``γ < 0`` its ``γ = 0`` flow (the noise
@@ -306,8 +329,9 @@ def library_flow(prob: Problem, stats: nf.GradStats, time: str, lr: float, batch
     name = prob.syms.names[0]
     c = float(nf.charges(prob.model, prob.syms)[name].reshape(-1)[0])
     wd = max(weight_decay, 0.0)
-    f = nf.noether_flow(prob.model, prob.syms, stats, lr=lr, batch_size=s, weight_decay=wd,
-                        time=time)[name]  # fmt: skip
+    f = nf.noether_flow(
+        prob.model, prob.syms, stats, lr=lr, batch_size=s, weight_decay=wd, time=time
+    )[name]
     flow = float(f.reshape(-1)[0])
     if weight_decay < 0:
         flow -= noise_coefficients(time, lr, batch_size, weight_decay).kappa * c
@@ -342,12 +366,14 @@ def at_theta(prob: Problem, theta: Tensor, fn: Callable[[], Any]) -> Any:
                 p.copy_(v)
 
 
-def library_solve(prob: Problem, stats: nf.GradStats, time: str, lr: float, batch_size: int,
-                  weight_decay: float) -> tuple[float, bool]:  # fmt: skip
+def library_solve(
+    prob: Problem, stats: nf.GradStats, time: str, lr: float, batch_size: int, weight_decay: float
+) -> tuple[float, bool]:
     """``λ*`` from ``nf.solve_equilibrium`` (±inf when reported at infinity), converged."""
     s = 1 if batch_size == GD else batch_size
-    sol = nf.solve_equilibrium(prob.model, prob.syms, stats, lr=lr, batch_size=s,
-                               weight_decay=weight_decay, time=time)  # fmt: skip
+    sol = nf.solve_equilibrium(
+        prob.model, prob.syms, stats, lr=lr, batch_size=s, weight_decay=weight_decay, time=time
+    )
     name = prob.syms.names[0]
     if sol.at_infinity:
         d = sol.at_infinity[0].direction
@@ -404,6 +430,11 @@ def negative_gamma_criterion(prob: Problem, theta: Tensor, noise: Noise, grads: 
 Case = tuple[str, int, float]  # (time, batch_size or GD, weight_decay)
 
 
+def _fresh_flow(prob: Problem, get: Callable[[], Any], hyper: tuple[Any, ...]) -> Callable[[], Any]:
+    """A closure: statistics collected now, then the library's flow from them."""
+    return lambda: library_flow(prob, get(), *hyper)
+
+
 def run_family(
     prob: Problem, cases: Sequence[Case], *, lr: float, grid: np.ndarray, fd_h: float, seed: int
 ) -> list[dict[str, Any]]:
@@ -422,8 +453,8 @@ def run_family(
     stats: dict[bool, list[Any]] = {}
     for gd, needed in ((False, need_sgd), (True, need_gd)):
         if needed:
-            stats[gd] = [at_orbit_point(prob, float(lam), lambda gd=gd: library_stats(prob, gd=gd))
-                         for lam in grid]  # fmt: skip
+            get = functools.partial(library_stats, prob, gd=gd)
+            stats[gd] = [at_orbit_point(prob, float(lam), get) for lam in grid]
     gen = torch.Generator().manual_seed(derive_seed(seed, "orbit-direction", prob.family))
     delta = torch.randn(th.shape, generator=gen, dtype=_DT)
     delta /= delta.norm()
@@ -433,23 +464,28 @@ def run_family(
     for time, bs, gam in cases:
         gd = bs == GD
         nz = noise_coefficients(time, lr, bs, gam)
-        flows, chg, gross, errs = [], [], [], []
+        flows, chg, errs = [], [], []
+        hyper = (time, lr, bs, gam)
         for lam, st in zip(grid, stats[gd], strict=True):
             f, c = at_orbit_point(
-                prob, float(lam), lambda st=st: library_flow(prob, st, time, lr, bs, gam)
+                prob, float(lam), functools.partial(library_flow, prob, st, *hyper)
             )
             with torch.no_grad():
                 fo = float(oracle_flow(prob, th, float(lam), nz, grads=grads))
-            g_scale = oracle_gross(prob, th, float(lam), nz, grads)
             flows.append(f)
             chg.append(c)
-            gross.append(g_scale)
-            errs.append(abs(f - fo) / g_scale)
+            errs.append(abs(f - fo) / oracle_gross(prob, th, float(lam), nz, grads))
         rec: dict[str, Any] = {
-            "family": prob.family, "seed": seed, "time": time, "batch_size": "GD" if gd else bs,
-            "weight_decay": gam, "lambda": grid.tolist(), "flow": flows, "charge": chg,
+            "family": prob.family,
+            "seed": seed,
+            "time": time,
+            "batch_size": "GD" if gd else bs,
+            "weight_decay": gam,
+            "lambda": grid.tolist(),
+            "flow": flows,
+            "charge": chg,
             "oracle_rel_err": float(max(errs)),
-        }  # fmt: skip
+        }
         rec.update(scan_summary(grid, np.asarray(flows), np.asarray(chg)))
         root = oracle_root(prob, th, nz)
         rec["oracle_lambda_star"] = root
@@ -458,29 +494,30 @@ def run_family(
             rec["criterion"] = negative_gamma_criterion(prob, th, nz, grads)
             lim = 40.0 / float(torch.linalg.eigvalsh(prob.A).abs().max())
             with torch.no_grad():
-                wide = np.array([float(oracle_flow(prob, th, float(x), nz, grads=grads))
-                                 for x in np.linspace(-lim, lim, 321)])  # fmt: skip
+                wide = np.array(
+                    [
+                        float(oracle_flow(prob, th, float(x), nz, grads=grads))
+                        for x in np.linspace(-lim, lim, 321)
+                    ]
+                )
             rec["oracle_decreasing_wide"] = bool(np.all(np.diff(wide) < 0))
         else:
-            st0 = at_orbit_point(prob, 0.0, lambda gd=gd: library_stats(prob, gd=gd))
-            lam_s, conv = library_solve(prob, st0, time, lr, bs, gam)
+            get = functools.partial(library_stats, prob, gd=gd)
+            lam_s, conv = library_solve(prob, at_orbit_point(prob, 0.0, get), *hyper)
             rec["solver_lambda_star"], rec["solver_converged"] = lam_s, conv
             if math.isfinite(lam_s):
-
-                def after(gd: bool = gd) -> tuple[float, float]:
-                    return library_flow(prob, library_stats(prob, gd=gd), time, lr, bs, gam)
-
-                f, c = at_orbit_point(prob, lam_s, after)
+                fresh = _fresh_flow(prob, get, hyper)
+                f, c = at_orbit_point(prob, lam_s, fresh)
                 rec["teleport_rel_flow"] = abs(f) / oracle_gross(prob, th, lam_s, nz, grads)
             if math.isfinite(root):
                 lam_pm = []
                 for sign in (1, -1):
                     key = (gd, sign)
+                    moved = th + sign * h * delta
                     if key not in perturbed:
-                        perturbed[key] = at_theta(prob, th + sign * h * delta,
-                                                  lambda gd=gd: library_stats(prob, gd=gd))  # fmt: skip
-                    lam_pm.append(at_theta(prob, th + sign * h * delta, lambda key=key: library_solve(
-                        prob, perturbed[key], time, lr, bs, gam)[0]))  # fmt: skip
+                        perturbed[key] = at_theta(prob, moved, get)
+                    solve = functools.partial(library_solve, prob, perturbed[key], *hyper)
+                    lam_pm.append(at_theta(prob, moved, solve)[0])
                 fd = (lam_pm[0] - lam_pm[1]) / (2 * h)
                 ift = ift_derivative(prob, th, root, nz, delta)
                 rec["dlambda_fd"], rec["dlambda_ift"] = fd, ift
@@ -522,8 +559,13 @@ def orbit_claims(records: list[dict[str, Any]], what: str) -> list[Any]:
 
     n_dec, note_dec = _count(records, lambda r: not r["flow_strictly_decreasing"])
     n_c, note_c = _count(records, lambda r: not r["charge_strictly_increasing"])
-    n_z, note_z = _count(records, lambda r: r["sign_changes"] != _expected_zeros(r)
-                         or (math.isfinite(r["oracle_lambda_star"]) and not r["zero_in_grid"]))  # fmt: skip
+    n_z, note_z = _count(
+        records,
+        lambda r: (
+            r["sign_changes"] != _expected_zeros(r)
+            or (math.isfinite(r["oracle_lambda_star"]) and not r["zero_in_grid"])
+        ),
+    )
     n_inf = sum(1 for r in records if not math.isfinite(r["oracle_lambda_star"]))
     solved = [r for r in records if "solver_lambda_star" in r]
     gaps = [_solver_gap(r) for r in solved]
@@ -533,22 +575,31 @@ def orbit_claims(records: list[dict[str, Any]], what: str) -> list[Any]:
     return [
         Claim(
             id="flow_decreasing",
-            statement=f"Part 1 ({what}): the expected flow G(θ_λ) of the library (nf.noether_flow on "
-            "statistics collected at each orbit point) is strictly decreasing in λ on the grid; "
+            statement=f"Part 1 ({what}): the expected flow G(θ_λ) of the library "
+            "(nf.noether_flow on statistics collected at each orbit point) is strictly "
+            "decreasing in λ on the grid; "
             "number of cases where it is not",
-            value=n_dec, op=Op.EQ, threshold=0, note=note_dec,
+            value=n_dec,
+            op=Op.EQ,
+            threshold=0,
+            note=note_dec,
         ),
         Claim(
             id="charge_increasing",
             statement=f"Part 1 ({what}): C(θ_λ) = θ_λᵀAθ_λ (nf.charges) is strictly increasing in "
             "λ; number of cases where it is not",
-            value=n_c, op=Op.EQ, threshold=0, note=note_c,
+            value=n_c,
+            op=Op.EQ,
+            threshold=0,
+            note=note_c,
         ),
         Claim(
             id="unique_zero",
             statement=f"Parts 2–3 ({what}): G changes sign exactly once on the grid where the "
             "oracle's λ* is finite, never where it is ±∞; number of cases where not",
-            value=n_z, op=Op.EQ, threshold=0,
+            value=n_z,
+            op=Op.EQ,
+            threshold=0,
             note=f"{note_z}; λ* = ±∞ (zero at infinity, part 2) in {n_inf} of {len(records)} "
             "cases (scale invariance without weight decay)",
         ),
@@ -557,13 +608,17 @@ def orbit_claims(records: list[dict[str, Any]], what: str) -> list[Any]:
             statement=f"The library's flow along the orbit equals the closed-form transport of "
             f"per-sample gradients at θ (paper eqs. 102–108) ({what}): max |G_lib − G_oracle| "
             "/ gross magnitude of G's terms, over cases and grid points",
-            value=max(r["oracle_rel_err"] for r in records), op=Op.LT, threshold=1e-9,
+            value=max(r["oracle_rel_err"] for r in records),
+            op=Op.LT,
+            threshold=1e-9,
         ),
         Claim(
             id="solver_agrees",
             statement=f"nf.solve_equilibrium finds the zero ({what}): max |λ*_solver − "
             "λ*_oracle| (both ±∞ counts as 0)",
-            value=max(gaps), op=Op.LT, threshold=1e-6,
+            value=max(gaps),
+            op=Op.LT,
+            threshold=1e-6,
             note=f"{len(solved)} cases; teleporting to λ*_solver and collecting fresh "
             f"statistics leaves a relative flow ≤ {max(tele):.2g}",
         ),
@@ -572,12 +627,14 @@ def orbit_claims(records: list[dict[str, Any]], what: str) -> list[Any]:
             statement=f"Part 4 ({what}): dλ*/dε along a random direction δ of θ, by central "
             "differences of the solver's λ*(θ ± hδ) (h = fd_h·‖θ‖), equals the implicit-function "
             "value −(∂G/∂θ·δ)/(∂G/∂λ) (forward-mode AD of the oracle); max relative error",
-            value=max(der), op=Op.LT, threshold=1e-4,
+            value=max(der),
+            op=Op.LT,
+            threshold=1e-4,
             note=f"{len(der)} cases; worst {case_label(worst_der)}: FD "
             f"{worst_der.get('dlambda_fd', math.nan):.6g}, IFT "
             f"{worst_der.get('dlambda_ift', math.nan):.6g}",
         ),
-    ]  # fmt: skip
+    ]
 
 
 def plot_orbits(records: list[dict[str, Any]], path: Any, title: str) -> Any:
@@ -595,8 +652,13 @@ def plot_orbits(records: list[dict[str, Any]], path: Any, title: str) -> Any:
             lam = np.asarray(r["lambda"])
             g = np.asarray(r["flow"], dtype=float)
             ls = "--" if r["weight_decay"] < 0 else "-"
-            ax.plot(lam, g / np.max(np.abs(g)), ls, color=f"C{i % 10}",
-                    label=f"{r['time'][:4]} S={r['batch_size']} γ={r['weight_decay']:g}")  # fmt: skip
+            ax.plot(
+                lam,
+                g / np.max(np.abs(g)),
+                ls,
+                color=f"C{i % 10}",
+                label=f"{r['time'][:4]} S={r['batch_size']} γ={r['weight_decay']:g}",
+            )
             ls_ = r.get("solver_lambda_star", math.nan)
             if math.isfinite(ls_):
                 ax.axvline(ls_, color=f"C{i % 10}", lw=0.6, ls=":")

@@ -21,19 +21,20 @@ independently by ``torch.func`` (the oracle).
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
 import noetherflow as nf
-from noetherflow.train import run_sgd
 from noetherflow.experiments._base import Claim, Op, derive_seed, parallel_map, save_figure
 from noetherflow.theory import ziyin2024 as theory
+from noetherflow.train import run_sgd
 
 DESCRIPTION = (
     "Eq. 9 across γ: time-averaged charge of a scale-invariant layer under SGD at constant η "
@@ -119,20 +120,26 @@ def make_problem(cfg: Config, seed: int) -> tuple[nn.Sequential, nf.SymmetrySet,
         first, nn.LayerNorm(cfg.hidden, eps=0.0, elementwise_affine=False), mid, nn.ReLU(), last
     ).to(_DT)
     syms = nf.SymmetrySet(
-        [nf.ScaleInvariance([first.weight], label="scale"), nf.Rescaling(mid, last, label="resc")]
+        [
+            nf.ScaleInvariance([cast(nn.Parameter, first.weight)], label="scale"),
+            nf.Rescaling(mid, last, label="resc"),
+        ]
     )
     return model, syms, X, Y
 
 
-def _rescaling_gross(model: nn.Module) -> float:
+def _rescaling_gross(model: nn.Sequential) -> float:
     """Σ_j (‖incoming_j‖² + ‖outgoing_j‖²) of the ReLU layer: the scale of its κC_j terms."""
-    mid, last = model[2], model[4]
-    return float(mid.weight.square().sum() + mid.bias.square().sum() + last.weight.square().sum())
+    mid, last = cast(nn.Linear, model[2]), cast(nn.Linear, model[4])
+    with torch.no_grad():
+        return float(
+            mid.weight.square().sum() + mid.bias.square().sum() + last.weight.square().sum()
+        )
 
 
 def _oracle_charge(model: nn.Sequential, X: Tensor, Y: Tensor, cfg: Config, gamma: float) -> float:
     """``C*`` of the scale charge from ``theory`` with torch.func per-sample gradients of W."""
-    w = model[0].weight
+    w = cast(nn.Linear, model[0]).weight
     names = dict(model.named_parameters())
     rest = {k: v.detach() for k, v in names.items() if v is not w}
 
@@ -148,57 +155,93 @@ def _oracle_charge(model: nn.Sequential, X: Tensor, Y: Tensor, cfg: Config, gamm
     trace = float(g.square().sum(1).mean() - gbar.square().sum())
     # Σ(θ) = Σ(θ̂)/‖θ‖², ∇L(θ) = ∇L(θ̂)/‖θ‖: unit-norm quantities
     return theory.scale_invariant_equilibrium_norm_sq(
-        trace * norm_sq, cfg.lr, cfg.batch_size, gamma, time="discrete",
+        trace * norm_sq,
+        cfg.lr,
+        cfg.batch_size,
+        gamma,
+        time="discrete",
         mean_grad_sq_unit=float(gbar.square().sum()) * norm_sq,
-    )  # fmt: skip
+    )
 
 
 def run_one(job: tuple[float, int], cfg: Config) -> dict[str, Any]:
     """One SGD run at weight decay γ from problem seed ``seed``; window averages."""
     gamma, seed = job
     model, syms, X, Y = make_problem(cfg, seed)
-    kappa = nf.NoiseModel.create(lr=cfg.lr, batch_size=cfg.batch_size, weight_decay=gamma,
-                                 time="discrete").kappa  # fmt: skip
+    kappa = nf.NoiseModel.create(
+        lr=cfg.lr, batch_size=cfg.batch_size, weight_decay=gamma, time="discrete"
+    ).kappa
     steps = cfg.burn_in + cfg.window
     solver_at = set(range(cfg.burn_in, steps + 1, cfg.log_every * cfg.solver_every))
     checks: list[dict[str, float]] = []
 
-    def callback(step: int, m: nn.Module) -> dict[str, float] | None:
+    def callback(step: int, m: Any) -> dict[str, float] | None:
         if step < cfg.burn_in:
             return None
         stats = nf.collect_stats(m, syms, loss_fn, X, Y)
         ch = nf.charges(m, syms)
-        kw = dict(lr=cfg.lr, batch_size=cfg.batch_size, weight_decay=0.0, charges=ch)
-        disc = nf.noether_flow(m, syms, stats, time="discrete", **kw)  # = η²Tr[A(ḡḡᵀ + Σ/S)]
-        cont = nf.noether_flow(m, syms, stats, time="continuous", **kw)  # = (η/S)Tr[ΣA]
-        row = {"C": float(ch["scale"][0]), "T_disc": float(disc["scale"][0]),
-               "T_cont": float(cont["scale"][0]),
-               "resc_gap": float((kappa * ch["resc"] - disc["resc"]).abs().sum()),
-               "resc_gross": kappa * _rescaling_gross(m)}  # fmt: skip
+        flow = functools.partial(
+            nf.noether_flow, m, syms, stats, lr=cfg.lr, batch_size=cfg.batch_size, charges=ch
+        )  # weight_decay = 0: the flow is the noise term alone
+        disc = flow(time="discrete")  # = η²Tr[A(ḡḡᵀ + Σ/S)]
+        cont = flow(time="continuous")  # = (η/S)Tr[ΣA]
+        row = {
+            "C": float(ch["scale"][0]),
+            "T_disc": float(disc["scale"][0]),
+            "T_cont": float(cont["scale"][0]),
+            "resc_gap": float((kappa * ch["resc"] - disc["resc"]).abs().sum()),
+            "resc_gross": kappa * _rescaling_gross(m),
+        }
         if step in solver_at:
-            sol = nf.solve_equilibrium(m, syms, stats, lr=cfg.lr, batch_size=cfg.batch_size,
-                                       weight_decay=gamma, time="discrete")  # fmt: skip
+            sol = nf.solve_equilibrium(
+                m,
+                syms,
+                stats,
+                lr=cfg.lr,
+                batch_size=cfg.batch_size,
+                weight_decay=gamma,
+                time="discrete",
+            )
             handle = nf.teleport(m, sol)
             c_star = float(nf.charges(m, syms)["scale"][0])
             handle.undo()
             # scale invariance: both noise terms scale as 1/‖W‖², so C* = sqrt(C·T/κ)
-            checks.append({"step": step, "solver_C": c_star,
-                           "flow_C": math.sqrt(row["C"] * row["T_disc"] / kappa),
-                           "theory_C": _oracle_charge(model, X, Y, cfg, gamma)})  # fmt: skip
+            checks.append(
+                {
+                    "step": step,
+                    "solver_C": c_star,
+                    "flow_C": math.sqrt(row["C"] * row["T_disc"] / kappa),
+                    "theory_C": _oracle_charge(model, X, Y, cfg, gamma),
+                }
+            )
         return row
 
     res = run_sgd(
-        model, loss_fn, X, Y, lr=cfg.lr, batch_size=cfg.batch_size, steps=steps,
-        weight_decay=gamma, generator=torch.Generator().manual_seed(derive_seed(seed, "eq9-sgd")),
-        callback=callback, log_every=cfg.log_every,
-    )  # fmt: skip
+        model,
+        loss_fn,
+        X,
+        Y,
+        lr=cfg.lr,
+        batch_size=cfg.batch_size,
+        steps=steps,
+        weight_decay=gamma,
+        generator=torch.Generator().manual_seed(derive_seed(seed, "eq9-sgd")),
+        callback=callback,
+        log_every=cfg.log_every,
+    )
     h = res.history
     win = h["step"] >= cfg.burn_in
     c_mean = float(np.mean(h["C"][win]))
     td, tc = float(np.mean(h["T_disc"][win])), float(np.mean(h["T_cont"][win]))
     return {
-        "gamma": gamma, "seed": seed, "diverged": res.diverged, "kappa": kappa,
-        "C_mean": c_mean, "C_std": float(np.std(h["C"][win])), "T_disc_mean": td, "T_cont_mean": tc,
+        "gamma": gamma,
+        "seed": seed,
+        "diverged": res.diverged,
+        "kappa": kappa,
+        "C_mean": c_mean,
+        "C_std": float(np.std(h["C"][win])),
+        "T_disc_mean": td,
+        "T_cont_mean": tc,
         "rel_err_discrete": abs(kappa * c_mean - td) / td,
         "rel_err_continuous": abs(4 * gamma * c_mean - tc) / tc,
         "rel_err_printed": abs(4 * gamma * c_mean - 0.5 * tc) / (0.5 * tc),
@@ -206,28 +249,35 @@ def run_one(job: tuple[float, int], cfg: Config) -> dict[str, Any]:
         "solver_C_mean": float(np.mean([c["solver_C"] for c in checks])),
         "solver_vs_flow": max(abs(c["solver_C"] - c["flow_C"]) / c["flow_C"] for c in checks),
         "theory_vs_solver": max(abs(c["solver_C"] - c["theory_C"]) / c["theory_C"] for c in checks),
-        "step": h["step"][win].tolist(), "C": h["C"][win].tolist(), "loss": h["loss"].tolist(),
-    }  # fmt: skip
+        "step": h["step"][win].tolist(),
+        "C": h["C"][win].tolist(),
+        "loss": h["loss"].tolist(),
+    }
 
 
 def run(cfg: Config, seed: int, out_dir: Path) -> dict[str, Any]:
-    jobs = [(g, derive_seed(seed, "eq9", i) % 2**31) for g in cfg.weight_decays
-            for i in range(cfg.n_seeds)]  # fmt: skip
+    jobs = [
+        (g, derive_seed(seed, "eq9", i) % 2**31)
+        for g in cfg.weight_decays
+        for i in range(cfg.n_seeds)
+    ]
     runs = parallel_map(functools.partial(run_one, cfg=cfg), jobs)
     per_gamma: dict[str, Any] = {}
     for g in cfg.weight_decays:
         rs = [r for r in runs if r["gamma"] == g]
         kappa = rs[0]["kappa"]
-        c, td, tc = (float(np.mean([r[k] for r in rs])) for k in ("C_mean", "T_disc_mean",
-                                                                  "T_cont_mean"))  # fmt: skip
+        c, td, tc = (
+            float(np.mean([r[k] for r in rs])) for k in ("C_mean", "T_disc_mean", "T_cont_mean")
+        )
         per_gamma[str(g)] = {
-            "C_mean": c, "C_seed_std": float(np.std([r["C_mean"] for r in rs])),
+            "C_mean": c,
+            "C_seed_std": float(np.std([r["C_mean"] for r in rs])),
             "solver_C_mean": float(np.mean([r["solver_C_mean"] for r in rs])),
             "rel_err_discrete": abs(kappa * c - td) / td,
             "rel_err_continuous": abs(4 * g * c - tc) / tc,
             "rel_err_printed": abs(4 * g * c - 0.5 * tc) / (0.5 * tc),
             "resc_rel_gap": float(np.mean([r["resc_rel_gap"] for r in rs])),
-        }  # fmt: skip
+        }
         for k in ("rel_err_discrete", "rel_err_continuous", "rel_err_printed"):
             per_gamma[str(g)][k + "_per_seed"] = [r[k] for r in rs]
     series = {
@@ -241,30 +291,60 @@ def run(cfg: Config, seed: int, out_dir: Path) -> dict[str, Any]:
 
 def setup(cfg: Config) -> list[dict[str, str]]:
     rows = [
-        {"quantity": "setting", "paper": "none (eq. 9 is a derived identity)",
-         "ours": f"SGD on a {cfg.d_x}-{cfg.hidden}-{cfg.hidden}-{cfg.d_y} net with a "
-                 "scale-invariant first layer (LayerNorm, eps = 0), synthetic data",
-         "why": "scale invariance has a finite equilibrium only with γ > 0"},
-        {"quantity": "eq. 9", "paper": "4γC* = σ²Tr[ΣA]",
-         "ours": "4γC* = 2σ²Tr[ΣA] = (η/S)Tr[ΣA]; discrete κC* = η²(ḡᵀAḡ + Tr[ΣA]/S)",
-         "why": "Itô's lemma on eq. 1; the exact one-step identity (DESIGN §2)"},
-        {"quantity": "η, S", "paper": "—", "ours": f"η = {cfg.lr} constant, S = {cfg.batch_size}",
-         "why": "ηγ ≤ 0.01: discrete and SGF forms close"},
-        {"quantity": "γ", "paper": "—", "ours": f"{list(cfg.weight_decays)}",
-         "why": "a decade; relaxation ≈ 8γη per step must fit the run"},
-        {"quantity": "steps", "paper": "—",
-         "ours": f"burn-in {cfg.burn_in}, window {cfg.window}, logged every {cfg.log_every}",
-         "why": "time averages of the stationary regime"},
-        {"quantity": "loss", "paper": "—", "ours": "‖f(x) − y‖² summed over outputs, batch mean",
-         "why": "the paper's eq. 12 convention"},
-        {"quantity": "seeds", "paper": "—", "ours": f"{cfg.n_seeds} (data, init, batches)",
-         "why": "mean and spread in the claims' notes"},
-    ]  # fmt: skip
+        {
+            "quantity": "setting",
+            "paper": "none (eq. 9 is a derived identity)",
+            "ours": f"SGD on a {cfg.d_x}-{cfg.hidden}-{cfg.hidden}-{cfg.d_y} net with a "
+            "scale-invariant first layer (LayerNorm, eps = 0), synthetic data",
+            "why": "scale invariance has a finite equilibrium only with γ > 0",
+        },
+        {
+            "quantity": "eq. 9",
+            "paper": "4γC* = σ²Tr[ΣA]",
+            "ours": "4γC* = 2σ²Tr[ΣA] = (η/S)Tr[ΣA]; discrete κC* = η²(ḡᵀAḡ + Tr[ΣA]/S)",
+            "why": "Itô's lemma on eq. 1; the exact one-step identity (DESIGN §2)",
+        },
+        {
+            "quantity": "η, S",
+            "paper": "—",
+            "ours": f"η = {cfg.lr} constant, S = {cfg.batch_size}",
+            "why": "ηγ ≤ 0.01: discrete and SGF forms close",
+        },
+        {
+            "quantity": "γ",
+            "paper": "—",
+            "ours": f"{list(cfg.weight_decays)}",
+            "why": "a decade; relaxation ≈ 8γη per step must fit the run",
+        },
+        {
+            "quantity": "steps",
+            "paper": "—",
+            "ours": f"burn-in {cfg.burn_in}, window {cfg.window}, logged every {cfg.log_every}",
+            "why": "time averages of the stationary regime",
+        },
+        {
+            "quantity": "loss",
+            "paper": "—",
+            "ours": "‖f(x) − y‖² summed over outputs, batch mean",
+            "why": "the paper's eq. 12 convention",
+        },
+        {
+            "quantity": "seeds",
+            "paper": "—",
+            "ours": f"{cfg.n_seeds} (data, init, batches)",
+            "why": "mean and spread in the claims' notes",
+        },
+    ]
     full = Config()
     if (cfg.burn_in, cfg.window, cfg.log_every) != (full.burn_in, full.window, full.log_every):
-        rows.append({"quantity": "quick mode", "paper": "—",
-                     "ours": f"burn-in {cfg.burn_in}, window {cfg.window}, every {cfg.log_every}",
-                     "why": f"time (full: {full.burn_in}, {full.window}, {full.log_every})"})  # fmt: skip
+        rows.append(
+            {
+                "quantity": "quick mode",
+                "paper": "—",
+                "ours": f"burn-in {cfg.burn_in}, window {cfg.window}, every {cfg.log_every}",
+                "why": f"time (full: {full.burn_in}, {full.window}, {full.log_every})",
+            }
+        )
     return rows
 
 
@@ -274,7 +354,8 @@ def claims(results: dict[str, Any], cfg: Config) -> list[Claim]:
     def worst(key: str) -> tuple[float, str]:
         note = "; ".join(
             f"γ={g:g}: {pg[str(g)][key]:.4f} (per seed "
-            + ", ".join(f"{v:.3f}" for v in pg[str(g)][key + "_per_seed"]) + ")"
+            + ", ".join(f"{v:.3f}" for v in pg[str(g)][key + "_per_seed"])
+            + ")"
             for g in cfg.weight_decays
         )
         return max(pg[str(g)][key] for g in cfg.weight_decays), (
@@ -285,8 +366,10 @@ def claims(results: dict[str, Any], cfg: Config) -> list[Claim]:
     c, cn = worst("rel_err_continuous")
     p, pn = worst("rel_err_printed")
     cm = [pg[str(g)]["C_mean"] for g in cfg.weight_decays]
-    sol = max(abs(pg[str(g)]["solver_C_mean"] - pg[str(g)]["C_mean"]) / pg[str(g)]["C_mean"]
-              for g in cfg.weight_decays)  # fmt: skip
+    sol = max(
+        abs(pg[str(g)]["solver_C_mean"] - pg[str(g)]["C_mean"]) / pg[str(g)]["C_mean"]
+        for g in cfg.weight_decays
+    )
     slope = float(np.polyfit(np.log(cfg.weight_decays), np.log(cm), 1)[0])
     resc = ", ".join(f"γ={g:g}: {pg[str(g)]['resc_rel_gap']:.3f}" for g in cfg.weight_decays)
     return [
@@ -295,7 +378,9 @@ def claims(results: dict[str, Any], cfg: Config) -> list[Claim]:
             statement="Eq. 9, corrected, per SGD step at constant η: κ⟨C⟩ = ⟨η²(ḡᵀAḡ + "
             "Tr[ΣA]/S)⟩ for the scale-invariant layer (library noise term); worst over γ of the "
             "relative difference (mean over seeds)",
-            value=d, op=Op.LT, threshold=0.05,
+            value=d,
+            op=Op.LT,
+            threshold=0.05,
             note=f"{dn}; rescaling charges of the ReLU layer (not claimed; Σ_j|κ⟨C_j⟩ − ⟨T_j⟩| "
             f"over κ⟨Σ_j(‖in_j‖² + ‖out_j‖²)⟩, per seed, mean): {resc}",
         ),
@@ -303,30 +388,41 @@ def claims(results: dict[str, Any], cfg: Config) -> list[Claim]:
             id="corrected_sgf_constant",
             statement="Eq. 9, corrected, SGF form: 4γ⟨C⟩ = (η/S)⟨Tr[ΣA]⟩; worst over γ of the "
             "relative difference",
-            value=c, op=Op.LT, threshold=0.10, note=cn,
+            value=c,
+            op=Op.LT,
+            threshold=0.10,
+            note=cn,
         ),
         Claim(
             id="printed_eq9_constant",
             statement="Eq. 9 as printed: 4γ⟨C⟩ = σ²⟨Tr[ΣA]⟩, σ² = η/(2S); worst over γ of the "
             "relative difference",
-            value=p, op=Op.LT, threshold=0.10,
+            value=p,
+            op=Op.LT,
+            threshold=0.10,
             note=f"{pn}; the printed σ² is half of Itô's 2σ² (DESIGN §2)",
         ),
         Claim(
             id="solver_vs_time_average",
             statement="nf.solve_equilibrium's C* at states of the window (mean over checkpoints "
             "and seeds) equals the time-averaged charge; worst relative difference over γ",
-            value=sol, op=Op.LT, threshold=0.05,
+            value=sol,
+            op=Op.LT,
+            threshold=0.05,
             note="for scale invariance C*(θ) = sqrt(C(θ)T(θ)/κ), whose mean is at most ⟨C⟩ "
             "(Cauchy–Schwarz, with ⟨T⟩ = κ⟨C⟩): fluctuations of T bias it low; per γ "
-            + ", ".join(f"{g:g}: {pg[str(g)]['solver_C_mean']:.4g} vs {pg[str(g)]['C_mean']:.4g}"
-                        for g in cfg.weight_decays),
+            + ", ".join(
+                f"{g:g}: {pg[str(g)]['solver_C_mean']:.4g} vs {pg[str(g)]['C_mean']:.4g}"
+                for g in cfg.weight_decays
+            ),
         ),
         Claim(
             id="library_vs_theory",
             statement="C* of the library (solver teleport) equals theory.scale_invariant_"
             "equilibrium_norm_sq from torch.func per-sample gradients, at every checkpoint",
-            value=max(r["theory_vs_solver"] for r in runs), op=Op.LT, threshold=1e-8,
+            value=max(r["theory_vs_solver"] for r in runs),
+            op=Op.LT,
+            threshold=1e-8,
             note="and the solver's C* equals the noise term / κ of nf.noether_flow to "
             f"{max(r['solver_vs_flow'] for r in runs):.2g}",
         ),
@@ -334,12 +430,13 @@ def claims(results: dict[str, Any], cfg: Config) -> list[Claim]:
             id="charge_decreases_with_gamma",
             statement="A larger weight decay gives a smaller equilibrium charge: violations of "
             "⟨C⟩(γ_i) > ⟨C⟩(γ_{i+1}) over the γ grid",
-            value=int(sum(a <= b for a, b in zip(cm, cm[1:], strict=False))), op=Op.EQ,
+            value=int(sum(a <= b for a, b in itertools.pairwise(cm))),
+            op=Op.EQ,
             threshold=0,
             note=f"⟨C⟩ = {', '.join(f'{v:.4g}' for v in cm)}; log-log slope {slope:.3f} "
             "(−1/2 if Tr Σ at unit norm did not change with γ)",
         ),
-    ]  # fmt: skip
+    ]
 
 
 def plot(results: dict[str, Any], cfg: Config, out_dir: Path) -> list[Path]:

@@ -93,10 +93,12 @@ def run_orbits(cfg: Any, seed: int, case_list: list[_orbit.Case]) -> list[dict[s
             prob = _orbit.make_problem(
                 fam, seed + i, n=cfg.n, d_x=cfg.d_x, h=cfg.hidden, d_y=cfg.d_y
             )
-            verified = prob.syms.verify(prob.model, prob.X, loss_fn=_orbit.loss_fn,
-                                        targets=prob.Y, strict=True)  # fmt: skip
-            recs = _orbit.run_family(prob, case_list, lr=cfg.lr, grid=grid, fd_h=cfg.fd_h,
-                                     seed=seed + i)  # fmt: skip
+            verified = prob.syms.verify(
+                prob.model, prob.X, loss_fn=_orbit.loss_fn, targets=prob.Y, strict=True
+            )
+            recs = _orbit.run_family(
+                prob, case_list, lr=cfg.lr, grid=grid, fd_h=cfg.fd_h, seed=seed + i
+            )
             for r in recs:
                 r["verified_rel_change"] = max(v.rel_change for v in verified)
             out.extend(recs)
@@ -110,25 +112,47 @@ def run(cfg: Config, seed: int, out_dir: Path) -> dict[str, Any]:
 
 def setup(cfg: Config) -> list[dict[str, str]]:
     rows = [
-        {"quantity": "model and data", "paper": "any model with an exponential symmetry",
-         "ours": f"three float64 models (ReLU MLP, LayerNorm net, linear net), {cfg.n} "
-                 f"Gaussian samples, width {cfg.hidden}",
-         "why": "a theorem: small models make an exact closed-form check possible"},
-        {"quantity": "noise term", "paper": "σ²Tr[ΣA] (eq. 7)",
-         "ours": "(η/S)Tr[ΣA] = 2σ²Tr[ΣA]", "why": "Itô's lemma on eq. 1 (DESIGN §2)"},
-        {"quantity": "η, S, γ", "paper": "any, γ ≥ 0",
-         "ours": f"η = {cfg.lr}, S = {cfg.batch_size}, γ ∈ {list(cfg.weight_decays)}",
-         "why": "γ = 0 covers λ* = ±∞, γ > 0 a finite zero"},
-        {"quantity": "orbit", "paper": "λ ∈ ℝ",
-         "ours": f"{cfg.n_grid} points in [{cfg.grid_lo}, {cfg.grid_hi}]; zeros by bracketing",
-         "why": "a grid; the closed form checks the whole line"},
-        {"quantity": "seeds", "paper": "—", "ours": f"{cfg.n_seeds} problem seeds",
-         "why": "different data, initialisation and B"},
-    ]  # fmt: skip
+        {
+            "quantity": "model and data",
+            "paper": "any model with an exponential symmetry",
+            "ours": f"three float64 models (ReLU MLP, LayerNorm net, linear net), {cfg.n} "
+            f"Gaussian samples, width {cfg.hidden}",
+            "why": "a theorem: small models make an exact closed-form check possible",
+        },
+        {
+            "quantity": "noise term",
+            "paper": "σ²Tr[ΣA] (eq. 7)",
+            "ours": "(η/S)Tr[ΣA] = 2σ²Tr[ΣA]",
+            "why": "Itô's lemma on eq. 1 (DESIGN §2)",
+        },
+        {
+            "quantity": "η, S, γ",
+            "paper": "any, γ ≥ 0",
+            "ours": f"η = {cfg.lr}, S = {cfg.batch_size}, γ ∈ {list(cfg.weight_decays)}",
+            "why": "γ = 0 covers λ* = ±∞, γ > 0 a finite zero",
+        },
+        {
+            "quantity": "orbit",
+            "paper": "λ ∈ ℝ",
+            "ours": f"{cfg.n_grid} points in [{cfg.grid_lo}, {cfg.grid_hi}]; zeros by bracketing",
+            "why": "a grid; the closed form checks the whole line",
+        },
+        {
+            "quantity": "seeds",
+            "paper": "—",
+            "ours": f"{cfg.n_seeds} problem seeds",
+            "why": "different data, initialisation and B",
+        },
+    ]
     if cfg.n_grid != Config().n_grid:
-        rows.append({"quantity": "quick mode", "paper": "—",
-                     "ours": f"{cfg.n_grid} grid points (full: {Config().n_grid})",
-                     "why": "time"})  # fmt: skip
+        rows.append(
+            {
+                "quantity": "quick mode",
+                "paper": "—",
+                "ours": f"{cfg.n_grid} grid points (full: {Config().n_grid})",
+                "why": "time",
+            }
+        )
     return rows
 
 

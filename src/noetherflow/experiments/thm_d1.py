@@ -91,34 +91,61 @@ def run(cfg: Config, seed: int, out_dir: Path) -> dict[str, Any]:
 def setup(cfg: Config) -> list[dict[str, str]]:
     bs = ["GD" if s == GD else str(s) for s in cfg.batch_sizes]
     rows = [
-        {"quantity": "model and data", "paper": "any model with an exponential symmetry",
-         "ours": f"three float64 models (ReLU MLP, LayerNorm net, linear net), {cfg.n} "
-                 f"Gaussian samples, width {cfg.hidden}",
-         "why": "a theorem: small models make an exact closed-form check possible"},
-        {"quantity": "expected flow", "paper": "G_d = −γC + ηTr[Σ_dA] (proof of D.1)",
-         "ours": "−κC + η²Tr[A(∇L∇Lᵀ + Σ/S)], κ = 4ηγ(1 − ηγ)",
-         "why": "the exact one-step identity with weight decay γ‖θ‖² (DESIGN §2); same "
-                "monotonicity structure"},
-        {"quantity": "S", "paper": "any (SGD and GD)", "ours": ", ".join(bs),
-         "why": "minibatches drawn with replacement; GD without sampling"},
-        {"quantity": "γ", "paper": "any γ ∈ ℝ",
-         "ours": f"{list(cfg.weight_decays)} and (S, γ) = {list(cfg.negative_cases)}",
-         "why": "both signs; γ < 0 at two sizes"},
+        {
+            "quantity": "model and data",
+            "paper": "any model with an exponential symmetry",
+            "ours": f"three float64 models (ReLU MLP, LayerNorm net, linear net), {cfg.n} "
+            f"Gaussian samples, width {cfg.hidden}",
+            "why": "a theorem: small models make an exact closed-form check possible",
+        },
+        {
+            "quantity": "expected flow",
+            "paper": "G_d = −γC + ηTr[Σ_dA] (proof of D.1)",
+            "ours": "−κC + η²Tr[A(∇L∇Lᵀ + Σ/S)], κ = 4ηγ(1 − ηγ)",
+            "why": "the exact one-step identity with weight decay γ‖θ‖² (DESIGN §2); same "
+            "monotonicity structure",
+        },
+        {
+            "quantity": "S",
+            "paper": "any (SGD and GD)",
+            "ours": ", ".join(bs),
+            "why": "minibatches drawn with replacement; GD without sampling",
+        },
+        {
+            "quantity": "γ",
+            "paper": "any γ ∈ ℝ",
+            "ours": f"{list(cfg.weight_decays)} and (S, γ) = {list(cfg.negative_cases)}",
+            "why": "both signs; γ < 0 at two sizes",
+        },
         {"quantity": "η", "paper": "any", "ours": str(cfg.lr), "why": "ηγ ≪ 1"},
-        {"quantity": "orbit", "paper": "λ ∈ ℝ",
-         "ours": f"{cfg.n_grid} points in [{cfg.grid_lo}, {cfg.grid_hi}]",
-         "why": "a grid; the closed form checks the whole line"},
-        {"quantity": "seeds", "paper": "—", "ours": f"{cfg.n_seeds} problem seeds",
-         "why": "different data, initialisation and B"},
-    ]  # fmt: skip
+        {
+            "quantity": "orbit",
+            "paper": "λ ∈ ℝ",
+            "ours": f"{cfg.n_grid} points in [{cfg.grid_lo}, {cfg.grid_hi}]",
+            "why": "a grid; the closed form checks the whole line",
+        },
+        {
+            "quantity": "seeds",
+            "paper": "—",
+            "ours": f"{cfg.n_seeds} problem seeds",
+            "why": "different data, initialisation and B",
+        },
+    ]
     full = Config()
     if (cfg.n_grid, cfg.batch_sizes, cfg.negative_cases) != (
-        full.n_grid, full.batch_sizes, full.negative_cases
+        full.n_grid,
+        full.batch_sizes,
+        full.negative_cases,
     ):
-        rows.append({"quantity": "quick mode", "paper": "—",
-                     "ours": f"{cfg.n_grid} grid points, S ∈ {bs}, γ < 0 cases "
-                             f"{list(cfg.negative_cases)}",
-                     "why": "time (full: 33 points, S ∈ 1, 8, 64, GD, four γ < 0 cases)"})  # fmt: skip
+        rows.append(
+            {
+                "quantity": "quick mode",
+                "paper": "—",
+                "ours": f"{cfg.n_grid} grid points, S ∈ {bs}, γ < 0 cases "
+                f"{list(cfg.negative_cases)}",
+                "why": "time (full: 33 points, S ∈ 1, 8, 64, GD, four γ < 0 cases)",
+            }
+        )
     return rows
 
 
@@ -147,7 +174,9 @@ def claims(results: dict[str, Any], cfg: Config) -> list[Claim]:
             id="negative_gamma_as_printed",
             statement="D.1 as printed for γ < 0: G_d strictly decreasing with exactly one zero "
             "on the grid; number of γ < 0 cases where it is not",
-            value=len(bad), op=Op.EQ, threshold=0,
+            value=len(bad),
+            op=Op.EQ,
+            threshold=0,
             note=f"fails: {'; '.join(bad[:6])}{' …' if len(bad) > 6 else ''}; holds: "
             f"{'; '.join(good[:4])}{' …' if len(good) > 4 else ''}. With κ < 0 the decay term "
             "−κC(θ_λ) increases with λ; the printed proof covers γ ≥ 0 only",
@@ -158,11 +187,13 @@ def claims(results: dict[str, Any], cfg: Config) -> list[Claim]:
             "r·c_r ≤ 0, not decreasing if the extreme rates have the wrong sign) predicts the "
             "measured monotonicity (library grid and closed form on |λ| ≤ 40/max|μ|); "
             "mispredicted cases",
-            value=len(miss), op=Op.EQ, threshold=0,
+            value=len(miss),
+            op=Op.EQ,
+            threshold=0,
             note=f"{len(det)} of {len(neg)} cases determined by the criterion"
             + (f"; mispredicted: {'; '.join(miss)}" if miss else ""),
         ),
-    ]  # fmt: skip
+    ]
     return out
 
 
