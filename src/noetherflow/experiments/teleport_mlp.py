@@ -300,6 +300,7 @@ def train_stacked(
     test_loss: list[np.ndarray] = []
     test_acc: list[np.ndarray] = []
     t0 = time.perf_counter()
+    nb_tp = cfg.teleport_batch
     for k in range(cfg.n_steps):
         if k % cfg.eval_every == 0:
             tl, ta = full(x_test, y_test)
@@ -314,7 +315,8 @@ def train_stacked(
             for r, (_, s) in enumerate(runs):
                 if not alive[r]:
                     continue
-                idx = torch.randint(0, n_train[s], (cfg.teleport_batch,), generator=tgen[s])
+                nb = cfg.teleport_batch if due_tp else getattr(cfg, "gradnorm_batch", nb_tp)
+                idx = torch.randint(0, n_train[s], (nb,), generator=tgen[s])
                 xb, yb = view(data[s][0][idx]), data[s][1][idx]
                 stacked.load(r, module)
                 if due_tp:
