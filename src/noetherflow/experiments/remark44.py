@@ -36,14 +36,7 @@ spread over the same window, collect the statistics on the full data set
 (``nf.collect_stats``), solve (``nf.solve_equilibrium``; discrete time model for SGD states,
 continuous for SGF states), teleport a copy there and take its ``p_k``; these are averaged
 like the runs'. The same comparison in each run's own basis (diagonal of ``C``, i.e. the
-rescaling charges) is recorded as a diagnostic.
-
-What we found: SGD and SGF agree to ≈ 0.1–0.3%; the solver's charges are larger in magnitude
-by a few percent. That gap is a finite-step effect — the solver is applied to fluctuating
-states and is nonlinear in them — and shrinks with the fluctuation size ``η/S``: with
-``S = 1`` it was ≈ 15% at ``η = 0.03`` and ≈ 3% at ``η = 0.015`` (one problem seed, sorted
-eigenvalues); the default ``η = 0.04, S = 8`` halves ``η/S`` relative to ``η = 0.015, S = 1`` at
-the same per-step relaxation ``∝ η²/S``.
+rescaling charges) is recorded as a diagnostic. What we found, and why η = 0.04, S = 8: NOTES.
 
 GD trains through :func:`noetherflow.train.run_gd`. SGD and SGF are written out with explicit
 gradients on batched ``[runs, ...]`` tensors in float64 (the same updates as
@@ -326,14 +319,10 @@ def solver_equilibrium(
 
 
 def run_gd_checked(cfg: Config, prob: dict[str, Tensor], steps: int) -> dict[str, Any]:
-    """Full-batch GD (γ = 0) for ``steps`` steps through :func:`noetherflow.train.run_gd`; at
-    each of the first ``cfg.gd_check_steps`` steps compare ``nf.charges`` after the step with
-    ``nf.exact_step_charges`` before it (the callback sees every state before its update).
-
-    Residuals are relative to the charge scale ``‖θ‖² = ‖U‖² + ‖W‖²`` (``|θᵀAθ| ≤ ‖θ‖²`` for
-    these generators); the residual relative to the change itself is recorded where the change
-    exceeds ``1e-6 ‖θ‖²``.
-    """
+    """Full-batch GD (γ = 0) through :func:`noetherflow.train.run_gd`; at each of the first
+    ``cfg.gd_check_steps`` steps ``nf.charges`` after the step against ``nf.exact_step_charges``
+    before it, relative to ``‖θ‖² = ‖U‖² + ‖W‖²`` (≥ |θᵀAθ|) and, where the change exceeds
+    ``1e-6 ‖θ‖²``, to the change itself."""
     model, syms = make_model(prob["U0"], prob["W0"])
     Wp, Up = weights(model)
     X, Y = prob["X"], prob["Y"]
@@ -368,13 +357,11 @@ def run_gd_checked(cfg: Config, prob: dict[str, Tensor], steps: int) -> dict[str
             trace.append(float(torch.trace(C)))
             resc0.append(float(-C[0, 0]))
 
-    n_check = min(cfg.gd_check_steps, steps)
-
     def first(step: int, m: nn.Module) -> None:
         check(step, m)
         record(step, m)
 
-    # checked steps one by one, then the rest logged every record_every steps
+    n_check = min(cfg.gd_check_steps, steps)  # checked steps one by one, then the rest
     run_gd(model, loss_fn, X, Y, lr=cfg.lr, steps=n_check, callback=first, log_every=1)
     check(n_check, model)
     if steps > n_check:
@@ -599,7 +586,6 @@ def run(cfg: Config, seed: int, out_dir: Path) -> dict[str, Any]:
 
 
 def setup(cfg: Config) -> list[dict[str, str]]:
-    """Deviations from the paper: the remark has no experiment, so every setting is ours."""
     full = Config()
     rows = [
         {"quantity": "model, data", "paper": "— (no experiment)",
@@ -618,7 +604,6 @@ def setup(cfg: Config) -> list[dict[str, str]]:
         {"quantity": "steps, runs", "paper": "—",
          "ours": f"{cfg.n_steps} steps, {cfg.n_runs} runs per stochastic algorithm, averages "
                  f"over the last {cfg.avg_frac:.0%}", "why": "time and ensemble averages"},
-        {"quantity": "schedule", "paper": "constant η", "ours": "constant η", "why": "—"},
     ]  # fmt: skip
     if cfg.n_steps != full.n_steps:
         rows.append({"quantity": "quick mode", "paper": "—",
