@@ -361,12 +361,13 @@ def run_gd_checked(cfg: Config, prob: dict[str, Tensor], steps: int) -> dict[str
         check(step, m)
         record(step, m)
 
-    n_check = min(cfg.gd_check_steps, steps)  # checked steps one by one, then the rest
-    run_gd(model, loss_fn, X, Y, lr=cfg.lr, steps=n_check, callback=first, log_every=1)
-    check(n_check, model)
-    if steps > n_check:
-        run_gd(model, loss_fn, X, Y, lr=cfg.lr, steps=steps - n_check, log_every=cfg.record_every,
-               callback=lambda k, m: record(n_check + k, m) if k > 0 else None)  # fmt: skip
+    # step by step up to a multiple of record_every past the checks, then every record_every
+    n1 = min(steps, -(-min(cfg.gd_check_steps, steps) // cfg.record_every) * cfg.record_every)
+    run_gd(model, loss_fn, X, Y, lr=cfg.lr, steps=n1, callback=first, log_every=1)
+    check(n1, model)
+    if steps > n1:
+        run_gd(model, loss_fn, X, Y, lr=cfg.lr, steps=steps - n1, log_every=cfg.record_every,
+               callback=lambda k, m: record(n1 + k, m) if k > 0 else None)  # fmt: skip
     final = nf.charges(model, syms)
     with torch.no_grad():
         loss = float(loss_fn(model(X), Y))
