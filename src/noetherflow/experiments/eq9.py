@@ -44,7 +44,7 @@ PAPER = (
     "Eq. 9 (§4.3): a fixed point θ* of eq. 7 satisfies 4γC(θ*) = σ²Tr[Σ(θ*)A]: a large weight "
     "decay leads to a small |C(θ*)|, a large gradient noise to a large one."
 )
-PAPER_ORDER = 4.31
+PAPER_ORDER = 4.55  # eq. 9 follows Thm 4.5 in §4.3
 NOTES = (
     "New in this round. Thresholds fixed and committed before the first run: corrected "
     "discrete form within 5% at every γ, SGF form within 10%, the printed form (σ² instead of "

@@ -43,7 +43,7 @@ PAPER = (
     "status. Not an experiment of the paper: equilibrium teleport as a replacement for warmup, "
     "and Zhao et al.'s (2022) gradient-norm teleport as a baseline."
 )
-PAPER_ORDER = 5.32
+PAPER_ORDER = 4.07  # beside teleport-fig4 (Fig. 4, warmup)
 NOTES = (
     "Baseline (before this round, quick): the six teleport claims fail (teleport trains 1/3 "
     "seeds at η* = 1.0, accuracy −0.60 below warmup); the grad-norm teleport (5 steps of "

@@ -35,7 +35,7 @@ PAPER = (
     'learning rate can be applied". Not an experiment of the paper: our test of whether a '
     "teleport to the noise equilibrium replaces warmup."
 )
-PAPER_ORDER = 5.31
+PAPER_ORDER = 4.06  # beside teleport-fig4 (Fig. 4, warmup)
 NOTES = (
     "Two protocols. (1) The original grid lrs at PyTorch's default initialisation (claims "
     "keep their ids and values): at quick size it passes 6/6 but proves nothing, because no "

@@ -32,7 +32,7 @@ PAPER = (
     "Tr[Σ_dA] ≠ 0 or θᵀAθ ≠ 0, and λ*(θ) is differentiable; for any batch size, so for SGD "
     "and GD."
 )
-PAPER_ORDER = 10.1  # appendix D, after the main text
+PAPER_ORDER = 4.31  # App. D, the discrete-time version of Thm 4.3: shown beside it
 NOTES = (
     "New in this round. Thresholds fixed before the first run (as in thm43): violation counts "
     "== 0, library vs oracle < 1e-9, solver vs oracle < 1e-6, derivative < 1e-4. The γ < 0 "
