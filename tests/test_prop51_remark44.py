@@ -211,3 +211,20 @@ def test_remark44_deterministic(tmp_path: Path) -> None:
         "gd_exact_drift",
         "sgf_sgd_same_equilibrium",
     ]
+
+
+def test_remark44_gd_is_run_gd_step_for_step() -> None:
+    """GD through nf.train.run_gd (checked steps, then the rest) equals θ ← θ − η∇L by hand."""
+    cfg = dataclasses.replace(remark44.Config.quick(), gd_check_steps=7, record_every=5)
+    prob = remark44.make_problem(cfg, 0)
+    res = remark44.run_gd_checked(cfg, prob, 23)
+    U, W = prob["U0"].clone(), prob["W0"].clone()
+    traces = [float(torch.trace(remark44.charge_matrix(U, W)))]
+    for k in range(23):
+        g_u, g_w, _, _ = remark44.batch_grads(U, W, prob["X"], prob["Y"])
+        U, W = U - cfg.lr * g_u, W - cfg.lr * g_w
+        if (k + 1) % 5 == 0 or k + 1 == 23:
+            traces.append(float(torch.trace(remark44.charge_matrix(U, W))))
+    assert res["step"].tolist() == [0, 5, 10, 15, 20, 23]
+    np.testing.assert_allclose(res["trace"], traces, rtol=1e-12, atol=1e-14)
+    assert res["max_rel_residual"] < 1e-12

@@ -20,19 +20,21 @@ IDS = {
     "teleport-mlp": "noetherflow.experiments.teleport_mlp",
     "teleport-cnn": "noetherflow.experiments.teleport_cnn",
 }
+_TELEPORT = {
+    f"{m}_{c}"
+    for m in ("teleport_start", "teleport_every")
+    for c in ("trains_at_warmup_lr", "acc_vs_warmup", "max_lr_vs_warmup")
+}
 CLAIMS = {
     "teleport-fig4": {
         f"{prefix}{c}"
         for prefix in ("", "reachable_")
         for c in ("teleport_no_warmup_stable", "teleport_flattens", "teleport_faster")
     },
-    "teleport-mlp": {
-        f"{m}_{c}"
-        for m in ("teleport_start", "teleport_every")
-        for c in ("trains_at_warmup_lr", "acc_vs_warmup", "max_lr_vs_warmup")
-    },
+    "teleport-mlp": _TELEPORT | {"grid_none_fails_at_warmup_lr"} | {f"grid_{c}" for c in _TELEPORT},
+    "teleport-cnn": _TELEPORT
+    | {"none_fails_at_warmup_lr", "gradnorm_gain", "microbatch_stats_sufficient"},
 }
-CLAIMS["teleport-cnn"] = CLAIMS["teleport-mlp"]
 
 
 @pytest.fixture(scope="module", params=sorted(IDS))
@@ -88,6 +90,18 @@ def test_digits_robust_facts(quick: Any) -> None:
         assert star["warmup"]["final_test_acc_mean"] > 0.5
     teleported = [x for x in r["runs"] if x["method"].startswith("teleport")]
     assert all(len(x["teleport_distance"]) >= 1 for x in teleported if x["diverged_at"] is None)
+    claims = {c["id"]: c for c in rec["claims"]}
+    if exp_id == "teleport-mlp":
+        # the grid protocol: weights × 3 at init, its own learning rates
+        g = r["grid"]
+        assert g["lr_star"] in rec["config"]["grid_lrs"]
+        assert {x["lr"] for x in g["runs"]} == set(rec["config"]["grid_lrs"])
+    else:
+        # ascent on ‖∇L‖² raises it (normalised steps, each run's first teleport)
+        firsts = [x["gradnorm_ratio"][0] for x in r["runs"] if x["gradnorm_ratio"]]
+        assert firsts and min(firsts) > 1.0
+        assert claims["gradnorm_gain"]["value"] == pytest.approx(np.mean(firsts))
+        assert len(r["stats_check"]["rel_spread"]) == n_seeds
 
 
 def _tiny(mod: Any) -> Any:
@@ -97,8 +111,12 @@ def _tiny(mod: Any) -> Any:
             orbit_grid=3, log_every=20,
         )  # fmt: skip
     base = mod.Config.quick()
-    kw = {"n_steps": 20, "warmup_steps": 5, "teleport_every": 10, "lrs": (0.5,), "n_seeds": 2}
-    kw["eval_every"] = 10
+    kw: dict[str, Any] = {"n_steps": 20, "warmup_steps": 5, "teleport_every": 10, "lrs": (0.5,)}
+    kw.update(n_seeds=2, eval_every=10)
+    if mod is teleport_mlp:
+        kw["grid_lrs"] = (0.4,)
+    else:
+        kw.update(teleport_batch=64, gradnorm_steps=3)
     return dataclasses.replace(base, **kw)
 
 
