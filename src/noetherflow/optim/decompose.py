@@ -131,9 +131,7 @@ class StepRecorder:
 
     def before_step(self) -> None:
         """Snapshot the parameters (and the decay factors) before ``optimizer.step()``."""
-        self._snap = {
-            p: p.detach().clone() for s in self.syms.values() for p in s.params
-        }
+        self._snap = {p: p.detach().clone() for s in self.syms.values() for p in s.params}
         self._k = self._shrinks()
 
     def after_step(self) -> dict[str, StepDecomposition]:

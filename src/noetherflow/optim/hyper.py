@@ -110,7 +110,18 @@ def _group(i: int, g: dict, kind: str, batch_size: int, time: str) -> GroupNoise
             time=time,
         )
         return GroupNoise(
-            i, kind, lr, batch_size, mom, nest, wd / 2, 0.0, 0.0, None, None, noise,
+            i,
+            kind,
+            lr,
+            batch_size,
+            mom,
+            nest,
+            wd / 2,
+            0.0,
+            0.0,
+            None,
+            None,
+            noise,
             tuple(g["params"]),
         )
     b1, b2 = (float(b) for b in g["betas"])

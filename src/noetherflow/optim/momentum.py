@@ -119,9 +119,9 @@ class MomentumStep:
 
 
 def moment_map(step: MomentumStep) -> tuple[Tensor, Tensor, Tensor]:
-    """(T, 𝐠, 𝐡) of eq. (2): x' = T x + 𝐠 G + 𝐡 H for x = (C, B, E). Shapes ``[3, 3]``, ``[3]``, ``[3]``.
+    """(T, 𝐠, 𝐡) of eq. (2): x' = T x + 𝐠 G + 𝐡 H for x = (C, B, E).
 
-    float64.
+    float64; shapes ``[3, 3]``, ``[3]``, ``[3]``.
     """
     p, q, r, s, t, u = step.p, step.q, step.r, step.s, step.t, step.u
     tmat = torch.tensor(
@@ -226,7 +226,10 @@ def momentum_noise(
     a = eta * gam
     if nesterov:
         kappa = (
-            4 * a * (1 - b + 2 * b * a) * (1 + b - a - 2 * b * a)
+            4
+            * a
+            * (1 - b + 2 * b * a)
+            * (1 + b - a - 2 * b * a)
             / ((1 - b) ** 2 * (1 + b + 2 * b * a + 4 * b * b * a))
         )
     else:
