@@ -43,13 +43,15 @@ def build(
     """The ``norm`` or ``relu`` network and its symmetry; first layer init × ``init_scale``."""
     torch.manual_seed(seed)
     if kind == "norm":
+        first = nn.Linear(64, hidden, bias=False)
         m = nn.Sequential(
-            nn.Linear(64, hidden, bias=False),
+            first,
             nn.LayerNorm(hidden, eps=1e-12, elementwise_affine=False),
             nn.ReLU(),
             nn.Linear(hidden, 10),
         ).to(DT)
-        sym: DiagonalSymmetry = nf.ScaleInvariance([m[0].weight], label="W1 (LayerNorm)")
+        w1 = cast(nn.Parameter, first.weight)
+        sym: DiagonalSymmetry = nf.ScaleInvariance([w1], label="W1 (LayerNorm)")
     elif kind == "relu":
         m = nn.Sequential(nn.Linear(64, hidden), nn.ReLU(), nn.Linear(hidden, 10)).to(DT)
         sym = nf.Rescaling(m[0], m[2], label="hidden neurons")

@@ -46,8 +46,18 @@ PAPER_ORDER = 99.1
 NOTES = (
     "Thresholds fixed before the first run, from issue #18: 10% for AdamW's scale-invariant "
     "norms (‖W₁‖ = √⟨C⟩ against √C*) and angular updates (RMS per step); 10% for the exact "
-    "condition (A1) and for the agreement of the initialisations. History: (first run "
-    "pending at the time of writing; see metrics.json)."
+    "condition (A1) and for the agreement of the initialisations. History. First quick run "
+    "(batch 32, window 2500; norm (η, λ, β₁) = (0.02, 0.1, 0.9), (0.01, 0.2, 0.5), relu "
+    "(0.02, 0.1, 0.9), inits 0.3/1/3): random walk with D 0.19 and Kosson 0.20 failed, the "
+    "angular update held (≤ 2%), (A1) 0.15 failed (ReLU; norm 2%), inits 0.28 failed. "
+    "Diagnosis: E[nᵀn] ≈ 0.63–0.80·D (sparse pixels: a coordinate whose input is mostly 0 "
+    "has E[g²/v̂] ≪ 1, against assumption (ii)); the charge fluctuated by ±20% with "
+    "correlation ~100 steps, too much for a 2500-step window. Changed after seeing this: the "
+    "claim with the measured E[nᵀn] was added (it was 3.8–4.7%; the one with D is kept and "
+    "reported as measured); the batch size went from 32 to 8, the regime the random walk "
+    "assumes (noise-dominated; probe: batch 128 made it worse, std/C 0.53 and 14% with the "
+    "measured noise; batch 8 gave std/C 0.10–0.12, 2–4% with the measured noise, 11–15% "
+    "with D); quick window 2500 → 4000. Thresholds unchanged."
 )
 
 
@@ -57,8 +67,9 @@ class Config:
 
     Choices and why:
 
-    - Data and networks as in ``optim-sgdm`` (``_optim``): digits, ``hidden=32``,
-      ``batch_size=32`` with replacement, float64.
+    - Data and networks as in ``optim-sgdm`` (``_optim``): digits, ``hidden=32``, float64;
+      ``batch_size=8`` with replacement (noise-dominated, as the random walk assumes; 32
+      before the first run, see NOTES).
     - Grid ``runs``: (network, η, λ, β₁), β₂ = 0.999, ε = 1e-8. Relaxation of the
       scale-invariant charge ≈ 1/(2ηλ) steps (250–500); the default init
       (‖W₁‖² ≈ 11) is ~10× below the predicted level (ηD/(2λ) ≈ 100), so ``burn`` covers
@@ -67,7 +78,7 @@ class Config:
     """
 
     hidden: int = 32
-    batch_size: int = 32
+    batch_size: int = 8
     runs: tuple[tuple[str, float, float, float], ...] = (
         ("norm", 0.02, 0.1, 0.9),
         ("norm", 0.01, 0.2, 0.9),
@@ -77,7 +88,7 @@ class Config:
         ("relu", 0.01, 0.2, 0.5),
     )
     burn: int = 4000
-    window: int = 8000
+    window: int = 12000
     traj_every: int = 10
     init_scales: tuple[float, ...] = (0.3, 1.0, 3.0)
 
@@ -87,7 +98,7 @@ class Config:
         return cls(
             runs=(("norm", 0.02, 0.1, 0.9), ("norm", 0.01, 0.2, 0.5), ("relu", 0.02, 0.1, 0.9)),
             burn=1500,
-            window=2500,
+            window=4000,
             init_scales=(0.3, 3.0),
         )
 
@@ -120,10 +131,16 @@ def setup(cfg: Config) -> list[dict[str, str]]:
                 "quantity": "quick mode",
                 "paper": "—",
                 "ours": f"{len(cfg.runs)} runs, window {cfg.window}",
-                "why": "fast CI run; full size has 6 runs and window 8000",
+                "why": "fast CI run; full size has 6 runs and window 12000",
             }
         )
     return rows
+
+
+def _grad(p: torch.Tensor) -> torch.Tensor:
+    if p.grad is None:
+        raise RuntimeError(f"parameter of shape {tuple(p.shape)} has no gradient after backward.")
+    return p.grad.detach().clone()
 
 
 def _run_one(
@@ -144,7 +161,7 @@ def _run_one(
             return {"diverged": True, "step": t, "net": net}
         loss.backward()
         before = {p: p.detach().clone() for p in sym.params}
-        grads = {p: p.grad.detach().clone() for p in sym.params}
+        grads = {p: _grad(p) for p in sym.params}
         opt.step()
         c = sym.charge_of(before)
         if t % cfg.traj_every == 0:
@@ -246,6 +263,15 @@ def claims(results: dict[str, Any], cfg: Config) -> list[Claim]:
             statement="scale-invariant ‖W₁‖ (√ of the window-averaged charge) vs the "
             "random-walk equilibrium (A2) with E[nᵀn] = D — worst relative error over η, λ, β₁",
             value=_worst(results, "norm_rel_random_walk"),
+            op=Op.LT,
+            threshold=0.1,
+            note=div,
+        ),
+        Claim(
+            id="adamw_norm_random_walk_measured_noise",
+            statement="the same against (A2) with the measured E[nᵀn] = ⟨Σ g²/(√v̂ + ε)²⟩ "
+            "(added after the first run; see NOTES)",
+            value=_worst(results, "norm_rel_random_walk_measured"),
             op=Op.LT,
             threshold=0.1,
             note=div,
