@@ -16,6 +16,8 @@ E[H | θ, v] = vᵀA∇L; their window averages enter the predictions.
 
 from __future__ import annotations
 
+from typing import cast
+
 import numpy as np
 import torch
 from torch import Tensor, nn
