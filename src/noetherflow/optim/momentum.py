@@ -61,9 +61,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
+
+if TYPE_CHECKING:
+    from noetherflow.flow import NoiseModel
 
 __all__ = [
     "EffectiveNoise",
@@ -188,7 +192,7 @@ class EffectiveNoise:
     c_second: float
     exact_when: str = "always"
 
-    def to_noise_model(self) -> object:
+    def to_noise_model(self) -> NoiseModel:
         """The same coefficients as a :class:`noetherflow.NoiseModel` (for the flows/solvers)."""
         from noetherflow.flow import NoiseModel
 
