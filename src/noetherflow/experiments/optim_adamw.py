@@ -57,7 +57,12 @@ NOTES = (
     "reported as measured); the batch size went from 32 to 8, the regime the random walk "
     "assumes (noise-dominated; probe: batch 128 made it worse, std/C 0.53 and 14% with the "
     "measured noise; batch 8 gave std/C 0.10–0.12, 2–4% with the measured noise, 11–15% "
-    "with D); quick window 2500 → 4000. Thresholds unchanged."
+    "with D); quick window 2500 → 4000. Thresholds unchanged. Second quick run: random walk "
+    "with D 0.125 and Kosson 0.133 failed, with the measured noise 0.025, angular 0.012, "
+    "(A1) 0.030, inits 0.138 failed (charges 145/154/165 over a 4000-step window: "
+    "statistical). Full size (window 12000, 6 runs + 2 inits), first run: all six hold — "
+    "random walk with D 0.075–0.086 (E[nᵀn] = 0.86–0.88·D), measured noise ≤ 0.014, Kosson "
+    "≤ 0.089, angular ≤ 0.007, (A1) ≤ 0.014, inits 0.014."
 )
 
 
