@@ -77,3 +77,38 @@ def test_metadata_and_setup_rows(mod: Any) -> None:
         rows = mod.setup(cfg)
         assert rows and all(set(row) == {"quantity", "paper", "ours", "why"} for row in rows)
     assert any(row["quantity"] == "quick mode" for row in mod.setup(mod.Config.quick()))
+
+
+@pytest.mark.parametrize("net", ["norm", "relu"])
+def test_library_moments_match_torch_func(net: str) -> None:
+    """E[G | θ] and E[H | θ, v] from the hook statistics equal the torch.func reference."""
+    import torch
+    from torch.func import functional_call, grad, vmap
+
+    from noetherflow.experiments import _optim
+
+    x, y = _optim.digits()
+    x, y = x[:300], y[:300]
+    m, sym = _optim.build(net, 16, 0, 1.0)
+    opt = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)
+    for i in range(3):
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(
+            m(x[i * 32 : i * 32 + 32]), y[i * 32 : i * 32 + 32]
+        ).backward()
+        opt.step()
+    v = {p: -0.05 * opt.state[p]["momentum_buffer"] for p in sym.params}
+    got_g, got_h = _optim.library_moments(sym, m, x, y, 32, v)
+
+    def loss_one(p: dict[str, torch.Tensor], xi: torch.Tensor, yi: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.cross_entropy(functional_call(m, p, (xi[None],)), yi[None])
+
+    params = dict(m.named_parameters())
+    g = vmap(grad(loss_one), in_dims=(None, 0, 0))({k: q.detach() for k, q in params.items()}, x, y)
+    mean = {params[k]: t.mean(0) for k, t in g.items()}
+    sq = {params[k]: t.square().mean(0) for k, t in g.items()}
+    want_g = sym.weighted_sum({p: mean[p].square() for p in sym.params}) * (1 - 1 / 32)
+    want_g = want_g + sym.weighted_sum({p: sq[p] for p in sym.params}) / 32
+    want_h = sym.weighted_sum({p: v[p] * mean[p] for p in sym.params})
+    assert torch.allclose(got_g, want_g, rtol=1e-12, atol=1e-14 * float(want_g.abs().max()))
+    assert torch.allclose(got_h, want_h, rtol=1e-10, atol=1e-12 * float(want_h.abs().max()))

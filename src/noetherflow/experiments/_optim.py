@@ -24,7 +24,6 @@ from torch import Tensor, nn
 
 import noetherflow as nf
 from noetherflow.experiments._data import load_digits_data
-from noetherflow.flow import NoiseModel, diag_noise
 from noetherflow.symmetry.base import DiagonalSymmetry
 
 DT = torch.float64
@@ -75,15 +74,17 @@ def library_moments(
 ) -> tuple[Tensor, Tensor]:
     """(E[G | θ], E[H | θ, v]) per generator, from the library's hook statistics.
 
-    ``collect_stats`` (one forward/backward over the data set) gives ḡ and E[g²]; with
-    ``NoiseModel(0, 1 − 1/S, 1/S)``, ``diag_noise`` is exactly E[G | θ].
+    ``collect_stats`` (one forward/backward over the data set) gives ḡ and E[g²];
+    ``noether_flow`` at η = 1, γ = 0 (discrete time) is exactly E[G | θ].
     """
     syms = nf.SymmetrySet([sym])
     stats = nf.collect_stats(m, syms, nn.functional.cross_entropy, x, y, level="neuron")
     for p in m.parameters():
         p.grad = None
-    nm = NoiseModel(kappa=0.0, c_mean=1 - 1 / batch_size, c_second=1 / batch_size)
-    noise = diag_noise(sym, stats, nm)
+    # The discrete flow at η = 1, γ = 0 is Tr[A((1 − 1/S)∇L∇Lᵀ + E[ggᵀ]/S)] = E[G | θ].
+    (noise,) = nf.noether_flow(
+        m, syms, stats, lr=1.0, batch_size=batch_size, weight_decay=0.0, time="discrete"
+    ).values()
     if v is None:
         return noise, torch.zeros_like(noise)
     return noise, sym.weighted_sum({p: v[p] * stats.mean[p] for p in sym.params})
