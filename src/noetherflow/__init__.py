@@ -22,6 +22,18 @@ from noetherflow.equilibrium import (
 )
 from noetherflow.flow import NoiseModel, TimeModel, charges, exact_step_charges, noether_flow
 from noetherflow.monitor import NoetherMonitor, SharpnessOptions, load_history
+from noetherflow.optim import (
+    GroupNoise,
+    MomentumStep,
+    StepDecomposition,
+    StepRecorder,
+    adamw_equilibrium_charge,
+    decompose_step,
+    decoupled_stationary_charge,
+    from_optimizer,
+    momentum_noise,
+    stationary_moments,
+)
 from noetherflow.sharpness import (
     EigenEstimate,
     HVPMethod,
@@ -113,4 +125,15 @@ __all__ = [
     "SymmetryDefinitionError",
     "SymmetryNotPresentError",
     "UnsupportedLayerError",
+    # optimizers beyond plain SGD (issue #18)
+    "GroupNoise",
+    "MomentumStep",
+    "StepDecomposition",
+    "StepRecorder",
+    "adamw_equilibrium_charge",
+    "decompose_step",
+    "decoupled_stationary_charge",
+    "from_optimizer",
+    "momentum_noise",
+    "stationary_moments",
 ]

@@ -1,0 +1,320 @@
+"""optim-sgdm: the noise equilibrium of SGD with momentum on the digits (beyond the paper).
+
+Trains a normalised network (scale-invariant first layer, one charge ‖W₁‖²) and a ReLU
+network (per-neuron rescaling, H charges) with ``torch.optim.SGD(momentum=β,
+weight_decay=λ)`` and compares the charges' time averages over a stationary window with the
+stationary point of the exact (C, B, E) map (:mod:`noetherflow.optim.momentum`, eqs. 3–4):
+
+* ``exact``: eq. (3) with the window averages of E[G | θ] and E[H | θ, v] = vᵀA∇L;
+* ``reduced``: the effective coefficients κ_eff·C = Tr[A·M] (what the library's flows and
+  solvers take), which assume ⟨vᵀA∇L⟩ = 0;
+* the buffer term E* = 4ηγC*/(1 + β) (the angular update; exact for every family).
+
+Plus: the normalised network from three initial scales, converging to the predicted level.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from noetherflow.experiments import _optim as O
+from noetherflow.experiments._base import Claim, Op, derive_seed, save_figure
+from noetherflow.optim.momentum import MomentumStep, momentum_noise, stationary_moments
+
+DESCRIPTION = (
+    "SGD with momentum on digits: time-averaged Noether charges of a normalised and a ReLU "
+    "network against the stationary point of the exact (C, B, E) map, several β, η, λ."
+)
+PAPER = (
+    "Beyond the paper (issue #18): the paper treats plain SGD only (§4–5, 'momentum breaks the "
+    "exact identity'). Checked here: the stationary charges of heavy-ball SGD predicted by the "
+    "exact one-step map of (θᵀAθ, θᵀAv, vᵀAv) (DESIGN §2.1b)."
+)
+PAPER_ORDER = 99.0
+NOTES = (
+    "Thresholds fixed before the first run, from issue #18: 5% for every SGDM comparison "
+    "(measured time average against the predicted stationary value; relative L2 error over "
+    "neurons for the ReLU network), 5% for the agreement of the three initialisations. "
+    "η_eff = η/(1 − β) is held fixed across β so that the relaxation time (≈ 1/(4η_effγ) "
+    "steps) and the charge level stay comparable; the issue asks for several β/λ/η, which the "
+    "grid covers. History. First quick run (statistics by torch.func per-sample gradients "
+    "every 100 steps, quick grid norm/relu × β ∈ {0, 0.9}, init scales 0.3 and 3): "
+    "sgdm_norm_exact 0.064 and sgdm_norm_reduced 0.082 failed, relu 0.034/0.044, buffer term "
+    "0.023, inits 0.037. Probing the β = 0 normalised run showed the error was the sampling "
+    "of ⟨E[G | θ]⟩ (25 samples; it fluctuates from step to step with the state): 0.3% and 7% "
+    "for two seeds at every 100 steps, 0.8% and 2% at every 10 steps. Changed after seeing "
+    "this: the statistics are taken every 10 steps from the library's hook estimator "
+    "(collect_stats, ~10× cheaper than torch.func and equal to it to 1e-15 here). With that, "
+    "two seeds each: norm β = 0 exact 0.3%/1.8%; norm β = 0.9 exact 0.7%/0.3% but reduced "
+    "7.0%/6.8% (the ⟨vᵀA∇L⟩ term the effective coefficients drop is not negligible on real "
+    "data at β = 0.9); relu β = 0.9 exact 5.6% (relative L2 over 32 neurons, window 2500). "
+    "Second quick run (every 10 steps, hooks): norm exact 0.039 (β = 0) / 0.007 (β = 0.9), "
+    "norm reduced 0.052 (β = 0.9; 0.051–0.059 over the three inits), relu exact 0.044 / "
+    "0.052, buffer term 0.010–0.024, inits 0.035. The ReLU comparison (relative L2 over 32 "
+    "neurons) is limited by the window (10 relaxation times): quick window 2500 → 4000 "
+    "after this run. Thresholds unchanged. Full size, first run (12 runs + 2 inits, window "
+    "8000): exact norm ≤ 0.018, relu ≤ 0.024, buffer term ≤ 0.005, inits 0.009 hold; "
+    "norm reduced fails at 0.064 (0.036–0.037 at β = 0.5, 0.052–0.069 at β = 0.9: the "
+    "dropped ⟨vᵀA∇L⟩ is 5–7.5% of the noise term on the normalised net; 0.5–0.9% on the "
+    "ReLU net, whose reduced claim holds at 0.022). Third quick run (window 4000): norm exact "
+    "0.029, relu exact 0.041, relu reduced 0.039, buffer 0.011, inits 0.032 hold; norm "
+    "reduced 0.057 fails, as at full size."
+)
+
+
+@dataclass(frozen=True)
+class Config:
+    """Settings of ``optim-sgdm`` (beyond the paper; nothing to deviate from).
+
+    Choices and why:
+
+    - Data: scikit-learn's digits (1797 × 64), standardised per pixel; cross-entropy; batches
+      of ``batch_size=32`` drawn with replacement (the sampling the expectation assumes).
+    - Networks: ``hidden=32`` (see ``_optim``); float64.
+    - Grid ``runs``: (network, β, η_eff, λ) with η = η_eff(1 − β) and PyTorch's coupled
+      ``weight_decay=λ`` (γ = λ/2). Relaxation ≈ 1/(8η_effγ) steps for the scale-invariant
+      charge, 1/(4η_effγ) for rescaling: 125–250 steps at (0.1, 0.02).
+    - ``burn`` steps before the window of ``window`` steps; per-sample statistics of the
+      whole data set every ``every`` steps.
+    - Initialisations: the normalised network with β = ``init_beta`` from the first layer's
+      default init × ``init_scales``.
+    """
+
+    hidden: int = 32
+    batch_size: int = 32
+    runs: tuple[tuple[str, float, float, float], ...] = tuple(
+        (net, b, e, lam)
+        for net in ("norm", "relu")
+        for b in (0.0, 0.5, 0.9)
+        for e, lam in ((0.1, 0.02), (0.05, 0.04))
+    )
+    burn: int = 3000
+    window: int = 8000
+    every: int = 10
+    traj_every: int = 10
+    init_beta: float = 0.9
+    init_scales: tuple[float, ...] = (0.3, 1.0, 3.0)
+
+    @classmethod
+    def quick(cls) -> Config:
+        """β ∈ {0, 0.9} at one (η_eff, λ); shorter windows."""
+        return cls(
+            runs=tuple((net, b, 0.1, 0.02) for net in ("norm", "relu") for b in (0.0, 0.9)),
+            burn=1200,
+            window=4000,
+            every=10,
+            init_scales=(0.3, 3.0),
+        )
+
+
+def setup(cfg: Config) -> list[dict[str, str]]:
+    rows = [
+        {
+            "quantity": "optimizer",
+            "paper": "plain SGD only",
+            "ours": "torch.optim.SGD(momentum=β, dampening=0, weight_decay=λ), β ∈ "
+            f"{sorted({r[1] for r in cfg.runs})}",
+            "why": "issue #18: the equilibrium with momentum (beyond the paper)",
+        },
+        {
+            "quantity": "data / model",
+            "paper": "—",
+            "ours": f"digits 1797×64 standardised; LayerNorm net and ReLU net, H = {cfg.hidden}",
+            "why": "MNIST is not available offline; a normalised and a ReLU network as the "
+            "issue asks",
+        },
+        {
+            "quantity": "window",
+            "paper": "—",
+            "ours": f"burn-in {cfg.burn} steps, window {cfg.window} steps, statistics every "
+            f"{cfg.every} steps",
+            "why": "several relaxation times of burn-in; window averages",
+        },
+    ]
+    if cfg.window < Config().window:
+        rows.append(
+            {
+                "quantity": "quick mode",
+                "paper": "—",
+                "ours": f"{len(cfg.runs)} runs, window {cfg.window}",
+                "why": "fast CI run; full size has 12 runs and window 8000",
+            }
+        )
+    return rows
+
+
+def _run_one(
+    cfg: Config, net: str, beta: float, eta_eff: float, lam: float, init: float, seed: int
+) -> dict[str, Any]:
+    eta, gam = eta_eff * (1 - beta), lam / 2
+    x, y = O.digits()
+    m, sym = O.build(net, cfg.hidden, seed, init)
+    opt = torch.optim.SGD(m.parameters(), lr=eta, momentum=beta, weight_decay=lam)
+    gen = torch.Generator().manual_seed(seed)
+    cs, es, gs, hs, traj = [], [], [], [], []
+    lossf = torch.nn.functional.cross_entropy
+    for t in range(cfg.burn + cfg.window):
+        idx = torch.randint(0, x.shape[0], (cfg.batch_size,), generator=gen)
+        opt.zero_grad()
+        loss = lossf(m(x[idx]), y[idx])
+        if not torch.isfinite(loss):
+            return {"diverged": True, "step": t}
+        loss.backward()
+        c = sym.charge()
+        if t % cfg.traj_every == 0:
+            traj.append(float(c.sum()))
+        if t >= cfg.burn:
+            cs.append(c)
+            if t % cfg.every == 0:
+                v = None
+                if beta > 0 and opt.state:
+                    v = {p: -eta * opt.state[p]["momentum_buffer"] for p in sym.params}
+                g, h = O.library_moments(sym, m, x, y, cfg.batch_size, v)
+                gs.append(g)
+                hs.append(h)
+        opt.step()
+        if t >= cfg.burn and beta > 0:
+            v = {p: -eta * opt.state[p]["momentum_buffer"] for p in sym.params}
+            es.append(sym.charge_of(v))
+    st = MomentumStep.create(lr=eta, momentum=beta, weight_decay=gam)
+    c_meas = torch.stack(cs).mean(0)
+    g_mean, h_mean = torch.stack(gs).mean(0), torch.stack(hs).mean(0)
+    c_exact, _, _ = stationary_moments(g_mean, h_mean, st)
+    eff = momentum_noise(lr=eta, batch_size=cfg.batch_size, weight_decay=gam, momentum=beta)
+    c_reduced = (eta_eff**2) * g_mean / eff.kappa
+    out: dict[str, Any] = {
+        "net": net,
+        "beta": beta,
+        "eta_eff": eta_eff,
+        "lr": eta,
+        "weight_decay": lam,
+        "init_scale": init,
+        "diverged": False,
+        "charge": c_meas.tolist(),
+        "pred_exact": c_exact.tolist(),
+        "pred_reduced": c_reduced.tolist(),
+        "rel_exact": O.rel(c_meas, c_exact),
+        "rel_reduced": O.rel(c_meas, c_reduced),
+        "cross_share": float((2 * beta * eta * h_mean).norm() / (eta**2 * g_mean).norm()),
+        "traj": traj,
+    }
+    if beta > 0:  # E*/C* = 4ηγ/(1 + β), eq. (4); E measured after the step, C before it
+        ratio = float(torch.stack(es).mean(0).sum() / c_meas.sum())
+        out["buffer_ratio_rel"] = abs(ratio / (4 * eta * gam / (1 + beta)) - 1)
+    return out
+
+
+def run(cfg: Config, seed: int, out_dir: Path) -> dict[str, Any]:
+    runs = []
+    for i, (net, beta, eta_eff, lam) in enumerate(cfg.runs):
+        runs.append(_run_one(cfg, net, beta, eta_eff, lam, 1.0, derive_seed(seed, "run", i)))
+    main = next(i for i, r in enumerate(cfg.runs) if r[0] == "norm" and r[1] == cfg.init_beta)
+    _, beta, eta_eff, lam = cfg.runs[main]
+    inits = [runs[main]]
+    for j, s in enumerate(cfg.init_scales):
+        if s == 1.0:
+            continue
+        inits.append(_run_one(cfg, "norm", beta, eta_eff, lam, s, derive_seed(seed, "init", j)))
+    ok = [r for r in runs if not r["diverged"]]
+    levels = [r["charge"][0] for r in inits if not r["diverged"]]
+    return {
+        "runs": runs,
+        "inits": inits,
+        "any_diverged": len(ok) < len(runs) or len(levels) < len(inits),
+        "init_spread": (max(levels) - min(levels)) / min(levels) if levels else float("nan"),
+    }
+
+
+def _worst(results: dict[str, Any], net: str, key: str) -> float:
+    vals = [r[key] for r in results["runs"] if r["net"] == net and not r["diverged"] and key in r]
+    return max(vals) if vals else float("nan")
+
+
+def claims(results: dict[str, Any], cfg: Config) -> list[Claim]:
+    div = "a run diverged (excluded)" if results["any_diverged"] else ""
+    out = []
+    for net, what in (("norm", "scale-invariant ‖W₁‖²"), ("relu", "per-neuron rescaling")):
+        out.append(
+            Claim(
+                id=f"sgdm_{net}_exact",
+                statement=f"{what}: time-averaged charge vs the stationary point of the exact "
+                "(C, B, E) map with measured ⟨E[G|θ]⟩, ⟨vᵀA∇L⟩ — worst relative error over "
+                "β, η, λ",
+                value=_worst(results, net, "rel_exact"),
+                op=Op.LT,
+                threshold=0.05,
+                note=div,
+            )
+        )
+        out.append(
+            Claim(
+                id=f"sgdm_{net}_reduced",
+                statement=f"{what}: the same against the effective-coefficient flow "
+                "κ_eff·C = Tr[A·M] (assumes ⟨vᵀA∇L⟩ = 0) — worst relative error",
+                value=_worst(results, net, "rel_reduced"),
+                op=Op.LT,
+                threshold=0.05,
+                note=div,
+            )
+        )
+    out.append(
+        Claim(
+            id="sgdm_buffer_term",
+            statement="⟨vᵀAv⟩/⟨θᵀAθ⟩ = 4ηγ/(1 + β) (eq. 4; the angular update of the "
+            "normalised net) — worst relative error over β > 0",
+            value=_worst(results, "norm", "buffer_ratio_rel"),
+            op=Op.LT,
+            threshold=0.05,
+            note=div,
+        )
+    )
+    out.append(
+        Claim(
+            id="sgdm_inits_agree",
+            statement=f"normalised net, β = {cfg.init_beta}: window averages from init scales "
+            f"{(1.0, *[s for s in cfg.init_scales if s != 1.0])} agree: (max − min)/min",
+            value=results["init_spread"],
+            op=Op.LT,
+            threshold=0.05,
+            note=div,
+        )
+    )
+    return out
+
+
+def plot(results: dict[str, Any], cfg: Config, out_dir: Path) -> list[Path]:
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(11, 4))
+    ax = fig.add_subplot(1, 2, 1)
+    for r in results["inits"]:
+        if r["diverged"]:
+            continue
+        steps = [i * cfg.traj_every for i in range(len(r["traj"]))]
+        ax.plot(steps, r["traj"], lw=0.8, label=f"init × {r['init_scale']}")
+    ax.axhline(results["inits"][0]["pred_exact"][0], color="k", ls="--", label="predicted C*")
+    ax.axvspan(cfg.burn, cfg.burn + cfg.window, color="0.9", zorder=0)
+    ax.set_yscale("log")
+    ax.set_xlabel("step")
+    ax.set_ylabel("‖W₁‖²")
+    ax.set_title(f"normalised net, SGD momentum β = {cfg.init_beta}")
+    ax.legend(fontsize=8)
+    ax2 = fig.add_subplot(1, 2, 2)
+    for r in results["runs"]:
+        if r["diverged"]:
+            continue
+        mk = "o" if r["net"] == "norm" else "x"
+        ax2.scatter(
+            r["pred_exact"], r["charge"], s=10, marker=mk, label=f"{r['net']} β={r['beta']}"
+        )
+    lim = ax2.get_xlim()
+    ax2.plot(lim, lim, "k:", lw=0.8)
+    ax2.set_xlabel("predicted stationary charge")
+    ax2.set_ylabel("measured (window average)")
+    ax2.set_title("all runs, all charges")
+    ax2.legend(fontsize=7)
+    return [save_figure(fig, out_dir / "optim_sgdm.png")]

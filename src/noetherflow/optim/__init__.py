@@ -1,0 +1,50 @@
+"""Noether charges under the optimizers people use: SGD with momentum, Adam, AdamW.
+
+Beyond the paper (issue #18). ``momentum``: the exact map of (C, B, E) for heavy-ball and
+Nesterov SGD and its stationary point; ``decompose``: the exact per-step decomposition of
+any update; ``hyper``: noise descriptions read from a ``torch.optim`` optimizer; ``adam``:
+the stationary condition and random-walk equilibrium of Adam(W).
+"""
+
+from noetherflow.optim.adam import (
+    adamw_angular_update,
+    adamw_equilibrium_charge,
+    decoupled_stationary_charge,
+    rotational_equilibrium_norm,
+)
+from noetherflow.optim.decompose import (
+    StepDecomposition,
+    StepRecorder,
+    bilinear_charge,
+    decompose_step,
+)
+from noetherflow.optim.hyper import GroupNoise, from_optimizer, group_for_params, optimizer_kind
+from noetherflow.optim.momentum import (
+    EffectiveNoise,
+    MomentumStep,
+    moment_map,
+    momentum_noise,
+    momentum_step_moments,
+    stationary_moments,
+)
+
+__all__ = [
+    "EffectiveNoise",
+    "GroupNoise",
+    "MomentumStep",
+    "StepDecomposition",
+    "StepRecorder",
+    "adamw_angular_update",
+    "adamw_equilibrium_charge",
+    "bilinear_charge",
+    "decompose_step",
+    "decoupled_stationary_charge",
+    "from_optimizer",
+    "group_for_params",
+    "moment_map",
+    "momentum_noise",
+    "momentum_step_moments",
+    "optimizer_kind",
+    "rotational_equilibrium_norm",
+    "stationary_moments",
+]

@@ -1,0 +1,155 @@
+"""Why a charge moved in one optimizer step: the exact decomposition for any update.
+
+For any update θ' = θ + Δθ and a symmetry generator A, C(θ') = C(θ) + 2θᵀAΔθ + ΔθᵀAΔθ
+exactly. Split the update into the weight-decay part and the rest, Δθ = Δ_d + Δ_r, where
+every ``torch.optim`` optimizer's decay is a shrink Δ_d = (k − 1)θ (coupled L2 in ``SGD``:
+k = 1 − η·λ; decoupled in ``AdamW``: k = 1 − η·λ). With θ_d = kθ the decayed point,
+
+    C(θ') − C(θ) = [C(θ_d) − C(θ)]  +  2 θ_dᵀAΔ_r  +  Δ_rᵀAΔ_r
+                 =      decay       +     drift    +    noise
+
+exactly (the identity of the bilinear form; no approximation). decay = (k² − 1)C. For plain
+SGD Δ_r = −ηg and the drift is zero by symmetry (θᵀA g = 0), which is DESIGN §2's identity;
+with momentum the drift is 2kβ·θᵀAv, for Adam(W) it is whatever the preconditioner makes of
+θᵀA·(update) — neither is zero in general.
+
+Bilinear forms come from any family's ``charge_of`` by polarisation,
+xᵀAy = ¼[Q(x + y) − Q(x − y)], so this works for every family, a rotation's matrix charge
+included (then xᵀAy is the symmetrised matrix form).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from noetherflow.symmetry.base import Symmetry
+
+__all__ = [
+    "StepDecomposition",
+    "StepRecorder",
+    "bilinear_charge",
+    "decompose_step",
+]
+
+Values = Mapping[nn.Parameter, Tensor]
+
+
+def bilinear_charge(sym: Symmetry, x: Values, y: Values) -> Tensor:
+    """xᵀAy for the symmetry's generator(s), by polarisation of ``charge_of``. Charge's shape."""
+    plus = {p: x[p] + y[p] for p in sym.params}
+    minus = {p: x[p] - y[p] for p in sym.params}
+    return (sym.charge_of(plus) - sym.charge_of(minus)) / 4
+
+
+@dataclass(frozen=True)
+class StepDecomposition:
+    """One step's change of a charge, split exactly (module docstring). Charge-shaped tensors.
+
+    ``before + decay + drift + noise == after`` to round-off.
+    """
+
+    before: Tensor
+    after: Tensor
+    decay: Tensor
+    drift: Tensor
+    noise: Tensor
+
+    @property
+    def residual(self) -> Tensor:
+        """after − (before + decay + drift + noise): zero up to round-off."""
+        return self.after - (self.before + self.decay + self.drift + self.noise)
+
+
+def decompose_step(
+    sym: Symmetry, before: Values, after: Values, shrink: float | Mapping[nn.Parameter, float]
+) -> StepDecomposition:
+    """Decompose C(after) − C(before) into decay, drift and noise parts (module docstring).
+
+    Args:
+        sym: any symmetry.
+        before, after: the symmetry's parameter tensors θ and θ' (``sym.params`` keys).
+        shrink: the decay factor k per parameter (or one for all), θ_d = kθ; 1 when there is
+            no separable decay (e.g. Adam's coupled L2 goes through the preconditioner).
+    """
+    ks = {p: float(shrink[p] if isinstance(shrink, Mapping) else shrink) for p in sym.params}
+    theta = {p: before[p] for p in sym.params}
+    decayed = {p: ks[p] * before[p] for p in sym.params}
+    rest = {p: after[p] - decayed[p] for p in sym.params}
+    c0 = sym.charge_of(theta)
+    cd = sym.charge_of(decayed)
+    return StepDecomposition(
+        before=c0,
+        after=sym.charge_of({p: after[p] for p in sym.params}),
+        decay=cd - c0,
+        drift=2 * bilinear_charge(sym, decayed, rest),
+        noise=sym.charge_of(rest),
+    )
+
+
+def _shrink_of(group: Mapping[str, object], kind: str) -> float:
+    lr = float(group["lr"])  # type: ignore[arg-type]
+    wd = float(group.get("weight_decay", 0.0))  # type: ignore[arg-type]
+    if kind == "adam":
+        return 1.0
+    return 1.0 - lr * wd
+
+
+class StepRecorder:
+    """Records :func:`decompose_step` for every symmetry around ``optimizer.step()``.
+
+    Call :meth:`before_step` just before ``optimizer.step()`` and :meth:`after_step` right
+    after; it reads the decay factor of each parameter from the optimizer's param groups
+    (``SGD``: k = 1 − lr·weight_decay, coupled L2 applied to θ in this step; ``AdamW``:
+    k = 1 − lr·weight_decay; ``Adam`` with weight decay: k = 1, its L2 term passes through
+    the preconditioner and is part of the rest). Example::
+
+        rec = StepRecorder(syms, opt)
+        loss.backward(); rec.before_step(); opt.step(); parts = rec.after_step()
+    """
+
+    def __init__(self, syms: Mapping[str, Symmetry], optimizer: torch.optim.Optimizer) -> None:
+        from noetherflow.optim.hyper import optimizer_kind
+
+        self.syms = dict(syms)
+        self.optimizer = optimizer
+        kind = optimizer_kind(optimizer)
+        self._groups = [(g, kind) for g in optimizer.param_groups]
+        self._snap: dict[nn.Parameter, Tensor] | None = None
+        self._k: dict[nn.Parameter, float] = {}
+
+    def _shrinks(self) -> dict[nn.Parameter, float]:
+        out: dict[nn.Parameter, float] = {}
+        for group, kind in self._groups:
+            k = _shrink_of(group, kind)
+            for p in group["params"]:
+                out[p] = k
+        return out
+
+    def before_step(self) -> None:
+        """Snapshot the parameters (and the decay factors) before ``optimizer.step()``."""
+        self._snap = {p: p.detach().clone() for s in self.syms.values() for p in s.params}
+        self._k = self._shrinks()
+
+    def after_step(self) -> dict[str, StepDecomposition]:
+        """The decomposition of the step just taken, per symmetry."""
+        if self._snap is None:
+            raise RuntimeError(
+                "StepRecorder.after_step() called without before_step(); call before_step() "
+                "just before optimizer.step()."
+            )
+        snap, self._snap = self._snap, None
+        out = {}
+        for name, s in self.syms.items():
+            missing = [tuple(p.shape) for p in s.params if p not in self._k]
+            if missing:
+                raise ValueError(
+                    f"symmetry {name!r}: parameters of shapes {missing} are not in the optimizer; "
+                    "expected every parameter of the symmetry in one of its param groups."
+                )
+            after = {p: p.detach() for p in s.params}
+            out[name] = decompose_step(s, snap, after, {p: self._k[p] for p in s.params})
+        return out

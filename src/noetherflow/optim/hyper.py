@@ -1,0 +1,192 @@
+"""Read a ``torch.optim`` optimizer's hyper-parameters as noise descriptions, per param group.
+
+Conventions (DESIGN §2): weight decay in the noise models is γ of γ‖θ‖² in the loss, so
+PyTorch's coupled L2 ``SGD(weight_decay=λ)`` (gradient + λθ) is γ = λ/2. ``AdamW``'s
+decoupled λ (θ ← (1 − ηλ)θ before the Adam update) is its own decay term, ``decoupled_decay``;
+``Adam(weight_decay=λ)`` adds λθ to the gradient *before* the preconditioner, so its decay
+is not a shrink of θ and is reported as ``coupled_l2`` only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from noetherflow.optim.momentum import EffectiveNoise, momentum_noise
+
+__all__ = ["GroupNoise", "from_optimizer", "group_for_params", "optimizer_kind"]
+
+KINDS = ("sgd", "adam", "adamw")
+
+
+def optimizer_kind(opt: torch.optim.Optimizer) -> str:
+    """``"sgd"``, ``"adam"`` or ``"adamw"``; a clear error for any other optimizer."""
+    if isinstance(opt, torch.optim.AdamW):
+        return "adamw"
+    if isinstance(opt, torch.optim.Adam):
+        return "adam"
+    if isinstance(opt, torch.optim.SGD):
+        return "sgd"
+    raise TypeError(
+        f"optimizer {type(opt).__name__} is not supported; expected torch.optim.SGD, Adam or "
+        "AdamW. For another optimizer, record the exact per-step decomposition "
+        "(StepRecorder), which works for any update."
+    )
+
+
+@dataclass(frozen=True)
+class GroupNoise:
+    """The noise description of one param group.
+
+    Attributes:
+        index: the param group's index.
+        kind: ``"sgd"``, ``"adam"`` or ``"adamw"``.
+        lr, momentum, nesterov: η, β (β₁ for Adam), Nesterov.
+        weight_decay: γ of γ‖θ‖² (SGD's coupled λ/2); 0 for Adam(W).
+        decoupled_decay: AdamW's λ (θ ← (1 − ηλ)θ); 0 otherwise.
+        coupled_l2: Adam's coupled λ (through the preconditioner); 0 otherwise.
+        betas, eps: Adam's (β₁, β₂) and ε; ``None`` for SGD.
+        noise: the effective noise model (SGD, SGD with momentum); ``None`` for Adam(W),
+            whose update is not a gradient step (see ``noetherflow.optim.adam``).
+        params: the group's parameters.
+    """
+
+    index: int
+    kind: str
+    lr: float
+    batch_size: int
+    momentum: float
+    nesterov: bool
+    weight_decay: float
+    decoupled_decay: float
+    coupled_l2: float
+    betas: tuple[float, float] | None
+    eps: float | None
+    noise: EffectiveNoise | None
+    params: tuple[nn.Parameter, ...] = field(repr=False)
+
+    def settings(self) -> tuple[object, ...]:
+        """Every setting that shapes the noise (for comparing groups)."""
+        return (
+            self.kind,
+            self.lr,
+            self.momentum,
+            self.nesterov,
+            self.weight_decay,
+            self.decoupled_decay,
+            self.coupled_l2,
+            self.betas,
+            self.eps,
+        )
+
+
+def _group(i: int, g: dict, kind: str, batch_size: int, time: str) -> GroupNoise:
+    if g.get("maximize", False):
+        raise ValueError(
+            f"param group {i}: maximize=True is not supported; the noise equilibrium is for "
+            "minimisation. Negate the loss instead."
+        )
+    lr = float(g["lr"])
+    wd = float(g.get("weight_decay", 0.0))
+    if kind == "sgd":
+        damp = float(g.get("dampening", 0.0))
+        if damp != 0:
+            raise ValueError(
+                f"param group {i}: dampening={damp} is not supported; expected 0 (the heavy-ball "
+                "map is derived for PyTorch's dampening=0). Use dampening=0, or rescale lr by "
+                "(1 − dampening) yourself (exact after the first step)."
+            )
+        mom = float(g.get("momentum", 0.0))
+        nest = bool(g.get("nesterov", False))
+        noise = momentum_noise(
+            lr=lr,
+            batch_size=batch_size,
+            weight_decay=wd / 2,
+            momentum=mom,
+            nesterov=nest,
+            time=time,
+        )
+        return GroupNoise(
+            i,
+            kind,
+            lr,
+            batch_size,
+            mom,
+            nest,
+            wd / 2,
+            0.0,
+            0.0,
+            None,
+            None,
+            noise,
+            tuple(g["params"]),
+        )
+    b1, b2 = (float(b) for b in g["betas"])
+    decoupled = kind == "adamw" or bool(g.get("decoupled_weight_decay", False))
+    return GroupNoise(
+        i,
+        "adamw" if decoupled else "adam",
+        lr,
+        batch_size,
+        b1,
+        False,
+        0.0,
+        wd if decoupled else 0.0,
+        0.0 if decoupled else wd,
+        (b1, b2),
+        float(g["eps"]),
+        None,
+        tuple(g["params"]),
+    )
+
+
+def from_optimizer(
+    opt: torch.optim.Optimizer, batch_size: int, *, time: str = "discrete"
+) -> list[GroupNoise]:
+    """One :class:`GroupNoise` per param group of ``opt`` (``SGD``, ``Adam`` or ``AdamW``).
+
+    Let η, β, λ denote a group's ``lr``, ``momentum`` and ``weight_decay``. ``SGD`` gives
+    γ = λ/2 and the effective noise model of :func:`~noetherflow.optim.momentum.momentum_noise`
+    (β = 0: today's ``NoiseModel.create``); ``AdamW`` (or ``Adam(decoupled_weight_decay=
+    True)``) gives its decoupled λ; ``Adam`` its coupled L2. Raises for dampening ≠ 0,
+    maximize=True, or another optimizer.
+    """
+    if int(batch_size) != batch_size or batch_size < 1:
+        raise ValueError(
+            f"batch_size={batch_size!r} must be a positive integer S (the batch size)."
+        )
+    kind = optimizer_kind(opt)
+    return [_group(i, g, kind, int(batch_size), time) for i, g in enumerate(opt.param_groups)]
+
+
+def group_for_params(groups: Sequence[GroupNoise], params: Iterable[nn.Parameter]) -> GroupNoise:
+    """The one group's description that applies to ``params`` (e.g. a symmetry's parameters).
+
+    A charge mixes its parameters, so they must all be updated with the same settings;
+    raises if they span groups whose settings differ, or if one is in no group.
+    """
+    where: dict[int, GroupNoise] = {}
+    for gr in groups:
+        for p in gr.params:
+            where[id(p)] = gr
+    found: list[GroupNoise] = []
+    for p in params:
+        if id(p) not in where:
+            raise ValueError(
+                f"a parameter of shape {tuple(p.shape)} is in no param group of the optimizer; "
+                "expected every parameter of the symmetry to be optimised."
+            )
+        found.append(where[id(p)])
+    first = found[0]
+    for gr in found[1:]:
+        if gr.settings() != first.settings():
+            raise ValueError(
+                f"the parameters span param groups {first.index} and {gr.index} with different "
+                f"settings {first.settings()} vs {gr.settings()}; a charge mixes its parameters, "
+                "so its equilibrium needs one setting. Put them in one group (or give the groups "
+                "the same lr, momentum and weight decay)."
+            )
+    return first
