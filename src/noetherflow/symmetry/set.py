@@ -267,8 +267,8 @@ def _to64(x: Any) -> Any:
     return x
 
 
-def _rebind(sym: Symmetry, mapping: dict[int, nn.Parameter]) -> Symmetry:
-    """A copy of ``sym`` acting on the mapped parameters (of a model copy)."""
+def rebind_symmetry(sym: Symmetry, mapping: dict[int, nn.Parameter]) -> Symmetry:
+    """A copy of ``sym`` acting on the mapped parameters (``id(old) → new``: a model copy)."""
     memo: dict[int, Any] = {}
     for p in sym.params:
         if id(p) not in mapping:
@@ -278,11 +278,13 @@ def _rebind(sym: Symmetry, mapping: dict[int, nn.Parameter]) -> Symmetry:
             )
         memo[id(p)] = mapping[id(p)]
     # Modules referenced by the symmetry are copied shallowly; parameters map to the copy.
-    for attr in ("first", "second"):
-        mod = getattr(sym, attr, None)
-        if isinstance(mod, nn.Module):
-            memo[id(mod)] = _module_view(mod, mapping)
+    for value in vars(sym).values():
+        if isinstance(value, nn.Module):
+            memo[id(value)] = _module_view(value, mapping)
     return copy.deepcopy(sym, memo)
+
+
+_rebind = rebind_symmetry
 
 
 def _module_view(mod: nn.Module, mapping: dict[int, nn.Parameter]) -> nn.Module:
