@@ -145,7 +145,7 @@ class DenseKernel(Kernel[DenseSymmetry, DenseStats]):
 
     def distance(self, s: DenseSymmetry, total: Any) -> Tensor:
         """|λ*|."""
-        return torch.tensor(abs(float(total)))
+        return torch.tensor(abs(float(total)), dtype=torch.float64)
 
     def mark_infinity(self, distance: Tensor, report: InfinityReport) -> tuple[Tensor, int]:
         """The whole orbit runs off: distance inf, one direction."""

@@ -290,6 +290,6 @@ _rebind = rebind_symmetry
 def _module_view(mod: nn.Module, mapping: dict[int, nn.Parameter]) -> nn.Module:
     view = copy.copy(mod)
     view._parameters = {
-        k: (mapping[id(v)] if v is not None else None) for k, v in mod._parameters.items()
+        k: (mapping.get(id(v), v) if v is not None else None) for k, v in mod._parameters.items()
     }
     return view

@@ -1,0 +1,393 @@
+"""Kernels and registries: one kernel per family, resolved by MRO; one layer registry.
+
+Every fast path is checked against the torch.func reference (per-sample gradients) in
+float64 at 1e-12: a custom layer type registered with one call (weights stored [in, out],
+like Hugging Face's Conv1D), a new diagonal family declared in one class (no kernel needed),
+and a new family with its own kernel (a closed-form solve, checked against the built-in
+diagonal kernel's Newton solve of the same problem).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import pytest
+import torch
+from torch import Tensor, nn
+
+import noetherflow as nf
+from noetherflow.kernels import (
+    GradSource,
+    GroupSolve,
+    InfinityReport,
+    Kernel,
+    SolveOptions,
+    StatsBlock,
+    kernel_for,
+    register_kernel,
+)
+from noetherflow.kernels.diagonal import DiagonalKernel
+from noetherflow.stats import LayerHandler, register_layer
+from noetherflow.stats.core import Level
+from noetherflow.stats.registry import linear_factors
+from noetherflow.symmetry.base import DiagonalSymmetry, DiagonalTerm, Family, Symmetry
+
+DT = torch.float64
+
+
+def rel(a: Tensor, b: Tensor) -> float:
+    a, b = a.detach(), b.detach()
+    return float((a - b).norm() / b.norm().clamp_min(1e-300))
+
+
+# -- a layer type stored [in, out] (as Hugging Face's Conv1D), registered with one call ------
+class TransposedLinear(nn.Module):
+    """y = x W + b with W ``[in, out]``."""
+
+    def __init__(self, nx: int, nf_: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(nx, nf_, dtype=DT) / math.sqrt(nx))
+        self.bias = nn.Parameter(torch.randn(nf_, dtype=DT) * 0.1)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x @ self.weight + self.bias
+
+
+register_layer(TransposedLinear, LayerHandler(linear_factors, transposed=True))
+
+
+# -- a new diagonal family: one class, no kernel (the diagonal kernel is found by MRO) --------
+class TransposedRescaling(DiagonalSymmetry):
+    """Per-neuron rescaling between two TransposedLinear layers joined by a ReLU."""
+
+    family: ClassVar[Family] = Family.RESCALING
+
+    def __init__(self, first: TransposedLinear, second: TransposedLinear) -> None:
+        super().__init__(label="trescale")
+        self._terms = [
+            DiagonalTerm(first.weight, 1, 1, 1.0),  # output columns of W1 [in, d]
+            DiagonalTerm(first.bias, 0, 1, 1.0),
+            DiagonalTerm(second.weight, 0, 1, -1.0),  # input rows of W2 [d, out]
+        ]
+
+    @property
+    def num_generators(self) -> int:
+        return int(self._terms[1].param.shape[0])
+
+    def terms(self) -> list[DiagonalTerm]:
+        return self._terms
+
+
+def _transposed_problem(
+    tokens: bool,
+) -> tuple[nn.Module, nf.SymmetrySet, Tensor, Tensor]:
+    torch.manual_seed(0)
+    m = nn.Sequential(
+        TransposedLinear(5, 6), nn.ReLU(), TransposedLinear(6, 4), TransposedLinear(4, 3)
+    )
+    rot = nf.DoubleRotation.from_blocks(
+        [nf.Block(m[2].weight, 1, 0, 4), nf.Block(m[2].bias, 0, 0, 4)],
+        [nf.Block(m[3].weight, 0, 0, 4)],
+        label="rot",
+    )
+    syms = nf.SymmetrySet([TransposedRescaling(m[0], m[2]), rot])
+    shape = (7, 3, 5) if tokens else (9, 5)
+    x = torch.randn(*shape, dtype=DT)
+    y = torch.randn(*shape[:-1], 3, dtype=DT)
+    return m, syms, x, y
+
+
+@pytest.mark.parametrize("tokens", [False, True])
+@pytest.mark.parametrize("level", ["diag", "solve", "neuron"])
+def test_registered_layer_matches_reference(tokens: bool, level: str) -> None:
+    m, syms, x, y = _transposed_problem(tokens)
+    syms.verify(m, x)  # both symmetries are exact
+    lf = nn.MSELoss()
+    ref = nf.collect_stats(m, syms, lf, x, y, estimator="reference")
+    hk = nf.collect_stats(m, syms, lf, x, y, estimator="hooks", level=level)
+    for p, v in ref.mean.items():
+        assert rel(hk.mean[p], v) < 1e-12
+    for p, v in hk.sq.items():
+        assert rel(v, ref.sq[p]) < 1e-12
+    for (p, ax), v in hk.sq_axis.items():
+        assert rel(v, ref.block("diagonal").axis_sq(p, ax)) < 1e-12
+    for s, (w, u) in ref.side.items():
+        assert rel(hk.side[s][0], w) < 1e-12 and rel(hk.side[s][1], u) < 1e-12
+    for p, v in ref.samples.items():
+        assert rel(hk.samples[p], v) < 1e-12
+    # the set is coupled (the rotation shares m[2].weight): per-sample gradients are kept
+    assert set(hk.samples) == set(syms.params())
+    noise = nf.NoiseModel.create(lr=0.05, batch_size=4, weight_decay=1e-3)
+    fr, fh = nf.noether_flow(syms, ref, noise), nf.noether_flow(syms, hk, noise)
+    for k in fr:
+        assert rel(fh[k], fr[k]) < 1e-11
+
+
+def test_registered_layer_diagonal_only_levels() -> None:
+    """Without coupling, 'neuron' keeps per-neuron sums only, from the transposed factors."""
+    m, _, x, y = _transposed_problem(False)
+    syms = nf.SymmetrySet([TransposedRescaling(m[0], m[2])])
+    lf = nn.MSELoss()
+    ref = nf.collect_stats(m, syms, lf, x, y, estimator="reference")
+    neu = nf.collect_stats(m, syms, lf, x, y, level="neuron")
+    assert not neu.sq and not neu.samples
+    assert {(tuple(p.shape), ax) for p, ax in neu.sq_axis} == {((5, 6), 1), ((6,), 0), ((6, 4), 0)}
+    for (p, ax), v in neu.sq_axis.items():
+        assert rel(v, ref.block("diagonal").axis_sq(p, ax)) < 1e-12
+    kw = {"lr": 0.05, "batch_size": 4, "weight_decay": 1e-3}
+    a = nf.solve_equilibrium(syms, neu, **kw)
+    b = nf.solve_equilibrium(syms, ref, **kw)
+    assert rel(a.elements["trescale"], b.elements["trescale"]) < 1e-10
+
+
+def test_layer_registry_refuses_silent_overwrite() -> None:
+    with pytest.raises(ValueError, match="overwrite=True"):
+        register_layer(TransposedLinear, LayerHandler(linear_factors, transposed=True))
+    register_layer(
+        TransposedLinear, LayerHandler(linear_factors, transposed=True), overwrite=True
+    )
+
+
+def test_unregistered_layer_names_the_registry() -> None:
+    class Odd(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.weight = nn.Parameter(torch.ones(3, dtype=DT))
+
+        def forward(self, x: Tensor) -> Tensor:
+            return x * self.weight
+
+    m = nn.Sequential(Odd(), nn.Linear(3, 2).to(DT))
+    syms = nf.SymmetrySet([nf.ScaleInvariance([m[0].weight])])
+    x, y = torch.randn(4, 3, dtype=DT), torch.randn(4, 2, dtype=DT)
+    with pytest.raises(nf.UnsupportedLayerError, match="register_layer"):
+        nf.collect_stats(m, syms, nn.MSELoss(), x, y)
+
+
+# -- kernel registry --------------------------------------------------------------------------
+def test_kernel_registry_mro_and_overwrite() -> None:
+    assert isinstance(kernel_for(nf.Rescaling), DiagonalKernel)
+    assert isinstance(kernel_for(TransposedRescaling), DiagonalKernel)  # by MRO
+    assert kernel_for(nf.DoubleRotation).name == "rotation"
+    assert kernel_for(nf.DenseSymmetry).name == "dense"
+    with pytest.raises(ValueError, match="overwrite=True"):
+        register_kernel(DiagonalSymmetry, DiagonalKernel())
+
+    class Lonely(Symmetry):
+        pass
+
+    with pytest.raises(TypeError, match="register_kernel"):
+        kernel_for(Lonely)
+
+
+# -- a new family with its own kernel: one generator scaling a group, closed-form solve -------
+class GroupScale(Symmetry):
+    """θ ↦ e^λ θ on a group of parameters (A = I): C = ‖θ‖², a scalar element λ."""
+
+    family: ClassVar[Family] = Family.SCALE
+
+    def __init__(self, params: Sequence[nn.Parameter], *, label: str | None = None) -> None:
+        super().__init__(label=label)
+        self._params = list(params)
+
+    @property
+    def params(self) -> list[nn.Parameter]:
+        return self._params
+
+    @property
+    def size(self) -> int:
+        return 1
+
+    def charge_of(self, values: Mapping[nn.Parameter, Tensor]) -> Tensor:
+        return sum(values[p].to(DT).square().sum() for p in self._params)  # type: ignore[return-value]
+
+    def act_(self, element: Any, values: Mapping[nn.Parameter, Tensor]) -> None:
+        for p in self._params:
+            values[p].mul_(math.exp(float(element)))
+
+    def transport_grads_(self, element: Any, grads: Mapping[nn.Parameter, Tensor]) -> None:
+        for p in self._params:
+            grads[p].mul_(math.exp(-float(element)))
+
+    def random_element(self, scale: float, generator: torch.Generator) -> float:
+        return float(torch.rand((), generator=generator, dtype=DT) * 2 - 1) * scale
+
+    def identity_element(self) -> float:
+        return 0.0
+
+
+@dataclass
+class GroupScaleStats(StatsBlock):
+    """Per symmetry, E‖g‖² over its parameters (a scalar)."""
+
+    key: ClassVar[str] = "group_scale"
+    sq_total: dict[Symmetry, Tensor] = field(default_factory=dict)
+
+
+class GroupScaleKernel(Kernel[GroupScale, GroupScaleStats]):
+    """flow = −κ‖θ‖² + Tr M, M = c_mean ḡḡᵀ + c_second E[ggᵀ]; λ* = ¼ log(Tr M / κ‖θ‖²)."""
+
+    name: ClassVar[str] = GroupScaleStats.key
+    block: ClassVar[type[StatsBlock]] = GroupScaleStats
+
+    def collect(
+        self, syms: Sequence[GroupScale], src: GradSource, level: Level
+    ) -> GroupScaleStats:
+        out = GroupScaleStats()
+        for s in syms:
+            want = {p: (0,) for p in s.params}
+            sums = src.axis_sq(want)
+            out.sq_total[s] = sum(sums[(p, 0)].to(DT).sum() for p in s.params)  # type: ignore[assignment]
+        return out
+
+    def noise(self, s: GroupScale, stats: nf.GradStats, nm: nf.NoiseModel) -> Tensor:
+        blk = stats.block(self.name)
+        assert isinstance(blk, GroupScaleStats)
+        gbar2 = sum(stats.mean[p].to(DT).square().sum() for p in s.params)
+        return nm.c_mean * gbar2 + nm.c_second * blk.sq_total[s]
+
+    def solve(
+        self,
+        syms: Sequence[GroupScale],
+        values: Mapping[nn.Parameter, Tensor],
+        stats: nf.GradStats,
+        nm: nf.NoiseModel,
+        names: Mapping[Symmetry, str],
+        opts: SolveOptions,
+    ) -> GroupSolve:
+        (s,) = syms
+        tr_m = float(self.noise(s, stats, nm))
+        kc = nm.kappa * float(s.charge_of(values))
+        out = GroupSolve()
+        if tr_m <= 0 or kc <= 0:
+            out.reports.append(InfinityReport(names[s], torch.tensor(1.0), "no restoring term"))
+            return out
+        lam = 0.25 * math.log(tr_m / kc)
+        out.steps.append((s, lam))
+        out.residual[s] = 0.0
+        return out
+
+    def compose(self, total: Any, element: Any) -> Any:
+        return total + element
+
+    def distance(self, s: GroupScale, total: Any) -> Tensor:
+        return torch.tensor(abs(float(total)), dtype=torch.float64)
+
+    def mark_infinity(self, distance: Tensor, report: InfinityReport) -> tuple[Tensor, int]:
+        return torch.tensor(math.inf), 1
+
+
+register_kernel(GroupScale, GroupScaleKernel())
+
+
+def test_new_family_with_its_own_kernel_matches_the_diagonal_kernel() -> None:
+    """The closed form of a new kernel against the Newton solve of the same problem."""
+    torch.manual_seed(3)
+    ln = nn.LayerNorm(5, eps=0.0, elementwise_affine=False)
+    m = nn.Sequential(nn.Linear(4, 5), ln, nn.Linear(5, 2))
+    m = m.to(DT)
+    x, y = torch.randn(16, 4, dtype=DT), torch.randn(16, 2, dtype=DT)
+    mine = nf.SymmetrySet([GroupScale([m[0].weight, m[0].bias], label="g")])
+    builtin = nf.SymmetrySet([nf.ScaleInvariance([m[0].weight, m[0].bias], label="g")])
+    mine.verify(m, x)
+    noise = nf.NoiseModel.create(lr=0.1, batch_size=4, weight_decay=1e-2)
+    lf = nn.MSELoss()
+    sa = nf.collect_stats(m, mine, lf, x, y, level="neuron")
+    sb = nf.collect_stats(m, builtin, lf, x, y, estimator="reference")
+    fa, fb = nf.noether_flow(mine, sa, noise), nf.noether_flow(builtin, sb, noise)
+    assert rel(fa["g"].reshape(1), fb["g"]) < 1e-12
+    a = nf.solve_equilibrium(mine, sa, noise)
+    b = nf.solve_equilibrium(builtin, sb, noise)
+    assert abs(float(a.elements["g"]) - float(b.elements["g"][0])) < 1e-10
+    assert abs(float(a.distance["g"]) - float(b.distance["g"][0])) < 1e-10
+    # teleport along the new family: the flow recomputed there vanishes
+    nf.teleport(m, a)
+    after = nf.noether_flow(mine, nf.collect_stats(m, mine, lf, x, y), noise)["g"]
+    assert abs(float(after)) < 1e-10 * float(sa.block("group_scale").sq_total[mine["g"]])
+
+
+# -- GradStats: blocks, legacy attributes, generic finiteness ----------------------------------
+def test_gradstats_blocks_and_attributes() -> None:
+    m, syms, x, y = _transposed_problem(False)
+    st = nf.collect_stats(m, syms, nn.MSELoss(), x, y)
+    assert set(st.blocks) == {"diagonal", "rotation"}
+    assert st.sq is st.block("diagonal").sq  # type: ignore[union-attr]
+    assert st.dense == {}  # no dense symmetry: an empty block field
+    with pytest.raises(AttributeError, match="fields"):
+        _ = st.no_such_field
+    names = [what for what, _ in st.tensors()]
+    assert "mean gradient" in names and any("rotation" in n for n in names)
+    st.side[syms["rot"]] = (st.side[syms["rot"]][0] * math.nan, st.side[syms["rot"]][1])
+    with pytest.raises(nf.NonFiniteGradientError, match="rotation side"):
+        st.check_finite()
+
+
+# -- NoiseModel and the deprecation of the dead model argument ---------------------------------
+def _small() -> tuple[nn.Module, nf.SymmetrySet, nf.GradStats]:
+    torch.manual_seed(1)
+    m = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2)).to(DT)
+    syms = nf.SymmetrySet([nf.Rescaling(m[0], m[2])])
+    x, y = torch.randn(8, 3, dtype=DT), torch.randn(8, 2, dtype=DT)
+    return m, syms, nf.collect_stats(m, syms, nn.MSELoss(), x, y)
+
+
+@pytest.mark.parametrize("time", ["continuous", "discrete"])
+def test_noise_model_equals_keyword_form(time: str) -> None:
+    _, syms, st = _small()
+    kw = {"lr": 0.1, "batch_size": 4, "weight_decay": 1e-3, "time": time}
+    noise = nf.NoiseModel.create(**kw)  # type: ignore[arg-type]
+    a, b = nf.noether_flow(syms, st, noise), nf.noether_flow(syms, st, **kw)  # type: ignore[arg-type]
+    assert torch.equal(a["rescaling0"], b["rescaling0"])
+    sa, sb = nf.solve_equilibrium(syms, st, noise), nf.solve_equilibrium(syms, st, **kw)  # type: ignore[arg-type]
+    assert torch.equal(sa.elements["rescaling0"], sb.elements["rescaling0"])
+    with pytest.raises(ValueError, match="pass one of them"):
+        nf.noether_flow(syms, st, noise, lr=0.1)
+    with pytest.raises(TypeError, match="NoiseModel.create"):
+        nf.noether_flow(syms, st)
+    coef = nf.NoiseModel.from_coefficients(
+        kappa=noise.kappa, c_mean=noise.c_mean, c_second=noise.c_second
+    )
+    assert torch.equal(nf.noether_flow(syms, st, coef)["rescaling0"], a["rescaling0"])
+
+
+def test_old_model_argument_warns_and_gives_the_same_result() -> None:
+    m, syms, st = _small()
+    kw: dict[str, Any] = {"lr": 0.1, "batch_size": 4, "weight_decay": 1e-3}
+    with pytest.warns(FutureWarning, match=r"charges\(syms\)"):
+        c_old = nf.charges(m, syms)
+    with pytest.warns(FutureWarning, match=r"noether_flow\(syms, stats, noise\)"):
+        f_old = nf.noether_flow(m, syms, st, **kw)
+    with pytest.warns(FutureWarning, match=r"solve_equilibrium\(syms, stats, noise\)"):
+        s_old = nf.solve_equilibrium(None, syms, st, **kw)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert torch.equal(nf.charges(syms)["rescaling0"], c_old["rescaling0"])
+        assert torch.equal(nf.noether_flow(syms, st, **kw)["rescaling0"], f_old["rescaling0"])
+        s_new = nf.solve_equilibrium(syms, st, **kw)
+    assert torch.equal(s_new.elements["rescaling0"], s_old.elements["rescaling0"])
+
+
+@pytest.mark.parametrize("named", [True, False])
+def test_teleport_acts_on_the_model_it_is_given(named: bool) -> None:
+    m, syms, st = _small()
+    if named:
+        syms.param_names = {id(p): n for n, p in m.named_parameters()}
+    sol = nf.solve_equilibrium(syms, st, lr=0.1, batch_size=4, weight_decay=1e-3)
+    assert sol.max_distance() > 1e-3
+    before = {n: p.detach().clone() for n, p in m.named_parameters()}
+    twin = copy.deepcopy(m)
+    nf.teleport(twin, sol)
+    for n, p in m.named_parameters():  # the original is untouched
+        assert torch.equal(p, before[n])
+    moved = dict(twin.named_parameters())
+    assert not torch.equal(moved["0.weight"], before["0.weight"])
+    x = torch.randn(5, 3, dtype=DT)
+    assert rel(twin(x), m(x)) < 1e-12  # the copy's function is unchanged
+    nf.teleport(m, sol)  # and the original still accepts it: the same move
+    for n, p in m.named_parameters():
+        assert rel(p, moved[n]) < 1e-14
