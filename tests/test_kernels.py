@@ -148,9 +148,7 @@ def test_registered_layer_diagonal_only_levels() -> None:
 def test_layer_registry_refuses_silent_overwrite() -> None:
     with pytest.raises(ValueError, match="overwrite=True"):
         register_layer(TransposedLinear, LayerHandler(linear_factors, transposed=True))
-    register_layer(
-        TransposedLinear, LayerHandler(linear_factors, transposed=True), overwrite=True
-    )
+    register_layer(TransposedLinear, LayerHandler(linear_factors, transposed=True), overwrite=True)
 
 
 def test_unregistered_layer_names_the_registry() -> None:
@@ -235,9 +233,7 @@ class GroupScaleKernel(Kernel[GroupScale, GroupScaleStats]):
     name: ClassVar[str] = GroupScaleStats.key
     block: ClassVar[type[StatsBlock]] = GroupScaleStats
 
-    def collect(
-        self, syms: Sequence[GroupScale], src: GradSource, level: Level
-    ) -> GroupScaleStats:
+    def collect(self, syms: Sequence[GroupScale], src: GradSource, level: Level) -> GroupScaleStats:
         out = GroupScaleStats()
         for s in syms:
             want = {p: (0,) for p in s.params}
