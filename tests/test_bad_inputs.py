@@ -39,7 +39,7 @@ class TestSolverRefusesInvalidInput:
     def test_nan_statistics(self) -> None:
         m, syms, x, y = _mlp()
         st = nf.collect_stats(m, syms, nn.MSELoss(), x, y * float("nan"), check_finite=False)
-        with pytest.raises(nf.NonFiniteGradientError, match="solve_equilibrium.*NaN/Inf"):
+        with pytest.raises(nf.NonFiniteGradientError, match=r"solve_equilibrium.*NaN/Inf"):
             nf.solve_equilibrium(syms, st, lr=0.1, batch_size=4, weight_decay=1e-3)
 
     def test_nan_parameters(self) -> None:

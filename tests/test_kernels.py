@@ -343,7 +343,7 @@ def test_noise_model_equals_keyword_form(time: str) -> None:
     assert torch.equal(sa.elements["rescaling0"], sb.elements["rescaling0"])
     with pytest.raises(ValueError, match="pass one of them"):
         nf.noether_flow(syms, st, noise, lr=0.1)
-    with pytest.raises(TypeError, match="NoiseModel.create"):
+    with pytest.raises(TypeError, match=r"NoiseModel\.create"):
         nf.noether_flow(syms, st)
     coef = nf.NoiseModel.from_coefficients(
         kappa=noise.kappa, c_mean=noise.c_mean, c_second=noise.c_second

@@ -165,9 +165,11 @@ def solve_equilibrium(
         NonFiniteGradientError: NaN/Inf statistics or parameters.
         ValueError: invalid hyper-parameters (see :meth:`NoiseModel.create`).
     """
+    args: tuple[Any, Any, Any] = (syms, stats, noise)
     if is_old_model_call(syms, stats, SymmetrySet):
         warn_model("solve_equilibrium", "solve_equilibrium(syms, stats, noise)")
-        syms, stats, noise = stats, noise, None
+        args = (stats, noise, None)
+    syms, stats, noise = args
     if not isinstance(syms, SymmetrySet) or not isinstance(stats, GradStats):
         raise TypeError(
             "solve_equilibrium(syms, stats, noise): expected a SymmetrySet and GradStats, got "

@@ -14,6 +14,7 @@ noise term Tr[A·M] is computed by its kernel (:mod:`noetherflow.kernels`):
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 from torch import Tensor, nn
 
@@ -80,9 +81,11 @@ def noether_flow(
     pass ``charges`` (from :func:`charges`) to reuse them instead of recomputing. The old
     form ``noether_flow(model, syms, stats, ...)`` still works and warns.
     """
+    args: tuple[Any, Any, Any] = (syms, stats, noise)
     if is_old_model_call(syms, stats, SymmetrySet):
         warn_model("noether_flow", "noether_flow(syms, stats, noise)")
-        syms, stats, noise = stats, noise, None
+        args = (stats, noise, None)
+    syms, stats, noise = args
     if not isinstance(syms, SymmetrySet) or not isinstance(stats, GradStats):
         raise TypeError(
             "noether_flow(syms, stats, noise): expected a SymmetrySet and GradStats, got "

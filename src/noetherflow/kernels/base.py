@@ -262,12 +262,10 @@ def _transport_cotangent(s: Symmetry, element: Any, tensors: Mapping[nn.Paramete
 
 
 # -- registry ------------------------------------------------------------------------------
-_KERNELS: dict[type[Symmetry], Kernel[Any, Any]] = {}
+_KERNELS: dict[type, Kernel[Any, Any]] = {}
 
 
-def register_kernel(
-    cls: type[Symmetry], kernel: Kernel[Any, Any], *, overwrite: bool = False
-) -> None:
+def register_kernel(cls: type, kernel: Kernel[Any, Any], *, overwrite: bool = False) -> None:
     """Register ``kernel`` for symmetry class ``cls`` and its subclasses (resolved by MRO).
 
     Raises:

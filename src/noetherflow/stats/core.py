@@ -114,13 +114,13 @@ class StatsBlock:
                     out.append((name, k, -1))
         return out
 
-    def get(self, entry: Entry) -> Tensor:
+    def get_entry(self, entry: Entry) -> Tensor:
         name, k, slot = entry
         v = getattr(self, name)[k]
         t: Tensor = v if slot < 0 else v[slot]
         return t
 
-    def set(self, entry: Entry, value: Tensor) -> None:
+    def set_entry(self, entry: Entry, value: Tensor) -> None:
         name, k, slot = entry
         d = getattr(self, name)
         if slot < 0:
@@ -133,7 +133,7 @@ class StatsBlock:
     def tensors(self) -> Iterator[tuple[str, Tensor]]:
         """(description, tensor) of every entry, for finiteness checks and reports."""
         for e in self.entries():
-            yield f"{self.key} {e[0]}", self.get(e)
+            yield f"{self.key} {e[0]}", self.get_entry(e)
 
     def second_moment_params(self) -> set[int]:
         """ids of parameters each of whose coordinates enters a second moment of this block.

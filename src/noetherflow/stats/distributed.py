@@ -74,14 +74,14 @@ def _entries(stats: GradStats) -> list[tuple[StatsBlock | None, Any]]:
 
 
 def _get(stats: GradStats, block: StatsBlock | None, entry: Any) -> Tensor:
-    return stats.mean[entry] if block is None else block.get(entry)
+    return stats.mean[entry] if block is None else block.get_entry(entry)
 
 
 def _set(stats: GradStats, block: StatsBlock | None, entry: Any, value: Tensor) -> None:
     if block is None:
         stats.mean[entry] = value
     else:
-        block.set(entry, value)
+        block.set_entry(entry, value)
 
 
 def signature(stats: GradStats, syms: SymmetrySet | None = None) -> list[Any]:

@@ -92,11 +92,11 @@ def conv_factors(m: nn.Module, a: Tensor, g: Tensor) -> tuple[Tensor, Tensor]:
     if isinstance(m, nn.Conv1d):
         a, g = a.unsqueeze(2), g.unsqueeze(2)
         ks = (1, m.kernel_size[0])
-        st, pd, dl = (1, m.stride[0]), (0, int(m.padding[0])), (1, m.dilation[0])  # type: ignore[index]
+        st, pd, dl = (1, m.stride[0]), (0, int(m.padding[0])), (1, m.dilation[0])
     else:
         ks = (m.kernel_size[0], m.kernel_size[1])
         st, dl = (m.stride[0], m.stride[1]), (m.dilation[0], m.dilation[1])
-        pd = (int(m.padding[0]), int(m.padding[1]))  # type: ignore[index]
+        pd = (int(m.padding[0]), int(m.padding[1]))
     cols = F.unfold(a, ks, dilation=dl, padding=pd, stride=st)  # [N, I*k, T]
     return cols.transpose(1, 2), g.reshape(n, g.shape[1], -1).transpose(1, 2)
 
