@@ -74,6 +74,18 @@ class _FactorSource(GradSource):
         self._facs, self._owners, self._sc = factors, owners, sc
         self._known, self._check_known = known, check_known
         self._samples: dict[nn.Parameter, Tensor] = {}
+        self._gaps: list[tuple[_Record, str, Tensor]] = []
+        self._checked: set[int] = set()
+
+    def verify_means(self) -> None:
+        """Raise if a known mean disagreed with the hooks' (one device sync for all layers)."""
+        if not self._gaps:
+            return
+        gaps = torch.stack([gp.to(torch.float64) for _, _, gp in self._gaps]).cpu()
+        for (rec, role, _), (diff, scale) in zip(self._gaps, gaps.tolist(), strict=True):
+            tol = _PROBE_TOL.get(self._facs[id(rec.module)][0].dtype, 1e-2)
+            if diff > tol * scale and diff > 1e-30:
+                _raise_mean_gap(rec.name, role, self._sc, diff / max(scale, 1e-300))
 
     def _layer(self, p: nn.Parameter) -> tuple[_Record, str, Tensor, Tensor]:
         rec, role = self._owners[id(p)]
@@ -101,8 +113,12 @@ class _FactorSource(GradSource):
         rec, role, a, g = self._layer(p)
         known = self._known.get(p)
         if known is not None:
-            if self._check_known:
-                _check_mean(rec, role, a, g, self._sc, known)
+            # one check per layer: the weight's when it is known, else the bias's
+            w = getattr(rec.module, "weight", None)
+            first = role == "weight" or not (isinstance(w, nn.Parameter) and w in self._known)
+            if self._check_known and first and id(rec.module) not in self._checked:
+                self._checked.add(id(rec.module))
+                self._gaps.append((rec, role, _mean_gap(rec, role, a, g, self._sc, known)))
             return known.reshape(p.shape)
         if role == "weight":
             return rec.handler.to_param(formulas.weight_mean(a, g, scale=self._sc), tuple(p.shape))
@@ -163,35 +179,51 @@ class _FactorSource(GradSource):
 
 
 _PROBE_TOL = {torch.float64: 1e-8, torch.float32: 1e-3}
+_PROBES: dict[tuple[int, torch.dtype, torch.device], Tensor] = {}
 
 
-def _check_mean(rec: _Record, role: str, a: Tensor, g: Tensor, sc: float, known: Tensor) -> None:
-    """Compare autograd's mean gradient with the hooks' mean (a random projection, O(N·(I+O))).
+def _probe(size: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """A fixed random vector ``[size]`` (cached): the projection of the mean check."""
+    key = (size, dtype, device)
+    if key not in _PROBES:
+        gen = torch.Generator(device="cpu").manual_seed(0)
+        v = torch.randn(size, generator=gen, dtype=torch.float64)
+        _PROBES[key] = v.to(device=device, dtype=dtype)
+    return _PROBES[key]
 
-    They differ when ``loss_fn`` adds a term that is not a per-sample loss (an L2 penalty,
-    an auxiliary loss on the parameters), which the hooks do not see.
+
+def _mean_gap(rec: _Record, role: str, a: Tensor, g: Tensor, sc: float, known: Tensor) -> Tensor:
+    """(‖auto − hooks‖, ‖auto‖ + ‖hooks‖) of a random projection of the mean gradient. ``[2]``.
+
+    autograd's mean gradient and the hooks' differ when ``loss_fn`` adds a term that is not
+    a per-sample loss (an L2 penalty, an auxiliary loss on the parameters): the hooks do not
+    see it. The projection costs O(N·T·(I+O) + O·I), no matmul over the batch.
     """
     n = a.shape[0]
     if role == "weight":
-        gen = torch.Generator(device="cpu").manual_seed(0)
-        v = torch.randn(a.shape[2], generator=gen, dtype=torch.float64).to(a.device, a.dtype)
-        hook = torch.einsum("nto,nt->o", g, a @ v) * (sc / n)
+        v = _probe(a.shape[2], a.dtype, a.device)
+        hook = torch.einsum("nto,nt->o", g, a @ v).mul_(sc / n)
         auto = rec.handler.to_matrix(known) @ v
     else:
         hook = formulas.bias_mean(g, scale=sc)
         auto = known.reshape(-1)
-    diff = float((auto - hook).norm())
-    scale = float(auto.norm() + hook.norm())
-    tol = _PROBE_TOL.get(a.dtype, 1e-2)
-    if diff > tol * scale and diff > 1e-30:
-        raise StatisticsError(
-            f"The gradient of loss_fn on layer {rec.name!r} ({role}) is not the "
-            f"{'mean' if sc != 1.0 else 'sum'} of per-sample gradients (relative difference "
-            f"{diff / max(scale, 1e-300):.3g}): loss_fn adds a term that is not a per-sample "
-            "loss, e.g. an L2 penalty, or the layer's parameter is used elsewhere too. Keep "
-            "loss_fn the data loss and pass weight decay as weight_decay=γ to the flow and "
-            "solver (γ of γ‖θ‖²); pass check_loss=False to skip this check."
-        )
+    return torch.stack(
+        [
+            torch.linalg.vector_norm(auto - hook),
+            torch.linalg.vector_norm(auto) + torch.linalg.vector_norm(hook),
+        ]
+    )
+
+
+def _raise_mean_gap(name: str, role: str, sc: float, gap: float) -> None:
+    raise StatisticsError(
+        f"The gradient of loss_fn on layer {name!r} ({role}) is not the "
+        f"{'mean' if sc != 1.0 else 'sum'} of per-sample gradients (relative difference "
+        f"{gap:.3g}): loss_fn adds a term that is not a per-sample loss, e.g. an L2 penalty, "
+        "or the layer's parameter is used elsewhere too. Keep loss_fn the data loss and pass "
+        "weight decay as weight_decay=γ to the flow and solver (γ of γ‖θ‖²); pass "
+        "check_loss=False to skip this check."
+    )
 
 
 class Capture:
@@ -332,6 +364,7 @@ class Capture:
         sc = float(n) if self.reduction is Reduction.MEAN else 1.0
         src = _FactorSource(n, facs, self._owners, sc, self._means, self._check_means)
         st = assemble(src, self.syms, level=self.level, estimator=Estimator.HOOKS.value)
+        src.verify_means()
         if self.all_reduce:
             all_reduce_stats(st, syms=self.syms, timeout=self.timeout)
         if self.check_finite:
