@@ -46,6 +46,7 @@ def rel(a: Tensor, b: Tensor) -> float:
 
 
 # -- a layer type stored [in, out] (as Hugging Face's Conv1D), registered with one call ------
+# --8<-- [start:layer]
 class TransposedLinear(nn.Module):
     """y = x W + b with W ``[in, out]``."""
 
@@ -59,9 +60,11 @@ class TransposedLinear(nn.Module):
 
 
 register_layer(TransposedLinear, LayerHandler(linear_factors, transposed=True))
+# --8<-- [end:layer]
 
 
 # -- a new diagonal family: one class, no kernel (the diagonal kernel is found by MRO) --------
+# --8<-- [start:diagonal-family]
 class TransposedRescaling(DiagonalSymmetry):
     """Per-neuron rescaling between two TransposedLinear layers joined by a ReLU."""
 
@@ -81,6 +84,7 @@ class TransposedRescaling(DiagonalSymmetry):
 
     def terms(self) -> list[DiagonalTerm]:
         return self._terms
+# --8<-- [end:diagonal-family]
 
 
 def _transposed_problem(
@@ -184,6 +188,7 @@ def test_kernel_registry_mro_and_overwrite() -> None:
 
 
 # -- a new family with its own kernel: one generator scaling a group, closed-form solve -------
+# --8<-- [start:kernel]
 class GroupScale(Symmetry):
     """θ ↦ e^λ θ on a group of parameters (A = I): C = ‖θ‖², a scalar element λ."""
 
@@ -279,6 +284,7 @@ class GroupScaleKernel(Kernel[GroupScale, GroupScaleStats]):
 
 
 register_kernel(GroupScale, GroupScaleKernel())
+# --8<-- [end:kernel]
 
 
 def test_new_family_with_its_own_kernel_matches_the_diagonal_kernel() -> None:

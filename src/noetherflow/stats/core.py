@@ -115,12 +115,14 @@ class StatsBlock:
         return out
 
     def get_entry(self, entry: Entry) -> Tensor:
+        """The tensor at ``entry`` (from :meth:`entries`)."""
         name, k, slot = entry
         v = getattr(self, name)[k]
         t: Tensor = v if slot < 0 else v[slot]
         return t
 
     def set_entry(self, entry: Entry, value: Tensor) -> None:
+        """Replace the tensor at ``entry`` (from :meth:`entries`) by ``value``."""
         name, k, slot = entry
         d = getattr(self, name)
         if slot < 0:
@@ -196,6 +198,14 @@ class GradStats:
             yield "mean gradient", t
         for b in self.blocks.values():
             yield from b.tensors()
+
+    def all_finite(self) -> bool:
+        """Whether every statistic is finite (the check of :meth:`check_finite`, no raise)."""
+        try:
+            self.check_finite()
+        except NonFiniteGradientError:
+            return False
+        return True
 
     def check_finite(self) -> None:
         """Raise :class:`NonFiniteGradientError` if any statistic is NaN or infinite."""
