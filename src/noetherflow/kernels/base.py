@@ -7,8 +7,11 @@ A :class:`Kernel` owns, for the symmetries of its family:
 * its noise term Tr[A·M] (:meth:`Kernel.noise`) and so its flow −κC + Tr[A·M];
 * its solve step with its at-infinity reports (:meth:`Kernel.solve`), how elements compose
   and the distance to equilibrium they measure;
-* its record for the monitor (:meth:`Kernel.record`, :meth:`Kernel.mark_infinity`), its
-  coverage mask, and its transport of optimizer state.
+* its record for the monitor (:meth:`Kernel.record`, :meth:`Kernel.mark_infinity`) and
+  its transport of optimizer state (:meth:`Kernel.transport_`).
+
+What a family's *action* covers (which coordinates, a signature for comparisons) stays on the
+:class:`~noetherflow.symmetry.base.Symmetry` itself (``covered_mask``, ``signature``).
 
 Kernels are registered by symmetry class (:func:`register_kernel`) and found by MRO
 (:func:`kernel_for`). The drivers (``collect_stats``, ``noether_flow``,
