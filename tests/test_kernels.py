@@ -84,6 +84,8 @@ class TransposedRescaling(DiagonalSymmetry):
 
     def terms(self) -> list[DiagonalTerm]:
         return self._terms
+
+
 # --8<-- [end:diagonal-family]
 
 
@@ -393,3 +395,74 @@ def test_teleport_acts_on_the_model_it_is_given(named: bool) -> None:
     nf.teleport(m, sol)  # and the original still accepts it: the same move
     for n, p in m.named_parameters():
         assert rel(p, moved[n]) < 1e-14
+
+
+# -- what the monitor reads from a kernel: record, distance shape, at-infinity decoding -------
+def test_monitor_records_from_kernels() -> None:
+    torch.manual_seed(2)
+    m = nn.Sequential(nn.Linear(3, 6), nn.ReLU(), nn.Linear(6, 2), nn.Linear(2, 2)).to(DT)
+    ln = nn.Sequential(nn.Linear(3, 4), nn.LayerNorm(4, eps=0.0, elementwise_affine=False))
+    ln = ln.to(DT)
+    syms = nf.SymmetrySet(
+        [
+            nf.Rescaling(m[0], m[2], label="r"),
+            nf.DoubleRotation(m[2], m[3], label="rot"),
+            nf.ScaleInvariance([ln[0].weight, ln[0].bias], label="s"),
+        ]
+    )
+    kr, kq, ks = (kernel_for(syms[n]) for n in ("r", "rot", "s"))
+    assert kr.distance_shape(syms["r"]) == (6,) and kq.distance_shape(syms["rot"]) == ()
+    assert kq.matrix_valued and not kr.matrix_valued
+    c = nf.charges(syms)
+    assert torch.equal(kq.record(c["rot"]), c["rot"].norm())
+    assert torch.equal(kr.record(c["r"]), c["r"])
+    # diagonal: the generators that run off get an infinite distance
+    d, k = ks.mark_infinity(torch.zeros(1, dtype=DT), InfinityReport("s", torch.ones(1), ""))
+    assert k == 1 and torch.isinf(d).all()
+    d, k = kr.mark_infinity(
+        torch.ones(6, dtype=DT), InfinityReport("r", torch.tensor([0, 1, 0, 0, -1, 0.0]), "")
+    )
+    assert k == 2 and torch.isinf(d).sum() == 2 and d[0] == 1
+    # rotation: the distance stays, k hidden directions are counted
+    d, k = kq.mark_infinity(
+        torch.tensor(0.5, dtype=DT), InfinityReport("rot", torch.eye(2)[:, :1], "")
+    )
+    assert k == 1 and float(d) == 0.5
+    dense = nf.DenseSymmetry([m[3].bias], torch.eye(2, dtype=DT))
+    d, k = kernel_for(dense).mark_infinity(
+        torch.tensor(0.0), InfinityReport("d", torch.tensor(1.0), "")
+    )
+    assert k == 1 and torch.isinf(d)
+
+
+def test_optimizer_state_transport_by_kernel() -> None:
+    """Cotangents move as T^{-T} (checked against transport_grads_ on a batch of one);
+    squared state moves exactly under a diagonal element and is refused by a rotation."""
+    torch.manual_seed(4)
+    m = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2), nn.Linear(2, 2)).to(DT)
+    r = nf.Rescaling(m[0], m[2])
+    q = nf.DoubleRotation(m[2], m[3])
+    gen = torch.Generator().manual_seed(0)
+    for s in (r, q):
+        el = s.random_element(0.5, gen)
+        state = {p: torch.randn_like(p) for p in s.params}
+        want = {p: v.clone().unsqueeze(0) for p, v in state.items()}
+        s.transport_grads_(el, want)
+        assert kernel_for(s).transport_(s, el, state)
+        for p in s.params:
+            assert rel(state[p], want[p][0]) < 1e-14
+    lam = r.random_element(0.5, gen)
+    sq = {p: torch.rand_like(p) for p in r.params}
+    g = {p: v.sqrt().clone() for p, v in sq.items()}
+    assert kernel_for(r).transport_(r, lam, sq, squared=True)
+    kernel_for(r).transport_(r, lam, g)
+    for p in r.params:
+        assert rel(sq[p], g[p].square()) < 1e-14
+    assert not kernel_for(q).transport_(q, q.random_element(0.5, gen), {}, squared=True)
+
+
+def test_gradstats_all_finite() -> None:
+    _, syms, st = _small()
+    assert st.all_finite()
+    st.sq[syms.params()[0]] = st.sq[syms.params()[0]] * math.inf
+    assert not st.all_finite()
