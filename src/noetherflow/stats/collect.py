@@ -193,24 +193,28 @@ def _probe(size: int, dtype: torch.dtype, device: torch.device) -> Tensor:
 
 
 def _mean_gap(rec: _Record, role: str, a: Tensor, g: Tensor, sc: float, known: Tensor) -> Tensor:
-    """(‖auto − hooks‖, ‖auto‖ + ‖hooks‖) of a random projection of the mean gradient. ``[2]``.
+    """(‖auto − hooks‖, round-off scale) of a random projection of the mean gradient. ``[2]``.
 
     autograd's mean gradient and the hooks' differ when ``loss_fn`` adds a term that is not
     a per-sample loss (an L2 penalty, an auxiliary loss on the parameters): the hooks do not
-    see it. The projection costs O(N·T·(I+O) + O·I), no matmul over the batch.
+    see it. The scale is that of the per-sample projections (1/N)Σ_n|p_n| (not of their mean,
+    which cancels at a minimum). The projection costs O(N·T·(I+O) + O·I), no matmul over the
+    batch.
     """
     n = a.shape[0]
     if role == "weight":
         v = _probe(a.shape[2], a.dtype, a.device)
-        hook = torch.einsum("nto,nt->o", g, a @ v).mul_(sc / n)
+        per = torch.einsum("nto,nt->no", g, a @ v)  # per-sample projections / scale
         auto = rec.handler.to_matrix(known) @ v
     else:
-        hook = formulas.bias_mean(g, scale=sc)
+        per = g.sum(1)
         auto = known.reshape(-1)
+    c = sc / n
+    hook = per.sum(0).mul_(c)
     return torch.stack(
         [
             torch.linalg.vector_norm(auto - hook),
-            torch.linalg.vector_norm(auto) + torch.linalg.vector_norm(hook),
+            torch.linalg.vector_norm(per.abs().sum(0).mul_(c)) + torch.linalg.vector_norm(auto),
         ]
     )
 
