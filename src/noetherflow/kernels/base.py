@@ -266,6 +266,7 @@ def _transport_cotangent(s: Symmetry, element: Any, tensors: Mapping[nn.Paramete
 
 # -- registry ------------------------------------------------------------------------------
 _KERNELS: dict[type, Kernel[Any, Any]] = {}
+_RESOLVED: dict[type, Kernel[Any, Any]] = {}  # cache of kernel_for by class
 
 
 def register_kernel(cls: type, kernel: Kernel[Any, Any], *, overwrite: bool = False) -> None:
@@ -282,14 +283,19 @@ def register_kernel(cls: type, kernel: Kernel[Any, Any], *, overwrite: bool = Fa
             f"({type(_KERNELS[cls]).__name__}); pass overwrite=True to replace it."
         )
     _KERNELS[cls] = kernel
+    _RESOLVED.clear()
 
 
 def kernel_for(s: Symmetry | type[Symmetry]) -> Kernel[Any, Any]:
     """The kernel of a symmetry (or class): the nearest registered class in its MRO."""
     cls = s if isinstance(s, type) else type(s)
+    hit = _RESOLVED.get(cls)
+    if hit is not None:
+        return hit
     for c in cls.__mro__:
         k = _KERNELS.get(c)
         if k is not None:
+            _RESOLVED[cls] = k
             return k
     raise TypeError(
         f"No kernel is registered for {cls.__name__}; register one with "

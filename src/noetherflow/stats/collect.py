@@ -12,6 +12,7 @@ gradients).
 from __future__ import annotations
 
 import contextlib
+import weakref
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -228,6 +229,21 @@ def _raise_mean_gap(name: str, role: str, sc: float, gap: float) -> None:
         "weight decay as weight_decay=γ to the flow and solver (γ of γ‖θ‖²); pass "
         "check_loss=False to skip this check."
     )
+
+
+_CHECKED_LOSSES: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def _loss_checked(loss_fn: Any) -> bool:
+    try:
+        return loss_fn in _CHECKED_LOSSES
+    except TypeError:  # not weakly referenceable / hashable: check every time
+        return False
+
+
+def _mark_loss_checked(loss_fn: Any) -> None:
+    with contextlib.suppress(TypeError):
+        _CHECKED_LOSSES.add(loss_fn)
 
 
 class Capture:
@@ -466,7 +482,10 @@ def collect_stats(
             initialised. ``model`` may be wrapped in ``DistributedDataParallel``.
         check_loss: with ``'hooks'``, check that autograd's gradient of ``loss_fn`` is the
             mean (or sum) of the per-sample gradients the hooks see (a random projection,
-            O(N·d)); it is not when ``loss_fn`` holds an L2 penalty.
+            O(N·d)); it is not when ``loss_fn`` holds an L2 penalty. A penalty is a property
+            of the loss function, not of the batch, so each ``loss_fn`` object is checked on
+            its first batch only (loss functions that cannot be weakly referenced, e.g.
+            bound methods, on every batch).
         timeout: seconds a rank waits for the others in the DDP reduction before raising.
     """
     model = unwrap_ddp(model)
@@ -492,15 +511,19 @@ def collect_stats(
             params = syms.params()
             grads = torch.autograd.grad(loss, params, allow_unused=True)
         n = xs[0].shape[0]
+        check = check_loss and not _loss_checked(loss_fn)
         cap.use_mean_gradients(
             {
                 p: (g.detach() / n if red is Reduction.SUM else g.detach())
                 for p, g in zip(params, grads, strict=True)
                 if g is not None
             },
-            check=check_loss,
+            check=check,
         )
-        return cap.stats
+        st = cap.stats
+        if check:
+            _mark_loss_checked(loss_fn)
+        return st
     params = syms.params()
     if est is Estimator.REFERENCE:
         samples = per_sample_grads(model, params, loss_fn, inputs, targets, chunk_size=chunk_size)

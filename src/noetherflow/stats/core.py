@@ -81,6 +81,7 @@ def check_batch(n: int) -> None:
 
 
 Entry = tuple[str, Any, int]  # (field, key, slot): one tensor of a block
+_FIELDS: dict[type, tuple[str, ...]] = {}
 
 
 @dataclass
@@ -100,8 +101,12 @@ class StatsBlock:
         super().__init_subclass__(**kwargs)
         StatsBlock.types.append(cls)
 
-    def _fields(self) -> list[str]:
-        return [f.name for f in dataclasses.fields(self)]
+    def _fields(self) -> tuple[str, ...]:
+        cls = type(self)
+        names = _FIELDS.get(cls)
+        if names is None:
+            names = _FIELDS[cls] = tuple(f.name for f in dataclasses.fields(self))
+        return names
 
     def entries(self) -> list[Entry]:
         """(field, key, slot) of every tensor, in an order every rank shares."""
@@ -134,8 +139,14 @@ class StatsBlock:
 
     def tensors(self) -> Iterator[tuple[str, Tensor]]:
         """(description, tensor) of every entry, for finiteness checks and reports."""
-        for e in self.entries():
-            yield f"{self.key} {e[0]}", self.get_entry(e)
+        for name in self._fields():
+            what = f"{self.key} {name}"
+            for v in getattr(self, name).values():
+                if isinstance(v, tuple):
+                    for t in v:
+                        yield what, t
+                else:
+                    yield what, v
 
     def second_moment_params(self) -> set[int]:
         """ids of parameters each of whose coordinates enters a second moment of this block.

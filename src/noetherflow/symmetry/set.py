@@ -50,6 +50,7 @@ class SymmetrySet:
     def __init__(self, symmetries: Iterable[Symmetry] = ()) -> None:
         self._syms: list[Symmetry] = []
         self._names: list[str] = []
+        self._params: list[nn.Parameter] | None = None
         self.verification: dict[str, VerifyResult] = {}
         # Filled by nf.find_symmetries: what detection learnt, and parameter names so that
         # to_dict()/table() name parameters without being given the model.
@@ -72,6 +73,7 @@ class SymmetrySet:
             )
         self._syms.append(sym)
         self._names.append(name)
+        self._params = None
 
     def __iter__(self) -> Iterator[Symmetry]:
         return iter(self._syms)
@@ -92,8 +94,10 @@ class SymmetrySet:
         return list(zip(self._names, self._syms, strict=True))
 
     def params(self) -> list[nn.Parameter]:
-        """Every parameter acted on by some symmetry, once each."""
-        return unique_params(self._syms)
+        """Every parameter acted on by some symmetry, once each (a new list each call)."""
+        if self._params is None:
+            self._params = unique_params(self._syms)
+        return list(self._params)
 
     def coupled_groups(self) -> list[list[int]]:
         """Indices of symmetries whose statistics must be solved together.
