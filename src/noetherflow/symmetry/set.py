@@ -11,7 +11,7 @@ import torch
 from torch import Tensor, nn
 
 from noetherflow._errors import SymmetryDefinitionError, SymmetryNotPresentError
-from noetherflow.symmetry.base import Symmetry, unique_params
+from noetherflow.symmetry.base import DiagonalSymmetry, Symmetry, unique_params
 
 if TYPE_CHECKING:
     from noetherflow.symmetry.coverage import CoverageReport, DetectionReport
@@ -98,6 +98,10 @@ class SymmetrySet:
         if self._params is None:
             self._params = unique_params(self._syms)
         return list(self._params)
+
+    def diagonal(self) -> list[tuple[int, DiagonalSymmetry]]:
+        """``(index, symmetry)`` of the diagonal symmetries (rescaling, scale, …), in order."""
+        return [(i, s) for i, s in enumerate(self._syms) if isinstance(s, DiagonalSymmetry)]
 
     def coupled_groups(self) -> list[list[int]]:
         """Indices of symmetries whose statistics must be solved together.
