@@ -91,6 +91,8 @@ def transform_optimizer_state(
         live = [p for p in live if id(p) not in reset]
         kernel = kernel_for(sym)
         for key in _SQUARED:  # g² moves exactly only under a diagonal element: else reset
+            # (optimizer.state is a defaultdict: never index a dropped parameter again)
+            live = [p for p in live if id(p) not in reset]
             ts = {p: optimizer.state[p][key] for p in live if key in optimizer.state[p]}
             if ts and not kernel.transport_(sym, element, ts, squared=True):
                 for p in ts:
