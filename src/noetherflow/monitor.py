@@ -376,7 +376,10 @@ class NoetherMonitor:
             )
             yield cap
             if fresh:  # a copy: clipping .grad before mon.step() must not change the record
-                cap._means = {p: p.grad.detach().clone() for p in params if p.grad is not None}
+                cap.use_mean_gradients(
+                    {p: p.grad.detach().clone() for p in params if p.grad is not None},
+                    check=False,
+                )
         self._cap = cap
 
     def step(
