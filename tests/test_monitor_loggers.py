@@ -119,6 +119,7 @@ def test_flat_record_leaves_out_nan_and_keeps_inf() -> None:
 
 
 def test_tensorboard_event_file_has_scalars_per_symmetry_and_histograms(tmp_path: Path) -> None:
+    pytest.importorskip("tensorboard")  # the optional extra
     from tensorboard.backend.event_processing import event_accumulator
 
     m, syms, x, y = detected()
