@@ -35,7 +35,6 @@ KNOWN_UNDOCUMENTED = frozenset(
         "SymmetrySet.items",
         "CoverageReport.to_dict",
         "ParamCoverage.to_dict",
-        "Capture.reset",
     }
 )
 _DIRECTIVE = re.compile(r"^:::\s+noetherflow\.([A-Za-z_][A-Za-z0-9_]*)\s*$", re.MULTILINE)

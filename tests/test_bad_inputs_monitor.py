@@ -60,7 +60,7 @@ def test_accumulated_batch_statistics_with_the_reference_estimator() -> None:
     row = mon.step(inputs=x, targets=y)
     assert row is not None
     stats = nf.collect_stats(m, syms, F.mse_loss, x, y, estimator="reference")
-    want = nf.noether_flow(m, syms, stats, lr=0.1, batch_size=16)["rescaling0"]
+    want = nf.noether_flow(syms, stats, lr=0.1, batch_size=16)["rescaling0"]
     assert torch.allclose(torch.as_tensor(row["flow/rescaling0"]), want, rtol=1e-12, atol=0)
     assert torch.equal(m[0].weight.grad, grad)  # .grad left as the loop made it
 
@@ -102,7 +102,7 @@ def test_clipping_between_backward_and_step_does_not_change_the_record() -> None
             torch.nn.utils.clip_grad_norm_(m.parameters(), max_norm=1e-3)
         rows.append(mon.step(loss))
     stats = nf.collect_stats(m, syms, F.mse_loss, x, y, estimator="reference")
-    want = nf.noether_flow(m, syms, stats, lr=0.1, batch_size=16)["rescaling0"]
+    want = nf.noether_flow(syms, stats, lr=0.1, batch_size=16)["rescaling0"]
     for row in rows:
         assert row is not None
         assert torch.allclose(torch.as_tensor(row["flow/rescaling0"]), want, rtol=1e-10, atol=0)

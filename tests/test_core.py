@@ -200,7 +200,7 @@ def test_microbatch_estimates_covariance_under_batchnorm() -> None:
     st = nf.collect_stats(m, syms, nn.MSELoss(), x, y, estimator="microbatch", micro_batch_size=4)
     assert torch.equal(m[1].running_mean, before)  # running statistics restored
     assert st.n == 8
-    flows = nf.noether_flow(m, syms, st, lr=0.1, batch_size=4, weight_decay=0.0)
+    flows = nf.noether_flow(syms, st, lr=0.1, batch_size=4, weight_decay=0.0)
     # scale invariance without weight decay: the noise only ever grows the norm (eq. 24)
     assert bool((flows["scale0"] > 0).all())
 
@@ -245,7 +245,7 @@ def test_exact_identity_over_100_sgd_steps(name: str) -> None:
         with torch.no_grad():
             for p in m.parameters():
                 p.mul_(1 - 2 * lr * wd).sub_(lr * p.grad)
-        now = nf.charges(m, syms)
+        now = nf.charges(syms)
         for k in now:
             scale = float(now[k].abs().max().clamp_min(1e-3))
             worst = max(worst, float((now[k] - pred[k]).abs().max()) / scale)
@@ -266,7 +266,7 @@ def test_exact_identity_fails_for_a_non_symmetry() -> None:
     with torch.no_grad():
         for p in m.parameters():
             p.sub_(0.5 * p.grad)
-    assert float((nf.charges(m, syms)["rescaling0"] - pred["rescaling0"]).abs().max()) > 1e-6
+    assert float((nf.charges(syms)["rescaling0"] - pred["rescaling0"]).abs().max()) > 1e-6
 
 
 def test_discrete_flow_is_the_expected_step_change() -> None:
@@ -277,8 +277,8 @@ def test_discrete_flow_is_the_expected_step_change() -> None:
     x, y = torch.randn(4, 2, dtype=DT), torch.randn(4, 1, dtype=DT)
     lr, wd, s = 0.1, 0.05, 2
     st = nf.collect_stats(m, syms, nn.MSELoss(), x, y, estimator="reference")
-    flow = nf.noether_flow(m, syms, st, lr=lr, batch_size=s, weight_decay=wd, time="discrete")
-    c0 = nf.charges(m, syms)["rescaling0"]
+    flow = nf.noether_flow(syms, st, lr=lr, batch_size=s, weight_decay=wd, time="discrete")
+    c0 = nf.charges(syms)["rescaling0"]
     total = torch.zeros_like(c0)
     pairs = [(i, j) for i in range(4) for j in range(4)]  # every ordered batch of 2
     for i, j in pairs:
@@ -299,22 +299,22 @@ def test_teleport_lands_at_equilibrium(name: str, time: str) -> None:
     kw = {"lr": 0.05, "batch_size": 8, "weight_decay": 1e-2, "time": time}
     est = "reference"
     st = nf.collect_stats(m, syms, lf, x, y, estimator=est)
-    before = nf.noether_flow(m, syms, st, **kw)
-    sol = nf.solve_equilibrium(m, syms, st, **kw)
+    before = nf.noether_flow(syms, st, **kw)
+    sol = nf.solve_equilibrium(syms, st, **kw)
     assert sol.converged and not sol.at_infinity
     with torch.no_grad():
         out0 = m(x).clone()
     handle = nf.teleport(m, sol)
     with torch.no_grad():
         assert rel(m(x), out0) < 1e-12  # function unchanged
-    after = nf.noether_flow(m, syms, nf.collect_stats(m, syms, lf, x, y, estimator=est), **kw)
+    after = nf.noether_flow(syms, nf.collect_stats(m, syms, lf, x, y, estimator=est), **kw)
     for k in before:
         assert float(before[k].norm()) > 0
         assert float(after[k].norm() / before[k].norm()) < 1e-8, k
     # the solution reported a non-trivial move
     assert sol.max_distance() > 1e-3
     # solving again from the equilibrium gives ~zero distance
-    sol2 = nf.solve_equilibrium(m, syms, nf.collect_stats(m, syms, lf, x, y, estimator=est), **kw)
+    sol2 = nf.solve_equilibrium(syms, nf.collect_stats(m, syms, lf, x, y, estimator=est), **kw)
     assert sol2.max_distance() < 1e-6
     handle.undo()
     with torch.no_grad():
@@ -324,7 +324,7 @@ def test_teleport_lands_at_equilibrium(name: str, time: str) -> None:
 def test_scale_invariance_without_weight_decay_is_at_infinity() -> None:
     m, syms, x, y = make("scale")
     st = nf.collect_stats(m, syms, nn.MSELoss(), x, y, estimator="reference")
-    sol = nf.solve_equilibrium(m, syms, st, lr=0.1, batch_size=4, weight_decay=0.0)
+    sol = nf.solve_equilibrium(syms, st, lr=0.1, batch_size=4, weight_decay=0.0)
     assert [r.name for r in sol.at_infinity] == ["scale0"]
     assert float(sol.at_infinity[0].direction[0]) == 1.0  # the norm grows (eq. 24)
     assert sol.steps == []
@@ -335,11 +335,11 @@ def test_scale_invariance_closed_form_equilibrium() -> None:
     m, syms, x, y = make("scale")
     lr, s, wd = 0.1, 4, 1e-2
     st = nf.collect_stats(m, syms, nn.MSELoss(), x, y, estimator="reference")
-    sol = nf.solve_equilibrium(m, syms, st, lr=lr, batch_size=s, weight_decay=wd)
+    sol = nf.solve_equilibrium(syms, st, lr=lr, batch_size=s, weight_decay=wd)
     nf.teleport(m, sol)
     st = nf.collect_stats(m, syms, nn.MSELoss(), x, y, estimator="reference")
     trace = sum(float((st.sq[p] - st.mean[p].square()).sum()) for p in syms.params())
-    norm2 = float(nf.charges(m, syms)["scale0"][0])
+    norm2 = float(nf.charges(syms)["scale0"][0])
     assert abs(4 * wd * norm2 - lr / s * trace) / (lr / s * trace) < 1e-9
 
 
@@ -350,10 +350,10 @@ def test_rotation_singular_statistics_reported() -> None:
     syms = nf.SymmetrySet([nf.DoubleRotation(m[0], m[1])])
     x, y = torch.randn(30, 6, dtype=DT), torch.randn(30, 3, dtype=DT)
     st = nf.collect_stats(m, syms, nn.MSELoss(), x, y)
-    sol = nf.solve_equilibrium(m, syms, st, lr=0.1, batch_size=4)
+    sol = nf.solve_equilibrium(syms, st, lr=0.1, batch_size=4)
     assert len(sol.at_infinity) == 1 and sol.at_infinity[0].direction.shape == (5, 2)
     # with an explicit ridge the problem is regular again
-    sol = nf.solve_equilibrium(m, syms, st, lr=0.1, batch_size=4, ridge=1e-6)
+    sol = nf.solve_equilibrium(syms, st, lr=0.1, batch_size=4, ridge=1e-6)
     assert not sol.at_infinity
 
 
@@ -380,9 +380,7 @@ def test_errors_name_value_expectation_and_fix() -> None:
     with pytest.raises(nf.NonFiniteGradientError, match="check_finite=False"):
         nf.collect_stats(ok, syms, nn.MSELoss(), x, y * float("nan"))
     with pytest.raises(ValueError, match="lr="):
-        nf.noether_flow(
-            ok, syms, nf.collect_stats(ok, syms, nn.MSELoss(), x, y), lr=-1, batch_size=2
-        )
+        nf.noether_flow(syms, nf.collect_stats(ok, syms, nn.MSELoss(), x, y), lr=-1, batch_size=2)
     ln = nn.Sequential(nn.Linear(3, 4), nn.LayerNorm(4), nn.Linear(4, 2))
     sc = nf.SymmetrySet([nf.ScaleInvariance([ln[1].weight])])
     with pytest.raises(nf.UnsupportedLayerError, match="estimator='reference'"):
@@ -407,13 +405,13 @@ def test_neuron_level_flows_match_diag_level(name: str, reduction: str) -> None:
     neuron = nf.collect_stats(m, syms, lf, x, y, reduction=reduction, level="neuron")
     assert not neuron.sq and neuron.sq_axis
     ref = nf.collect_stats(m, syms, lf, x, y, reduction=reduction, estimator="reference")
-    fn = nf.noether_flow(m, syms, neuron, **kw)
-    fr = nf.noether_flow(m, syms, ref, **kw)
+    fn = nf.noether_flow(syms, neuron, **kw)
+    fr = nf.noether_flow(syms, ref, **kw)
     for k in fr:
         assert rel(fn[k], fr[k]) < 1e-12
     # the middle layer carries generators on both axes: the solver needs it per coordinate
     with pytest.raises(nf.StatisticsError, match="level='solve'"):
-        nf.solve_equilibrium(m, syms, neuron, **kw)
+        nf.solve_equilibrium(syms, neuron, **kw)
 
 
 @pytest.mark.parametrize("name", ["relu", "conv"])
@@ -428,12 +426,12 @@ def test_solve_level_gives_the_diag_level_solution(name: str, time: str) -> None
     assert set(solve.sq) == {middle}  # the only parameter between two rescaled layers
     assert solve.sq_axis and all(p is not middle for p, _ in solve.sq_axis)
     ref = nf.collect_stats(m, syms, lf, x, y, estimator="reference")
-    a = nf.solve_equilibrium(m, syms, solve, **kw)
-    b = nf.solve_equilibrium(m, syms, ref, **kw)
+    a = nf.solve_equilibrium(syms, solve, **kw)
+    b = nf.solve_equilibrium(syms, ref, **kw)
     assert a.converged and b.converged and a.max_distance() > 1e-3
     for k, v in b.elements.items():
         assert rel(a.elements[k], v) < 1e-9
-    fn, fr = nf.noether_flow(m, syms, solve, **kw), nf.noether_flow(m, syms, ref, **kw)
+    fn, fr = nf.noether_flow(syms, solve, **kw), nf.noether_flow(syms, ref, **kw)
     for k in fr:
         assert rel(fn[k], fr[k]) < 1e-12
 
@@ -448,7 +446,7 @@ def test_neuron_level_suffices_for_a_single_rescaling() -> None:
     neuron = nf.collect_stats(m, syms, nn.MSELoss(), x, y, level="neuron")
     assert not neuron.sq
     ref = nf.collect_stats(m, syms, nn.MSELoss(), x, y, estimator="reference")
-    a, b = nf.solve_equilibrium(m, syms, neuron, **kw), nf.solve_equilibrium(m, syms, ref, **kw)
+    a, b = nf.solve_equilibrium(syms, neuron, **kw), nf.solve_equilibrium(syms, ref, **kw)
     assert b.max_distance() > 1e-3
     for k, v in b.elements.items():
         assert rel(a.elements[k], v) < 1e-9
@@ -461,11 +459,11 @@ def test_coupled_levels_solve_like_the_reference(level: str) -> None:
     kw = {"lr": 0.1, "batch_size": 8, "weight_decay": 1e-3}
     st = nf.collect_stats(m, syms, nn.MSELoss(), x, y, level=level)
     ref = nf.collect_stats(m, syms, nn.MSELoss(), x, y, estimator="reference")
-    a, b = nf.solve_equilibrium(m, syms, st, **kw), nf.solve_equilibrium(m, syms, ref, **kw)
+    a, b = nf.solve_equilibrium(syms, st, **kw), nf.solve_equilibrium(syms, ref, **kw)
     assert b.max_distance() > 1e-3
     for k, v in b.elements.items():
         assert rel(a.elements[k], v) < 1e-9
-    fn, fr = nf.noether_flow(m, syms, st, **kw), nf.noether_flow(m, syms, ref, **kw)
+    fn, fr = nf.noether_flow(syms, st, **kw), nf.noether_flow(syms, ref, **kw)
     for k in fr:
         assert rel(fn[k], fr[k]) < 1e-12
 

@@ -152,7 +152,7 @@ def test_zoo_exact_step_identity(name: str) -> None:
         with torch.no_grad():
             for p, g in grads.items():
                 p.mul_(1 - 2 * lr * wd).sub_(lr * g)
-        after = charges(model, syms)
+        after = charges(syms)
         for key, val in after.items():
             scale = sum(float(p.detach().square().sum()) for p in syms[key].params)
             torch.testing.assert_close(val, pred[key], rtol=1e-10, atol=1e-10 * scale)

@@ -58,8 +58,8 @@ def test_monitor_reads_lr_and_half_weight_decay_and_follows_a_schedule() -> None
             loss = F.mse_loss(m(x), y)
             loss.backward()
         stats = nf.collect_stats(m, syms, F.mse_loss, x, y, estimator="reference")
-        want = nf.noether_flow(m, syms, stats, lr=lrs[-1], batch_size=8, weight_decay=w / 2)
-        want_d = nf.solve_equilibrium(m, syms, stats, lr=lrs[-1], batch_size=8, weight_decay=w / 2)
+        want = nf.noether_flow(syms, stats, lr=lrs[-1], batch_size=8, weight_decay=w / 2)
+        want_d = nf.solve_equilibrium(syms, stats, lr=lrs[-1], batch_size=8, weight_decay=w / 2)
         row = mon.step(loss)
         assert row is not None
         got = torch.as_tensor(row["flow/rescaling0"])

@@ -58,9 +58,9 @@ def test_record_matches_direct_api() -> None:
     row = mon.step(loss)
     assert row is not None
     st = nf.collect_stats(m, syms, CE, x, y)
-    ch = nf.charges(m, syms)
-    fl = nf.noether_flow(m, syms, st, lr=LR, batch_size=12, weight_decay=WD)
-    sol = nf.solve_equilibrium(m, syms, st, lr=LR, batch_size=12, weight_decay=WD)
+    ch = nf.charges(syms)
+    fl = nf.noether_flow(syms, st, lr=LR, batch_size=12, weight_decay=WD)
+    sol = nf.solve_equilibrium(syms, st, lr=LR, batch_size=12, weight_decay=WD)
     np.testing.assert_allclose(row["loss"], float(loss.detach()), rtol=1e-14)
     np.testing.assert_allclose(row["charge/r"], ch["r"].numpy(), rtol=1e-12)
     np.testing.assert_allclose(row["flow/r"], fl["r"].numpy(), rtol=1e-9, atol=1e-14)
@@ -241,7 +241,7 @@ def test_monitor_reuses_fresh_grad_and_falls_back_when_accumulating() -> None:
     x, y = torch.randn(32, 5, dtype=torch.float64), torch.randn(32, 3, dtype=torch.float64)
     lf = nn.MSELoss()
     ref = nf.noether_flow(
-        m, syms, nf.collect_stats(m, syms, lf, x, y, estimator="reference"), lr=0.1, batch_size=8
+        syms, nf.collect_stats(m, syms, lf, x, y, estimator="reference"), lr=0.1, batch_size=8
     )["rescaling0"]
     for stale in (False, True):
         mon = nf.NoetherMonitor(m, syms, every=1, lr=0.1, batch_size=8, distance=False)

@@ -19,9 +19,9 @@ def test_readme_example_runs_and_flows_vanish(capsys: object) -> None:
     model, syms, x, y, hyper = ns["model"], ns["syms"], ns["x"], ns["y"], ns["hyper"]
     # after handle.undo() the model is back: teleport again with the example's solution
     stats = nf.collect_stats(model, syms, ns["loss_fn"], x, y)  # type: ignore[attr-defined]
-    before = nf.noether_flow(model, syms, stats, **hyper)  # type: ignore[attr-defined]
+    before = nf.noether_flow(syms, stats, **hyper)  # type: ignore[attr-defined]
     nf.teleport(model, ns["sol"])  # type: ignore[attr-defined]
     stats = nf.collect_stats(model, syms, ns["loss_fn"], x, y)  # type: ignore[attr-defined]
-    after = nf.noether_flow(model, syms, stats, **hyper)  # type: ignore[attr-defined]
+    after = nf.noether_flow(syms, stats, **hyper)  # type: ignore[attr-defined]
     for k in before:
         assert float(torch.as_tensor(after[k]).norm()) < 1e-8 * float(before[k].norm())

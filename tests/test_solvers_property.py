@@ -7,15 +7,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from noetherflow import equilibrium as eq
-from noetherflow.equilibrium import (
-    _DiagProblem,
-    _Grid,
-    _solve_diag,
-    _solve_rotation,
-    _spd_solve,
-    geometric_mean,
-)
+from noetherflow.kernels import diagonal as eq
+from noetherflow.kernels.diagonal import _DiagProblem, _Grid, _solve_diag, _spd_solve
+from noetherflow.kernels.rotation import _solve_rotation, geometric_mean
 
 DT = torch.float64
 

@@ -301,7 +301,7 @@ def test_sharpness_at_end_autoencoder_matches_thm52_solution(d_x: int, d: int) -
     sigma_x, sigma_eps = s_x * torch.eye(d_x, dtype=DT), 0.3 * torch.eye(d_x, dtype=DT)
     k = min(d, d_x)
     v = torch.diag(torch.tensor([1.0] * k + [0.0] * (d_x - k), dtype=DT))  # rank-k minimum
-    reductions: tuple[th.Reduction, ...] = ("sum", "half_sum", "mean")
+    reductions: tuple[th.LossScaling, ...] = ("sum", "half_sum", "mean")
     for reduction in reductions:
         got = th.two_layer_sgd_sharpness(v, sigma_x, sigma_eps, hidden_dim=d, reduction=reduction)
         pred = th.sharpness_at_end_autoencoder(s_x * d_x, d_x=d_x, d=d, reduction=reduction)

@@ -20,7 +20,9 @@ from noetherflow.equilibrium import (
     geometric_mean,
     solve_equilibrium,
 )
-from noetherflow.flow import NoiseModel, TimeModel, charges, exact_step_charges, noether_flow
+from noetherflow.flow import charges, exact_step_charges, noether_flow
+from noetherflow.kernels import Kernel, StatsBlock, kernel_for, register_kernel
+from noetherflow.kernels.noise import NoiseModel, TimeModel
 from noetherflow.monitor import NoetherMonitor, SharpnessOptions, load_history
 from noetherflow.optim import (
     GroupNoise,
@@ -47,6 +49,7 @@ from noetherflow.sharpness import (
 from noetherflow.stats.collect import Capture, capture, collect_stats
 from noetherflow.stats.core import Estimator, GradStats, Level, Reduction
 from noetherflow.stats.distributed import all_reduce_stats
+from noetherflow.stats.registry import LayerHandler, register_layer
 from noetherflow.symmetry.base import Family, Symmetry
 from noetherflow.symmetry.coverage import CoverageReport, CoverageStatus, ParamCoverage
 from noetherflow.symmetry.dense import DenseSymmetry
@@ -55,7 +58,7 @@ from noetherflow.symmetry.rescaling import Rescaling
 from noetherflow.symmetry.rotation import Block, DoubleRotation
 from noetherflow.symmetry.scaling import ScaleInvariance
 from noetherflow.symmetry.set import SymmetrySet, VerifyResult
-from noetherflow.teleport import TeleportHandle, teleport
+from noetherflow.teleport import TeleportError, TeleportHandle, teleport
 from noetherflow.teleporter import EquilibriumTeleport, TeleportingOptimizer, TeleportRecord
 
 __version__ = "0.1.0"
@@ -83,14 +86,21 @@ __all__ = [
     "GradStats",
     "Level",
     "Reduction",
+    "LayerHandler",
     "capture",
     "collect_stats",
+    "register_layer",
     # charges and flows
     "NoiseModel",
     "TimeModel",
     "charges",
     "exact_step_charges",
     "noether_flow",
+    # extending: one kernel per symmetry family
+    "Kernel",
+    "StatsBlock",
+    "kernel_for",
+    "register_kernel",
     # monitoring and sharpness
     "EigenEstimate",
     "HVPMethod",
@@ -124,6 +134,7 @@ __all__ = [
     "StatisticsError",
     "SymmetryDefinitionError",
     "SymmetryNotPresentError",
+    "TeleportError",
     "UnsupportedLayerError",
     # optimizers beyond plain SGD (issue #18)
     "GroupNoise",

@@ -22,6 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from noetherflow.equilibrium import EquilibriumSolution
+from noetherflow.kernels import kernel_for
 from noetherflow.symmetry.base import Symmetry
 
 __all__ = ["OptimizerState", "transform_optimizer_state"]
@@ -39,15 +40,8 @@ class OptimizerState(str, Enum):
 
 
 def transport_(sym: Symmetry, element: Any, tensors: Mapping[nn.Parameter, Tensor]) -> None:
-    """Cotangent transport of single tensors (not per-sample batches), in place."""
-    full = {}
-    for p in sym.params:
-        t = tensors.get(p)
-        full[p] = (torch.zeros_like(p) if t is None else t).detach().unsqueeze(0).clone()
-    sym.transport_grads_(element, full)
-    with torch.no_grad():
-        for p, t in tensors.items():
-            t.copy_(full[p][0])
+    """Cotangent transport of single tensors (not per-sample batches), in place (the kernel's)."""
+    kernel_for(sym).transport_(sym, element, tensors)
 
 
 def transform_optimizer_state(
@@ -95,20 +89,19 @@ def transform_optimizer_state(
             if unknown:
                 drop(p)
         live = [p for p in live if id(p) not in reset]
-        if not sym.is_diagonal:
-            squared = [p for p in live if any(k in optimizer.state[p] for k in _SQUARED)]
-            for p in squared:
-                drop(p)
+        kernel = kernel_for(sym)
+        for key in _SQUARED:  # g² moves exactly only under a diagonal element: else reset
+            # (optimizer.state is a defaultdict: never index a dropped parameter again)
             live = [p for p in live if id(p) not in reset]
+            ts = {p: optimizer.state[p][key] for p in live if key in optimizer.state[p]}
+            if ts and not kernel.transport_(sym, element, ts, squared=True):
+                for p in ts:
+                    drop(p)
+        live = [p for p in live if id(p) not in reset]
         for key in _COTANGENT:
             ts = {p: optimizer.state[p][key] for p in live if key in optimizer.state[p]}
             if ts:
-                transport_(sym, element, ts)
-        for key in _SQUARED:
-            ts = {p: optimizer.state[p][key] for p in live if key in optimizer.state[p]}
-            if ts:  # diagonal only here: g² → e^{−2s} g²
-                transport_(sym, element, ts)
-                transport_(sym, element, ts)
+                kernel.transport_(sym, element, ts)
     return list(reset.values())
 
 

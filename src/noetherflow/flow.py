@@ -1,7 +1,8 @@
-"""Noether charges and their flows (paper eqs. 5–9; DESIGN §2).
+"""Noether charges and their flows (paper eqs. 5–9; DESIGN §2): the family-agnostic driver.
 
 Let η, S, γ denote ``lr``, ``batch_size``, ``weight_decay`` (γ‖θ‖² in the loss). Both time
-models have the form  flow = −κ·C + Tr[A·M]  with M built from the gradient statistics:
+models have the form  flow = −κ·C + Tr[A·M]  (:class:`NoiseModel`); each symmetry family's
+noise term Tr[A·M] is computed by its kernel (:mod:`noetherflow.kernels`):
 
 * ``time="continuous"`` (SGF, Itô, σ² = η/(2S)):  dC/dt = −4γC + (η/S)·Tr[ΣA].
   The paper's eq. (7) writes σ²Tr[ΣA]; Itô's lemma applied to its eq. (1) gives
@@ -13,16 +14,16 @@ models have the form  flow = −κ·C + Tr[A·M]  with M built from the gradient
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
-from enum import Enum
+from typing import Any
 
-import torch
 from torch import Tensor, nn
 
-from noetherflow.stats.core import GradStats, axis_sum
-from noetherflow.symmetry.base import DiagonalSymmetry, Symmetry
-from noetherflow.symmetry.dense import DenseSymmetry
-from noetherflow.symmetry.rotation import DoubleRotation
+from noetherflow._checks import check_finite_number
+from noetherflow._deprecate import is_old_model_call, warn_model
+from noetherflow.kernels import kernel_for
+from noetherflow.kernels.noise import NoiseModel, TimeModel, resolve_noise
+from noetherflow.stats.core import GradStats
+from noetherflow.symmetry.base import Symmetry
 from noetherflow.symmetry.set import SymmetrySet
 
 __all__ = [
@@ -31,137 +32,78 @@ __all__ = [
     "charges",
     "exact_step_charges",
     "noether_flow",
+    "symmetry_flow",
 ]
 
 
-class TimeModel(str, Enum):
-    """Continuous (SGF) or discrete (SGD step) time, DESIGN §2."""
-
-    CONTINUOUS = "continuous"
-    DISCRETE = "discrete"
-
-
-@dataclass(frozen=True)
-class NoiseModel:
-    """flow = −κ C + Tr[A M],  M = c_mean·ḡḡᵀ + c_second·E[ggᵀ]."""
-
-    kappa: float
-    c_mean: float
-    c_second: float
-
-    @classmethod
-    def create(
-        cls, *, lr: float, batch_size: int, weight_decay: float = 0.0, time: str = "continuous"
-    ) -> NoiseModel:
-        """Coefficients of the time model. See the module docstring for the formulas."""
-        _check_hyper(lr, batch_size, weight_decay)
-        try:
-            tm = TimeModel(time)
-        except ValueError:
-            raise ValueError(
-                f"time={time!r} is not supported; expected 'continuous' or 'discrete'."
-            ) from None
-        eta, s, gam = float(lr), float(batch_size), float(weight_decay)
-        if tm is TimeModel.CONTINUOUS:
-            # M = (η/S)·Σ = (η/S)(E[ggᵀ] − ḡḡᵀ)
-            return cls(kappa=4 * gam, c_mean=-eta / s, c_second=eta / s)
-        # M = η²(ḡḡᵀ + Σ/S) = η²((1 − 1/S) ḡḡᵀ + E[ggᵀ]/S)
-        return cls(
-            kappa=4 * eta * gam * (1 - eta * gam), c_mean=eta**2 * (1 - 1 / s), c_second=eta**2 / s
-        )
-
-    def diag(self, mean: Tensor, sq: Tensor) -> Tensor:
-        """Per-coordinate M_kk from ḡ and E[g²] (same shapes)."""
-        return self.c_mean * mean.square() + self.c_second * sq
-
-    def matrix(self, mean_outer: Tensor, second: Tensor) -> Tensor:
-        """M from ḡḡᵀ-type and E[ggᵀ]-type matrices."""
-        return self.c_mean * mean_outer + self.c_second * second
-
-
-def _check_hyper(lr: float, batch_size: int, weight_decay: float) -> None:
-    if not (lr > 0 and torch.isfinite(torch.tensor(float(lr)))):
-        raise ValueError(f"lr={lr!r} must be a positive finite learning rate η.")
-    if int(batch_size) != batch_size or batch_size < 1:
-        raise ValueError(
-            f"batch_size={batch_size!r} must be a positive integer S (the SGD batch size)."
-        )
-    if weight_decay < 0:
-        raise ValueError(
-            f"weight_decay={weight_decay!r} must be >= 0 (γ of γ‖θ‖²; "
-            "decoupled decay λ maps to γ = λ/2)."
-        )
-
-
-def charges(model: nn.Module | None, syms: SymmetrySet) -> dict[str, Tensor]:
-    """Noether charges C = θᵀAθ (eq. 6), one entry per symmetry.
+def charges(
+    syms: SymmetrySet | nn.Module | None, legacy: SymmetrySet | None = None
+) -> dict[str, Tensor]:
+    """Noether charges C = θᵀAθ (eq. 6), one entry per symmetry: ``charges(syms)``.
 
     Diagonal families give one charge per generator (``[num_generators]``), a rotation the
-    ``[d, d]`` matrix UᵀU − WWᵀ, a dense symmetry a scalar. ``model`` is accepted for symmetry
-    with the other calls and is not used.
+    ``[d, d]`` matrix UᵀU − WWᵀ, a dense symmetry a scalar. The old form
+    ``charges(model, syms)`` still works (the model was never used) and warns.
     """
+    if is_old_model_call(syms, legacy, SymmetrySet):
+        warn_model("charges", "charges(syms)")
+        syms = legacy
+    if not isinstance(syms, SymmetrySet):
+        raise TypeError(f"charges(syms) takes a SymmetrySet, got {type(syms).__name__}.")
     return {name: s.charge() for name, s in syms.items()}
-
-
-def _param_values(s: Symmetry) -> dict[nn.Parameter, Tensor]:
-    return {p: p.detach() for p in s.params}
 
 
 def symmetry_flow(
     s: Symmetry, stats: GradStats, nm: NoiseModel, charge: Tensor | None = None
 ) -> Tensor:
     """The flow −κC + Tr[A M] of one symmetry (shape of its charge; C may be passed in)."""
-    vals = _param_values(s)
-    c = s.charge_of(vals) if charge is None else charge
-    if isinstance(s, DiagonalSymmetry):
-        return -nm.kappa * c + diag_noise(s, stats, nm)
-    if isinstance(s, DoubleRotation):
-        mw, mu = rotation_noise(s, stats, nm)
-        return -nm.kappa * c + (mu - mw)
-    if isinstance(s, DenseSymmetry):
-        gbar = s.flat(stats.mean)
-        mm = nm.matrix(torch.outer(gbar, gbar), stats.dense[s])
-        return -nm.kappa * c + (s.A * mm).sum()
-    raise TypeError(f"unknown symmetry type {type(s).__name__}")
-
-
-def diag_noise(s: DiagonalSymmetry, stats: GradStats, nm: NoiseModel) -> Tensor:
-    """Tr[A_j M] = Σ_k a_kj M_kk per generator j, from per-axis sums of the statistics. ``[J]``."""
-    out = torch.zeros(s.num_generators, dtype=torch.float64, device=s.params[0].device)
-    for t in s.terms():
-        mean = stats.mean[t.param]
-        msq = axis_sum(mean.square(), t.axis)
-        m = nm.c_mean * msq + nm.c_second * stats.axis_sq(t.param, t.axis)
-        out += t.sign * m.to(torch.float64).reshape(t.num_generators, t.block).sum(1)
-    return out
-
-
-def rotation_noise(s: DoubleRotation, stats: GradStats, nm: NoiseModel) -> tuple[Tensor, Tensor]:
-    """(M_W, M_U) of DESIGN §2.1 scaled by the time model, each ``[d, d]``."""
-    sw, su = stats.side[s]
-    gw = DoubleRotation.side(s.w_blocks, stats.mean)
-    gu = DoubleRotation.side(s.u_blocks, stats.mean)
-    return nm.matrix(gw @ gw.T, sw), nm.matrix(gu @ gu.T, su)
+    c = s.charge() if charge is None else charge
+    return kernel_for(s).flow(s, stats, nm, c)
 
 
 def noether_flow(
-    model: nn.Module | None,
-    syms: SymmetrySet,
-    stats: GradStats,
+    syms: SymmetrySet | nn.Module | None,
+    stats: GradStats | SymmetrySet,
+    noise: NoiseModel | GradStats | None = None,
     *,
-    lr: float,
-    batch_size: int,
-    weight_decay: float = 0.0,
-    time: str = "continuous",
+    lr: float | None = None,
+    batch_size: int | None = None,
+    weight_decay: float | None = None,
+    time: str | TimeModel | None = None,
     charges: Mapping[str, Tensor] | None = None,
 ) -> dict[str, Tensor]:
     """The noise-driven flow of every charge (eq. 7 in our convention; DESIGN §2).
 
+    Call as ``noether_flow(syms, stats, noise)`` with a :class:`NoiseModel`, or
+    ``noether_flow(syms, stats, lr=η, batch_size=S, weight_decay=γ, time=...)``.
     ``time="continuous"`` gives dC/dt = −4γC + (η/S)Tr[ΣA]; ``time="discrete"`` gives the
     expected change per SGD step, −κC + η²Tr[A(∇L∇Lᵀ + Σ/S)]. Shapes follow :func:`charges`;
-    pass ``charges`` (from :func:`charges`) to reuse them instead of recomputing.
+    pass ``charges`` (from :func:`charges`) to reuse them instead of recomputing. The old
+    form ``noether_flow(model, syms, stats, ...)`` still works and warns.
     """
-    nm = NoiseModel.create(lr=lr, batch_size=batch_size, weight_decay=weight_decay, time=time)
+    args: tuple[Any, Any, Any] = (syms, stats, noise)
+    if is_old_model_call(syms, stats, SymmetrySet):
+        warn_model("noether_flow", "noether_flow(syms, stats, noise)")
+        args = (stats, noise, None)
+    syms, stats, noise = args
+    if not isinstance(syms, SymmetrySet) or not isinstance(stats, GradStats):
+        raise TypeError(
+            "noether_flow(syms, stats, noise): expected a SymmetrySet and GradStats, got "
+            f"{type(syms).__name__} and {type(stats).__name__}."
+        )
+    if noise is not None and not isinstance(noise, NoiseModel):
+        raise TypeError(
+            f"noether_flow: noise is a {type(noise).__name__}; expected a NoiseModel, e.g. "
+            "nf.NoiseModel.create(lr=..., batch_size=...)."
+        )
+    nm = resolve_noise(
+        noise,
+        lr=lr,
+        batch_size=batch_size,
+        weight_decay=weight_decay,
+        time=time,
+        who="noether_flow",
+    )
     return {
         name: symmetry_flow(s, stats, nm, None if charges is None else charges[name])
         for name, s in syms.items()
@@ -181,6 +123,8 @@ def exact_step_charges(
     C(θ') = (1 − 2ηγ)²C(θ) + η² gᵀAg exactly, because θᵀAg = 0 by symmetry (DESIGN §2).
     Call before the step, compare with :func:`charges` after it. Momentum breaks the identity.
     """
+    lr = check_finite_number(lr, "lr", "the learning rate η")
+    weight_decay = check_finite_number(weight_decay, "weight_decay", "γ of γ‖θ‖²")
     out = {}
     for name, s in syms.items():
         c = s.charge()

@@ -62,7 +62,9 @@ from noetherflow._hyperparams import HyperSource
 from noetherflow._optimizer_state import preserved
 from noetherflow._tracking import monitor_advice, refuse_accumulation
 from noetherflow.equilibrium import solve_equilibrium
-from noetherflow.flow import NoiseModel, charges, noether_flow
+from noetherflow.flow import charges, noether_flow
+from noetherflow.kernels import kernel_for
+from noetherflow.kernels.noise import NoiseModel
 from noetherflow.plotting import plot_history
 from noetherflow.stats.collect import Capture, capture, collect_stats
 from noetherflow.stats.core import Estimator, GradStats, Reduction, parse_reduction
@@ -73,8 +75,6 @@ from noetherflow.stats.distributed import (
     unwrap_ddp,
 )
 from noetherflow.stats.reference import check_no_train_batchnorm
-from noetherflow.symmetry.base import DiagonalSymmetry
-from noetherflow.symmetry.rotation import DoubleRotation
 from noetherflow.symmetry.set import SymmetrySet
 
 __all__ = [
@@ -289,10 +289,10 @@ class NoetherMonitor:
             "lr": (),
             "weight_decay": (),
         }
-        ch = charges(self.model, self.syms)
+        ch = charges(self.syms)
         for name, s in self.syms.items():
             shape, key = tuple(ch[name].shape), self.keys[name]
-            matrix = isinstance(s, DoubleRotation)
+            matrix = kernel_for(s).matrix_valued
             for kind in ("charge", "flow"):
                 sch[f"{kind}/{key}"] = () if matrix else shape
                 if matrix and self.full_matrices:
@@ -300,9 +300,7 @@ class NoetherMonitor:
         if self.distance:
             for name, s in self.syms.items():
                 key = self.keys[name]
-                sch[f"distance/{key}"] = (
-                    (s.num_generators,) if isinstance(s, DiagonalSymmetry) else ()
-                )
+                sch[f"distance/{key}"] = kernel_for(s).distance_shape(s)
                 sch[f"at_infinity/{key}"] = ()
         if self.sharpness is not None:
             for k in ("trace", "trace_se", "top_eigenvalue"):
@@ -378,7 +376,10 @@ class NoetherMonitor:
             )
             yield cap
             if fresh:  # a copy: clipping .grad before mon.step() must not change the record
-                cap._means = {p: p.grad.detach().clone() for p in params if p.grad is not None}
+                cap.use_mean_gradients(
+                    {p: p.grad.detach().clone() for p in params if p.grad is not None},
+                    check=False,
+                )
         self._cap = cap
 
     def step(
@@ -439,11 +440,10 @@ class NoetherMonitor:
 
         lr, gamma = self._hyper.current()
         row["lr"], row["weight_decay"] = np.asarray(lr), np.asarray(gamma)
-        ch = charges(self.model, self.syms)
+        ch = charges(self.syms)
         self._put(row, "charge", ch)
         if stats is not None:
             fl = noether_flow(
-                self.model,
                 self.syms,
                 stats,
                 lr=lr,
@@ -492,8 +492,9 @@ class NoetherMonitor:
     def _put(self, row: dict[str, np.ndarray], kind: str, vals: Mapping[str, Tensor]) -> None:
         for name, s in self.syms.items():
             v, key = vals[name].detach(), self.keys[name]
-            if isinstance(s, DoubleRotation):
-                row[f"{kind}/{key}"] = _np(v.norm())
+            k = kernel_for(s)
+            if k.matrix_valued:  # e.g. a rotation: the norm of the matrix charge/flow
+                row[f"{kind}/{key}"] = _np(k.record(v))
                 if self.full_matrices:
                     row[f"{kind}_matrix/{key}"] = _np(v)
             else:
@@ -502,10 +503,9 @@ class NoetherMonitor:
     def _put_distance(
         self, row: dict[str, np.ndarray], stats: GradStats, lr: float, gamma: float
     ) -> None:
-        if not _finite(stats):
+        if not stats.all_finite():
             return  # NaN statistics (divergence): leave the distances NaN
         sol = solve_equilibrium(
-            self.model,
             self.syms,
             stats,
             lr=lr,
@@ -518,19 +518,11 @@ class NoetherMonitor:
             key = self.keys[name]
             row[f"distance/{key}"] = _np(sol.distance[name]).reshape(self.schema[f"distance/{key}"])
             row[f"at_infinity/{key}"] = np.asarray(0.0)
-        for rep in sol.at_infinity:
+        for rep in sol.at_infinity:  # each family's kernel marks its part at infinity
             key = self.keys[rep.name]
-            d = row[f"distance/{key}"]
-            direc = rep.direction.detach().cpu()
-            if d.ndim == 1:  # diagonal: ±1 on the generators that run off
-                mask = direc.reshape(-1).numpy() != 0
-                d[mask] = np.inf
-                row[f"at_infinity/{key}"] = np.asarray(float(mask.sum()))
-            elif direc.dim() == 2:  # rotation: an orthonormal basis [d, k] of hidden directions
-                row[f"at_infinity/{key}"] = np.asarray(float(direc.shape[1]))
-            else:  # dense: the whole orbit
-                row[f"distance/{key}"] = np.asarray(np.inf)
-                row[f"at_infinity/{key}"] = np.asarray(1.0)
+            d, count = kernel_for(self.syms[rep.name]).mark_infinity(sol.distance[rep.name], rep)
+            row[f"distance/{key}"] = _np(d).reshape(self.schema[f"distance/{key}"])
+            row[f"at_infinity/{key}"] = np.asarray(float(count))
 
     def _put_sharpness(
         self, row: dict[str, np.ndarray], sh: SharpnessOptions, inputs: Any, targets: Any
@@ -668,10 +660,3 @@ def _multiple(name: str, value: int | None, every: int) -> int:
 
 def _np(t: Tensor) -> np.ndarray:
     return np.asarray(t.detach().to("cpu", torch.float64).numpy())
-
-
-def _finite(stats: GradStats) -> bool:
-    ts = [*stats.mean.values(), *stats.sq.values(), *stats.sq_axis.values()]
-    ts += list(stats.dense.values())
-    ts += [m for pair in stats.side.values() for m in pair]
-    return all(bool(torch.isfinite(t).all()) for t in ts)

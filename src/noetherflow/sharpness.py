@@ -41,6 +41,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch.func import functional_call, grad, jvp, vjp, vmap
 
+from noetherflow._checks import parse_enum
 from noetherflow.stats.core import Reduction, parse_reduction
 from noetherflow.stats.distributed import is_distributed, unwrap_ddp
 
@@ -220,13 +221,13 @@ def _no_running_stats(model: nn.Module) -> Iterator[None]:
 
 
 def _method(method: str | HVPMethod) -> HVPMethod:
-    try:
-        return HVPMethod(method)
-    except ValueError:
-        raise ValueError(
-            f"method={method!r} is not supported; expected 'auto', 'fwd-rev' or "
-            "'rev-rev' (use 'rev-rev' when a layer has no forward-mode derivative)."
-        ) from None
+    return parse_enum(
+        HVPMethod,
+        method,
+        "method",
+        "'auto', 'fwd-rev' or 'rev-rev' (use 'rev-rev' when a layer has no forward-mode "
+        "derivative)",
+    )
 
 
 def _batched(prob: _Problem, vs: Tensor, method: HVPMethod, chunk_size: int) -> Tensor:

@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from noetherflow.equilibrium import EquilibriumSolution
+from noetherflow.equilibrium import EquilibriumSolution, fingerprint
+from noetherflow.symmetry.set import SymmetrySet, rebind_symmetry
 
-__all__ = ["TeleportHandle", "teleport"]
+__all__ = ["TeleportError", "TeleportHandle", "teleport"]
+
+
+class TeleportError(ValueError):
+    """A solution cannot be applied to these parameters (they moved, or another model)."""
 
 
 @dataclass
@@ -30,16 +37,88 @@ class TeleportHandle:
         self._undone = True
 
 
-def teleport(model: nn.Module | None, solution: EquilibriumSolution) -> TeleportHandle:
+def _same(a: tuple[float, ...], b: tuple[float, ...]) -> bool:
+    return all(
+        x == y or (math.isfinite(x) and abs(x - y) <= 1e-12 * max(abs(x), abs(y)))
+        for x, y in zip(a, b, strict=True)
+    )
+
+
+def _bind(model: nn.Module, solution: EquilibriumSolution) -> SymmetrySet:
+    """The solution's symmetries acting on ``model``'s parameters (by name), e.g. a copy."""
+    syms = solution.syms
+    own = {id(p) for p in model.parameters()}
+    params = syms.params()
+    if all(id(p) in own for p in params):
+        return syms
+    by_name = dict(model.named_parameters())
+    mapping: dict[int, nn.Parameter] = {}
+    names = syms.param_names
+    for i, p in enumerate(params):
+        name = names.get(id(p))
+        q = by_name.get(name) if name is not None else None
+        if q is None and solution.fingerprint is not None:
+            # match by shape and value (a copy of the model the solution was computed on)
+            cands = [
+                c
+                for c in by_name.values()
+                if c.shape == p.shape and _same(fingerprint([c])[0], solution.fingerprint[i])
+            ]
+            q = cands[0] if len(cands) == 1 else None
+        if q is None or q.shape != p.shape:
+            raise TeleportError(
+                f"teleport(model, solution): cannot find the parameter of shape "
+                f"{tuple(p.shape)} (name {name!r}) of the solution's symmetries in this model; "
+                "expected the model the symmetries were built on or a copy of it. Build the "
+                "symmetries with nf.find_symmetries (which records parameter names), or set "
+                "syms.param_names = {id(p): n for n, p in original.named_parameters()}."
+            )
+        mapping[id(p)] = q
+    out = SymmetrySet([rebind_symmetry(s, mapping) for s in syms])
+    out.param_names = {id(mapping[k]): v for k, v in names.items() if k in mapping}
+    return out
+
+
+def teleport(*args: Any) -> TeleportHandle:
     """Move the parameters along the symmetry orbits to the solved noise equilibrium.
 
-    Applies ``solution.steps`` in order, in place. The model's function is unchanged (each
-    step is a symmetry); its Noether charges move to their equilibrium values. Optimizer state
-    (momentum, Adam moments) is not transformed here; see ``nf.EquilibriumTeleport`` for that.
-    ``model`` is accepted for symmetry with the other calls and is not used.
+    ``teleport(solution)`` moves the parameters the solution was computed for;
+    ``teleport(model, solution)`` moves ``model``'s (the same model, or a copy of it: the
+    symmetries are re-bound by parameter name, or by value for hand-built sets). Applies
+    ``solution.steps`` in order, in place. The model's function is unchanged (each step is a
+    symmetry); its Noether charges move to their equilibrium values. Optimizer state
+    (momentum, Adam moments) is not transformed here; see ``nf.EquilibriumTeleport``.
+
+    Raises:
+        TeleportError: the parameters changed since the solution was computed (a training
+            step in between, or the solution was applied already): solve again.
     """
-    syms = solution.syms
-    saved = {p: p.detach().clone() for p in syms.params()}
+    if len(args) == 1 and isinstance(args[0], EquilibriumSolution):
+        model, solution = None, args[0]
+    elif len(args) == 2 and isinstance(args[1], EquilibriumSolution):
+        model, solution = args
+    else:
+        raise TypeError(
+            "teleport(solution) or teleport(model, solution): got "
+            f"{[type(a).__name__ for a in args]}."
+        )
+    syms = solution.syms if model is None else _bind(model, solution)
+    params = syms.params()
+    if solution.fingerprint is not None:
+        now = fingerprint(params)
+        moved = [
+            tuple(p.shape)
+            for p, a, b in zip(params, now, solution.fingerprint, strict=True)
+            if not _same(a, b)
+        ]
+        if moved:
+            raise TeleportError(
+                f"teleport: parameters of shapes {moved} changed since the solution was "
+                "computed (a training step in between, or this solution was applied already); "
+                "a solution is valid only at the parameters it was solved at. Collect the "
+                "statistics and solve again, then teleport."
+            )
+    saved = {p: p.detach().clone() for p in params}
     for i, element in solution.steps:
         syms[i].apply_(element)
     return TeleportHandle(solution, saved)

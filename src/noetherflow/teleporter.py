@@ -44,9 +44,9 @@ from noetherflow._optimizer_state import (
     OptimizerState,
     preserved,
     transform_optimizer_state,
-    transport_,
 )
 from noetherflow.equilibrium import EquilibriumSolution, solve_equilibrium
+from noetherflow.kernels import kernel_for
 from noetherflow.stats.collect import collect_stats
 from noetherflow.stats.core import Estimator
 from noetherflow.symmetry.set import SymmetrySet
@@ -280,7 +280,6 @@ class EquilibriumTeleport:
                 level="solve",
             )
         return solve_equilibrium(
-            self.model,
             self.syms,
             stats,
             lr=lr,
@@ -300,7 +299,7 @@ class EquilibriumTeleport:
             sym = self.syms[i]
             gs = {p: p.grad for p in sym.params if p.grad is not None}
             if gs:
-                transport_(sym, element, gs)
+                kernel_for(sym).transport_(sym, element, gs)
         reset: list[nn.Parameter] = []
         if self.optimizer is not None:
             reset = transform_optimizer_state(self.optimizer, sol, mode=self.optimizer_state)

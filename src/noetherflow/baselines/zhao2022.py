@@ -15,9 +15,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from noetherflow._optimizer_state import preserved, transform_optimizer_state, transport_
+from noetherflow._optimizer_state import preserved, transform_optimizer_state
 from noetherflow.equilibrium import EquilibriumSolution
-from noetherflow.symmetry.base import DiagonalSymmetry
+from noetherflow.kernels import kernel_for
 from noetherflow.symmetry.set import SymmetrySet
 
 __all__ = ["GradNormTeleportResult", "gradient_norm_teleport"]
@@ -58,7 +58,7 @@ def gradient_norm_teleport(
     as in :func:`transform_optimizer_state`. BatchNorm buffers are restored after the search.
     """
     t0 = time.perf_counter()
-    diag = [(i, s) for i, s in enumerate(syms) if isinstance(s, DiagonalSymmetry)]
+    diag = syms.diagonal()
     if not diag:
         raise ValueError("gradient_norm_teleport acts on diagonal symmetries; syms has none.")
     names = syms.names
@@ -107,7 +107,7 @@ def gradient_norm_teleport(
     for i, lam in steps_out:  # .grad was computed at the old point
         gs = {p: p.grad for p in syms[i].params if p.grad is not None}
         if gs:
-            transport_(syms[i], lam, gs)
+            kernel_for(syms[i]).transport_(syms[i], lam, gs)
     if optimizer is not None:
         sol = EquilibriumSolution(syms=syms, steps=steps_out, elements={}, distance={})
         transform_optimizer_state(optimizer, sol)

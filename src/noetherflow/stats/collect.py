@@ -1,22 +1,30 @@
 """Plumbing: hooks that capture layer inputs and output-gradients, and ``collect_stats``.
 
 Forward hooks save each layer's input and register a tensor hook on its output (full
-backward hooks break after in-place activations). The math lives in :mod:`.layers`.
+backward hooks break after in-place activations). Which layer types are understood is the
+registry of :mod:`.registry`; the formulas live in :mod:`.layers`; which statistics each
+symmetry family needs is decided by its kernel (:mod:`noetherflow.kernels`), which reads
+them through the :class:`~noetherflow.kernels.base.GradSource` interface implemented here
+for the factors a/g (and by :class:`~noetherflow.kernels.base.SampleSource` for per-sample
+gradients).
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+import weakref
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
+from noetherflow._checks import parse_enum
 from noetherflow._errors import StatisticsError, UnsupportedLayerError
-from noetherflow.stats import layers as L
+from noetherflow.kernels.base import GradSource, assemble
+from noetherflow.stats import layers as formulas
 from noetherflow.stats.core import (
     Estimator,
     GradStats,
@@ -24,56 +32,218 @@ from noetherflow.stats.core import (
     Reduction,
     axis_sum,
     check_batch,
-    needs_samples,
+    parse_level,
     parse_reduction,
-    stats_from_samples,
 )
 from noetherflow.stats.distributed import all_reduce_stats, is_distributed, unwrap_ddp
 from noetherflow.stats.microbatch import microbatch_grads
 from noetherflow.stats.reference import check_no_train_batchnorm, per_sample_grads
-from noetherflow.symmetry.base import DiagonalSymmetry
-from noetherflow.symmetry.dense import DenseSymmetry
-from noetherflow.symmetry.rotation import Block, DoubleRotation
+from noetherflow.stats.registry import LayerHandler, handler_for, registered_layers
 from noetherflow.symmetry.set import SymmetrySet
 
 __all__ = ["Capture", "capture", "collect_stats"]
-
-_SUPPORTED = (nn.Linear, nn.Conv1d, nn.Conv2d)
 
 
 @dataclass
 class _Record:
     module: nn.Module
     name: str
+    handler: LayerHandler
     a: Tensor | None = None
     g: Tensor | None = None
     calls: int = 0
     handles: list[Any] = field(default_factory=list)
 
 
-def _factors(rec: _Record) -> tuple[Tensor, Tensor]:
-    """Layer input and output-gradient as ``[N, T, I]`` and ``[N, T, O]`` (I includes conv taps)."""
-    assert rec.a is not None and rec.g is not None
-    m, a, g = rec.module, rec.a, rec.g
+class _FactorSource(GradSource):
+    """Gradient statistics from the captured layer factors (a ``[N, T, I]``, g ``[N, T, O]``).
+
+    Per-sample output-gradients of ℓ_n are ``sc``·g (N·g for a batch-mean loss); the
+    formulas apply the factor to their smallest operand.
+    """
+
+    def __init__(
+        self,
+        n: int,
+        factors: Mapping[int, tuple[Tensor, Tensor]],
+        owners: Mapping[int, tuple[_Record, str]],
+        sc: float,
+        known: Mapping[nn.Parameter, Tensor],
+        check_known: bool,
+    ) -> None:
+        self.n = n
+        self._facs, self._owners, self._sc = factors, owners, sc
+        self._known, self._check_known = known, check_known
+        self._samples: dict[nn.Parameter, Tensor] = {}
+        self._gaps: list[tuple[_Record, str, Tensor]] = []
+        self._checked: set[int] = set()
+
+    def verify_means(self) -> None:
+        """Raise if a known mean disagreed with the hooks' (one device sync for all layers)."""
+        if not self._gaps:
+            return
+        gaps = torch.stack([gp.to(torch.float64) for _, _, gp in self._gaps]).cpu()
+        for (rec, role, _), (diff, scale) in zip(self._gaps, gaps.tolist(), strict=True):
+            tol = _PROBE_TOL.get(self._facs[id(rec.module)][0].dtype, 1e-2)
+            if diff > tol * scale and diff > 1e-30:
+                _raise_mean_gap(rec.name, role, self._sc, diff / max(scale, 1e-300))
+
+    def _layer(self, p: nn.Parameter) -> tuple[_Record, str, Tensor, Tensor]:
+        rec, role = self._owners[id(p)]
+        a, g = self._facs[id(rec.module)]
+        return rec, role, a, g
+
+    def has_samples(self, p: nn.Parameter) -> bool:
+        return p in self._samples
+
+    def samples(self, p: nn.Parameter) -> Tensor:
+        if p not in self._samples:
+            rec, role, a, g = self._layer(p)
+            if role == "weight":
+                ps = rec.handler.to_param(
+                    formulas.per_sample_weight(a, g, scale=self._sc), tuple(p.shape)
+                )
+            else:
+                ps = g.sum(1).mul_(self._sc).reshape(self.n, *p.shape)
+            self._samples[p] = ps
+        return self._samples[p]
+
+    def mean(self, p: nn.Parameter) -> Tensor:
+        if p in self._samples:  # already materialised: reductions are cheaper than matmuls
+            return self._samples[p].mean(0)
+        rec, role, a, g = self._layer(p)
+        known = self._known.get(p)
+        if known is not None:
+            # one check per layer: the weight's when it is known, else the bias's
+            w = getattr(rec.module, "weight", None)
+            first = role == "weight" or not (isinstance(w, nn.Parameter) and w in self._known)
+            if self._check_known and first and id(rec.module) not in self._checked:
+                self._checked.add(id(rec.module))
+                self._gaps.append((rec, role, _mean_gap(rec, role, a, g, self._sc, known)))
+            return known.reshape(p.shape)
+        if role == "weight":
+            return rec.handler.to_param(formulas.weight_mean(a, g, scale=self._sc), tuple(p.shape))
+        return formulas.bias_mean(g, scale=self._sc).reshape(p.shape)
+
+    def sq(self, p: nn.Parameter) -> Tensor:
+        if p in self._samples:
+            return self._samples[p].square().mean(0)
+        rec, role, a, g = self._layer(p)
+        if role == "weight":
+            return rec.handler.to_param(formulas.weight_sq(a, g, scale=self._sc), tuple(p.shape))
+        return formulas.bias_sq(g, scale=self._sc).reshape(p.shape)
+
+    def axis_sq(
+        self, want: Mapping[nn.Parameter, tuple[int, ...]]
+    ) -> dict[tuple[nn.Parameter, int], Tensor]:
+        """Per-neuron sums, layer by layer (the squares of a and g formed once per layer)."""
+        out: dict[tuple[nn.Parameter, int], Tensor] = {}
+        layers: dict[int, _Record] = {}
+        for p in want:
+            rec, _ = self._owners[id(p)]
+            layers.setdefault(id(rec.module), rec)
+        for rec in layers.values():
+            mod, h = rec.module, rec.handler
+            w, b = getattr(mod, "weight", None), getattr(mod, "bias", None)
+            axes = want.get(w, ()) if isinstance(w, nn.Parameter) else ()
+            has_b = isinstance(b, nn.Parameter) and b in want
+            a, g = self._facs[id(mod)]
+            if h.matrix:
+                fac = tuple(h.factor_axis(ax) for ax in axes)
+                ws, bs = formulas.neuron_sums(a, g, fac, bias=has_b, scale=self._sc)
+                wsum = {ax: ws[h.factor_axis(ax)] for ax in axes}
+            else:  # the factor's input axis mixes channels and kernel taps
+                assert isinstance(w, nn.Parameter)
+                full = h.to_param(formulas.weight_sq(a, g, scale=self._sc), tuple(w.shape))
+                wsum = {ax: axis_sum(full, ax) for ax in axes}
+                bs = formulas.bias_sq(g, scale=self._sc) if has_b else None
+            for ax, v in wsum.items():
+                out[(w, ax)] = v  # type: ignore[index]
+            if bs is not None:
+                out[(b, 0)] = bs  # type: ignore[index]
+        return out
+
+    def front_moment(self, p: nn.Parameter, axis: int, start: int, stop: int) -> Tensor:
+        rec, role, a, g = self._layer(p)
+        h = rec.handler
+        if not h.matrix:
+            raise UnsupportedLayerError(
+                f"estimator='hooks' computes rotation statistics for Linear-like layers only; "
+                f"{rec.name!r} is {type(rec.module).__name__}. Use estimator='reference'."
+            )
+        sl = slice(start, stop)
+        if role == "bias":
+            return formulas.row_moment(a, g, sl, bias=True, scale=self._sc)
+        if h.factor_axis(axis) == 0:
+            return formulas.row_moment(a, g, sl, scale=self._sc)
+        return formulas.col_moment(a, g, sl, scale=self._sc)
+
+
+_PROBE_TOL = {torch.float64: 1e-8, torch.float32: 1e-3}
+_PROBES: dict[tuple[int, torch.dtype, torch.device], Tensor] = {}
+
+
+def _probe(size: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """A fixed random vector ``[size]`` (cached): the projection of the mean check."""
+    key = (size, dtype, device)
+    if key not in _PROBES:
+        gen = torch.Generator(device="cpu").manual_seed(0)
+        v = torch.randn(size, generator=gen, dtype=torch.float64)
+        _PROBES[key] = v.to(device=device, dtype=dtype)
+    return _PROBES[key]
+
+
+def _mean_gap(rec: _Record, role: str, a: Tensor, g: Tensor, sc: float, known: Tensor) -> Tensor:
+    """(‖auto − hooks‖, round-off scale) of a random projection of the mean gradient. ``[2]``.
+
+    autograd's mean gradient and the hooks' differ when ``loss_fn`` adds a term that is not
+    a per-sample loss (an L2 penalty, an auxiliary loss on the parameters): the hooks do not
+    see it. The scale is that of the per-sample projections (1/N)Σ_n|p_n| (not of their mean,
+    which cancels at a minimum). The projection costs O(N·T·(I+O) + O·I), no matmul over the
+    batch.
+    """
     n = a.shape[0]
-    if isinstance(m, nn.Linear):
-        return a.reshape(n, -1, a.shape[-1]), g.reshape(n, -1, g.shape[-1])
-    assert isinstance(m, nn.Conv1d | nn.Conv2d)
-    if isinstance(m.padding, str) or m.padding_mode != "zeros":
-        raise UnsupportedLayerError(
-            f"Layer {rec.name!r}: padding={m.padding!r}, padding_mode={m.padding_mode!r} is not "
-            "supported by estimator='hooks'; use estimator='reference' or 'microbatch'."
-        )
-    if isinstance(m, nn.Conv1d):
-        a, g = a.unsqueeze(2), g.unsqueeze(2)
-        ks = (1, m.kernel_size[0])
-        st, pd, dl = (1, m.stride[0]), (0, int(m.padding[0])), (1, m.dilation[0])
+    if role == "weight":
+        v = _probe(a.shape[2], a.dtype, a.device)
+        per = torch.einsum("nto,nt->no", g, a @ v)  # per-sample projections / scale
+        auto = rec.handler.to_matrix(known) @ v
     else:
-        ks = (m.kernel_size[0], m.kernel_size[1])
-        st, dl = (m.stride[0], m.stride[1]), (m.dilation[0], m.dilation[1])
-        pd = (int(m.padding[0]), int(m.padding[1]))
-    cols = F.unfold(a, ks, dilation=dl, padding=pd, stride=st)  # [N, I*k, T]
-    return cols.transpose(1, 2), g.reshape(n, g.shape[1], -1).transpose(1, 2)
+        per = g.sum(1)
+        auto = known.reshape(-1)
+    c = sc / n
+    hook = per.sum(0).mul_(c)
+    return torch.stack(
+        [
+            torch.linalg.vector_norm(auto - hook),
+            torch.linalg.vector_norm(per.abs().sum(0).mul_(c)) + torch.linalg.vector_norm(auto),
+        ]
+    )
+
+
+def _raise_mean_gap(name: str, role: str, sc: float, gap: float) -> None:
+    raise StatisticsError(
+        f"The gradient of loss_fn on layer {name!r} ({role}) is not the "
+        f"{'mean' if sc != 1.0 else 'sum'} of per-sample gradients (relative difference "
+        f"{gap:.3g}): loss_fn adds a term that is not a per-sample loss, e.g. an L2 penalty, "
+        "or the layer's parameter is used elsewhere too. Keep loss_fn the data loss and pass "
+        "weight decay as weight_decay=γ to the flow and solver (γ of γ‖θ‖²); pass "
+        "check_loss=False to skip this check."
+    )
+
+
+_CHECKED_LOSSES: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def _loss_checked(loss_fn: Any) -> bool:
+    try:
+        return loss_fn in _CHECKED_LOSSES
+    except TypeError:  # not weakly referenceable / hashable: check every time
+        return False
+
+
+def _mark_loss_checked(loss_fn: Any) -> None:
+    with contextlib.suppress(TypeError):
+        _CHECKED_LOSSES.add(loss_fn)
 
 
 class Capture:
@@ -87,47 +257,61 @@ class Capture:
         check_finite: bool,
         all_reduce: bool | None = None,
         level: Level = Level.DIAG,
+        timeout: float | timedelta | None = None,
     ):
         self.level = level
-        self.model, self.syms, self.reduction, self.check_finite = (
-            model,
-            syms,
-            reduction,
-            check_finite,
-        )
+        self.model = model
+        self.syms = syms
+        self.reduction = reduction
+        self.check_finite = check_finite
+        self.timeout = timeout
         self.all_reduce = is_distributed() if all_reduce is None else all_reduce
         owners: dict[int, tuple[_Record, str]] = {}
         recs: dict[int, _Record] = {}
-        named = dict(model.named_modules())
         pnames = {id(p): n for n, p in model.named_parameters()}
-        for name, mod in named.items():
-            for role in ("weight", "bias"):
-                p = getattr(mod, role, None) if isinstance(mod, nn.Module) else None
-                if isinstance(p, nn.Parameter):
-                    if isinstance(mod, _SUPPORTED) and getattr(mod, "groups", 1) == 1:
-                        rec = recs.setdefault(id(mod), _Record(mod, name))
-                        owners[id(p)] = (rec, role)
+        needed = {id(p) for p in syms.params()}
+        for name, mod in model.named_modules():
+            roles = [
+                r
+                for r in ("weight", "bias")
+                if isinstance(getattr(mod, r, None), nn.Parameter) and id(getattr(mod, r)) in needed
+            ]
+            if not roles:
+                continue
+            handler = handler_for(mod, name)  # raises for a registered but unsupported instance
+            if handler is None:
+                continue
+            rec = recs.setdefault(id(mod), _Record(mod, name, handler))
+            for role in roles:
+                owners[id(getattr(mod, role))] = (rec, role)
         bad = [pnames.get(id(p), str(tuple(p.shape))) for p in syms.params() if id(p) not in owners]
         if bad:
+            kinds = ", ".join(c.__name__ for c in registered_layers())
             raise UnsupportedLayerError(
-                f"estimator='hooks' supports weights and biases of nn.Linear and nn.Conv1d/2d "
-                f"(groups=1); these symmetry parameters are not: {bad}. Use "
-                "estimator='reference' (torch.func, exact) or estimator='microbatch' (any model)."
+                f"estimator='hooks' supports weights and biases of the registered layer types "
+                f"({kinds}); these symmetry parameters are not: {bad}. Use "
+                "estimator='reference' (torch.func, exact) or estimator='microbatch' (any "
+                "model), or register the layer type with noetherflow.stats.register_layer."
             )
         self._owners = owners
-        needed = {id(p) for p in syms.params()}
-        self._records = [
-            r
-            for r in recs.values()
-            if any(
-                id(getattr(r.module, role)) in needed
-                for role in ("weight", "bias")
-                if getattr(r.module, role, None) is not None
-            )
-        ]
+        self._records = list(recs.values())
         self._stats: GradStats | None = None
-        # Mean gradients already computed by autograd (collect_stats), so hooks skip them.
+        # Mean gradients already computed by autograd, so the hooks skip them.
         self._means: dict[nn.Parameter, Tensor] = {}
+        self._check_means = False
+
+    def use_mean_gradients(
+        self, means: Mapping[nn.Parameter, Tensor], *, check: bool = True
+    ) -> None:
+        """Use autograd's mean gradients (e.g. ``.grad`` of a batch-mean loss) for ḡ.
+
+        Saves one matmul per layer. With ``check``, each is compared (by a cheap random
+        projection) with the mean the hooks see, which catches a ``loss_fn`` that is not the
+        mean (or sum) of per-sample losses, e.g. one with an L2 penalty.
+        """
+        self._means = dict(means)
+        self._check_means = check
+        self._stats = None
 
     # -- hooks ------------------------------------------------------------------------------
     def _attach(self) -> None:
@@ -158,11 +342,13 @@ class Capture:
             rec.handles.clear()
 
     def reset(self) -> None:
+        """Forget the captured batch (hooks stay attached)."""
         for rec in self._records:
             rec.a = rec.g = None
             rec.calls = 0
         self._stats = None
         self._means = {}
+        self._check_means = False
 
     # -- statistics -------------------------------------------------------------------------
     @property
@@ -188,142 +374,22 @@ class Capture:
                 "loss.backward() inside the `with capture(...)` block."
             )
         facs: dict[int, tuple[Tensor, Tensor]] = {}
-        n = None
+        n = 0
         for rec in self._records:
-            a, g = _factors(rec)
+            assert rec.a is not None and rec.g is not None
+            a, g = rec.handler.factors(rec.module, rec.a, rec.g)
             n = a.shape[0]
             facs[id(rec.module)] = (a, g)
-        assert n is not None
         check_batch(n)
-        # Per-sample output-gradients of ℓ_n are scale·g: N·g for a batch-mean loss. The
-        # formulas apply the factor to their smallest operand.
         sc = float(n) if self.reduction is Reduction.MEAN else 1.0
-        syms = self.syms
-        st = GradStats(n=n, estimator=Estimator.HOOKS.value)
-        keep = needs_samples(syms)
-        # Parameters whose E[g²] is kept as per-neuron sums (the rest: per coordinate).
-        want = {} if self.level is Level.DIAG else self._axes_wanted(keep)
-        if self.level is Level.SOLVE:  # the solver needs full grids only where two axes meet
-            want = {p: ax for p, ax in want.items() if len(ax) == 1}
-        if want:
-            st.sq_axis = self._neuron_sums(facs, sc, want)
-        for s in syms:
-            for p in s.params:
-                rec, role = self._owners[id(p)]
-                a, g = facs[id(rec.module)]
-                shape = p.shape
-                if (id(p) in keep or isinstance(s, DenseSymmetry)) and p not in st.samples:
-                    ps = (
-                        L.per_sample_weight(a, g, scale=sc)
-                        if role == "weight"
-                        else g.sum(1).mul_(sc)
-                    )
-                    st.samples[p] = ps.reshape(n, *shape)
-                if p in st.samples:  # already materialised: reductions are cheaper than matmuls
-                    st.mean.setdefault(p, st.samples[p].mean(0))
-                    if s.is_diagonal:
-                        st.sq.setdefault(p, st.samples[p].square().mean(0))
-                    continue
-                if p not in st.mean:
-                    known = self._means.get(p)
-                    if known is None:
-                        known = (
-                            L.weight_mean(a, g, scale=sc)
-                            if role == "weight"
-                            else L.bias_mean(g, scale=sc)
-                        )
-                    st.mean[p] = known.reshape(shape)
-                if not s.is_diagonal:
-                    continue
-                if p not in want and self.level is not Level.NEURON and p not in st.sq:
-                    sq = L.weight_sq(a, g, scale=sc) if role == "weight" else L.bias_sq(g, scale=sc)
-                    st.sq[p] = sq.reshape(shape)
-            if isinstance(s, DoubleRotation):
-                st.side[s] = (self._side(s.w_blocks, facs, sc), self._side(s.u_blocks, facs, sc))
-            elif isinstance(s, DenseSymmetry):
-                f = s.flat_batched(st.samples)
-                st.dense[s] = f.T @ f / n
+        src = _FactorSource(n, facs, self._owners, sc, self._means, self._check_means)
+        st = assemble(src, self.syms, level=self.level, estimator=Estimator.HOOKS.value)
+        src.verify_means()
         if self.all_reduce:
-            all_reduce_stats(st)
+            all_reduce_stats(st, syms=self.syms, timeout=self.timeout)
         if self.check_finite:
             st.check_finite()
         return st
-
-    def _axes_wanted(self, skip: set[int]) -> dict[nn.Parameter, tuple[int, ...]]:
-        """Per parameter of a diagonal symmetry, the axes its generators act along.
-
-        Parameters in ``skip`` keep per-sample gradients, whose squares give every statistic.
-        """
-        want: dict[nn.Parameter, tuple[int, ...]] = {}
-        for s in self.syms:
-            if isinstance(s, DiagonalSymmetry):
-                for t in s.terms():
-                    have = want.get(t.param, ())
-                    if id(t.param) not in skip and t.axis not in have:
-                        want[t.param] = (*have, t.axis)
-        return want
-
-    def _neuron_sums(
-        self,
-        facs: dict[int, tuple[Tensor, Tensor]],
-        sc: float,
-        want: dict[nn.Parameter, tuple[int, ...]],
-    ) -> dict[tuple[nn.Parameter, int], Tensor]:
-        """Per-neuron sums of E[g²] along the axes in ``want``, computed layer by layer."""
-        out: dict[tuple[nn.Parameter, int], Tensor] = {}
-        for rec in self._records:
-            mod = rec.module
-            w, b = getattr(mod, "weight", None), getattr(mod, "bias", None)
-            axes = want.get(w, ()) if isinstance(w, nn.Parameter) else ()
-            has_b = isinstance(b, nn.Parameter) and b in want
-            if not axes and not has_b:
-                continue
-            a, g = facs[id(mod)]
-            if isinstance(mod, nn.Linear):
-                ws, bs = L.neuron_sums(a, g, axes, bias=has_b, scale=sc)
-            else:  # conv: the factor's input axis mixes channels and kernel taps
-                full = L.weight_sq(a, g, scale=sc).reshape(mod.weight.shape)  # type: ignore[arg-type]
-                ws = {ax: axis_sum(full, ax) for ax in axes}
-                bs = L.bias_sq(g, scale=sc) if has_b else None
-            for ax, v in ws.items():
-                out[(w, ax)] = v  # type: ignore[index]
-            if bs is not None:
-                out[(b, 0)] = bs  # type: ignore[index]
-        return out
-
-    def _side(
-        self, blocks: list[Block], facs: dict[int, tuple[Tensor, Tensor]], sc: float
-    ) -> Tensor:
-        out: Tensor | None = None
-        for b in blocks:
-            rec, role = self._owners[id(b.param)]
-            if not isinstance(rec.module, nn.Linear):
-                raise UnsupportedLayerError(
-                    f"estimator='hooks' computes rotation statistics for nn.Linear only; "
-                    f"{rec.name!r} is {type(rec.module).__name__}. Use estimator='reference'."
-                )
-            a, g = facs[id(rec.module)]
-            sl = slice(b.start, b.stop)
-            if role == "bias":
-                m = L.row_moment(a, g, sl, bias=True, scale=sc)
-            elif b.axis == 0:
-                m = L.row_moment(a, g, sl, scale=sc)
-            else:
-                m = L.col_moment(a, g, sl, scale=sc)
-            out = m if out is None else out + m
-        assert out is not None
-        return out
-
-
-def _level(level: str | Level) -> Level:
-    try:
-        return Level(level)
-    except ValueError:
-        raise ValueError(
-            f"level={level!r} is not supported; expected 'diag' (per-coordinate E[g²] of every "
-            "parameter), 'solve' (what solve_equilibrium needs, cheaper) or 'neuron' "
-            "(per-neuron sums: flows only, cheapest)."
-        ) from None
 
 
 @contextlib.contextmanager
@@ -335,6 +401,7 @@ def capture(
     check_finite: bool = True,
     all_reduce: bool | None = None,
     level: str | Level = "diag",
+    timeout: float | timedelta | None = None,
 ) -> Iterator[Capture]:
     """Ride on the caller's own forward/backward pass and collect gradient statistics.
 
@@ -345,16 +412,24 @@ def capture(
         stats = cap.stats
 
     ``reduction`` says whether the loss is the batch mean or the sum of per-sample losses.
-    Only ``nn.Linear`` and ``nn.Conv1d/2d`` layers are captured; the batch is dim 0.
+    Only the registered layer types (``nn.Linear``, ``nn.Conv1d/2d``, and any added with
+    :func:`noetherflow.stats.register_layer`) are captured; the batch is dim 0.
     ``level`` is as in :func:`collect_stats` (``'neuron'`` for flows only, ``'solve'`` for the
     solver, ``'diag'`` for per-coordinate E[g²] of every parameter).
     ``all_reduce`` (default: whether ``torch.distributed`` is initialised) combines the
     statistics of all ranks into those of the global batch (:mod:`.distributed`); every rank
-    must then read ``stats``.
+    must then read ``stats``, and a rank that does not is reported after ``timeout``
+    seconds (default :data:`noetherflow.stats.distributed.DEFAULT_TIMEOUT`).
     """
     check_no_train_batchnorm(model, "hooks")
     cap = Capture(
-        model, syms, parse_reduction(reduction), check_finite, all_reduce, level=_level(level)
+        model,
+        syms,
+        parse_reduction(reduction),
+        check_finite,
+        all_reduce,
+        level=parse_level(level),
+        timeout=timeout,
     )
     cap._attach()
     try:
@@ -377,6 +452,8 @@ def collect_stats(
     chunk_size: int | None = None,
     all_reduce: bool | None = None,
     level: str | Level = "diag",
+    check_loss: bool = True,
+    timeout: float | timedelta | None = None,
 ) -> GradStats:
     """Per-sample gradient statistics of ``syms`` over one batch (treated as the data distribution).
 
@@ -386,10 +463,10 @@ def collect_stats(
             pass and accumulates into ``.grad`` like any backward; zero them as usual).
         syms: the symmetries whose statistics are needed.
         loss_fn: ``loss_fn(outputs, targets)`` → batch mean (``reduction='mean'``) or sum
-            of per-sample losses.
+            of per-sample losses. Only the data loss: pass weight decay to the flow/solver.
         inputs, targets: the batch, samples along dim 0.
-        estimator: ``'hooks'`` (fast, Linear/Conv), ``'reference'`` (torch.func, exact, any
-            model without BatchNorm in training mode), ``'microbatch'`` (any model).
+        estimator: ``'hooks'`` (fast, registered layer types), ``'reference'`` (torch.func,
+            exact, any model without BatchNorm in training mode), ``'microbatch'`` (any model).
         micro_batch_size: micro-batch size m of the ``'microbatch'`` estimator.
         check_finite: raise on NaN/Inf statistics.
         chunk_size: vmap chunk size of the ``'reference'`` estimator (memory bound).
@@ -403,17 +480,18 @@ def collect_stats(
         all_reduce: combine the statistics of all ``torch.distributed`` ranks into those of
             the global batch (uneven batches allowed); default: whether a process group is
             initialised. ``model`` may be wrapped in ``DistributedDataParallel``.
+        check_loss: with ``'hooks'``, check that autograd's gradient of ``loss_fn`` is the
+            mean (or sum) of the per-sample gradients the hooks see (a random projection,
+            O(N·d)); it is not when ``loss_fn`` holds an L2 penalty. A penalty is a property
+            of the loss function, not of the batch, so each ``loss_fn`` object is checked on
+            its first batch only (loss functions that cannot be weakly referenced, e.g.
+            bound methods, on every batch).
+        timeout: seconds a rank waits for the others in the DDP reduction before raising.
     """
     model = unwrap_ddp(model)
     red = parse_reduction(reduction)
-    level = _level(level)
-    try:
-        est = Estimator(estimator)
-    except ValueError:
-        raise ValueError(
-            f"estimator={estimator!r} is not supported; expected one of "
-            f"{[e.value for e in Estimator]}."
-        ) from None
+    lev = parse_level(level)
+    est = parse_enum(Estimator, estimator, "estimator")
     if len(syms) == 0:
         raise StatisticsError("The symmetry set is empty; there are no statistics to collect.")
     xs = inputs if isinstance(inputs, tuple) else (inputs,)
@@ -426,18 +504,26 @@ def collect_stats(
             reduction=red,
             check_finite=check_finite,
             all_reduce=all_reduce,
-            level=level,
+            level=lev,
+            timeout=timeout,
         ) as cap:
             loss = loss_fn(model(*xs), targets)
             params = syms.params()
             grads = torch.autograd.grad(loss, params, allow_unused=True)
         n = xs[0].shape[0]
-        cap._means = {
-            p: (g.detach() / n if red is Reduction.SUM else g.detach())
-            for p, g in zip(params, grads, strict=True)
-            if g is not None
-        }
-        return cap.stats
+        check = check_loss and not _loss_checked(loss_fn)
+        cap.use_mean_gradients(
+            {
+                p: (g.detach() / n if red is Reduction.SUM else g.detach())
+                for p, g in zip(params, grads, strict=True)
+                if g is not None
+            },
+            check=check,
+        )
+        st = cap.stats
+        if check:
+            _mark_loss_checked(loss_fn)
+        return st
     params = syms.params()
     if est is Estimator.REFERENCE:
         samples = per_sample_grads(model, params, loss_fn, inputs, targets, chunk_size=chunk_size)
@@ -451,9 +537,11 @@ def collect_stats(
             micro_batch_size=micro_batch_size,
             reduction=red.value,
         )
+    from noetherflow.kernels.base import stats_from_samples
+
     st = stats_from_samples(samples, syms, estimator=est.value)
     if all_reduce or (all_reduce is None and is_distributed()):
-        all_reduce_stats(st)
+        all_reduce_stats(st, syms=syms, timeout=timeout)
     if check_finite:
         st.check_finite()
     return st

@@ -1,22 +1,25 @@
-"""The statistics object every estimator returns, and its construction from per-sample gradients."""
+"""The statistics object every estimator returns: the mean gradient plus one block per kernel.
+
+:class:`GradStats` knows no symmetry family. Each kernel (:mod:`noetherflow.kernels`) stores
+what its family needs in its own typed :class:`StatsBlock`; the drivers (DDP reduction,
+finiteness check, the solver) walk a block's tensors without knowing its fields.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import dataclasses
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import Any, ClassVar
 
-import torch
 from torch import Tensor, nn
 
+from noetherflow._checks import parse_enum
+from noetherflow._divergence import is_finite
 from noetherflow._errors import NonFiniteGradientError, StatisticsError
-from noetherflow.symmetry.base import Symmetry
-from noetherflow.symmetry.dense import DenseSymmetry
-from noetherflow.symmetry.rotation import DoubleRotation
-from noetherflow.symmetry.set import SymmetrySet
 
-__all__ = ["Estimator", "GradStats", "Level", "Reduction", "stats_from_samples"]
+__all__ = ["Estimator", "GradStats", "Level", "Reduction", "StatsBlock"]
 
 
 class Reduction(str, Enum):
@@ -37,7 +40,7 @@ class Level(str, Enum):
 class Estimator(str, Enum):
     """How per-sample gradient statistics are obtained."""
 
-    HOOKS = "hooks"  # inputs and output-gradients of Linear/Conv layers; no per-sample gradients
+    HOOKS = "hooks"  # inputs and output-gradients of registered layers; no per-sample gradients
     REFERENCE = "reference"  # torch.func vmap(grad): exact per-sample gradients (ground truth)
     MICROBATCH = "microbatch"  # one backward pass per micro-batch: any model, BatchNorm included
 
@@ -48,13 +51,110 @@ def axis_sum(v: Tensor, axis: int) -> Tensor:
 
 
 def parse_reduction(reduction: str | Reduction) -> Reduction:
-    try:
-        return Reduction(reduction)
-    except ValueError:
-        raise ValueError(
-            f"reduction={reduction!r} is not supported; expected 'mean' (loss_fn returns the "
-            "batch mean of per-sample losses) or 'sum' (their sum)."
-        ) from None
+    """``Reduction(reduction)`` with an error that explains the members."""
+    return parse_enum(
+        Reduction,
+        reduction,
+        "reduction",
+        "'mean' (loss_fn returns the batch mean of per-sample losses) or 'sum' (their sum)",
+    )
+
+
+def parse_level(level: str | Level) -> Level:
+    """``Level(level)`` with an error that explains the members."""
+    return parse_enum(
+        Level,
+        level,
+        "level",
+        "'diag' (per-coordinate E[g²] of every parameter), 'solve' (what solve_equilibrium "
+        "needs, cheaper) or 'neuron' (per-neuron sums: flows only, cheapest)",
+    )
+
+
+def check_batch(n: int) -> None:
+    """Σ needs at least two samples."""
+    if n < 2:
+        raise StatisticsError(
+            f"Got a batch of {n} sample(s); the gradient covariance Σ needs at least 2. "
+            "Pass a larger batch (it is treated as the data distribution)."
+        )
+
+
+Entry = tuple[str, Any, int]  # (field, key, slot): one tensor of a block
+_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+@dataclass
+class StatsBlock:
+    """Base of a kernel's statistics: a dataclass whose fields are dicts of tensors.
+
+    A value is a tensor or a tuple of tensors (e.g. the two moments of a rotation). Every
+    entry is an average over samples (1/N Σ_n), so that the DDP reduction can combine blocks
+    of any kernel as Σ_r (N_r/N)·stat_r without knowing their fields. ``key`` names the
+    block in :attr:`GradStats.blocks` (the kernel's name).
+    """
+
+    key: ClassVar[str] = ""
+    types: ClassVar[list[type[StatsBlock]]] = []
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        StatsBlock.types.append(cls)
+
+    def _fields(self) -> tuple[str, ...]:
+        cls = type(self)
+        names = _FIELDS.get(cls)
+        if names is None:
+            names = _FIELDS[cls] = tuple(f.name for f in dataclasses.fields(self))
+        return names
+
+    def entries(self) -> list[Entry]:
+        """(field, key, slot) of every tensor, in an order every rank shares."""
+        out: list[Entry] = []
+        for name in self._fields():
+            for k, v in getattr(self, name).items():
+                if isinstance(v, tuple):
+                    out += [(name, k, i) for i in range(len(v))]
+                else:
+                    out.append((name, k, -1))
+        return out
+
+    def get_entry(self, entry: Entry) -> Tensor:
+        """The tensor at ``entry`` (from :meth:`entries`)."""
+        name, k, slot = entry
+        v = getattr(self, name)[k]
+        t: Tensor = v if slot < 0 else v[slot]
+        return t
+
+    def set_entry(self, entry: Entry, value: Tensor) -> None:
+        """Replace the tensor at ``entry`` (from :meth:`entries`) by ``value``."""
+        name, k, slot = entry
+        d = getattr(self, name)
+        if slot < 0:
+            d[k] = value
+        else:
+            items = list(d[k])
+            items[slot] = value
+            d[k] = tuple(items)
+
+    def tensors(self) -> Iterator[tuple[str, Tensor]]:
+        """(description, tensor) of every entry, for finiteness checks and reports."""
+        for name in self._fields():
+            what = f"{self.key} {name}"
+            for v in getattr(self, name).values():
+                if isinstance(v, tuple):
+                    for t in v:
+                        yield what, t
+                else:
+                    yield what, v
+
+    def second_moment_params(self) -> set[int]:
+        """ids of parameters each of whose coordinates enters a second moment of this block.
+
+        A non-finite per-sample gradient makes its square non-finite too, so the mean of such
+        a parameter needs no separate finiteness pass. Default: none.
+        """
+        return set()
 
 
 @dataclass
@@ -67,117 +167,71 @@ class GradStats:
     Attributes:
         n: number of samples N.
         mean: ḡ per parameter (shape of the parameter).
-        sq: E[g ⊙ g] per parameter, for parameters of diagonal symmetries (``level="diag"``;
-            with ``level="solve"`` only for parameters that generators act on along two axes).
-        sq_axis: E[g ⊙ g] summed over every axis but one, keyed by (parameter, axis)
-            (``level="neuron"`` and ``"solve"``: enough for flows, and for the solver on
-            parameters that generators act on along one axis only).
-        side: per rotation, (E[∇W_f ∇W_fᵀ], E[∇U_f ∇U_fᵀ]), each ``[d, d]`` (M_W and M_U of
-            DESIGN §2.1 before scaling by the time model).
-        dense: per dense symmetry, E[g gᵀ] over its parameters, ``[P, P]``.
+        blocks: one :class:`StatsBlock` per kernel in use, keyed by kernel name, with what
+            that family's noise term needs (e.g. E[g²] for diagonal families, d×d moments for
+            rotations, E[ggᵀ] for dense generators).
         samples: per-sample gradients ``[N, *shape]`` where a solver needs to transport them
-            (symmetries that share parameters with a rotation or dense symmetry), else empty.
+            (coupled symmetry sets), else empty.
         estimator: which estimator produced the statistics.
+
+    The fields of the blocks read as attributes too (``stats.sq`` is the diagonal block's
+    ``sq``; an empty dict when no symmetry of that kind is in the set).
     """
 
     n: int
     mean: dict[nn.Parameter, Tensor] = field(default_factory=dict)
-    sq: dict[nn.Parameter, Tensor] = field(default_factory=dict)
-    sq_axis: dict[tuple[nn.Parameter, int], Tensor] = field(default_factory=dict)
-    side: dict[Symmetry, tuple[Tensor, Tensor]] = field(default_factory=dict)
-    dense: dict[Symmetry, Tensor] = field(default_factory=dict)
+    blocks: dict[str, StatsBlock] = field(default_factory=dict)
     samples: dict[nn.Parameter, Tensor] = field(default_factory=dict)
-    estimator: str = "reference"
+    estimator: str = Estimator.REFERENCE.value
 
-    def axis_sq(self, p: nn.Parameter, axis: int) -> Tensor:
-        """E[g ⊙ g] of ``p`` summed over every axis but ``axis``. Has shape ``[p.shape[axis]]``."""
-        if p in self.sq:
-            return axis_sum(self.sq[p], axis)
+    def __getattr__(self, name: str) -> Any:
+        # Only reached when normal lookup fails: a field of some kernel's block.
+        if name.startswith("_") or name in ("blocks", "mean", "samples", "n", "estimator"):
+            raise AttributeError(name)
+        blocks = self.__dict__.get("blocks", {})
+        for cls in StatsBlock.types:
+            if name in {f.name for f in dataclasses.fields(cls)}:
+                b = blocks.get(cls.key)
+                return getattr(b, name) if b is not None else {}
+        raise AttributeError(
+            f"GradStats has no attribute {name!r}; its fields are n, mean, blocks, samples, "
+            f"estimator and the fields of the kernels' blocks "
+            f"{sorted({f.name for c in StatsBlock.types for f in dataclasses.fields(c)})}."
+        )
+
+    def block(self, key: str) -> StatsBlock | None:
+        """The block of the kernel named ``key`` (None when no symmetry of that kind)."""
+        return self.blocks.get(key)
+
+    def tensors(self) -> Iterator[tuple[str, Tensor]]:
+        """(description, tensor) of every statistic but the per-sample gradients."""
+        for t in self.mean.values():
+            yield "mean gradient", t
+        for b in self.blocks.values():
+            yield from b.tensors()
+
+    def all_finite(self) -> bool:
+        """Whether every statistic is finite (the check of :meth:`check_finite`, no raise)."""
         try:
-            return self.sq_axis[(p, axis)]
-        except KeyError:
-            raise StatisticsError(
-                f"These statistics hold no squared gradients of a parameter of shape "
-                f"{tuple(p.shape)} along axis {axis}; collect them for this symmetry set."
-            ) from None
+            self.check_finite()
+        except NonFiniteGradientError:
+            return False
+        return True
 
     def check_finite(self) -> None:
         """Raise :class:`NonFiniteGradientError` if any statistic is NaN or infinite."""
-        # A non-finite per-sample gradient makes its squares non-finite too, so the means of
-        # parameters with squared statistics need no separate (full-size) pass.
-        squared = set(self.sq) | {p for p, _ in self.sq_axis}
-        groups: list[tuple[str, Mapping[Any, Tensor]]] = [
-            ("mean gradient", {p: t for p, t in self.mean.items() if p not in squared}),
-            ("squared gradient", self.sq),
-            ("per-axis squared gradient", self.sq_axis),
-            ("dense second moment", self.dense),
+        covered: set[int] = set()
+        for b in self.blocks.values():
+            covered |= b.second_moment_params()
+        groups: list[tuple[str, Tensor]] = [
+            ("mean gradient", t) for p, t in self.mean.items() if id(p) not in covered
         ]
-        for what, d in groups:
-            for t in d.values():
-                # One reduction instead of an elementwise mask: NaN and Inf propagate to the sum.
-                if not torch.isfinite(t.sum()):
-                    raise NonFiniteGradientError(
-                        f"The {what} statistic has NaN/Inf entries (shape {tuple(t.shape)}); "
-                        "expected finite per-sample gradients. Lower the learning rate or check "
-                        "the data; pass check_finite=False to skip this check."
-                    )
-        for w, u in self.side.values():
-            if not torch.isfinite(w.sum() + u.sum()):
+        for b in self.blocks.values():
+            groups += list(b.tensors())
+        for what, t in groups:
+            if not is_finite(t):
                 raise NonFiniteGradientError(
-                    "A rotation second moment has NaN/Inf entries; expected finite per-sample "
-                    "gradients. Pass check_finite=False to skip this check."
+                    f"The {what} statistic has NaN/Inf entries (shape {tuple(t.shape)}); "
+                    "expected finite per-sample gradients. Lower the learning rate or check "
+                    "the data; pass check_finite=False to skip this check."
                 )
-
-
-def check_batch(n: int) -> None:
-    if n < 2:
-        raise StatisticsError(
-            f"Got a batch of {n} sample(s); the gradient covariance Σ needs at least 2. "
-            "Pass a larger batch (it is treated as the data distribution)."
-        )
-
-
-def needs_samples(syms: SymmetrySet) -> set[int]:
-    """ids of parameters whose per-sample gradients a solver must keep (coupled or dense)."""
-    # Once any symmetry is coupled, the solver sweeps over all of them with transported
-    # per-sample gradients, so every parameter's samples are kept.
-    if syms.coupled_groups():
-        return {id(p) for p in syms.params()}
-    return set()
-
-
-def stats_from_samples(
-    samples: Mapping[nn.Parameter, Tensor], syms: SymmetrySet, *, estimator: str
-) -> GradStats:
-    """Build :class:`GradStats` from per-sample gradients ``[N, *shape]`` per parameter."""
-    n = next(iter(samples.values())).shape[0]
-    check_batch(n)
-    st = GradStats(n=n, estimator=estimator)
-    keep = needs_samples(syms)
-    for s in syms:
-        for p in s.params:
-            g = samples[p]
-            if p not in st.mean:
-                st.mean[p] = g.mean(0)
-            if s.is_diagonal and p not in st.sq:
-                st.sq[p] = g.square().mean(0)
-            if id(p) in keep:
-                st.samples[p] = g
-        if isinstance(s, DoubleRotation):
-            st.side[s] = (side_moment(s, "w", samples), side_moment(s, "u", samples))
-        elif isinstance(s, DenseSymmetry):
-            f = s.flat_batched(samples)
-            st.dense[s] = f.T @ f / n
-    return st
-
-
-def side_moment(s: DoubleRotation, which: str, samples: Mapping[nn.Parameter, Tensor]) -> Tensor:
-    """(1/N) Σ_n F_n F_nᵀ for the d-front per-sample gradients F_n of one side. ``[d, d]``."""
-    blocks = s.w_blocks if which == "w" else s.u_blocks
-    out: Tensor | None = None
-    for b in blocks:
-        f = b.front_batched(samples[b.param])
-        m = torch.einsum("ndm,nem->de", f, f) / f.shape[0]
-        out = m if out is None else out + m
-    assert out is not None
-    return out

@@ -12,11 +12,15 @@ rank order, so they equal those of the concatenated batch ``cat([x_0, x_1, …])
 Multi-machine runs need nothing beyond ``torch.distributed``: start one process per device
 with ``torchrun`` on every machine (see ``examples/ddp_torchrun.py``). Every rank must call
 the reducing function the same number of times with the same symmetry set, as for any
-collective.
+collective: the set is compared across ranks first (names, families, shapes, order), and a
+rank that does not join is reported after ``timeout`` (default :data:`DEFAULT_TIMEOUT`)
+instead of hanging until the process group's own timeout.
 """
 
 from __future__ import annotations
 
+import hashlib
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -24,9 +28,21 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from noetherflow._errors import StatisticsError
-from noetherflow.stats.core import GradStats
+from noetherflow.stats.core import GradStats, StatsBlock
+from noetherflow.symmetry.set import SymmetrySet
 
-__all__ = ["all_reduce_mean", "all_reduce_stats", "is_distributed", "unwrap_ddp"]
+__all__ = [
+    "DEFAULT_TIMEOUT",
+    "all_reduce_mean",
+    "all_reduce_stats",
+    "is_distributed",
+    "signature",
+    "unwrap_ddp",
+]
+
+#: How long a rank waits for the others at one collective before raising (instead of the
+#: process group's 30-minute default). Pass ``timeout=`` to override per call.
+DEFAULT_TIMEOUT = timedelta(minutes=5)
 
 
 def is_distributed() -> bool:
@@ -48,65 +64,121 @@ def _meta_device(t: Tensor, group: Any) -> torch.device:
     return t.device
 
 
-def _entries(stats: GradStats) -> list[tuple[str, Any, int]]:
-    """(field, key, slot) of every reducible tensor, in the order every rank shares."""
-    out: list[tuple[str, Any, int]] = []
-    out += [("mean", k, 0) for k in stats.mean]
-    out += [("sq", k, 0) for k in stats.sq]
-    out += [("sq_axis", k, 0) for k in stats.sq_axis]
-    for k in stats.side:
-        out += [("side", k, 0), ("side", k, 1)]
-    out += [("dense", k, 0) for k in stats.dense]
+def _entries(stats: GradStats) -> list[tuple[StatsBlock | None, Any]]:
+    """(block or None for the mean, entry) of every reducible tensor, in a shared order."""
+    out: list[tuple[StatsBlock | None, Any]] = [(None, p) for p in stats.mean]
+    for key in sorted(stats.blocks):
+        b = stats.blocks[key]
+        out += [(b, e) for e in b.entries()]
     return out
 
 
-def _get(stats: GradStats, field: str, key: Any, slot: int) -> Tensor:
-    if field == "side":
-        return stats.side[key][slot]
-    t: Tensor = getattr(stats, field)[key]
-    return t
+def _get(stats: GradStats, block: StatsBlock | None, entry: Any) -> Tensor:
+    return stats.mean[entry] if block is None else block.get_entry(entry)
 
 
-def _set(stats: GradStats, field: str, key: Any, slot: int, value: Tensor) -> None:
-    if field == "side":
-        pair = list(stats.side[key])
-        pair[slot] = value
-        stats.side[key] = (pair[0], pair[1])
+def _set(stats: GradStats, block: StatsBlock | None, entry: Any, value: Tensor) -> None:
+    if block is None:
+        stats.mean[entry] = value
     else:
-        getattr(stats, field)[key] = value
+        block.set_entry(entry, value)
 
 
-def all_reduce_stats(stats: GradStats, *, group: Any = None) -> GradStats:
+def signature(stats: GradStats, syms: SymmetrySet | None = None) -> list[Any]:
+    """What every rank must share: symmetry names, families and parameter shapes in order,
+    and the layout (blocks, shapes) of the statistics."""
+    sig: list[Any] = []
+    if syms is not None:
+        sig += [(n, type(s).__name__, [tuple(p.shape) for p in s.params]) for n, s in syms.items()]
+    sig.append(sorted(stats.blocks))
+    sig += [tuple(_get(stats, b, e).shape) for b, e in _entries(stats)]
+    sig.append(sorted(tuple(t.shape[1:]) for t in stats.samples.values()))
+    return sig
+
+
+def _digest(obj: Any) -> int:
+    return int.from_bytes(hashlib.sha256(repr(obj).encode()).digest()[:7], "big")
+
+
+def _wait(work: Any, timeout: timedelta, what: str) -> None:
+    """Wait for an async collective, or raise a clear error after ``timeout``."""
+    try:
+        ok = work.wait(timeout=timeout)
+    except RuntimeError as e:  # gloo raises on timeout
+        raise StatisticsError(
+            f"{what}: the other ranks did not join within {timeout.total_seconds():g} s ({e}). "
+            "Every rank must call collect_stats / read Capture.stats (and mon.track()/step()) "
+            "the same number of times with the same symmetry set; a rank that skips one (an "
+            "early exit, a condition on the rank, an uneven number of batches) leaves the "
+            "others waiting. Raise the limit with timeout=... if a rank is merely slow."
+        ) from None
+    if ok is False:
+        raise StatisticsError(
+            f"{what}: the other ranks did not join within {timeout.total_seconds():g} s; every "
+            "rank must call it the same number of times with the same symmetry set."
+        )
+
+
+def _timeout(timeout: float | timedelta | None) -> timedelta:
+    if timeout is None:
+        return DEFAULT_TIMEOUT
+    if isinstance(timeout, timedelta):
+        return timeout
+    if not (float(timeout) > 0):
+        raise ValueError(f"timeout={timeout!r} must be a positive number of seconds.")
+    return timedelta(seconds=float(timeout))
+
+
+def all_reduce_stats(
+    stats: GradStats,
+    *,
+    group: Any = None,
+    syms: SymmetrySet | None = None,
+    timeout: float | timedelta | None = None,
+) -> GradStats:
     """Turn each rank's statistics into those of the global batch, in place; returns ``stats``.
 
     Entries are combined as Σ_r (N_r/N)·stat_r (:mod:`module docstring <.distributed>`), so
     ranks may hold different batch sizes. Per-sample gradients are all-gathered in rank order.
     A no-op when ``torch.distributed`` is not initialised or the group has one rank. Every rank
-    of ``group`` must call it with statistics of the same symmetry set.
+    of ``group`` must call it with statistics of the same symmetry set (``syms``, when given,
+    is compared by names, families, parameter shapes and order before anything is reduced).
+
+    Args:
+        timeout: seconds (or a timedelta) to wait for the other ranks at each collective
+            before raising; default :data:`DEFAULT_TIMEOUT`.
 
     Raises:
-        StatisticsError: the ranks hold statistics of different shapes (different symmetry
-            sets or estimators), which would otherwise corrupt the reduction silently.
+        StatisticsError: the ranks hold different symmetry sets or statistics of different
+            shapes (which would otherwise corrupt the reduction silently), or a rank did not
+            join within ``timeout``.
     """
     if not is_distributed() or dist.get_world_size(group) == 1:
         return stats
+    limit = _timeout(timeout)
     entries = _entries(stats)
     tensors = [_get(stats, *e) for e in entries]
     if not tensors:
         raise StatisticsError("all_reduce_stats: the statistics are empty; nothing to reduce.")
     dev = _meta_device(tensors[0], group)
-    numel = sum(t.numel() for t in tensors)
-    s_numel = sum(t[0].numel() for t in stats.samples.values())
-    meta = torch.tensor([stats.n, numel, len(tensors), s_numel], dtype=torch.int64, device=dev)
+    sig = signature(stats, syms)
+    meta = torch.tensor([stats.n, _digest(sig)], dtype=torch.int64, device=dev)
     world = dist.get_world_size(group)
     metas = [torch.empty_like(meta) for _ in range(world)]
-    dist.all_gather(metas, meta, group=group)
+    _wait(
+        dist.all_gather(metas, meta, group=group, async_op=True),
+        limit,
+        "all_reduce_stats (symmetry-set check)",
+    )
     table = torch.stack(metas).cpu()
-    if (table[:, 1:] != table[0, 1:]).any():
+    if (table[:, 1] != table[0, 1]).any():
+        bad = [r for r in range(world) if int(table[r, 1]) != int(table[0, 1])]
         raise StatisticsError(
-            "all_reduce_stats: ranks hold statistics of different shapes (per rank: "
-            f"[numel, tensors, per-sample numel] = {table[:, 1:].tolist()}); expected the same "
-            "symmetry set and estimator on every rank."
+            f"all_reduce_stats: ranks {bad} hold a different symmetry set or statistics layout "
+            f"than rank 0 (names, families, parameter shapes or order; this rank: {sig[:4]}…); "
+            "expected the same symmetry set, in the same order, and the same estimator and "
+            "level on every rank. Build the set the same way on every rank (e.g. from the "
+            "same model before wrapping it in DDP)."
         )
     counts = [int(c) for c in table[:, 0]]
     total = sum(counts)
@@ -119,7 +191,11 @@ def all_reduce_stats(stats: GradStats, *, group: Any = None) -> GradStats:
     for dtype in sorted(by_dtype, key=str):
         idx = by_dtype[dtype]
         flat = torch.cat([tensors[i].reshape(-1).to(dev) for i in idx]) * weight
-        dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
+        _wait(
+            dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group, async_op=True),
+            limit,
+            "all_reduce_stats",
+        )
         off = 0
         for i in idx:
             t = tensors[i]
@@ -128,13 +204,17 @@ def all_reduce_stats(stats: GradStats, *, group: Any = None) -> GradStats:
             _set(stats, *entries[i], part)
 
     if stats.samples:
-        stats.samples = _gather_samples(stats.samples, counts, dev, group)
+        stats.samples = _gather_samples(stats.samples, counts, dev, group, limit)
     stats.n = total
     return stats
 
 
 def _gather_samples(
-    samples: dict[nn.Parameter, Tensor], counts: list[int], dev: torch.device, group: Any
+    samples: dict[nn.Parameter, Tensor],
+    counts: list[int],
+    dev: torch.device,
+    group: Any,
+    limit: timedelta,
 ) -> dict[nn.Parameter, Tensor]:
     """Concatenate per-sample gradients ``[N_r, *shape]`` of all ranks in rank order."""
     keys = list(samples)
@@ -149,7 +229,11 @@ def _gather_samples(
         padded = local.new_zeros(n_max, local.shape[1])
         padded[: local.shape[0]] = local
         bufs = [torch.empty_like(padded) for _ in counts]
-        dist.all_gather(bufs, padded, group=group)
+        _wait(
+            dist.all_gather(bufs, padded, group=group, async_op=True),
+            limit,
+            "all_reduce_stats (per-sample gradients)",
+        )
         full = torch.cat([b[:c] for b, c in zip(bufs, counts, strict=True)])
         off = 0
         for k in ks:
@@ -160,7 +244,9 @@ def _gather_samples(
     return {k: out[k] for k in keys}
 
 
-def all_reduce_mean(value: Tensor, n: int, *, group: Any = None) -> Tensor:
+def all_reduce_mean(
+    value: Tensor, n: int, *, group: Any = None, timeout: float | timedelta | None = None
+) -> Tensor:
     """The sample-weighted mean Σ_r N_r·value_r / Σ_r N_r over ranks (e.g. a mean loss).
 
     Returns ``value`` unchanged (detached) when not distributed. ``value`` may have any shape.
@@ -175,5 +261,9 @@ def all_reduce_mean(value: Tensor, n: int, *, group: Any = None) -> Tensor:
             torch.tensor([float(n)], dtype=torch.float64, device=dev),
         ]
     )
-    dist.all_reduce(buf, op=dist.ReduceOp.SUM, group=group)
+    _wait(
+        dist.all_reduce(buf, op=dist.ReduceOp.SUM, group=group, async_op=True),
+        _timeout(timeout),
+        "all_reduce_mean",
+    )
     return (buf[:-1] / buf[-1]).to(value.dtype).view(value.shape).to(value.device)

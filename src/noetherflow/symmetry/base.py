@@ -60,14 +60,6 @@ class DiagonalTerm:
         view[self.axis] = -1
         return (self.sign * lam.repeat_interleave(self.block)).view(view)
 
-    @property
-    def gen(self) -> Tensor:
-        """Generator index of every coordinate (shape of the parameter)."""
-        idx = torch.arange(self.param.shape[self.axis], device=self.param.device) // self.block
-        view = [1] * self.param.dim()
-        view[self.axis] = -1
-        return idx.view(view).expand(self.param.shape).clone()
-
 
 def check_params(params: Sequence[nn.Parameter], who: str) -> None:
     """Reject frozen, duplicated, or mixed-device/dtype parameters with a clear message."""
@@ -166,6 +158,18 @@ class Symmetry(ABC):
     def describe(self) -> str:
         """A short human-readable description of what the symmetry acts on."""
         return self.label or self.family.value
+
+    def covered_mask(self, p: Tensor) -> Tensor:
+        """Boolean mask (CPU) of the coordinates of ``p`` (one of ``params``) acted on."""
+        return torch.ones(p.shape, dtype=torch.bool)
+
+    def signature(self, names: Mapping[int, str]) -> tuple[Any, ...]:
+        """A hashable description of what the symmetry acts on (``names``: id → name).
+
+        Default ``(family, (parameter names…))``; families refine it. Used by tests and to
+        compare symmetry sets across DDP ranks.
+        """
+        return (self.family.value, tuple(names[id(p)] for p in self.params))
 
 
 class DiagonalSymmetry(Symmetry):

@@ -17,8 +17,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor, nn
 
-from noetherflow.symmetry.base import DiagonalSymmetry, Symmetry
-from noetherflow.symmetry.rotation import DoubleRotation
+from noetherflow.symmetry.base import Symmetry
 
 if TYPE_CHECKING:
     from noetherflow.symmetry.set import SymmetrySet
@@ -149,19 +148,7 @@ def covered_mask(sym: Symmetry, p: Tensor) -> Tensor | None:
     """Boolean mask of the coordinates of ``p`` that ``sym`` acts on (None if it does not)."""
     if not any(q is p for q in sym.params):
         return None
-    if isinstance(sym, DiagonalSymmetry):
-        mask = torch.zeros(p.shape, dtype=torch.bool)
-        for t in sym.terms():
-            if t.param is p:
-                mask |= (t.gen >= 0).cpu()
-        return mask
-    if isinstance(sym, DoubleRotation):
-        mask = torch.zeros(p.shape, dtype=torch.bool)
-        for b in [*sym.w_blocks, *sym.u_blocks]:
-            if b.param is p:
-                mask.movedim(b.axis, 0)[b.start : b.stop] = True
-        return mask
-    return torch.ones(p.shape, dtype=torch.bool)
+    return sym.covered_mask(p).cpu()
 
 
 def _default_reason(model: nn.Module, name: str) -> str:

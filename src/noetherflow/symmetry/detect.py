@@ -33,9 +33,6 @@ from torch import Tensor, fx, nn
 from noetherflow.symmetry import _fx_patterns as pat
 from noetherflow.symmetry.base import Symmetry
 from noetherflow.symmetry.coverage import DetectionReport
-from noetherflow.symmetry.rescaling import Rescaling
-from noetherflow.symmetry.rotation import DoubleRotation
-from noetherflow.symmetry.scaling import ScaleInvariance
 from noetherflow.symmetry.set import SymmetrySet, VerifyResult, _as_outputs, _rebind, _to64
 
 __all__ = ["DetectionError", "find_symmetries", "symmetry_signature"]
@@ -370,19 +367,11 @@ def find_symmetries(
 def symmetry_signature(sym: Symmetry, names: dict[int, str]) -> tuple[Any, ...]:
     """A hashable description of what ``sym`` acts on, for exact comparisons in tests.
 
+    Delegates to :meth:`Symmetry.signature`:
+
     * rescaling: ``("rescaling", first_weight_name, second_weight_name, block)``
     * scale: ``("scale", (param names…), per_channel)``
     * rotation: ``("rotation", W-side blocks, U-side blocks)`` with each block
       ``(param name, axis, start, stop)``.
     """
-    if isinstance(sym, Rescaling):
-        return ("rescaling", names[id(sym.first.weight)], names[id(sym.second.weight)], sym.block)
-    if isinstance(sym, ScaleInvariance):
-        return ("scale", tuple(names[id(p)] for p in sym.params), sym.per_channel)
-    if isinstance(sym, DoubleRotation):
-
-        def blocks(bs: list[Any]) -> tuple[tuple[Any, ...], ...]:
-            return tuple((names[id(b.param)], b.axis, b.start, b.stop) for b in bs)
-
-        return ("rotation", blocks(sym.w_blocks), blocks(sym.u_blocks))
-    return (sym.family.value, tuple(names[id(p)] for p in sym.params))
+    return sym.signature(names)

@@ -7,7 +7,8 @@ so A = diag(I_in, −I_out) per neuron (paper §4.2) and C_j = ‖w_j‖² + b_j
 
 from __future__ import annotations
 
-from typing import ClassVar
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
 from torch import nn
 
@@ -94,6 +95,10 @@ class Rescaling(DiagonalSymmetry):
             terms.append(DiagonalTerm(self._w2, 1, self.block, -1.0))
             self._terms = terms
         return self._terms
+
+    def signature(self, names: Mapping[int, str]) -> tuple[Any, ...]:
+        """``("rescaling", first weight name, second weight name, block)``."""
+        return ("rescaling", names[id(self._w1)], names[id(self._w2)], self.block)
 
     def describe(self) -> str:
         return self.label or (

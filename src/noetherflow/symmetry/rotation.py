@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -208,3 +208,20 @@ class DoubleRotation(Symmetry):
 
     def describe(self) -> str:
         return self.label or f"double rotation (d={self.d})"
+
+    def covered_mask(self, p: Tensor) -> Tensor:
+        """The hidden slices of ``p`` on either side."""
+        mask = torch.zeros(p.shape, dtype=torch.bool)
+        for b in [*self.w_blocks, *self.u_blocks]:
+            if b.param is p:
+                mask.movedim(b.axis, 0)[b.start : b.stop] = True
+        return mask
+
+    def signature(self, names: Mapping[int, str]) -> tuple[Any, ...]:
+        """``("rotation", W-side blocks, U-side blocks)``, each block
+        ``(param name, axis, start, stop)``."""
+
+        def blocks(bs: Sequence[Block]) -> tuple[tuple[Any, ...], ...]:
+            return tuple((names[id(b.param)], b.axis, b.start, b.stop) for b in bs)
+
+        return ("rotation", blocks(self.w_blocks), blocks(self.u_blocks))

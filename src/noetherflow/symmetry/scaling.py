@@ -6,8 +6,8 @@ grow for ever (paper eq. 24): the equilibrium is at infinity.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import ClassVar
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
 
 from torch import nn
 
@@ -66,6 +66,10 @@ class ScaleInvariance(DiagonalSymmetry):
 
     def terms(self) -> list[DiagonalTerm]:
         return self._terms
+
+    def signature(self, names: Mapping[int, str]) -> tuple[Any, ...]:
+        """``("scale", (parameter names…), per_channel)``."""
+        return ("scale", tuple(names[id(p)] for p in self.params), self.per_channel)
 
     def describe(self) -> str:
         n = sum(t.param.numel() for t in self._terms)

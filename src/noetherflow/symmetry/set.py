@@ -11,7 +11,7 @@ import torch
 from torch import Tensor, nn
 
 from noetherflow._errors import SymmetryDefinitionError, SymmetryNotPresentError
-from noetherflow.symmetry.base import Symmetry, unique_params
+from noetherflow.symmetry.base import DiagonalSymmetry, Symmetry, unique_params
 
 if TYPE_CHECKING:
     from noetherflow.symmetry.coverage import CoverageReport, DetectionReport
@@ -50,6 +50,7 @@ class SymmetrySet:
     def __init__(self, symmetries: Iterable[Symmetry] = ()) -> None:
         self._syms: list[Symmetry] = []
         self._names: list[str] = []
+        self._params: list[nn.Parameter] | None = None
         self.verification: dict[str, VerifyResult] = {}
         # Filled by nf.find_symmetries: what detection learnt, and parameter names so that
         # to_dict()/table() name parameters without being given the model.
@@ -72,6 +73,7 @@ class SymmetrySet:
             )
         self._syms.append(sym)
         self._names.append(name)
+        self._params = None
 
     def __iter__(self) -> Iterator[Symmetry]:
         return iter(self._syms)
@@ -92,8 +94,14 @@ class SymmetrySet:
         return list(zip(self._names, self._syms, strict=True))
 
     def params(self) -> list[nn.Parameter]:
-        """Every parameter acted on by some symmetry, once each."""
-        return unique_params(self._syms)
+        """Every parameter acted on by some symmetry, once each (a new list each call)."""
+        if self._params is None:
+            self._params = unique_params(self._syms)
+        return list(self._params)
+
+    def diagonal(self) -> list[tuple[int, DiagonalSymmetry]]:
+        """``(index, symmetry)`` of the diagonal symmetries (rescaling, scale, …), in order."""
+        return [(i, s) for i, s in enumerate(self._syms) if isinstance(s, DiagonalSymmetry)]
 
     def coupled_groups(self) -> list[list[int]]:
         """Indices of symmetries whose statistics must be solved together.
@@ -267,8 +275,8 @@ def _to64(x: Any) -> Any:
     return x
 
 
-def _rebind(sym: Symmetry, mapping: dict[int, nn.Parameter]) -> Symmetry:
-    """A copy of ``sym`` acting on the mapped parameters (of a model copy)."""
+def rebind_symmetry(sym: Symmetry, mapping: dict[int, nn.Parameter]) -> Symmetry:
+    """A copy of ``sym`` acting on the mapped parameters (``id(old) → new``: a model copy)."""
     memo: dict[int, Any] = {}
     for p in sym.params:
         if id(p) not in mapping:
@@ -278,16 +286,18 @@ def _rebind(sym: Symmetry, mapping: dict[int, nn.Parameter]) -> Symmetry:
             )
         memo[id(p)] = mapping[id(p)]
     # Modules referenced by the symmetry are copied shallowly; parameters map to the copy.
-    for attr in ("first", "second"):
-        mod = getattr(sym, attr, None)
-        if isinstance(mod, nn.Module):
-            memo[id(mod)] = _module_view(mod, mapping)
+    for value in vars(sym).values():
+        if isinstance(value, nn.Module):
+            memo[id(value)] = _module_view(value, mapping)
     return copy.deepcopy(sym, memo)
+
+
+_rebind = rebind_symmetry
 
 
 def _module_view(mod: nn.Module, mapping: dict[int, nn.Parameter]) -> nn.Module:
     view = copy.copy(mod)
     view._parameters = {
-        k: (mapping[id(v)] if v is not None else None) for k, v in mod._parameters.items()
+        k: (mapping.get(id(v), v) if v is not None else None) for k, v in mod._parameters.items()
     }
     return view

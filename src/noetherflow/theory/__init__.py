@@ -3,8 +3,8 @@
 from noetherflow.theory.ziyin2024 import (
     DeepLinearSolution,
     InitScheme,
-    Reduction,
-    TimeModel,
+    LossScaling,
+    TimeScale,
     TwoLayerSolution,
     approximate_symmetry_charge_shift_large_zeta,
     approximate_symmetry_charge_shift_small_zeta,
@@ -41,8 +41,8 @@ from noetherflow.theory.ziyin2024 import (
 __all__ = [
     "DeepLinearSolution",
     "InitScheme",
-    "Reduction",
-    "TimeModel",
+    "LossScaling",
+    "TimeScale",
     "TwoLayerSolution",
     "approximate_symmetry_charge_shift_large_zeta",
     "approximate_symmetry_charge_shift_small_zeta",

@@ -33,15 +33,17 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-TimeModel = Literal["continuous", "discrete"]
-Reduction = Literal["sum", "mean", "half_sum"]
+# Independent of the library (an oracle): plain Literals, named apart from nf.TimeModel and
+# nf.Reduction (this one also has "half_sum", the ½Σ convention of some closed forms).
+TimeScale = Literal["continuous", "discrete"]
+LossScaling = Literal["sum", "mean", "half_sum"]
 InitScheme = Literal["kaiming", "xavier"]
 
 __all__ = [
     "DeepLinearSolution",
     "InitScheme",
-    "Reduction",
-    "TimeModel",
+    "LossScaling",
+    "TimeScale",
     "TwoLayerSolution",
     "approximate_symmetry_charge_shift_large_zeta",
     "approximate_symmetry_charge_shift_small_zeta",
@@ -192,7 +194,7 @@ def equilibrium_charge(
     batch_size: int,
     weight_decay: float,
     *,
-    time: TimeModel = "continuous",
+    time: TimeScale = "continuous",
     mean_grad_A: float = 0.0,
 ) -> float:
     """Charge ``C* = θ*ᵀAθ*`` at a noise equilibrium, paper eq. (9) in our conventions.
@@ -242,7 +244,7 @@ def charge_relaxation_rate(
     batch_size: int,
     weight_decay: float = 0.0,
     *,
-    time: TimeModel = "continuous",
+    time: TimeScale = "continuous",
     mean_grad_A2: float = 0.0,
 ) -> float:
     """Linear relaxation rate of a charge towards its noise equilibrium (paper §4.2, App. B.3).
@@ -288,7 +290,7 @@ def equilibration_time(
     batch_size: int,
     weight_decay: float = 0.0,
     *,
-    time: TimeModel = "continuous",
+    time: TimeScale = "continuous",
     mean_grad_A2: float = 0.0,
 ) -> float:
     """Predicted ``t_equi = 1/r`` of paper §4.2, ``r`` from :func:`charge_relaxation_rate`.
@@ -314,7 +316,7 @@ def equilibration_time(
 
 
 def weight_decay_ridge(
-    weight_decay: float, *, lr: float, batch_size: int, time: TimeModel = "continuous"
+    weight_decay: float, *, lr: float, batch_size: int, time: TimeScale = "continuous"
 ) -> float:
     """The ``ρ`` that weight decay adds to ``Γ_W`` and ``Γ_U`` in Thm 5.2: ``Γ → Γ + ρI``.
 
@@ -336,7 +338,7 @@ def weight_decay_ridge(
 
 
 def two_layer_noise_factors(
-    x: Tensor, r: Tensor, *, time: TimeModel = "continuous", batch_size: int = 1
+    x: Tensor, r: Tensor, *, time: TimeScale = "continuous", batch_size: int = 1
 ) -> tuple[Tensor, Tensor]:
     """The noise matrices ``Γ_W`` and ``Γ_U`` of Thm 5.2 from samples, exact at any ``(U, W)``.
 
@@ -422,7 +424,7 @@ def two_layer_charge_flow(
     lr: float,
     batch_size: int,
     weight_decay: float = 0.0,
-    time: TimeModel = "continuous",
+    time: TimeScale = "continuous",
 ) -> float:
     """Expected flow of ``C_B = Tr[B(UᵀU − WWᵀ)]`` (Prop 5.1 specialised to eq. 12).
 
@@ -564,7 +566,7 @@ def two_layer_hessian_trace(
     W: Tensor,
     sigma_x: Tensor,
     *,
-    reduction: Reduction = "sum",
+    reduction: LossScaling = "sum",
     weight_decay: float = 0.0,
 ) -> float:
     """``Tr ∇²L(U, W)`` for ``L = E[ℓ(UWx − y)]`` (Prop 5.3), exact at every ``(U, W)``.
@@ -595,7 +597,7 @@ def two_layer_sgd_sharpness(
     sigma_eps: Tensor,
     *,
     hidden_dim: int,
-    reduction: Reduction = "sum",
+    reduction: LossScaling = "sum",
 ) -> float:
     """Prop 5.3 evaluated at the Thm 5.2 solution: SGD's predicted end-of-training ``Tr ∇²L``.
 
@@ -637,7 +639,7 @@ def sharpness_at_init(
     trace_sigma_x: float,
     d: int,
     d_y: int,
-    reduction: Reduction = "sum",
+    reduction: LossScaling = "sum",
 ) -> float:
     """Expected ``Tr ∇²L`` at an i.i.d. init, eq. (15): ``c·d_y·d·Tr[Σ_x](σ_W² + σ_U²)``.
 
@@ -649,7 +651,7 @@ def sharpness_at_init(
 
 
 def sharpness_at_end_autoencoder(
-    trace_sigma_x: float, *, d_x: int, d: int, reduction: Reduction = "sum"
+    trace_sigma_x: float, *, d_x: int, d: int, reduction: LossScaling = "sum"
 ) -> float:
     """``Tr ∇²L`` at SGD's end point for an isotropic autoencoder, eq. (15).
 
@@ -672,7 +674,7 @@ def scale_invariant_equilibrium_norm_sq(
     batch_size: int,
     weight_decay: float,
     *,
-    time: TimeModel = "continuous",
+    time: TimeScale = "continuous",
     mean_grad_sq_unit: float = 0.0,
 ) -> float:
     """Equilibrium ``‖θ*‖²`` of scale-invariant parameters with weight decay (eqs. 9, 24).
@@ -704,7 +706,7 @@ def scale_invariant_norm_sq(
     lr: float,
     batch_size: int,
     weight_decay: float = 0.0,
-    time: TimeModel = "continuous",
+    time: TimeScale = "continuous",
     mean_grad_sq_unit: float = 0.0,
 ) -> Tensor:
     """Predicted ``‖θ_t‖²`` of scale-invariant parameters under SGD (eq. 24), mean-field.
@@ -960,7 +962,7 @@ def rank_one_balance_decay_rate(
     *,
     weight_decay: float = 0.0,
     mean_rx: float = 0.0,
-    time: TimeModel = "discrete",
+    time: TimeScale = "discrete",
 ) -> float:
     """Exponential decay rate of ``E[Q]``, ``Q = WWᵀ − UᵀU``, rank-one case of Prop 5.1.
 

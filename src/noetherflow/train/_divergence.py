@@ -1,57 +1,7 @@
-"""Private: detect a diverging run and record it instead of raising.
-
-A run *diverges at step k* when the state θ_k (the parameters after k updates) has a
-non-finite coordinate, or its loss (minibatch or full batch, whichever the integrator
-evaluated) is not finite. The integrators stop there, leave the model in that state, and
-report ``diverged_at_step = k`` together with the last finite loss they had seen.
-"""
+"""Private: re-export of the package's divergence helper (:mod:`noetherflow._divergence`)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
-
-import torch
-from torch import Tensor
+from noetherflow._divergence import DivergenceTracker, all_finite
 
 __all__ = ["DivergenceTracker", "all_finite"]
-
-
-def all_finite(tensors: Sequence[Tensor]) -> Tensor:
-    """Return a 0-dim bool tensor: every entry of every tensor is finite (one sync to read)."""
-    if len(tensors) == 0:
-        return torch.tensor(True)
-    flags = [torch.isfinite(t).all() for t in tensors]
-    return torch.stack([f.to(flags[0].device) for f in flags]).all()
-
-
-@dataclass
-class DivergenceTracker:
-    """Remember the last finite loss and the step of divergence, if any."""
-
-    diverged: bool = False
-    diverged_at_step: int | None = None
-    _last_finite: Tensor | None = None
-
-    def observe_loss(self, loss: Tensor, step: int) -> bool:
-        """Record ``loss`` (0-dim) of the state θ_step; return False (and mark) if not finite."""
-        if bool(torch.isfinite(loss).item()):
-            self._last_finite = loss.detach()
-            return True
-        self.mark(step)
-        return False
-
-    def record_finite(self, loss: Tensor) -> None:
-        """Record a loss already known to be finite (no device sync)."""
-        self._last_finite = loss.detach()
-
-    def mark(self, step: int) -> None:
-        """Mark divergence at ``step`` (the first one wins)."""
-        if not self.diverged:
-            self.diverged = True
-            self.diverged_at_step = step
-
-    @property
-    def last_finite_loss(self) -> float | None:
-        """The last finite loss observed, as a float (None if none was)."""
-        return None if self._last_finite is None else float(self._last_finite.item())

@@ -1,0 +1,173 @@
+"""Worked examples of the docs page "Extending noetherflow" (tested in tests/test_kernels.py).
+
+A layer type stored ``[in, out]`` registered with one call, a new diagonal family in one
+class, and a new family with its own kernel (a closed-form solve).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor, nn
+
+import noetherflow as nf
+from noetherflow.kernels import (
+    GradSource,
+    GroupSolve,
+    InfinityReport,
+    Kernel,
+    SolveOptions,
+    StatsBlock,
+    register_kernel,
+)
+from noetherflow.stats import LayerHandler, register_layer
+from noetherflow.stats.core import Level
+from noetherflow.stats.registry import linear_factors
+from noetherflow.symmetry.base import DiagonalSymmetry, DiagonalTerm, Family, Symmetry
+
+DT = torch.float64
+
+
+# --8<-- [start:layer]
+class TransposedLinear(nn.Module):
+    """y = x W + b with W ``[in, out]``."""
+
+    def __init__(self, nx: int, nf_: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(nx, nf_, dtype=DT) / math.sqrt(nx))
+        self.bias = nn.Parameter(torch.randn(nf_, dtype=DT) * 0.1)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x @ self.weight + self.bias
+
+
+register_layer(TransposedLinear, LayerHandler(linear_factors, transposed=True))
+# --8<-- [end:layer]
+
+
+# --8<-- [start:diagonal-family]
+class TransposedRescaling(DiagonalSymmetry):
+    """Per-neuron rescaling between two TransposedLinear layers joined by a ReLU."""
+
+    family: ClassVar[Family] = Family.RESCALING
+
+    def __init__(self, first: TransposedLinear, second: TransposedLinear) -> None:
+        super().__init__(label="trescale")
+        self._terms = [
+            DiagonalTerm(first.weight, 1, 1, 1.0),  # output columns of W1 [in, d]
+            DiagonalTerm(first.bias, 0, 1, 1.0),
+            DiagonalTerm(second.weight, 0, 1, -1.0),  # input rows of W2 [d, out]
+        ]
+
+    @property
+    def num_generators(self) -> int:
+        return int(self._terms[1].param.shape[0])
+
+    def terms(self) -> list[DiagonalTerm]:
+        return self._terms
+
+
+# --8<-- [end:diagonal-family]
+
+
+# --8<-- [start:kernel]
+class GroupScale(Symmetry):
+    """θ ↦ e^λ θ on a group of parameters (A = I): C = ‖θ‖², a scalar element λ."""
+
+    family: ClassVar[Family] = Family.SCALE
+
+    def __init__(self, params: Sequence[nn.Parameter], *, label: str | None = None) -> None:
+        super().__init__(label=label)
+        self._params = list(params)
+
+    @property
+    def params(self) -> list[nn.Parameter]:
+        return self._params
+
+    @property
+    def size(self) -> int:
+        return 1
+
+    def charge_of(self, values: Mapping[nn.Parameter, Tensor]) -> Tensor:
+        return sum(values[p].to(DT).square().sum() for p in self._params)  # type: ignore[return-value]
+
+    def act_(self, element: Any, values: Mapping[nn.Parameter, Tensor]) -> None:
+        for p in self._params:
+            values[p].mul_(math.exp(float(element)))
+
+    def transport_grads_(self, element: Any, grads: Mapping[nn.Parameter, Tensor]) -> None:
+        for p in self._params:
+            grads[p].mul_(math.exp(-float(element)))
+
+    def random_element(self, scale: float, generator: torch.Generator) -> float:
+        return float(torch.rand((), generator=generator, dtype=DT) * 2 - 1) * scale
+
+    def identity_element(self) -> float:
+        return 0.0
+
+
+@dataclass
+class GroupScaleStats(StatsBlock):
+    """Per symmetry, E‖g‖² over its parameters (a scalar)."""
+
+    key: ClassVar[str] = "group_scale"
+    sq_total: dict[Symmetry, Tensor] = field(default_factory=dict)
+
+
+class GroupScaleKernel(Kernel[GroupScale, GroupScaleStats]):
+    """flow = −κ‖θ‖² + Tr M, M = c_mean ḡḡᵀ + c_second E[ggᵀ]; λ* = ¼ log(Tr M / κ‖θ‖²)."""
+
+    name: ClassVar[str] = GroupScaleStats.key
+    block: ClassVar[type[StatsBlock]] = GroupScaleStats
+
+    def collect(self, syms: Sequence[GroupScale], src: GradSource, level: Level) -> GroupScaleStats:
+        out = GroupScaleStats()
+        for s in syms:
+            want = {p: (0,) for p in s.params}
+            sums = src.axis_sq(want)
+            out.sq_total[s] = sum(sums[(p, 0)].to(DT).sum() for p in s.params)  # type: ignore[assignment]
+        return out
+
+    def noise(self, s: GroupScale, stats: nf.GradStats, nm: nf.NoiseModel) -> Tensor:
+        blk = stats.block(self.name)
+        assert isinstance(blk, GroupScaleStats)
+        gbar2 = sum(stats.mean[p].to(DT).square().sum() for p in s.params)
+        return nm.c_mean * gbar2 + nm.c_second * blk.sq_total[s]
+
+    def solve(
+        self,
+        syms: Sequence[GroupScale],
+        values: Mapping[nn.Parameter, Tensor],
+        stats: nf.GradStats,
+        nm: nf.NoiseModel,
+        names: Mapping[Symmetry, str],
+        opts: SolveOptions,
+    ) -> GroupSolve:
+        (s,) = syms
+        tr_m = float(self.noise(s, stats, nm))
+        kc = nm.kappa * float(s.charge_of(values))
+        out = GroupSolve()
+        if tr_m <= 0 or kc <= 0:
+            out.reports.append(InfinityReport(names[s], torch.tensor(1.0), "no restoring term"))
+            return out
+        lam = 0.25 * math.log(tr_m / kc)
+        out.steps.append((s, lam))
+        out.residual[s] = 0.0
+        return out
+
+    def compose(self, total: Any, element: Any) -> Any:
+        return total + element
+
+    def distance(self, s: GroupScale, total: Any) -> Tensor:
+        return torch.tensor(abs(float(total)), dtype=torch.float64)
+
+    def mark_infinity(self, distance: Tensor, report: InfinityReport) -> tuple[Tensor, int]:
+        return torch.tensor(math.inf), 1
+
+
+register_kernel(GroupScale, GroupScaleKernel())
+# --8<-- [end:kernel]

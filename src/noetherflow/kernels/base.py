@@ -1,0 +1,348 @@
+"""The kernel interface: everything the paper says about one family's noise, in one object.
+
+A :class:`Kernel` owns, for the symmetries of its family:
+
+* the statistics it needs (:meth:`Kernel.collect`), from any :class:`GradSource`: per-sample
+  gradients (reference, micro-batch) or layer factors a/g (hooks), through one interface;
+* its noise term Tr[A·M] (:meth:`Kernel.noise`) and so its flow −κC + Tr[A·M];
+* its solve step with its at-infinity reports (:meth:`Kernel.solve`), how elements compose
+  and the distance to equilibrium they measure;
+* its record for the monitor (:meth:`Kernel.record`, :meth:`Kernel.mark_infinity`) and
+  its transport of optimizer state (:meth:`Kernel.transport_`).
+
+What a family's *action* covers (which coordinates, a signature for comparisons) stays on the
+:class:`~noetherflow.symmetry.base.Symmetry` itself (``covered_mask``, ``signature``).
+
+Kernels are registered by symmetry class (:func:`register_kernel`) and found by MRO
+(:func:`kernel_for`). The drivers (``collect_stats``, ``noether_flow``,
+``solve_equilibrium``, the DDP reduction, the monitor) know no family.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Generic, TypeVar
+
+import torch
+from torch import Tensor, nn
+
+from noetherflow.kernels.noise import NoiseModel
+from noetherflow.stats.core import GradStats, Level, StatsBlock, axis_sum, check_batch
+from noetherflow.symmetry.base import Symmetry
+from noetherflow.symmetry.set import SymmetrySet
+
+__all__ = [
+    "GradSource",
+    "GroupSolve",
+    "InfinityReport",
+    "Kernel",
+    "SampleSource",
+    "SolveOptions",
+    "assemble",
+    "kernel_for",
+    "kernels_of",
+    "register_kernel",
+]
+
+S = TypeVar("S", bound=Symmetry)
+B = TypeVar("B", bound=StatsBlock)
+
+
+# -- raw material --------------------------------------------------------------------------
+class GradSource(ABC):
+    """Primitive gradient statistics of one batch, whatever the estimator.
+
+    All results are averages over the N samples and keep the parameter's dtype.
+    """
+
+    n: int
+
+    @abstractmethod
+    def has_samples(self, p: nn.Parameter) -> bool:
+        """Whether per-sample gradients of ``p`` are at hand (then reductions are cheap)."""
+
+    @abstractmethod
+    def samples(self, p: nn.Parameter) -> Tensor:
+        """Per-sample gradients ``[N, *p.shape]`` (materialised if needed)."""
+
+    @abstractmethod
+    def mean(self, p: nn.Parameter) -> Tensor:
+        """ḡ of ``p`` (shape of ``p``)."""
+
+    @abstractmethod
+    def sq(self, p: nn.Parameter) -> Tensor:
+        """E[g ⊙ g] of ``p`` per coordinate (shape of ``p``)."""
+
+    @abstractmethod
+    def axis_sq(
+        self, want: Mapping[nn.Parameter, tuple[int, ...]]
+    ) -> dict[tuple[nn.Parameter, int], Tensor]:
+        """E[g ⊙ g] summed over every axis but ``axis``, for each (p, axis) in ``want``."""
+
+    @abstractmethod
+    def front_moment(self, p: nn.Parameter, axis: int, start: int, stop: int) -> Tensor:
+        """(1/N) Σ_n F_n F_nᵀ, F_n the slice [start, stop) of g_n along ``axis`` moved to the
+        front and flattened: ``[d, m]``. Has shape ``[d, d]``."""
+
+
+class SampleSource(GradSource):
+    """A :class:`GradSource` over per-sample gradients ``[N, *shape]`` per parameter."""
+
+    def __init__(self, samples: Mapping[nn.Parameter, Tensor]) -> None:
+        self._samples = samples
+        self.n = int(next(iter(samples.values())).shape[0])
+        self._sq: dict[nn.Parameter, Tensor] = {}
+
+    def has_samples(self, p: nn.Parameter) -> bool:
+        return True
+
+    def samples(self, p: nn.Parameter) -> Tensor:
+        return self._samples[p]
+
+    def mean(self, p: nn.Parameter) -> Tensor:
+        return self._samples[p].mean(0)
+
+    def sq(self, p: nn.Parameter) -> Tensor:
+        if p not in self._sq:
+            self._sq[p] = self._samples[p].square().mean(0)
+        return self._sq[p]
+
+    def axis_sq(
+        self, want: Mapping[nn.Parameter, tuple[int, ...]]
+    ) -> dict[tuple[nn.Parameter, int], Tensor]:
+        return {(p, ax): axis_sum(self.sq(p), ax) for p, axes in want.items() for ax in axes}
+
+    def front_moment(self, p: nn.Parameter, axis: int, start: int, stop: int) -> Tensor:
+        v = self._samples[p]
+        f = v.movedim(axis + 1, 1)[:, start:stop].reshape(v.shape[0], stop - start, -1)
+        return torch.einsum("ndm,nem->de", f, f) / f.shape[0]
+
+
+# -- solving -------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class InfinityReport:
+    """Part of an equilibrium that lies at infinity.
+
+    ``direction`` is the generator direction (diagonal: a vector over that symmetry's
+    generators; rotation: an orthonormal basis ``[d, k]`` of the hidden directions; dense:
+    ±1) along which the noise keeps pushing.
+    """
+
+    name: str
+    direction: Tensor
+    reason: str
+
+
+@dataclass(frozen=True)
+class SolveOptions:
+    """Options of :func:`noetherflow.solve_equilibrium` passed to every kernel."""
+
+    tol: float = 1e-12
+    max_iter: int = 100
+    rtol_singular: float = 1e-10
+    ridge: float | None = None
+    coupled: bool = False
+
+
+@dataclass
+class GroupSolve:
+    """What one kernel's solve step returns for a group of its symmetries.
+
+    Attributes:
+        steps: ``(symmetry, element)`` to apply, in order (identity moves left out).
+        reports: directions whose equilibrium is at infinity.
+        residual: predicted relative flow left, per symmetry.
+        progress: the relative flow this step measured (the sweep's stopping measure).
+        converged: the step's own convergence (None: it has none, e.g. a closed form).
+        iterations: its own iteration count (None: not iterative).
+    """
+
+    steps: list[tuple[Symmetry, Any]] = field(default_factory=list)
+    reports: list[InfinityReport] = field(default_factory=list)
+    residual: dict[Symmetry, float] = field(default_factory=dict)
+    progress: float = 0.0
+    converged: bool | None = None
+    iterations: int | None = None
+
+
+# -- the kernel ----------------------------------------------------------------------------
+class Kernel(ABC, Generic[S, B]):
+    """The noise physics of one symmetry family. Subclasses are stateless singletons.
+
+    Class attributes:
+        name: the key of its statistics block in :attr:`GradStats.blocks`.
+        block: its :class:`StatsBlock` type.
+        joint: its symmetries are solved together in one step (they commute), else one
+            at a time.
+        matrix_valued: its charges are matrices (the monitor records their norm).
+    """
+
+    name: ClassVar[str]
+    block: ClassVar[type[StatsBlock]]
+    joint: ClassVar[bool] = False
+    matrix_valued: ClassVar[bool] = False
+
+    # statistics
+    def sample_params(self, syms: Sequence[S]) -> list[nn.Parameter]:
+        """Parameters whose per-sample gradients this kernel needs (materialised first)."""
+        return []
+
+    @abstractmethod
+    def collect(self, syms: Sequence[S], src: GradSource, level: Level) -> B:
+        """The statistics block of ``syms`` from ``src``."""
+
+    # noise and flow
+    @abstractmethod
+    def noise(self, s: S, stats: GradStats, nm: NoiseModel) -> Tensor:
+        """Tr[A·M] of one symmetry, in the shape of its charge."""
+
+    def flow(self, s: S, stats: GradStats, nm: NoiseModel, charge: Tensor) -> Tensor:
+        """The flow −κC + Tr[A·M] (paper eqs. 7–8 in DESIGN §2's convention)."""
+        return -nm.kappa * charge + self.noise(s, stats, nm)
+
+    # solving
+    @abstractmethod
+    def solve(
+        self,
+        syms: Sequence[S],
+        values: Mapping[nn.Parameter, Tensor],
+        stats: GradStats,
+        nm: NoiseModel,
+        names: Mapping[Symmetry, str],
+        opts: SolveOptions,
+    ) -> GroupSolve:
+        """One solve step for ``syms`` (all of them if ``joint``, else one) at ``values``."""
+
+    @abstractmethod
+    def compose(self, total: Any, element: Any) -> Any:
+        """The element ``total`` followed by ``element``."""
+
+    @abstractmethod
+    def distance(self, s: S, total: Any) -> Tensor:
+        """The distance to equilibrium that the total element measures."""
+
+    def distance_shape(self, s: S) -> tuple[int, ...]:
+        """Shape of :meth:`distance` (scalar unless overridden)."""
+        return ()
+
+    # monitor
+    def record(self, value: Tensor) -> Tensor:
+        """What the monitor writes for a charge or flow of this family (default: itself)."""
+        return value
+
+    @abstractmethod
+    def mark_infinity(self, distance: Tensor, report: InfinityReport) -> tuple[Tensor, int]:
+        """The distance with the at-infinity part marked (inf), and how many directions."""
+
+    # optimizer state
+    def transport_(
+        self, s: S, element: Any, tensors: Mapping[nn.Parameter, Tensor], *, squared: bool = False
+    ) -> bool:
+        """Transport single (unbatched) tensors along ``element`` in place.
+
+        Gradient-like tensors (momentum, ``.grad``) move as cotangents, T^{-T}; with
+        ``squared`` the tensors are squared gradients (Adam's second moment), which only a
+        diagonal action maps exactly (g² → e^{−2s}g²). Returns False, changing nothing, where
+        the family has no exact law (the caller then resets that state).
+        """
+        if squared:
+            return False
+        _transport_cotangent(s, element, tensors)
+        return True
+
+
+def _transport_cotangent(s: Symmetry, element: Any, tensors: Mapping[nn.Parameter, Tensor]) -> None:
+    full = {}
+    for p in s.params:
+        t = tensors.get(p)
+        full[p] = (torch.zeros_like(p) if t is None else t).detach().unsqueeze(0).clone()
+    s.transport_grads_(element, full)
+    with torch.no_grad():
+        for p, t in tensors.items():
+            t.copy_(full[p][0])
+
+
+# -- registry ------------------------------------------------------------------------------
+_KERNELS: dict[type, Kernel[Any, Any]] = {}
+_RESOLVED: dict[type, Kernel[Any, Any]] = {}  # cache of kernel_for by class
+
+
+def register_kernel(cls: type, kernel: Kernel[Any, Any], *, overwrite: bool = False) -> None:
+    """Register ``kernel`` for symmetry class ``cls`` and its subclasses (resolved by MRO).
+
+    Raises:
+        ValueError: ``cls`` has a kernel already and ``overwrite`` is False.
+    """
+    if not (isinstance(cls, type) and issubclass(cls, Symmetry)):
+        raise TypeError(f"register_kernel: {cls!r} is not a Symmetry subclass.")
+    if cls in _KERNELS and not overwrite:
+        raise ValueError(
+            f"register_kernel: {cls.__name__} has a kernel already "
+            f"({type(_KERNELS[cls]).__name__}); pass overwrite=True to replace it."
+        )
+    _KERNELS[cls] = kernel
+    _RESOLVED.clear()
+
+
+def kernel_for(s: Symmetry | type[Symmetry]) -> Kernel[Any, Any]:
+    """The kernel of a symmetry (or class): the nearest registered class in its MRO."""
+    cls = s if isinstance(s, type) else type(s)
+    hit = _RESOLVED.get(cls)
+    if hit is not None:
+        return hit
+    for c in cls.__mro__:
+        k = _KERNELS.get(c)
+        if k is not None:
+            _RESOLVED[cls] = k
+            return k
+    raise TypeError(
+        f"No kernel is registered for {cls.__name__}; register one with "
+        "noetherflow.kernels.register_kernel(cls, kernel) (see the docs' Extending page)."
+    )
+
+
+def kernels_of(syms: SymmetrySet | Sequence[Symmetry]) -> list[tuple[Kernel[Any, Any], list[Any]]]:
+    """(kernel, its symmetries in set order) for every kernel in use, in registration order."""
+    groups: dict[int, tuple[Kernel[Any, Any], list[Any]]] = {}
+    for s in syms:
+        k = kernel_for(s)
+        groups.setdefault(id(k), (k, []))[1].append(s)
+    order = {id(k): i for i, k in enumerate(dict.fromkeys(_KERNELS.values()))}
+    return sorted(groups.values(), key=lambda kv: order.get(id(kv[0]), len(order)))
+
+
+# -- assembly ------------------------------------------------------------------------------
+def needs_samples(syms: SymmetrySet) -> list[nn.Parameter]:
+    """Parameters whose per-sample gradients a solver must keep (coupled sets: all)."""
+    # Once any symmetry is coupled, the solver sweeps over all of them with transported
+    # per-sample gradients, so every parameter's samples are kept.
+    return syms.params() if syms.coupled_groups() else []
+
+
+def assemble(src: GradSource, syms: SymmetrySet, *, level: Level, estimator: str) -> GradStats:
+    """:class:`GradStats` of ``syms`` from a gradient source: ḡ, then one block per kernel."""
+    check_batch(src.n)
+    st = GradStats(n=src.n, estimator=estimator)
+    groups = kernels_of(syms)
+    keep = needs_samples(syms)
+    for p in keep:
+        st.samples[p] = src.samples(p)
+    for k, members in groups:  # materialise first, so later statistics reduce them
+        for p in k.sample_params(members):
+            src.samples(p)
+    for p in syms.params():
+        st.mean[p] = src.mean(p)
+    for k, members in groups:
+        st.blocks[k.name] = k.collect(members, src, level)
+    return st
+
+
+def stats_from_samples(
+    samples: Mapping[nn.Parameter, Tensor], syms: SymmetrySet, *, estimator: str
+) -> GradStats:
+    """Build :class:`GradStats` from per-sample gradients ``[N, *shape]`` per parameter."""
+    n = next(iter(samples.values())).shape[0]
+    check_batch(n)
+    return assemble(SampleSource(samples), syms, level=Level.DIAG, estimator=estimator)

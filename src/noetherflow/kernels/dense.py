@@ -1,0 +1,155 @@
+"""The dense kernel: any user-given symmetric generator A on a few parameters.
+
+Statistics: E[ggᵀ] over the concatenated parameters, ``[P, P]`` (per-sample gradients are
+materialised, so this is for small models). Noise term: Tr[A M]. Solve: the flow along the
+orbit e^{λA}θ is strictly monotone in λ (paper Thm 4.3): bracket, then Brent's method.
+Distance: |λ*|.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+from scipy.optimize import brentq
+from torch import Tensor, nn
+
+from noetherflow._errors import StatisticsError
+from noetherflow.kernels.base import (
+    GradSource,
+    GroupSolve,
+    InfinityReport,
+    Kernel,
+    SolveOptions,
+    register_kernel,
+)
+from noetherflow.kernels.noise import NoiseModel
+from noetherflow.stats.core import GradStats, Level, StatsBlock
+from noetherflow.symmetry.base import Symmetry
+from noetherflow.symmetry.dense import DenseSymmetry
+
+__all__ = ["DenseKernel", "DenseStats"]
+
+_LAM_MAX = 40.0  # |λ|·max|μ| beyond which the equilibrium is taken to be at infinity
+
+
+@dataclass
+class DenseStats(StatsBlock):
+    """Per dense symmetry, E[g gᵀ] over its concatenated parameters, ``[P, P]``."""
+
+    key: ClassVar[str] = "dense"
+    dense: dict[Symmetry, Tensor] = field(default_factory=dict)
+
+    def second_moment_params(self) -> set[int]:
+        return {id(p) for s in self.dense for p in s.params}
+
+
+def _block(stats: GradStats) -> DenseStats:
+    b = stats.block(DenseStats.key)
+    if not isinstance(b, DenseStats):
+        raise StatisticsError(
+            "These statistics hold no block for dense symmetries; collect them with "
+            "nf.collect_stats for the same symmetry set."
+        )
+    return b
+
+
+def _solve_dense(
+    s: DenseSymmetry, values: Mapping[nn.Parameter, Tensor], stats: GradStats, nm: NoiseModel
+) -> tuple[float, int, float]:
+    """λ* of the monotone flow along e^{λA}; returns (λ*, sign if at infinity else 0, residual)."""
+    mu, q = s.eigvals.cpu(), s.eigvecs.cpu()
+    th = q.T @ s.flat(values).cpu()
+    gbar = s.flat(stats.mean).cpu()
+    mm = nm.matrix(torch.outer(gbar, gbar), _block(stats).dense[s].to(torch.float64).cpu())
+    mt = torch.einsum("ij,ik,kj->j", q, mm, q).clamp(min=0).numpy()
+    c = (nm.kappa * th.square()).numpy()
+    mun = mu.numpy()
+
+    def dF(lam: float) -> float:  # = −flow, increasing in λ
+        return float(np.sum(mun * (c * np.exp(2 * lam * mun) - mt * np.exp(-2 * lam * mun))))
+
+    scale = float(np.sum(np.abs(mun) * (c + mt))) or 1.0
+    f0 = dF(0.0)
+    if abs(f0) <= 1e-14 * scale:
+        return 0.0, 0, abs(f0) / scale
+    limit = _LAM_MAX / max(float(np.abs(mun).max()), 1e-300)
+    step = 1.0 / max(float(np.abs(mun).max()), 1e-300)
+    direction = -1.0 if f0 > 0 else 1.0
+    lo = 0.0
+    hi = direction * step
+    while np.sign(dF(hi)) == np.sign(f0):
+        lo = hi
+        hi *= 2
+        if abs(hi) > limit:
+            return 0.0, int(direction), 1.0
+    root = brentq(dF, min(lo, hi), max(lo, hi), xtol=1e-14, rtol=1e-14, maxiter=500)
+    return float(root), 0, abs(dF(root)) / scale
+
+
+class DenseKernel(Kernel[DenseSymmetry, DenseStats]):
+    """Kernel of :class:`~noetherflow.symmetry.dense.DenseSymmetry`, one at a time."""
+
+    name: ClassVar[str] = DenseStats.key
+    block: ClassVar[type[StatsBlock]] = DenseStats
+
+    def sample_params(self, syms: Sequence[DenseSymmetry]) -> list[nn.Parameter]:
+        return [p for s in syms for p in s.params]
+
+    def collect(self, syms: Sequence[DenseSymmetry], src: GradSource, level: Level) -> DenseStats:
+        """E[ggᵀ] from the per-sample gradients of each symmetry's parameters."""
+        out = DenseStats()
+        for s in syms:
+            f = s.flat_batched({p: src.samples(p) for p in s.params})
+            out.dense[s] = f.T @ f / f.shape[0]
+        return out
+
+    def noise(self, s: DenseSymmetry, stats: GradStats, nm: NoiseModel) -> Tensor:
+        """Tr[A M], M = c_mean·ḡḡᵀ + c_second·E[ggᵀ]. A scalar."""
+        gbar = s.flat(stats.mean)
+        mm = nm.matrix(torch.outer(gbar, gbar), _block(stats).dense[s])
+        return (s.A * mm).sum()
+
+    def solve(
+        self,
+        syms: Sequence[DenseSymmetry],
+        values: Mapping[nn.Parameter, Tensor],
+        stats: GradStats,
+        nm: NoiseModel,
+        names: Mapping[Symmetry, str],
+        opts: SolveOptions,
+    ) -> GroupSolve:
+        """λ* of the monotone flow along e^{λA} (one symmetry)."""
+        (s,) = syms
+        lam, sign, res = _solve_dense(s, values, stats, nm)
+        out = GroupSolve(progress=res)
+        if sign:
+            out.reports.append(
+                InfinityReport(
+                    names[s],
+                    torch.tensor(float(sign)),
+                    "the flow keeps its sign along the whole orbit: equilibrium at "
+                    f"{'+' if sign > 0 else '-'}infinity; left unmoved",
+                )
+            )
+        if lam != 0.0:
+            out.steps.append((s, lam))
+        out.residual[s] = res
+        return out
+
+    def compose(self, total: Any, element: Any) -> Any:
+        return total + element
+
+    def distance(self, s: DenseSymmetry, total: Any) -> Tensor:
+        """|λ*|."""
+        return torch.tensor(abs(float(total)), dtype=torch.float64)
+
+    def mark_infinity(self, distance: Tensor, report: InfinityReport) -> tuple[Tensor, int]:
+        """The whole orbit runs off: distance inf, one direction."""
+        return torch.tensor(float("inf"), dtype=torch.float64), 1
+
+
+register_kernel(DenseSymmetry, DenseKernel())

@@ -1,0 +1,179 @@
+"""The time model of SGD's noise as one validated value object (DESIGN §2; paper eqs. 5–9).
+
+Let η, S, γ denote ``lr``, ``batch_size``, ``weight_decay`` (γ‖θ‖² in the loss). Every time
+model reduces to three coefficients (κ, c_mean, c_second):
+
+    flow = −κ·C + Tr[A·M],   M = c_mean·ḡḡᵀ + c_second·E[ggᵀ].
+
+* continuous (SGF, Itô, σ² = η/(2S)):  κ = 4γ, M = (η/S)·Σ.
+  The paper's eq. (7) writes σ²Tr[ΣA]; Itô's lemma applied to its eq. (1) gives
+  2σ²Tr[ΣA] = (η/S)Tr[ΣA], which is what we use (checked against simulation).
+* discrete (one SGD step, a batch drawn with replacement):  κ = 4ηγ(1 − ηγ),
+  M = η²(ḡḡᵀ + Σ/S).
+
+An optimizer other than plain SGD (e.g. momentum) enters as other effective coefficients:
+build them with :meth:`NoiseModel.from_coefficients`; the kernels and solvers read only
+(κ, c_mean, c_second).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+from torch import Tensor
+
+from noetherflow._checks import (
+    check_finite_number,
+    check_nonnegative,
+    check_positive,
+    check_positive_int,
+    parse_enum,
+)
+
+__all__ = ["NoiseModel", "TimeModel", "resolve_noise"]
+
+
+class TimeModel(str, Enum):
+    """Continuous (SGF) or discrete (SGD step) time, DESIGN §2."""
+
+    CONTINUOUS = "continuous"
+    DISCRETE = "discrete"
+
+
+def discrete_kappa(lr: float, weight_decay: float) -> float:
+    """κ = 4ηγ(1 − ηγ): the charge's contraction per SGD step, (1 − 2ηγ)² = 1 − κ."""
+    return 4 * lr * weight_decay * (1 - lr * weight_decay)
+
+
+@dataclass(frozen=True)
+class NoiseModel:
+    """flow = −κ C + Tr[A M],  M = c_mean·ḡḡᵀ + c_second·E[ggᵀ] (module docstring).
+
+    Build it once with :meth:`create` from (η, S, γ, time) and pass it to
+    :func:`noetherflow.noether_flow`, :func:`noetherflow.solve_equilibrium` and the tools.
+    The hyper-parameters it was built from are kept for reports (``None`` when built from
+    coefficients).
+
+    Example::
+
+        noise = nf.NoiseModel.create(lr=0.1, batch_size=32, weight_decay=1e-4)
+        flows = nf.noether_flow(syms, stats, noise)
+    """
+
+    kappa: float
+    c_mean: float
+    c_second: float
+    lr: float | None = None
+    batch_size: int | None = None
+    weight_decay: float | None = None
+    time: TimeModel | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("kappa", "c_mean", "c_second"):
+            check_finite_number(getattr(self, name), name, "a NoiseModel coefficient")
+        if self.kappa < 0:
+            raise ValueError(
+                f"kappa={self.kappa!r} must be >= 0 (the weight-decay contraction of the charge); "
+                "a negative κ makes the charges grow without bound and has no equilibrium."
+            )
+        if self.c_second < 0:
+            raise ValueError(
+                f"c_second={self.c_second!r} must be >= 0 (the weight of E[ggᵀ] in M)."
+            )
+
+    @classmethod
+    def create(
+        cls,
+        *,
+        lr: float,
+        batch_size: int,
+        weight_decay: float = 0.0,
+        time: str | TimeModel = "continuous",
+    ) -> NoiseModel:
+        """Coefficients of the time model from η, S, γ (module docstring for the formulas).
+
+        Raises:
+            ValueError: a non-finite or non-positive η, a batch size that is not a positive
+                integer, a negative or non-finite γ, or discrete time with ηγ ≥ 1 (κ ≤ 0: the
+                decay step (1 − 2ηγ)θ no longer contracts θ).
+        """
+        eta = check_positive(lr, "lr", "the learning rate η")
+        s = check_positive_int(batch_size, "batch_size", "the SGD batch size S")
+        gam = check_nonnegative(
+            weight_decay,
+            "weight_decay",
+            "γ of γ‖θ‖²",
+            "decoupled decay λ maps to γ = λ/2",
+        )
+        tm = parse_enum(TimeModel, time, "time", "'continuous' (SGF) or 'discrete' (SGD steps)")
+        hyper: dict[str, Any] = {"lr": eta, "batch_size": s, "weight_decay": gam, "time": tm}
+        if tm is TimeModel.CONTINUOUS:
+            # M = (η/S)·Σ = (η/S)(E[ggᵀ] − ḡḡᵀ)
+            return cls(kappa=4 * gam, c_mean=-eta / s, c_second=eta / s, **hyper)
+        if gam > 0 and eta * gam >= 1:
+            raise ValueError(
+                f"lr·weight_decay = {eta}·{gam} = {eta * gam:g} >= 1 in discrete time: κ = "
+                f"4ηγ(1 − ηγ) = {discrete_kappa(eta, gam):g} <= 0, so SGD's decay step does not "
+                "contract the parameters and there is no noise equilibrium; expected ηγ < 1. "
+                "Lower lr or weight_decay (γ of γ‖θ‖²; decoupled decay λ maps to γ = λ/2)."
+            )
+        # M = η²(ḡḡᵀ + Σ/S) = η²((1 − 1/S) ḡḡᵀ + E[ggᵀ]/S)
+        return cls(
+            kappa=discrete_kappa(eta, gam),
+            c_mean=eta**2 * (1 - 1 / s),
+            c_second=eta**2 / s,
+            **hyper,
+        )
+
+    @classmethod
+    def from_coefficients(cls, *, kappa: float, c_mean: float, c_second: float) -> NoiseModel:
+        """A noise model given directly by its effective coefficients (e.g. an optimizer's)."""
+        return cls(kappa=float(kappa), c_mean=float(c_mean), c_second=float(c_second))
+
+    def diag(self, mean: Tensor, sq: Tensor) -> Tensor:
+        """Per-coordinate M_kk from ḡ and E[g²] (same shapes)."""
+        return self.c_mean * mean.square() + self.c_second * sq
+
+    def matrix(self, mean_outer: Tensor, second: Tensor) -> Tensor:
+        """M from ḡḡᵀ-type and E[ggᵀ]-type matrices."""
+        return self.c_mean * mean_outer + self.c_second * second
+
+
+def resolve_noise(
+    noise: NoiseModel | None,
+    *,
+    lr: float | None,
+    batch_size: int | None,
+    weight_decay: float | None,
+    time: str | TimeModel | None,
+    who: str,
+) -> NoiseModel:
+    """The :class:`NoiseModel` of a call that takes either ``noise`` or the keyword form."""
+    loose = {"lr": lr, "batch_size": batch_size, "weight_decay": weight_decay, "time": time}
+    given = [k for k, v in loose.items() if v is not None]
+    if noise is not None:
+        if not isinstance(noise, NoiseModel):
+            raise TypeError(
+                f"{who}: noise is a {type(noise).__name__}; expected a NoiseModel, e.g. "
+                "nf.NoiseModel.create(lr=..., batch_size=...)."
+            )
+        if given:
+            raise ValueError(
+                f"{who}: got both noise=NoiseModel(...) and {given}; pass one of them (the "
+                "NoiseModel already holds η, S, γ and the time model)."
+            )
+        return noise
+    if lr is None or batch_size is None:
+        raise TypeError(
+            f"{who}: pass noise=nf.NoiseModel.create(lr=..., batch_size=..., weight_decay=..., "
+            "time=...), or the keywords lr= and batch_size= (missing: "
+            f"{[k for k in ('lr', 'batch_size') if loose[k] is None]})."
+        )
+    return NoiseModel.create(
+        lr=lr,
+        batch_size=batch_size,
+        weight_decay=0.0 if weight_decay is None else weight_decay,
+        time="continuous" if time is None else time,
+    )

@@ -1,0 +1,240 @@
+"""The rotation kernel: a double rotation ℓ(UG, G^{-1}W) = ℓ(U, W) (paper §5.1, eq. 10).
+
+Statistics: the two d×d moments M_W = E[∇W_f ∇W_fᵀ] and M_U = E[∇U_f ∇U_fᵀ] of the d-front
+per-sample gradients (DESIGN §2.1), from per-sample gradients or from the factors of
+Linear-like layers. Noise term: Tr[B(M_U − M_W)] for every symmetric B, i.e. the matrix
+M_U − M_W with M scaled by the time model. Solve: the matrix geometric mean
+P = Y^{-1/2}(Y^{1/2} X Y^{1/2})^{1/2} Y^{-1/2} solves P Y P = X with X = M_U + κWWᵀ,
+Y = M_W + κUᵀU, and G = P^{1/2}; directions outside the common range of X and Y have their
+equilibrium at infinity. Distance: ‖log P‖_F with P = GGᵀ.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor, nn
+
+from noetherflow._errors import StatisticsError
+from noetherflow.kernels.base import (
+    GradSource,
+    GroupSolve,
+    InfinityReport,
+    Kernel,
+    SolveOptions,
+    register_kernel,
+)
+from noetherflow.kernels.noise import NoiseModel
+from noetherflow.stats.core import GradStats, Level, StatsBlock
+from noetherflow.symmetry.base import Symmetry
+from noetherflow.symmetry.rotation import Block, DoubleRotation
+
+__all__ = ["RotationKernel", "RotationStats", "geometric_mean"]
+
+
+@dataclass
+class RotationStats(StatsBlock):
+    """Per rotation, (E[∇W_f ∇W_fᵀ], E[∇U_f ∇U_fᵀ]), each ``[d, d]``: M_W and M_U of
+    DESIGN §2.1 before scaling by the time model."""
+
+    key: ClassVar[str] = "rotation"
+    side: dict[Symmetry, tuple[Tensor, Tensor]] = field(default_factory=dict)
+
+
+def _block(stats: GradStats) -> RotationStats:
+    b = stats.block(RotationStats.key)
+    if not isinstance(b, RotationStats):
+        raise StatisticsError(
+            "These statistics hold no block for rotations; collect them with "
+            "nf.collect_stats for the same symmetry set."
+        )
+    return b
+
+
+def side_moment(blocks: Sequence[Block], src: GradSource) -> Tensor:
+    """Σ over the blocks of one side of (1/N) Σ_n F_n F_nᵀ (d-front gradients). ``[d, d]``."""
+    out: Tensor | None = None
+    for b in blocks:
+        m = src.front_moment(b.param, b.axis, b.start, b.stop)
+        out = m if out is None else out + m
+    assert out is not None
+    return out
+
+
+def _sym_fn(a: Tensor, fn: Any) -> Tensor:
+    w, v = torch.linalg.eigh(a)
+    return (v * fn(w)) @ v.T
+
+
+def geometric_mean(X: Tensor, Y: Tensor) -> Tensor:
+    """The SPD solution P of P Y P = X: P = Y^{-1/2}(Y^{1/2} X Y^{1/2})^{1/2} Y^{-1/2}.
+
+    ``X``, ``Y``: symmetric positive definite ``[d, d]`` → ``[d, d]``.
+    """
+    yh = _sym_fn(Y, torch.sqrt)
+    yih = _sym_fn(Y, lambda w: 1 / torch.sqrt(w))
+    z = yh @ X @ yh
+    z = (z + z.T) / 2
+    p = yih @ _sym_fn(z, lambda w: torch.sqrt(w.clamp(min=0))) @ yih
+    return (p + p.T) / 2
+
+
+def _common_range(rx: Tensor, ry: Tensor, tol: float = 1e-8) -> Tensor:
+    """Orthonormal basis of range X ∩ range Y from orthonormal range bases ``[d, r]``.
+
+    The directions of range X whose distance from range Y (the sine of the principal angle)
+    is at most ``tol``: right singular vectors of (I − R_Y R_Yᵀ) R_X, O(d·r²) not O(d³).
+    """
+    d = rx.shape[0]
+    if rx.shape[1] == 0 or ry.shape[1] == 0:
+        return rx.new_zeros(d, 0)
+    _, sv, vh = torch.linalg.svd(rx - ry @ (ry.T @ rx), full_matrices=False)
+    return rx @ vh[sv <= tol].T
+
+
+def _complement(q: Tensor) -> Tensor:
+    """Orthonormal basis ``[d, d − k]`` of the orthogonal complement of orthonormal ``q``."""
+    d, k = q.shape
+    if k == 0:
+        return torch.eye(d, dtype=q.dtype)
+    full, _ = torch.linalg.qr(q, mode="complete")
+    return full[:, k:]
+
+
+def _solve_rotation(
+    X: Tensor, Y: Tensor, *, rtol: float, ridge: float | None
+) -> tuple[Tensor, Tensor | None, float, float]:
+    """G = P^{1/2} with P Y P = X on the common range.
+
+    Returns (G, basis of the directions at infinity or None, relative flow before, after), the
+    flows measured on the finite directions only. With singular statistics the geometric mean
+    is taken in a basis of the common range (k×k), and G is the identity on its complement.
+    """
+    d = X.shape[0]
+    X = (X + X.T) / 2
+    Y = (Y + Y.T) / 2
+    eye = torch.eye(d, dtype=torch.float64)
+    if ridge is not None:
+        X, Y = X + ridge * eye, Y + ridge * eye
+    ex, vx = torch.linalg.eigh(X)
+    ey, vy = torch.linalg.eigh(Y)
+    top = float(max(ex.max(), ey.max(), 0.0))
+    if top == 0.0:
+        return eye, eye, 0.0, 0.0
+    cut = rtol * top
+    q: Tensor | None = None
+    nb: Tensor | None = None
+    xs, ys = X, Y
+    if bool((ex <= cut).any() or (ey <= cut).any()):
+        q = _common_range(vx[:, ex > cut], vy[:, ey > cut])
+        nb = _complement(q)
+        if q.shape[1] == 0:
+            return eye, nb, 0.0, 0.0
+        xs, ys = q.T @ X @ q, q.T @ Y @ q
+    w, v = torch.linalg.eigh(geometric_mean(xs, ys))
+    w = w.clamp(min=float(w.max()) * 1e-300)
+    gr = (v * w.sqrt()) @ v.T
+    gri = (v / w.sqrt()) @ v.T
+
+    def rel(x: Tensor, y: Tensor) -> float:
+        return float((x - y).norm() / (x.norm() + y.norm()).clamp_min(1e-300))
+
+    before, after = rel(xs, ys), rel(gri @ xs @ gri, gr @ ys @ gr)
+    if q is None:
+        return gr, None, before, after
+    return eye + q @ (gr - torch.eye(q.shape[1], dtype=gr.dtype)) @ q.T, nb, before, after
+
+
+class RotationKernel(Kernel[DoubleRotation, RotationStats]):
+    """Kernel of :class:`~noetherflow.symmetry.rotation.DoubleRotation`, one pair at a time."""
+
+    name: ClassVar[str] = RotationStats.key
+    block: ClassVar[type[StatsBlock]] = RotationStats
+    matrix_valued: ClassVar[bool] = True
+
+    def collect(
+        self, syms: Sequence[DoubleRotation], src: GradSource, level: Level
+    ) -> RotationStats:
+        """(M_W, M_U) of each rotation (``level`` does not apply)."""
+        return RotationStats(
+            side={s: (side_moment(s.w_blocks, src), side_moment(s.u_blocks, src)) for s in syms}
+        )
+
+    def moments(self, s: DoubleRotation, stats: GradStats, nm: NoiseModel) -> tuple[Tensor, Tensor]:
+        """(M_W, M_U) of DESIGN §2.1 scaled by the time model, each ``[d, d]``."""
+        sw, su = _block(stats).side[s]
+        gw = DoubleRotation.side(s.w_blocks, stats.mean)
+        gu = DoubleRotation.side(s.u_blocks, stats.mean)
+        return nm.matrix(gw @ gw.T, sw), nm.matrix(gu @ gu.T, su)
+
+    def noise(self, s: DoubleRotation, stats: GradStats, nm: NoiseModel) -> Tensor:
+        """M_U − M_W: Tr[B(M_U − M_W)] is the noise term of the generator B. ``[d, d]``."""
+        mw, mu = self.moments(s, stats, nm)
+        return mu - mw
+
+    def xy(
+        self,
+        s: DoubleRotation,
+        values: Mapping[nn.Parameter, Tensor],
+        stats: GradStats,
+        nm: NoiseModel,
+    ) -> tuple[Tensor, Tensor]:
+        """X = M_U + κWWᵀ and Y = M_W + κUᵀU (float64, CPU), each ``[d, d]``."""
+        mw, mu = self.moments(s, stats, nm)
+        uf = DoubleRotation.side(s.u_blocks, values).to(torch.float64)
+        wf = DoubleRotation.side(s.w_blocks, values).to(torch.float64)
+        x = mu.to(torch.float64) + nm.kappa * wf @ wf.T
+        y = mw.to(torch.float64) + nm.kappa * uf @ uf.T
+        return x.cpu(), y.cpu()
+
+    def solve(
+        self,
+        syms: Sequence[DoubleRotation],
+        values: Mapping[nn.Parameter, Tensor],
+        stats: GradStats,
+        nm: NoiseModel,
+        names: Mapping[Symmetry, str],
+        opts: SolveOptions,
+    ) -> GroupSolve:
+        """G = P^{1/2}, P Y P = X on the common range of X and Y (one rotation)."""
+        (s,) = syms
+        x, y = self.xy(s, values, stats, nm)
+        g, nb, pre, res = _solve_rotation(x, y, rtol=opts.rtol_singular, ridge=opts.ridge)
+        out = GroupSolve(progress=pre if opts.coupled else res)
+        if nb is not None and nb.shape[1] > 0:
+            out.reports.append(
+                InfinityReport(
+                    names[s],
+                    nb,
+                    f"{nb.shape[1]} of {s.d} hidden directions lie outside the common range "
+                    "of X = M_U + κWWᵀ and Y = M_W + κUᵀU (no gradient noise and no "
+                    "weight-decay term on one side: the width exceeds what the weights and "
+                    "data span): their equilibrium is at infinity; solved on the rest, "
+                    "those left unmoved",
+                )
+            )
+        out.steps.append((s, g.to(s.params[0].device)))
+        out.residual[s] = res
+        return out
+
+    def compose(self, total: Any, element: Any) -> Any:
+        return total @ element
+
+    def distance(self, s: DoubleRotation, total: Any) -> Tensor:
+        """‖log P‖_F with P = GGᵀ, from the eigenvalues alone (P is SPD)."""
+        p = total @ total.T
+        return torch.linalg.eigvalsh((p + p.T) / 2).log().norm()
+
+    def record(self, value: Tensor) -> Tensor:
+        """The Frobenius norm of the matrix charge (or flow)."""
+        return value.norm()
+
+    def mark_infinity(self, distance: Tensor, report: InfinityReport) -> tuple[Tensor, int]:
+        """The distance stays (measured on the finite directions); k directions at infinity."""
+        return distance, int(report.direction.shape[1])
+
+
+register_kernel(DoubleRotation, RotationKernel())

@@ -1,0 +1,149 @@
+"""Registry of the layer types the hook estimator understands (BackPACK/Opacus style).
+
+Each supported module class maps (exactly, no subclass matching) to a :class:`LayerHandler`
+with its factor function: it turns the captured layer input and output-gradient into the
+factors ``a`` ``[N, T, I]`` and ``g`` ``[N, T, O]`` of :mod:`.layers`, with which the weight
+gradient of sample n is the ``[O, I]`` matrix G_n = Σ_t g_{nto} a_{nti}. Adding a layer type
+is one call::
+
+    register_layer(MyLinear, LayerHandler(factors=linear_factors, transposed=True))
+
+``transposed`` says the weight is stored as ``[I, O]`` (e.g. Hugging Face's ``Conv1D``);
+``matrix=False`` says it is not the ``[O, I]`` factor matrix itself but a reshape of it
+(convolutions, whose ``I`` mixes channels and kernel taps): such layers support the
+statistics of diagonal and dense symmetries, not rotations.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from noetherflow._errors import UnsupportedLayerError
+
+__all__ = [
+    "LayerHandler",
+    "conv_factors",
+    "handler_for",
+    "linear_factors",
+    "register_layer",
+    "registered_layers",
+]
+
+Factors = Callable[[nn.Module, Tensor, Tensor], tuple[Tensor, Tensor]]
+
+
+@dataclass(frozen=True)
+class LayerHandler:
+    """How the hooks read one layer type.
+
+    Attributes:
+        factors: ``factors(module, input, output_grad)`` → ``(a [N, T, I], g [N, T, O])``.
+        transposed: the weight is stored ``[I, O]`` instead of ``[O, I]``.
+        matrix: the weight (after transposition) is exactly the ``[O, I]`` factor matrix;
+            False when it is a reshape of it (convolutions).
+        check: optional ``check(module)`` → a reason the module is not supported, or None.
+    """
+
+    factors: Factors
+    transposed: bool = False
+    matrix: bool = True
+    check: Callable[[nn.Module], str | None] | None = None
+
+    def to_param(self, t: Tensor, shape: tuple[int, ...] | list[int] | object) -> Tensor:
+        """A weight statistic ``[..., O, I]`` in the parameter's layout ``[..., *shape]``."""
+        if self.transposed:
+            t = t.transpose(-1, -2)
+        lead = t.shape[:-2]
+        return t.reshape(*lead, *shape)  # type: ignore[misc]
+
+    def to_matrix(self, t: Tensor) -> Tensor:
+        """A weight-shaped tensor as the ``[O, I]`` factor matrix."""
+        if self.transposed:
+            return t.transpose(0, 1)
+        return t.reshape(t.shape[0], -1)
+
+    def factor_axis(self, axis: int) -> int:
+        """The factor-matrix axis (0 = O, 1 = I) of the weight's ``axis`` (``matrix`` layers)."""
+        return 1 - axis if self.transposed else axis
+
+
+def linear_factors(m: nn.Module, a: Tensor, g: Tensor) -> tuple[Tensor, Tensor]:
+    """Input ``[N, *, I]`` and output-gradient ``[N, *, O]`` as ``[N, T, I]``, ``[N, T, O]``."""
+    n = a.shape[0]
+    return a.reshape(n, -1, a.shape[-1]), g.reshape(n, -1, g.shape[-1])
+
+
+def _conv_check(m: nn.Module) -> str | None:
+    if getattr(m, "groups", 1) != 1:
+        return f"groups={m.groups} (grouped convolution)"
+    if isinstance(m.padding, str) or m.padding_mode != "zeros":
+        return f"padding={m.padding!r}, padding_mode={m.padding_mode!r}"
+    return None
+
+
+def conv_factors(m: nn.Module, a: Tensor, g: Tensor) -> tuple[Tensor, Tensor]:
+    """Unfolded input ``[N, T, C·k]`` and output-gradient ``[N, T, O]`` of a Conv1d/2d."""
+    n = a.shape[0]
+    assert isinstance(m, nn.Conv1d | nn.Conv2d)
+    if isinstance(m, nn.Conv1d):
+        a, g = a.unsqueeze(2), g.unsqueeze(2)
+        ks = (1, m.kernel_size[0])
+        st, pd, dl = (1, m.stride[0]), (0, int(m.padding[0])), (1, m.dilation[0])
+    else:
+        ks = (m.kernel_size[0], m.kernel_size[1])
+        st, dl = (m.stride[0], m.stride[1]), (m.dilation[0], m.dilation[1])
+        pd = (int(m.padding[0]), int(m.padding[1]))
+    cols = F.unfold(a, ks, dilation=dl, padding=pd, stride=st)  # [N, I*k, T]
+    return cols.transpose(1, 2), g.reshape(n, g.shape[1], -1).transpose(1, 2)
+
+
+_REGISTRY: dict[type[nn.Module], LayerHandler] = {}
+
+
+def register_layer(cls: type[nn.Module], handler: LayerHandler, *, overwrite: bool = False) -> None:
+    """Teach the hook estimator a layer type (exact class; subclasses register separately).
+
+    Raises:
+        ValueError: ``cls`` is registered already and ``overwrite`` is False.
+    """
+    if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
+        raise TypeError(f"register_layer: {cls!r} is not an nn.Module subclass.")
+    if cls in _REGISTRY and not overwrite:
+        raise ValueError(
+            f"register_layer: {cls.__name__} is registered already; pass overwrite=True to "
+            "replace its handler."
+        )
+    _REGISTRY[cls] = handler
+
+
+def registered_layers() -> list[type[nn.Module]]:
+    """The layer classes the hook estimator supports, in registration order."""
+    return list(_REGISTRY)
+
+
+def handler_for(module: nn.Module, name: str = "") -> LayerHandler | None:
+    """The handler of ``module``'s exact class (None if unregistered).
+
+    Raises:
+        UnsupportedLayerError: the class is registered but this instance is not supported
+            (e.g. a grouped convolution).
+    """
+    h = _REGISTRY.get(type(module))
+    if h is None:
+        return None
+    why = h.check(module) if h.check is not None else None
+    if why is not None:
+        raise UnsupportedLayerError(
+            f"Layer {name!r} ({type(module).__name__}): {why} is not supported by "
+            "estimator='hooks'; use estimator='reference' or 'microbatch'."
+        )
+    return h
+
+
+register_layer(nn.Linear, LayerHandler(linear_factors))
+register_layer(nn.Conv1d, LayerHandler(conv_factors, matrix=False, check=_conv_check))
+register_layer(nn.Conv2d, LayerHandler(conv_factors, matrix=False, check=_conv_check))
