@@ -2,7 +2,7 @@
 
 1. Trace the model with torch.fx and record every node's value on the example inputs.
 2. Follow the features of every Linear/Conv layer through the graph and run one small
-   matcher per family on where they arrive (:mod:`noetherflow.symmetry._fx_patterns`).
+   matcher per family on where they arrive (:mod:`noetherflow.symmetry._fx`).
 3. Drop candidates on parameters used more than once (shared modules, weight tying) or
    frozen, and check every remaining one numerically: a float64 copy of the model, a random
    group element of size ``scale``, the relative change of the outputs (or of the loss)
@@ -34,7 +34,8 @@ from typing import Any
 import torch
 from torch import Tensor, fx, nn
 
-from noetherflow.symmetry import _fx_patterns as pat
+from noetherflow.symmetry._fx import engine as pat
+from noetherflow.symmetry._fx.matchers import run_patterns
 from noetherflow.symmetry.base import Symmetry
 from noetherflow.symmetry.coverage import DetectionReport
 from noetherflow.symmetry.rescaling import Rescaling
@@ -288,7 +289,7 @@ def find_symmetries(
         pat.count_uses(info, ledger)
     proposals: list[pat.Proposal] = []
     for info in infos:
-        proposals.extend(pat.run_patterns(info, ledger))
+        proposals.extend(run_patterns(info, ledger))
     detection = DetectionReport(
         traced=traced,
         complete=traced,
