@@ -32,27 +32,20 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import Tensor, fx, nn
+from torch import Tensor, nn
 
 from noetherflow.symmetry._fx import engine as pat
+from noetherflow.symmetry._fx.capture import capture, flat_outputs
+from noetherflow.symmetry._fx.layers import norm_spec
 from noetherflow.symmetry._fx.matchers import run_patterns
 from noetherflow.symmetry.base import Symmetry
 from noetherflow.symmetry.coverage import DetectionReport
 from noetherflow.symmetry.rescaling import Rescaling
 from noetherflow.symmetry.rotation import DoubleRotation
 from noetherflow.symmetry.scaling import ScaleInvariance
-from noetherflow.symmetry.set import SymmetrySet, VerifyResult, _as_outputs, _rebind, _to64
+from noetherflow.symmetry.set import SymmetrySet, VerifyResult, _rebind, _to64
 
 __all__ = ["DetectionError", "find_symmetries", "inspect_main", "symmetry_signature"]
-
-_NORM_TYPES = (
-    nn.BatchNorm1d,
-    nn.BatchNorm2d,
-    nn.BatchNorm3d,
-    nn.LayerNorm,
-    nn.GroupNorm,
-    nn.RMSNorm,
-)
 
 
 class DetectionError(ValueError):
@@ -94,12 +87,6 @@ class _Isolated:
                 b.copy_(v)
 
 
-def _record(gm: fx.GraphModule, args: tuple[Any, ...]) -> dict[fx.Node, Any]:
-    interp = fx.Interpreter(gm, garbage_collect_values=False)
-    interp.run(*args)
-    return dict(interp.env)
-
-
 def _run_failed(model: nn.Module, args: tuple[Any, ...], exc: Exception) -> DetectionError:
     layers = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
     first = next((m for m in model.modules() if isinstance(m, layers)), None)
@@ -115,76 +102,6 @@ def _run_failed(model: nn.Module, args: tuple[Any, ...], exc: Exception) -> Dete
         f"model accepts, e.g. a small batch.{hint} Pass example_inputs with the model's input "
         "shape (a tuple for several positional inputs)."
     )
-
-
-def _trace(model: nn.Module) -> fx.GraphModule:
-    """symbolic_trace, with buffers as graph nodes (so ``self.mask[:, :, :T, :T]`` traces)."""
-    tracer = fx.Tracer()
-    tracer.proxy_buffer_attributes = True
-    graph = tracer.trace(model)
-    return fx.GraphModule(tracer.root, graph, type(model).__name__)
-
-
-def _graphs(
-    model: nn.Module, args: tuple[Any, ...], seed: int, notes: list[str]
-) -> tuple[list[pat.GraphInfo], bool]:
-    """Traced graphs with recorded values: the whole model, or its Sequentials as fallback."""
-    try:
-        gm = _trace(model)
-    except Exception as exc:
-        gm = None
-        why = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-    if gm is not None:
-        try:
-            with _Isolated(model, seed):
-                values = _record(gm, args)
-        except Exception as exc:
-            raise _run_failed(model, args, exc) from exc
-        return [pat.GraphInfo(gm, values)], True
-    # Fallback: trace every outermost nn.Sequential on the inputs it sees in a real forward.
-    seqs: list[tuple[str, nn.Sequential]] = []
-    for name, m in model.named_modules():
-        if isinstance(m, nn.Sequential) and not any(name.startswith(f"{s}.") for s, _ in seqs):
-            seqs.append((name, m))
-    seen: dict[str, list[tuple[Any, ...]]] = {}
-    handles = [
-        m.register_forward_pre_hook(
-            lambda _m, inp, name=name: seen.setdefault(name, []).append(inp)
-        )
-        for name, m in seqs
-    ]
-    try:
-        with _Isolated(model, seed):
-            model(*args)
-    except Exception as exc:
-        raise _run_failed(model, args, exc) from exc
-    finally:
-        for h in handles:
-            h.remove()
-    infos: list[pat.GraphInfo] = []
-    for name, seq in seqs:
-        calls = seen.get(name, [])
-        if len(calls) != 1:
-            notes.append(f"nn.Sequential {name or '(root)'} ran {len(calls)} times: not analysed")
-            continue
-        try:
-            sub = _trace(seq)
-            with _Isolated(model, seed):
-                values = _record(sub, calls[0])
-        except Exception as sub_exc:
-            notes.append(f"nn.Sequential {name or '(root)'} does not trace either ({sub_exc})")
-            continue
-        infos.append(pat.GraphInfo(sub, values, prefix=name))
-    where = (
-        f"only the nn.Sequential containers {[n or '(root)' for n, _ in seqs]} were analysed"
-        if seqs
-        else "it has no nn.Sequential containers to fall back on, so nothing was analysed"
-    )
-    notes.insert(
-        0,
-        f"torch.fx could not trace the model ({why}); {where}, so the result may be incomplete",
-    )
-    return infos, False
 
 
 class _Checker:
@@ -203,10 +120,11 @@ class _Checker:
             m64 = copy.deepcopy(model).to(torch.float64)
             if zero_eps:
                 for m in m64.modules():
-                    if isinstance(m, _NORM_TYPES):
+                    spec = norm_spec(m)
+                    if spec is not None:
                         # BatchNorm refuses eps = 0 in training; the smallest positive
                         # float64 is exactly 0 next to any non-degenerate variance.
-                        m.eps = torch.finfo(torch.float64).tiny
+                        setattr(m, spec.eps_attr, torch.finfo(torch.float64).tiny)
             mapping = {id(p): q for p, q in zip(model.parameters(), m64.parameters(), strict=True)}
             self.copies.append((m64, mapping))
         self.args = _to64(args)
@@ -220,7 +138,7 @@ class _Checker:
             out = m64(*self.args)
             if self.loss_fn is not None:
                 return self.loss_fn(out, self.targets).reshape(1)
-            return _as_outputs(out).reshape(-1)
+            return flat_outputs(out)
 
     def rel_change(self, sym: Symmetry, element: Any, zero_eps: bool) -> float:
         m64, mapping = self.copies[int(zero_eps)]
@@ -282,9 +200,16 @@ def find_symmetries(
         raise ValueError(f"find_symmetries: tolerance must be > 0, got {tolerance}.")
     args = _as_args(example_inputs)
     names = {id(p): n for n, p in model.named_parameters()}
-    notes: list[str] = []
-    infos, traced = _graphs(model, args, seed, notes)
+    cap = capture(
+        model, args, lambda: _Isolated(model, seed), lambda exc: _run_failed(model, args, exc)
+    )
+    infos, notes = cap.infos, cap.notes
+    traced = cap.method != "per module"
     ledger = pat.Ledger(names)
+    for qual, why in cap.not_analysed.items():
+        mod = model.get_submodule(qual) if qual else model
+        own = list(mod.parameters(recurse=not qual == ""))
+        ledger.note(own, f"not analysed: {qual or '(root)'} {why}")
     for info in infos:
         pat.count_uses(info, ledger)
     proposals: list[pat.Proposal] = []

@@ -31,6 +31,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, fx, nn
 
+from noetherflow.symmetry._fx.layers import (
+    is_known_module,
+    is_zoo_activation,
+    layer_spec,
+    norm_spec,
+)
 from noetherflow.symmetry.base import Family, Symmetry
 
 __all__ = [
@@ -54,17 +60,6 @@ LINEAR = 0
 HOMOGENEOUS = 1
 APPROXIMATE = 2
 
-_LAYERS = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
-_CONVS = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
-_BATCHNORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
-_GROUP_NORMS: tuple[type[nn.Module], ...] = (nn.LayerNorm, nn.GroupNorm, nn.RMSNorm)
-_NORMS = _BATCHNORMS + _GROUP_NORMS
-SUPPORTED_MODULES: tuple[type[nn.Module], ...] = (
-    *_LAYERS,
-    *_NORMS,
-    nn.MultiheadAttention,
-    nn.PReLU,
-)
 
 _HOM_MODULES = (nn.ReLU, nn.LeakyReLU, nn.PReLU)
 _DROPOUT_MODULES = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d)
@@ -144,6 +139,7 @@ _MOVE_FUNCS: set[Any] = {
     torch.t,
     torch.swapaxes,
     torch.movedim,
+    torch.unbind,
     operator.getitem,
 }
 _MOVE_METHODS = {
@@ -161,6 +157,8 @@ _MOVE_METHODS = {
     "t",
     "swapaxes",
     "movedim",
+    "unbind",
+    "expand",
     "view_as",
     "reshape_as",
     "clone",
@@ -172,6 +170,10 @@ _SCALAR_METHODS = {"mul", "div", "__mul__", "__truediv__"}
 _MATMUL_FUNCS: set[Any] = {operator.matmul, torch.matmul, torch.bmm}
 _SDPA = F.scaled_dot_product_attention
 _NORM_FUNCS: set[Any] = {torch.norm, torch.linalg.norm, torch.linalg.vector_norm}
+
+
+def is_mha(m: nn.Module | None) -> bool:
+    return isinstance(m, nn.MultiheadAttention)
 
 
 def _name_of(node: fx.Node, modules: dict[str, nn.Module]) -> str:
@@ -265,7 +267,7 @@ def module_problem(m: nn.Module) -> str | None:
         return "parametrised (torch.nn.utils.parametrize): its weight is computed, not a parameter"
     if m._forward_hooks or m._forward_pre_hooks:
         return "has forward hooks (e.g. old-style weight_norm/spectral_norm) that may change it"
-    if isinstance(m, _LAYERS + _NORMS):
+    if layer_spec(m) is not None or norm_spec(m) is not None:
         own = {n for n, _ in m.named_parameters(recurse=False)}
         if not own <= {"weight", "bias"}:
             return f"unexpected parameters {sorted(own)}"
@@ -285,7 +287,7 @@ def count_uses(info: GraphInfo, ledger: Ledger) -> None:
             if any(True for _ in m.parameters()):
                 qual = info.qual(str(node.target))
                 problem = module_problem(m)
-                if problem is None and not isinstance(m, SUPPORTED_MODULES):
+                if problem is None and not is_known_module(m):
                     problem = f"no symmetry pattern for {type(m).__name__}"
                 if problem is not None:
                     ledger.unsupported[qual] = f"{type(m).__name__}: {problem}"
@@ -456,7 +458,7 @@ def _step(
         stop(f"read by {name} together with other features of the same layer")
         return None
     if m is not None:
-        if isinstance(m, _LAYERS + _NORMS + (nn.MultiheadAttention,)):
+        if layer_spec(m) is not None or norm_spec(m) is not None or is_mha(m):
             if node.args and node.args[0] is ins[0] and isinstance(idx0, Tensor):
                 arrivals.append(Arrival(node, "consumer", idx0, mode, heads, via))
             else:
@@ -476,12 +478,14 @@ def _step(
                 stop(f"read by {name} with return_indices=True")
                 return None
             return moved(_worse(mode, HOMOGENEOUS))
-        if isinstance(m, _NONHOM_MODULES):
+        if isinstance(m, _NONHOM_MODULES) or is_zoo_activation(m):
             return _Flow(idx0, APPROXIMATE, heads, (*via, type(m).__name__))
         stop(f"read by {name}")
         return None
     if node.op == "call_function":
         t = node.target
+        if t is torch.cat and _cat_with_empty(node, ins, info):
+            return _Flow(idx0, mode, heads, via)
         if t in _HOM_FUNCS:
             return _Flow(idx0, _worse(mode, HOMOGENEOUS), heads, (*via, str(name)))
         if t in _DROPOUT_FUNCS:
@@ -516,6 +520,18 @@ def _step(
         what = f"{name} (a residual connection or other sum)"
     stop(f"read by {what}")
     return None
+
+
+def _cat_with_empty(node: fx.Node, ins: list[fx.Node], info: GraphInfo) -> bool:
+    """``torch.cat([empty, x])`` (e.g. an empty key/value cache): x passes through unchanged."""
+    seq = node.args[0] if node.args else node.kwargs.get("tensors")
+    if len(ins) != 1 or not isinstance(seq, list | tuple):
+        return False
+    others = [a for a in seq if a is not ins[0]]
+    if len(others) != len(seq) - 1:
+        return False
+    vals = [info.values.get(a) if isinstance(a, fx.Node) else a for a in others]
+    return all(isinstance(v, Tensor) and v.numel() == 0 for v in vals)
 
 
 def _scalar(

@@ -26,10 +26,6 @@ import torch.nn.functional as F
 from torch import Tensor, fx, nn
 
 from noetherflow.symmetry._fx.engine import (
-    _BATCHNORMS,
-    _CONVS,
-    _LAYERS,
-    _NORMS,
     APPROXIMATE,
     LINEAR,
     Arrival,
@@ -40,10 +36,13 @@ from noetherflow.symmetry._fx.engine import (
     _layer_params,
     _name_of,
     _rows_constant,
+    is_mha,
     module_problem,
     propagate,
 )
-from noetherflow.symmetry.base import Family
+from noetherflow.symmetry._fx.layers import layer_spec, norm_spec
+from noetherflow.symmetry.base import DiagonalTerm, Family, Symmetry
+from noetherflow.symmetry.channel import ChannelRescaling
 from noetherflow.symmetry.rescaling import Rescaling
 from noetherflow.symmetry.rotation import Block, DoubleRotation
 from noetherflow.symmetry.scaling import ScaleInvariance
@@ -58,9 +57,28 @@ __all__ = [
 
 # -- helpers for the matchers ---------------------------------------------------------------
 
+_NN_LAYERS = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
+
 
 def _feature_axis_of_input(m: nn.Module) -> int:
-    return 1 if isinstance(m, _CONVS + _BATCHNORMS) else -1
+    spec = layer_spec(m) or norm_spec(m)
+    return spec.in_axis if hasattr(spec, "in_axis") else getattr(spec, "axis", -1)
+
+
+def _w_out(m: nn.Module) -> int:
+    spec = layer_spec(m)
+    return spec.w_out if spec is not None else 0
+
+
+def _w_in(m: nn.Module) -> int:
+    spec = layer_spec(m)
+    return spec.w_in if spec is not None else 1
+
+
+def _is_dense(m: nn.Module | None) -> bool:
+    """A linear layer that is not a convolution (nn.Linear, HF Conv1D)."""
+    spec = layer_spec(m)
+    return spec is not None and not spec.conv
 
 
 def _column_map(arr: Arrival, m: nn.Module) -> Tensor | None:
@@ -93,7 +111,7 @@ def _param(t: Any) -> nn.Parameter:
 def _blocks(layer: nn.Module, start: int, stop: int) -> list[Block]:
     weight: Any = layer.weight
     bias: Any = getattr(layer, "bias", None)
-    out = [Block(weight, 0, start, stop)]
+    out = [Block(weight, _w_out(layer), start, stop)]
     if bias is not None:
         out.append(Block(bias, 0, start, stop))
     return out
@@ -142,15 +160,15 @@ class RescalingPattern:
         arr = arrs[0]
         second = info.module(arr.node)
         assert second is not None
-        if not isinstance(second, _LAYERS):
+        if layer_spec(second) is None:
             return []
         first = src.module
         sname = info.qual(str(arr.node.target))
-        both_linear = isinstance(first, nn.Linear) and isinstance(second, nn.Linear)
+        both_linear = _is_dense(first) and _is_dense(second)
         if arr.mode == LINEAR and both_linear:
             return []  # a double rotation, which contains the rescaling
         for layer, nm in ((first, src.name), (second, sname)):
-            if isinstance(layer, _CONVS) and layer.groups != 1:
+            if getattr(layer_spec(layer), "groups", 1) != 1:
                 ledger.note(
                     [*src.params, second.weight],
                     f"{nm} is a grouped convolution (groups={layer.groups}); its per-group "
@@ -158,8 +176,8 @@ class RescalingPattern:
                 )
                 return []
         cols = _column_map(arr, second)
-        n_out = int(first.weight.shape[0])  # type: ignore[index]
-        n_in = int(second.weight.shape[1])
+        n_out = int(first.weight.shape[_w_out(first)])  # type: ignore[index]
+        n_in = int(second.weight.shape[_w_in(second)])
         if cols is None or n_in % n_out != 0:
             ledger.note(
                 [*src.params, second.weight],
@@ -187,13 +205,24 @@ class RescalingPattern:
             Proposal(
                 Family.RESCALING,
                 label,
-                lambda: Rescaling(first, second, block=block, label=label),
+                partial(_rescaling, first, second, block, label),
                 [*src.params, second.weight],
                 info.order[src.node],
                 approximate=approx,
                 note=note,
             )
         ]
+
+
+def _rescaling(first: nn.Module, second: nn.Module, block: int, label: str) -> Symmetry:
+    """Rescaling for Linear/Conv pairs; ChannelRescaling for other layouts (HF Conv1D)."""
+    if isinstance(first, _NN_LAYERS) and isinstance(second, _NN_LAYERS):
+        return Rescaling(first, second, block=block, label=label)
+    up = [
+        DiagonalTerm(p, _w_out(first) if p.dim() > 1 else 0, 1, 1.0) for p in _layer_params(first)
+    ]
+    down = [DiagonalTerm(_param(second.weight), _w_in(second), block, -1.0)]
+    return ChannelRescaling(up, down, label=label)
 
 
 class RotationPattern:
@@ -203,7 +232,7 @@ class RotationPattern:
 
     def match(self, info: GraphInfo, src: _Source, ledger: Ledger) -> list[Proposal]:
         first = src.module
-        if not isinstance(first, nn.Linear):
+        if not _is_dense(first):
             return []
         reach = src.reach()
         out: list[Proposal] = []
@@ -211,13 +240,14 @@ class RotationPattern:
             if arr.kind != "consumer":
                 continue
             second = info.module(arr.node)
-            if not isinstance(second, nn.Linear) or arr.mode != LINEAR:
+            if not _is_dense(second) or arr.mode != LINEAR:
                 continue
             sname = info.qual(str(arr.node.target))
             feats = arr.features
             cmap = _column_map(arr, second)
             whole = cmap is not None and torch.equal(cmap, torch.arange(second.in_features))
-            if len(src.arrivals) == 1 and arr.heads is None:
+            both_nn = isinstance(first, nn.Linear) and isinstance(second, nn.Linear)
+            if len(src.arrivals) == 1 and arr.heads is None and both_nn:
                 if whole and first.out_features == second.in_features:
                     label = f"rotation:{src.name}→{sname}"
                     out.append(
@@ -255,7 +285,7 @@ class RotationPattern:
                 tag = f"[h{h}]" if len(groups) > 1 else f"[{rw[0]}:{rw[1]}]"
                 label = f"rotation:{src.name}→{sname}{tag}"
                 w_blocks = _blocks(first, *rw)
-                u_blocks = [Block(_param(second.weight), 1, *rc)]
+                u_blocks = [Block(_param(second.weight), _w_in(second), *rc)]
                 out.append(
                     Proposal(
                         Family.ROTATION,
@@ -314,7 +344,7 @@ class AttentionPattern:
         if aa.mode != LINEAR or ab.mode != LINEAR:
             ledger.note(params, f"{sa.name}·{sb.name}: a non-linear map before q·kᵀ")
             return []
-        if not isinstance(sa.module, nn.Linear) or not isinstance(sb.module, nn.Linear):
+        if not _is_dense(sa.module) or not _is_dense(sb.module):
             return []
         a, b = aa.idx, ab.idx
         lead = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
@@ -433,14 +463,17 @@ class ScalePattern:
             return []
         arr = arrs[0]
         norm = info.module(arr.node)
-        if not isinstance(norm, _NORMS):
+        nspec = norm_spec(norm)
+        if nspec is None or norm is None:
             return []
         nname = info.qual(str(arr.node.target))
         if arr.mode == APPROXIMATE:
             ledger.note(src.params, f"{src.name} → {nname} through a non-homogeneous map")
             return []
         params = src.params
-        if isinstance(norm, _BATCHNORMS):
+        if nspec.batch:
+            if _w_out(src.module) != 0:
+                return []
             uses_batch = norm.training or not norm.track_running_stats
             if not uses_batch:
                 ledger.note(
@@ -450,7 +483,7 @@ class ScalePattern:
                 )
                 return []
             cols = _column_map(arr, norm)
-            if cols is None or not torch.equal(cols, torch.arange(norm.num_features)):
+            if cols is None or not torch.equal(cols, torch.arange(int(norm.num_features))):
                 return []
             label = f"scale:{src.name}→{nname}"
             return [
@@ -536,16 +569,17 @@ def run_patterns(info: GraphInfo, ledger: Ledger) -> list[Proposal]:
             continue
         if m is None or module_problem(m) is not None:
             continue
-        if isinstance(m, nn.MultiheadAttention):
+        if is_mha(m):
             props.extend(attend.match_mha(info, node, ledger))
             continue
-        if not isinstance(m, _LAYERS):
+        spec = layer_spec(m)
+        if spec is None:
             continue
         value = info.values.get(node)
         if not isinstance(value, Tensor):
             continue
-        axis = 1 if isinstance(m, _CONVS) else -1
-        if isinstance(m, _CONVS) and value.dim() == m.weight.dim() - 1:
+        axis = spec.out_axis
+        if spec.conv and value.dim() == m.weight.dim() - 1:
             axis = 0  # unbatched conv input
         src = _Source(node, m, info.qual(str(node.target)), propagate(info, node, axis))
         sources.append(src)
