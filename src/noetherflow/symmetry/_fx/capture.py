@@ -30,7 +30,7 @@ from torch import Tensor, fx, nn
 from torch.fx._symbolic_trace import _orig_module_call, _orig_module_getattr
 from torch.fx.proxy import Attribute
 
-from noetherflow.symmetry._fx.engine import GraphInfo
+from noetherflow.symmetry._fx.engine import ROTARY_FUNCTIONS, GraphInfo
 from noetherflow.symmetry._fx.layers import is_known_module
 
 __all__ = ["Capture", "ConcreteTracer", "capture", "flat_outputs", "is_leaf"]
@@ -68,7 +68,7 @@ _DATA_DEPENDENT = (
     "traced graph would only hold for the branch the example takes"
 )
 # Functions wrapped as one node (registry by name): the engine understands them as a whole.
-LEAF_FUNCTIONS = ("apply_rotary_pos_emb",)
+LEAF_FUNCTIONS = tuple(sorted(ROTARY_FUNCTIONS))
 
 
 def is_leaf(m: nn.Module) -> bool:

@@ -28,7 +28,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, fx, nn
 
 from noetherflow.symmetry._fx.layers import (
@@ -36,6 +35,30 @@ from noetherflow.symmetry._fx.layers import (
     is_zoo_activation,
     layer_spec,
     norm_spec,
+)
+from noetherflow.symmetry._fx.tables import (
+    _DROPOUT_FUNCS,
+    _DROPOUT_MODULES,
+    _HOM_FUNCS,
+    _HOM_METHODS,
+    _HOM_MODULES,
+    _MATMUL_FUNCS,
+    _MOVE_FUNCS,
+    _MOVE_METHODS,
+    _MOVE_MODULES,
+    _NONHOM_FUNCS,
+    _NONHOM_METHODS,
+    _NONHOM_MODULES,
+    _NORM_FUNCS,
+    _POOL_FUNCS,
+    _POOL_MODULES,
+    _SCALAR_FUNCS,
+    _SCALAR_METHODS,
+    _SDPA,
+    APPROXIMATE,
+    HOMOGENEOUS,
+    LINEAR,
+    ROTARY_FUNCTIONS,
 )
 from noetherflow.symmetry.base import Family, Symmetry
 
@@ -52,124 +75,6 @@ __all__ = [
     "propagate",
     "source_index",
 ]
-
-
-# -- op tables ------------------------------------------------------------------------------
-
-LINEAR = 0
-HOMOGENEOUS = 1
-APPROXIMATE = 2
-
-
-_HOM_MODULES = (nn.ReLU, nn.LeakyReLU, nn.PReLU)
-_DROPOUT_MODULES = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d)
-_POOL_MODULES = (
-    nn.MaxPool1d,
-    nn.MaxPool2d,
-    nn.MaxPool3d,
-    nn.AdaptiveMaxPool1d,
-    nn.AdaptiveMaxPool2d,
-    nn.AdaptiveMaxPool3d,
-    nn.AvgPool1d,
-    nn.AvgPool2d,
-    nn.AvgPool3d,
-    nn.AdaptiveAvgPool1d,
-    nn.AdaptiveAvgPool2d,
-    nn.AdaptiveAvgPool3d,
-)
-_MOVE_MODULES = (nn.Flatten, nn.Unflatten)
-_NONHOM_MODULES = (
-    nn.Tanh,
-    nn.GELU,
-    nn.SiLU,
-    nn.Sigmoid,
-    nn.ELU,
-    nn.SELU,
-    nn.CELU,
-    nn.Softplus,
-    nn.Mish,
-    nn.Hardtanh,
-    nn.ReLU6,
-    nn.Hardswish,
-    nn.Hardsigmoid,
-    nn.Softsign,
-    nn.LogSigmoid,
-    nn.Tanhshrink,
-)
-
-_HOM_FUNCS: set[Any] = {F.relu, torch.relu, F.leaky_relu, F.relu_}
-_DROPOUT_FUNCS: set[Any] = {F.dropout, F.dropout1d, F.dropout2d, F.dropout3d}
-_POOL_FUNCS: set[Any] = {
-    F.max_pool1d,
-    F.max_pool2d,
-    F.max_pool3d,
-    F.adaptive_max_pool1d,
-    F.adaptive_max_pool2d,
-    F.adaptive_max_pool3d,
-    F.avg_pool1d,
-    F.avg_pool2d,
-    F.avg_pool3d,
-    F.adaptive_avg_pool1d,
-    F.adaptive_avg_pool2d,
-    F.adaptive_avg_pool3d,
-}
-_NONHOM_FUNCS: set[Any] = {
-    F.gelu,
-    F.silu,
-    F.elu,
-    F.softplus,
-    F.mish,
-    F.hardtanh,
-    F.relu6,
-    F.hardswish,
-    torch.tanh,
-    torch.sigmoid,
-    F.tanh,
-    F.sigmoid,
-}
-_MOVE_FUNCS: set[Any] = {
-    torch.flatten,
-    torch.reshape,
-    torch.transpose,
-    torch.permute,
-    torch.squeeze,
-    torch.unsqueeze,
-    torch.split,
-    torch.chunk,
-    torch.t,
-    torch.swapaxes,
-    torch.movedim,
-    torch.unbind,
-    operator.getitem,
-}
-_MOVE_METHODS = {
-    "view",
-    "reshape",
-    "transpose",
-    "permute",
-    "contiguous",
-    "flatten",
-    "unflatten",
-    "squeeze",
-    "unsqueeze",
-    "split",
-    "chunk",
-    "t",
-    "swapaxes",
-    "movedim",
-    "unbind",
-    "expand",
-    "view_as",
-    "reshape_as",
-    "clone",
-}
-_HOM_METHODS = {"relu", "relu_"}
-_NONHOM_METHODS = {"tanh", "sigmoid"}
-_SCALAR_FUNCS: set[Any] = {operator.mul, operator.truediv, torch.mul, torch.div}
-_SCALAR_METHODS = {"mul", "div", "__mul__", "__truediv__"}
-_MATMUL_FUNCS: set[Any] = {operator.matmul, torch.matmul, torch.bmm}
-_SDPA = F.scaled_dot_product_attention
-_NORM_FUNCS: set[Any] = {torch.norm, torch.linalg.norm, torch.linalg.vector_norm}
 
 
 def is_mha(m: nn.Module | None) -> bool:
@@ -292,7 +197,7 @@ def count_uses(info: GraphInfo, ledger: Ledger) -> None:
                 if problem is not None:
                     ledger.unsupported[qual] = f"{type(m).__name__}: {problem}"
                     ledger.note(list(m.parameters()), f"{qual} is unsupported: {problem}")
-        elif node.op == "get_attr":
+        elif node.op == "get_attr" and node.users:
             v = info.values.get(node)
             if isinstance(v, nn.Parameter):
                 n_uses = len(node.users)
@@ -332,6 +237,7 @@ class _Flow:
     mode: int
     heads: list[frozenset[int]] | None
     via: tuple[str, ...]
+    rotary: dict[int, int] | None = None  # feature → the feature it is rotated with
 
 
 @dataclass
@@ -345,10 +251,15 @@ class Arrival:
     heads: list[frozenset[int]] | None
     via: tuple[str, ...]
     reason: str = ""
+    rotary: dict[int, int] | None = None  # set after a rotary embedding (feature → partner)
 
     @property
     def features(self) -> set[int]:
         return {int(v) for v in torch.unique(self.idx).tolist()}
+
+
+def _arrival(node: fx.Node, kind: str, idx: Tensor, f: _Flow) -> Arrival:
+    return Arrival(node, kind, idx, f.mode, f.heads, f.via, rotary=f.rotary)
 
 
 def _worse(a: int, b: int) -> int:
@@ -414,6 +325,10 @@ def propagate(info: GraphInfo, source: fx.Node, axis: int) -> list[Arrival]:
                     arrivals.append(Arrival(node, "break", t, f.mode, f.heads, f.via, reason))
 
         out = _step(info, node, ins, flows, mode, heads, via, arrivals, stop)
+        if out is not None and out.rotary is None:
+            out.rotary = flows[ins[0]].rotary
+        if out is not None and _is_blank(out.idx):
+            continue  # e.g. the key half of a rotary output when following the query
         if out is not None:
             flows[node] = out
             pending.extend(u for u in node.users if u not in done)
@@ -486,6 +401,8 @@ def _step(
         t = node.target
         if t is torch.cat and _cat_with_empty(node, ins, info):
             return _Flow(idx0, mode, heads, via)
+        if getattr(t, "__name__", "") in ROTARY_FUNCTIONS:
+            return _rotary(node, ins, flows, mode, heads, via, info, stop)
         if t in _HOM_FUNCS:
             return _Flow(idx0, _worse(mode, HOMOGENEOUS), heads, (*via, str(name)))
         if t in _DROPOUT_FUNCS:
@@ -556,8 +473,98 @@ def _scalar(
             stop(f"read by {name} with a learned scale")
             return None
         return _Flow(idx0, mode, heads, via)
+    if isinstance(val, Tensor) and isinstance(idx0, Tensor) and node.target not in _RDIV:
+        # x ⊙ a or x / a with a tensor a computed without these features (a SwiGLU gate, a
+        # layer scale, a mask): diagonal, so per-feature rescaling passes, rotations do not.
+        out = info.values.get(node)
+        if isinstance(out, Tensor) and _broadcasts(idx0.shape, out.shape):
+            return _Flow(idx0.expand(out.shape).clone(), _worse(mode, HOMOGENEOUS), heads, via)
     stop(f"read by {name} (element-wise product with another tensor)")
     return None
+
+
+_RDIV: set[Any] = {operator.truediv, torch.div, "div", "__truediv__"}
+
+
+def _broadcasts(small: Any, big: Any) -> bool:
+    try:
+        return tuple(torch.broadcast_shapes(small, big)) == tuple(big)
+    except RuntimeError:
+        return False
+
+
+def _is_blank(idx: Any) -> bool:
+    items = idx if isinstance(idx, tuple | list) else [idx]
+    return all(isinstance(t, Tensor) and bool((t < 0).all()) for t in items)
+
+
+def _rotary(
+    node: fx.Node,
+    ins: list[fx.Node],
+    flows: dict[fx.Node, _Flow],
+    mode: int,
+    heads: list[frozenset[int]] | None,
+    via: tuple[str, ...],
+    info: GraphInfo,
+    stop: Callable[[str], None],
+) -> _Flow | None:
+    """A rotary embedding ``f(q, k, cos, sin, …) → (q', k')``, linear in q and in k.
+
+    Which coordinates of the last axis it mixes is measured by applying it to unit vectors;
+    each must be paired with exactly one other (a rotation plane). The features pass through
+    unchanged in place, and the flow remembers the pairs so that only the rotations that
+    commute with every position's rotation are proposed.
+    """
+    args = list(node.args)
+    out: list[Tensor] = []
+    partner: dict[int, int] = {}
+    for pos in (0, 1):
+        a = args[pos] if pos < len(args) else None
+        value = info.values.get(a) if isinstance(a, fx.Node) else None
+        if not isinstance(value, Tensor):
+            stop(f"read by {node.target} in an unsupported position")
+            return None
+        if a not in ins:
+            out.append(torch.full(value.shape, -1.0, dtype=torch.float64))
+            continue
+        idx = flows[a].idx
+        pairs = _rotary_pairs(info, node, pos, value)
+        if pairs is None or not isinstance(idx, Tensor):
+            stop(f"read by {getattr(node.target, '__name__', node.target)}, which mixes features")
+            return None
+        flat = idx.reshape(-1, idx.shape[-1])
+        for i, j in pairs.items():
+            for fi, fj in set(zip(flat[:, i].tolist(), flat[:, j].tolist(), strict=True)):
+                if partner.setdefault(int(fi), int(fj)) != int(fj):
+                    stop("read by a rotary embedding with features not on the last axis")
+                    return None
+        out.append(idx)
+    return _Flow(tuple(out), mode, heads, via, rotary=partner)
+
+
+def _rotary_pairs(info: GraphInfo, node: fx.Node, pos: int, value: Tensor) -> dict[int, int] | None:
+    """Position → partner along the last axis, measured with unit vectors (None if not pairs)."""
+    d = value.shape[-1]
+    args = [info.values.get(a) if isinstance(a, fx.Node) else a for a in node.args]
+    kwargs = {
+        k: info.values.get(v) if isinstance(v, fx.Node) else v for k, v in node.kwargs.items()
+    }
+    out: dict[int, int] = {}
+    with torch.no_grad():
+        for i in range(d):
+            e = torch.zeros_like(value)
+            e[..., i] = 1.0
+            probe = list(args)
+            probe[pos] = e
+            res = node.target(*probe, **kwargs)  # type: ignore[operator]
+            hit = res[pos].reshape(-1, d).abs().amax(0) > 0
+            others = [int(j) for j in torch.nonzero(hit).flatten() if int(j) != i]
+            if len(others) != 1:
+                return None
+            out[i] = others[0]
+    if any(out[out[i]] != i for i in out):
+        return None
+    return out
 
 
 def _matmul(
@@ -583,12 +590,12 @@ def _matmul(
         if src is a:
             # Features along the contracted last axis: one half of q @ kᵀ.
             if _rows_constant(idx, -2):
-                arrivals.append(Arrival(node, "contract_a", idx, f.mode, f.heads, f.via))
+                arrivals.append(_arrival(node, "contract_a", idx, f))
                 continue
             stop(f"read by {name} as the left factor with features along rows")
             return None
         if _rows_constant(idx, -1):
-            arrivals.append(Arrival(node, "contract_b", idx, f.mode, f.heads, f.via))
+            arrivals.append(_arrival(node, "contract_b", idx, f))
             continue
         if _rows_constant(idx, -2) and len(ins) == 1:
             # att @ v: tokens are mixed, features (last axis) pass through; per head.
@@ -621,6 +628,7 @@ def _sdpa(
         stop("read by scaled_dot_product_attention in several roles or as a keyword")
         return None
     result: _Flow | None = None
+    q_val = info.values.get(args[0]) if isinstance(args[0], fx.Node) else None
     for src in ins:
         f = flows[src]
         idx = f.idx
@@ -628,11 +636,17 @@ def _sdpa(
             stop("read by scaled_dot_product_attention with features not on the last axis")
             return None
         pos = args.index(src)
+        if pos > 0 and isinstance(q_val, Tensor) and idx.dim() >= 3 and q_val.dim() >= 3:
+            # grouped-query attention (enable_gqa=True): each key/value head serves
+            # n_q // n_kv consecutive query heads.
+            n_q, n_kv = q_val.shape[-3], idx.shape[-3]
+            if n_q != n_kv and n_kv > 0 and n_q % n_kv == 0:
+                idx = idx.repeat_interleave(n_q // n_kv, dim=-3)
         if pos == 0:
-            arrivals.append(Arrival(node, "contract_a", idx, f.mode, f.heads, f.via))
+            arrivals.append(_arrival(node, "contract_a", idx, f))
         elif pos == 1:
             t = idx.transpose(-1, -2)
-            arrivals.append(Arrival(node, "contract_b", t, f.mode, f.heads, f.via))
+            arrivals.append(_arrival(node, "contract_b", t, f))
         else:
             result = _mix(idx, info.values[node], f)
     return result

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, fx, nn
 
+from noetherflow.symmetry._fx.affine import AffineRescalingPattern, affine_params
 from noetherflow.symmetry._fx.engine import (
     APPROXIMATE,
     LINEAR,
@@ -101,6 +102,21 @@ def _range_of(feats: list[int]) -> tuple[int, int] | None:
     if feats != list(range(s, s + len(feats))):
         return None
     return s, s + len(feats)
+
+
+def _runs(col: list[int], cols: Tensor, fw: list[int]) -> list[tuple[int, int]] | None:
+    """Split the columns ``col`` reading features ``fw`` into contiguous copies of ``fw``."""
+    n = len(fw)
+    if not col or len(col) % n:
+        return None
+    out = []
+    for r in range(0, len(col), n):
+        run = col[r : r + n]
+        rng = _range_of(run)
+        if rng is None or [int(cols[c]) for c in run] != fw:
+            return None
+        out.append(rng)
+    return out
 
 
 def _param(t: Any) -> nn.Parameter:
@@ -245,7 +261,8 @@ class RotationPattern:
             sname = info.qual(str(arr.node.target))
             feats = arr.features
             cmap = _column_map(arr, second)
-            whole = cmap is not None and torch.equal(cmap, torch.arange(second.in_features))
+            n_cols = int(second.weight.shape[_w_in(second)])
+            whole = cmap is not None and torch.equal(cmap, torch.arange(n_cols))
             both_nn = isinstance(first, nn.Linear) and isinstance(second, nn.Linear)
             if len(src.arrivals) == 1 and arr.heads is None and both_nn:
                 if whole and first.out_features == second.in_features:
@@ -274,9 +291,8 @@ class RotationPattern:
                 fw = sorted(g)
                 rw = _range_of(fw)
                 col = [int(c) for c in torch.nonzero(torch.isin(cols, torch.tensor(fw)))]
-                ordered = [int(cols[c]) for c in col]
-                rc = _range_of(col)
-                if rw is None or rc is None or ordered != fw:
+                runs = _runs(col, cols, fw)
+                if rw is None or runs is None:
                     ledger.note(
                         [*src.params, second.weight],
                         f"{src.name} → {sname}: head {h} is not a contiguous slice",
@@ -285,7 +301,9 @@ class RotationPattern:
                 tag = f"[h{h}]" if len(groups) > 1 else f"[{rw[0]}:{rw[1]}]"
                 label = f"rotation:{src.name}→{sname}{tag}"
                 w_blocks = _blocks(first, *rw)
-                u_blocks = [Block(_param(second.weight), _w_in(second), *rc)]
+                # One block per reader of the head: several query heads share a value head
+                # in grouped-query attention, and all of them turn with it.
+                u_blocks = [Block(_param(second.weight), _w_in(second), *rc) for rc in runs]
                 out.append(
                     Proposal(
                         Family.ROTATION,
@@ -377,6 +395,9 @@ class AttentionPattern:
                     params, f"{sa.name}·{sb.name}: head {h} is not a clean contiguous slice"
                 )
                 continue
+            if aa.rotary is not None or ab.rotary is not None:
+                out.extend(self._rotary_head(info, node, sa, sb, aa, ab, h, k, qs, ledger))
+                continue
             q_blocks = [blk for r in rqs if r is not None for blk in _blocks(sa.module, *r)]
             k_blocks = _blocks(sb.module, *rk)
             w, u = (q_blocks, k_blocks) if first_is_a else (k_blocks, q_blocks)
@@ -389,6 +410,61 @@ class AttentionPattern:
                     params,
                     min(info.order[sa.node], info.order[sb.node]),
                     sub=info.order[node],
+                )
+            )
+        return out
+
+    def _rotary_head(
+        self,
+        info: GraphInfo,
+        node: fx.Node,
+        sa: _Source,
+        sb: _Source,
+        aa: Arrival,
+        ab: Arrival,
+        h: int,
+        k: tuple[int, ...],
+        qs: list[tuple[int, ...]],
+        ledger: Ledger,
+    ) -> list[Proposal]:
+        """Rotary embeddings: only maps commuting with every position's rotation survive.
+
+        A rotary embedding turns each plane (pair of coordinates) of a head by an angle
+        proportional to the position. With distinct frequencies, the invertible maps G with
+        qᵀ R_Δ k = (Gᵀq)ᵀ R_Δ (G⁻¹k) for every Δ are those commuting with all R_Δ: per plane,
+        a scaling times a rotation within the plane. Its symmetric generators (the ones with
+        a Noether charge) are the per-plane scalings: one d = 1 double rotation per plane,
+        acting on the two query rows against the two key rows of that plane.
+        """
+        params = list({id(p): p for p in [*sa.params, *sb.params]}.values())
+        ra, rb = aa.rotary, ab.rotary
+        if ra is None or rb is None:
+            ledger.note(params, f"{sa.name}·{sb.name}: only one side has a rotary embedding")
+            return []
+        pos = {f: i for i, f in enumerate(k)}
+        planes = sorted({tuple(sorted((i, pos.get(rb.get(f, -1), -1)))) for i, f in enumerate(k)})
+        if any(i < 0 for i, _ in planes) or len(planes) * 2 != len(k):
+            ledger.note(params, f"{sa.name}·{sb.name}: rotary planes of head {h} leave the head")
+            return []
+        if any(ra.get(q[i]) != q[j] for q in qs for i, j in planes):
+            ledger.note(params, f"{sa.name}·{sb.name}: query and key rotary planes differ")
+            return []
+        first_is_a = info.order[sa.node] <= info.order[sb.node]
+        out = []
+        for p, (i, j) in enumerate(planes):
+            q_blocks = [b for q in qs for f in (q[i], q[j]) for b in _blocks(sa.module, f, f + 1)]
+            k_blocks = [b for f in (k[i], k[j]) for b in _blocks(sb.module, f, f + 1)]
+            w, u = (q_blocks, k_blocks) if first_is_a else (k_blocks, q_blocks)
+            label = f"rotation:{sa.name}·{sb.name}[h{h},plane{p}]"
+            out.append(
+                Proposal(
+                    Family.ROTATION,
+                    label,
+                    partial(DoubleRotation.from_blocks, w, u, label=label),
+                    params,
+                    min(info.order[sa.node], info.order[sb.node]),
+                    sub=info.order[node],
+                    note="rotary: per-plane scaling of query against key (commutes with RoPE)",
                 )
             )
         return out
@@ -560,17 +636,28 @@ def run_patterns(info: GraphInfo, ledger: Ledger) -> list[Proposal]:
         AttentionPattern(),
         ScalePattern(),
     )
+    affine = AffineRescalingPattern()
     props: list[Proposal] = []
     sources: list[_Source] = []
     for node in info.gm.graph.nodes:
         m = info.module(node)
         if node.op == "get_attr":
+            if not node.users:
+                continue  # only an attribute such as .dtype was read
             props.extend(scale.match_explicit(info, node, ledger))
             continue
         if m is None or module_problem(m) is not None:
             continue
         if is_mha(m):
             props.extend(attend.match_mha(info, node, ledger))
+            continue
+        nspec = norm_spec(m)
+        if nspec is not None and affine_params(m):
+            value = info.values.get(node)
+            if isinstance(value, Tensor) and value.dim() >= 1:
+                arrs = propagate(info, node, nspec.axis if value.dim() > 1 else 0)
+                qual = info.qual(str(node.target))
+                props.extend(affine.match(info, qual, m, arrs, ledger))
             continue
         spec = layer_spec(m)
         if spec is None:
