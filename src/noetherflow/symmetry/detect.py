@@ -23,7 +23,6 @@ not matched.
 from __future__ import annotations
 
 import argparse
-import copy
 import importlib.util
 import sys
 import warnings
@@ -35,15 +34,16 @@ import torch
 from torch import Tensor, nn
 
 from noetherflow.symmetry._fx import engine as pat
-from noetherflow.symmetry._fx.capture import capture, flat_outputs
-from noetherflow.symmetry._fx.layers import norm_spec
+from noetherflow.symmetry._fx.capture import capture
+from noetherflow.symmetry._fx.check import Checker
 from noetherflow.symmetry._fx.matchers import run_patterns
 from noetherflow.symmetry.base import Symmetry
+from noetherflow.symmetry.channel import ChannelRescaling
 from noetherflow.symmetry.coverage import DetectionReport
 from noetherflow.symmetry.rescaling import Rescaling
 from noetherflow.symmetry.rotation import DoubleRotation
 from noetherflow.symmetry.scaling import ScaleInvariance
-from noetherflow.symmetry.set import SymmetrySet, VerifyResult, _rebind, _to64
+from noetherflow.symmetry.set import SymmetrySet, VerifyResult
 
 __all__ = ["DetectionError", "find_symmetries", "inspect_main", "symmetry_signature"]
 
@@ -102,57 +102,6 @@ def _run_failed(model: nn.Module, args: tuple[Any, ...], exc: Exception) -> Dete
         f"model accepts, e.g. a small batch.{hint} Pass example_inputs with the model's input "
         "shape (a tuple for several positional inputs)."
     )
-
-
-class _Checker:
-    """Float64 copies of the model (as is, and with norm eps = 0) and a relative-change test."""
-
-    def __init__(
-        self,
-        model: nn.Module,
-        args: tuple[Any, ...],
-        loss_fn: Callable[[Any, Any], Tensor] | None,
-        targets: Any,
-        seed: int,
-    ) -> None:
-        self.copies: list[tuple[nn.Module, dict[int, nn.Parameter]]] = []
-        for zero_eps in (False, True):
-            m64 = copy.deepcopy(model).to(torch.float64)
-            if zero_eps:
-                for m in m64.modules():
-                    spec = norm_spec(m)
-                    if spec is not None:
-                        # BatchNorm refuses eps = 0 in training; the smallest positive
-                        # float64 is exactly 0 next to any non-degenerate variance.
-                        setattr(m, spec.eps_attr, torch.finfo(torch.float64).tiny)
-            mapping = {id(p): q for p, q in zip(model.parameters(), m64.parameters(), strict=True)}
-            self.copies.append((m64, mapping))
-        self.args = _to64(args)
-        self.targets = _to64(targets)
-        self.loss_fn = loss_fn
-        self.seed = seed
-        self.base = [self._eval(m) for m, _ in self.copies]
-
-    def _eval(self, m64: nn.Module) -> Tensor:
-        with _Isolated(m64, self.seed):
-            out = m64(*self.args)
-            if self.loss_fn is not None:
-                return self.loss_fn(out, self.targets).reshape(1)
-            return flat_outputs(out)
-
-    def rel_change(self, sym: Symmetry, element: Any, zero_eps: bool) -> float:
-        m64, mapping = self.copies[int(zero_eps)]
-        s64 = _rebind(sym, mapping)
-        saved = [(p, p.detach().clone()) for p in s64.params]
-        s64.apply_(element)
-        try:
-            after = self._eval(m64)
-        finally:
-            with torch.no_grad():
-                for p, v in saved:
-                    p.copy_(v)
-        base = self.base[int(zero_eps)]
-        return float((after - base).norm() / base.norm().clamp_min(1e-300))
 
 
 def find_symmetries(
@@ -223,7 +172,7 @@ def find_symmetries(
         notes=notes,
         unsupported=dict(ledger.unsupported),
     )
-    checker = _Checker(model, args, loss_fn, targets, seed) if proposals else None
+    checker = Checker(model, args, loss_fn, targets, seed, _Isolated) if proposals else None
     gen = torch.Generator().manual_seed(seed)
     found: list[tuple[int, str, Symmetry, VerifyResult]] = []
     labels: set[str] = set()
@@ -248,15 +197,27 @@ def find_symmetries(
             continue
         assert checker is not None
         element = sym.random_element(scale, gen)
-        rel_model = checker.rel_change(sym, element, zero_eps=False)
-        rel = checker.rel_change(sym, element, zero_eps=True) if prop.uses_norm_eps else rel_model
+        on_model = checker.check(sym, element, False, tolerance, scale)
+        chk = (
+            checker.check(sym, element, True, tolerance, scale) if prop.uses_norm_eps else on_model
+        )
+        rel_model, rel = on_model.rel, chk.rel
         if prop.approximate:
             msg = (
-                f"approximate {prop.family.value} {prop.label} {prop.note}: relative output "
-                f"change {rel_model:.2g} under a random element of size {scale:g}; not claimed"
+                f"approximate {prop.family.value} {prop.label} {prop.note}: relative output change "
+                f"{rel_model:.2g} under a random element of size {scale:g} (a generic "
+                f"perturbation: {on_model.control:.2g}); not claimed"
             )
             for p in prop.params:
                 detection.approximate.setdefault(id(p), []).append(msg)
+            continue
+        if chk.degenerate:
+            why = (
+                f"degenerate check: a generic perturbation of the same parameters changes the "
+                f"signal by only {chk.control:.2g}, even at a perturbed parameter point"
+            )
+            detection.rejected.append((prop.label, why))
+            ledger.note(list(prop.params), f"candidate {prop.label} not verified: {why}")
             continue
         if not rel <= tolerance:
             detection.rejected.append(
@@ -273,16 +234,10 @@ def find_symmetries(
             label, k = f"{prop.label}#{k}", k + 1
         labels.add(label)
         sym.label = label
-        note = prop.note
+        note = f"{prop.note}; " if prop.note else ""
         if prop.uses_norm_eps:
-            note = (
-                f"{label}: {note}; relative change {rel_model:.2g} with the model's eps "
-                f"(exact, {rel:.2g}, with eps → 0)"
-            )
-        elif note:
-            note = f"{label}: {note}"
-        if note:
-            detection.sym_notes[label] = note
+            note += f"relative change {rel_model:.2g} with the model's eps (eps → 0: {rel:.2g}); "
+        detection.sym_notes[label] = f"{label}: {note}verified on {chk.how}"
         found.append((prop.order, label, sym, VerifyResult(label, rel, tolerance, True)))
     detection.reasons = ledger.reasons
     syms = SymmetrySet(s for _, _, s, _ in found)
@@ -302,6 +257,8 @@ def symmetry_signature(sym: Symmetry, names: dict[int, str]) -> tuple[Any, ...]:
 
     * rescaling: ``("rescaling", first_weight_name, second_weight_name, block)``
     * scale: ``("scale", (param names…), per_channel)``
+    * channel rescaling: ``("rescaling", producer terms, consumer terms)`` with each term
+      ``(param name, axis, block)``
     * rotation: ``("rotation", W-side blocks, U-side blocks)`` with each block
       ``(param name, axis, start, stop)``.
     """
@@ -309,6 +266,12 @@ def symmetry_signature(sym: Symmetry, names: dict[int, str]) -> tuple[Any, ...]:
         return ("rescaling", names[id(sym.first.weight)], names[id(sym.second.weight)], sym.block)
     if isinstance(sym, ScaleInvariance):
         return ("scale", tuple(names[id(p)] for p in sym.params), sym.per_channel)
+    if isinstance(sym, ChannelRescaling):
+
+        def terms(ts: list[Any]) -> tuple[tuple[Any, ...], ...]:
+            return tuple((names[id(t.param)], t.axis, t.block) for t in ts)
+
+        return ("rescaling", terms(sym.up), terms(sym.down))
     if isinstance(sym, DoubleRotation):
 
         def blocks(bs: list[Any]) -> tuple[tuple[Any, ...], ...]:

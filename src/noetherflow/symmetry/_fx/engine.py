@@ -352,6 +352,8 @@ def _step(
     if node.op == "output":
         stop("returned as a model output")
         return None
+    if _shape_only(node):
+        return None  # x.shape, x.size(), x.dtype: no feature is read
     idx0 = flows[ins[0]].idx
     m = info.module(node)
     subst = {a: flows[a].idx for a in ins}
@@ -437,6 +439,16 @@ def _step(
         what = f"{name} (a residual connection or other sum)"
     stop(f"read by {what}")
     return None
+
+
+_SHAPE_ATTRS = {"shape", "dtype", "device", "ndim", "is_cuda", "requires_grad"}
+_SHAPE_METHODS = {"size", "dim", "numel", "nelement", "get_device", "is_floating_point"}
+
+
+def _shape_only(node: fx.Node) -> bool:
+    if node.op == "call_function" and node.target is getattr:
+        return len(node.args) > 1 and node.args[1] in _SHAPE_ATTRS
+    return node.op == "call_method" and node.target in _SHAPE_METHODS
 
 
 def _cat_with_empty(node: fx.Node, ins: list[fx.Node], info: GraphInfo) -> bool:
