@@ -14,14 +14,15 @@ __all__ = ["TeleportHandle", "teleport"]
 
 @dataclass
 class TeleportHandle:
-    """Returned by :func:`teleport`; ``undo()`` restores the parameters bit for bit."""
+    """Returned by :func:`teleport`; ``undo()`` restores parameters and buffers bit for bit."""
 
     solution: EquilibriumSolution
-    _saved: dict[nn.Parameter, Tensor]
+    _saved: dict[Tensor, Tensor]
     _undone: bool = False
 
     def undo(self) -> None:
-        """Restore the parameters saved before the teleport (exactly, no inverse round-off)."""
+        """Restore the parameters (and the buffers a symmetry moves, e.g. BatchNorm running
+        statistics) saved before the teleport: exactly, no inverse round-off."""
         if self._undone:
             raise RuntimeError("This teleport was already undone; undo() works once.")
         with torch.no_grad():
@@ -39,7 +40,9 @@ def teleport(model: nn.Module | None, solution: EquilibriumSolution) -> Teleport
     ``model`` is accepted for symmetry with the other calls and is not used.
     """
     syms = solution.syms
-    saved = {p: p.detach().clone() for p in syms.params()}
+    saved: dict[Tensor, Tensor] = {p: p.detach().clone() for p in syms.params()}
+    for s in syms:  # buffers moved with the parameters (ScaleInvariance before a BatchNorm)
+        saved.update({b: b.detach().clone() for b in getattr(s, "state_buffers", list)()})
     for i, element in solution.steps:
         syms[i].apply_(element)
     return TeleportHandle(solution, saved)

@@ -566,7 +566,7 @@ class ScalePattern:
                 Proposal(
                     Family.SCALE,
                     label,
-                    lambda: ScaleInvariance(params, per_channel=True, label=label),
+                    lambda: ScaleInvariance(params, per_channel=True, label=label, norm=norm),
                     params,
                     info.order[src.node],
                     note="per channel; BatchNorm in training mode only; exact up to eps",
