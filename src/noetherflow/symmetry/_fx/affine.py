@@ -114,3 +114,53 @@ class AffineRescalingPattern:
                 note=note,
             )
         ]
+
+
+class LayerScalePattern:
+    """Layer → linear/homogeneous maps → ``x ⊙ γ`` with a learned per-channel γ (ConvNeXt's
+    layer scale, CaiT/DeiT-III's LayerScale): row c of the layer (and its bias) scales by
+    e^{λ_c}, γ_c by e^{-λ_c}, exactly."""
+
+    family = Family.RESCALING
+
+    def match(
+        self,
+        info: GraphInfo,
+        name: str,
+        layer: nn.Module,
+        arrivals: list[Arrival],
+        ledger: Ledger,
+    ) -> list[Proposal]:
+        if len(arrivals) != 1 or arrivals[0].kind != "scale_param":
+            return []
+        arr = arrivals[0]
+        gamma = info.values.get(arr.node)
+        spec = layer_spec(layer)
+        weight = getattr(layer, "weight", None)
+        if not isinstance(gamma, nn.Parameter) or spec is None or not isinstance(weight, Tensor):
+            return []
+        params = [p for p in (weight, getattr(layer, "bias", None)) if isinstance(p, nn.Parameter)]
+        n = int(weight.shape[spec.w_out])
+        gname = info.qual(str(arr.node.target))
+        idx = arr.idx
+        flat = idx.reshape(-1, idx.shape[-1]) if idx.dim() > 1 else idx.unsqueeze(0)
+        same = bool((flat == flat[:1]).all())
+        if gamma.dim() != 1 or gamma.shape[0] != n or not same:
+            ledger.note([*params, gamma], f"{name} → {gname}: γ does not scale one channel each")
+            return []
+        if not torch.equal(flat[0].to(torch.long), torch.arange(n)):
+            return []
+        up = [DiagonalTerm(p, spec.w_out if p.dim() > 1 else 0, 1, 1.0) for p in params]
+        down = [DiagonalTerm(gamma, 0, 1, -1.0)]
+        label = f"rescaling:{name}→{gname}"
+        return [
+            Proposal(
+                Family.RESCALING,
+                label,
+                partial(ChannelRescaling, up, down, label=label),
+                [*params, gamma],
+                info.order[arr.node],
+                approximate=arr.mode == APPROXIMATE,
+                note="layer output against its learned per-channel scale",
+            )
+        ]

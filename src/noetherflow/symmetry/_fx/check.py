@@ -12,7 +12,8 @@ A check is *degenerate* when a generic perturbation of the same parameters (each
 multiplied by e^u, u uniform in [−scale, scale]) hardly changes the signal either (less than
 ``DEGENERATE`` × tolerance): the check could not tell a symmetry from a non-symmetry. Then
 the check is repeated at a randomly perturbed parameter point (every parameter of the
-symmetry, and every all-zero parameter of the model, gets Gaussian noise), where an exact
+symmetry, and every all-zero parameter of the model, gets Gaussian noise of standard
+deviation max(its RMS, 0.1)), where an exact
 symmetry still holds and a broken one shows. If it is still degenerate there, the candidate
 is not claimed. :attr:`Check.how` says which signal and which point were used.
 """
@@ -221,6 +222,6 @@ class Checker:
                 if id(p) in ids or not bool(p.detach().any()):
                     saved.append((p, p.detach().clone()))
                     rms = float(p.detach().pow(2).mean().sqrt()) if p.numel() else 0.0
-                    std = rms if rms > 0 else 0.1
+                    std = max(rms, 0.1)  # tiny parameters (a 1e-6 layer scale) become generic
                     p.add_(torch.randn(p.shape, generator=gen, dtype=p.dtype) * std)
         return saved

@@ -417,7 +417,9 @@ def _step(
         if t in _MOVE_FUNCS:
             return moved()
         if t in _SCALAR_FUNCS:
-            return _scalar(node, ins[0], idx0, mode, heads, via, info, stop, name)
+            return _scalar(node, ins[0], idx0, mode, heads, via, info, stop, name, arrivals)
+        if t is torch.mean and _constant_over_reduced(node, ins[0], idx0, info):
+            return moved()
         if t in _MATMUL_FUNCS:
             return _matmul(node, ins, flows, mode, heads, via, info, arrivals, stop, name)
         if t is _SDPA:
@@ -431,7 +433,9 @@ def _step(
         if t in _MOVE_METHODS:
             return moved()
         if t in _SCALAR_METHODS:
-            return _scalar(node, ins[0], idx0, mode, heads, via, info, stop, name)
+            return _scalar(node, ins[0], idx0, mode, heads, via, info, stop, name, arrivals)
+        if t == "mean" and _constant_over_reduced(node, ins[0], idx0, info):
+            return moved()
         if t == "matmul":
             return _matmul(node, ins, flows, mode, heads, via, info, arrivals, stop, name)
     what = name
@@ -449,6 +453,18 @@ def _shape_only(node: fx.Node) -> bool:
     if node.op == "call_function" and node.target is getattr:
         return len(node.args) > 1 and node.args[1] in _SHAPE_ATTRS
     return node.op == "call_method" and node.target in _SHAPE_METHODS
+
+
+def _constant_over_reduced(node: fx.Node, src: fx.Node, idx: Any, info: GraphInfo) -> bool:
+    """``x.mean(dims)`` over axes along which every feature index is constant (pooling)."""
+    if not isinstance(idx, Tensor) or node.args[0] is not src:
+        return False
+    try:
+        m1 = info.execute(node, {src: idx})
+        m2 = info.execute(node, {src: idx.square()})
+    except Exception:
+        return False
+    return isinstance(m1, Tensor) and bool((m2 == m1.square()).all())
 
 
 def _cat_with_empty(node: fx.Node, ins: list[fx.Node], info: GraphInfo) -> bool:
@@ -473,6 +489,7 @@ def _scalar(
     info: GraphInfo,
     stop: Callable[[str], None],
     name: str,
+    arrivals: list[Arrival],
 ) -> _Flow | None:
     args = list(node.args)
     if len(args) != 2 or (args[0] is not src and node.target in (operator.truediv, torch.div)):
@@ -485,6 +502,16 @@ def _scalar(
             stop(f"read by {name} with a learned scale")
             return None
         return _Flow(idx0, mode, heads, via)
+    if isinstance(val, nn.Parameter) and isinstance(idx0, Tensor) and isinstance(other, fx.Node):
+        # x ⊙ γ with a learned per-channel γ (a layer scale): γ rescales against the layer
+        # producing x; the path ends here (AffineRescalingPattern.match_layer_scale).
+        out = info.values.get(node)
+        if node.target not in _RDIV and isinstance(out, Tensor):
+            if _broadcasts(idx0.shape, out.shape):
+                arrivals.append(
+                    Arrival(other, "scale_param", idx0.expand(out.shape), mode, heads, via)
+                )
+                return None
     if isinstance(val, Tensor) and isinstance(idx0, Tensor) and node.target not in _RDIV:
         # x ⊙ a or x / a with a tensor a computed without these features (a SwiGLU gate, a
         # layer scale, a mask): diagonal, so per-feature rescaling passes, rotations do not.

@@ -25,7 +25,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, fx, nn
 
-from noetherflow.symmetry._fx.affine import AffineRescalingPattern, affine_params
+from noetherflow.symmetry._fx.affine import (
+    AffineRescalingPattern,
+    LayerScalePattern,
+    affine_params,
+)
 from noetherflow.symmetry._fx.engine import (
     APPROXIMATE,
     LINEAR,
@@ -636,7 +640,7 @@ def run_patterns(info: GraphInfo, ledger: Ledger) -> list[Proposal]:
         AttentionPattern(),
         ScalePattern(),
     )
-    affine = AffineRescalingPattern()
+    affine, layer_scale = AffineRescalingPattern(), LayerScalePattern()
     props: list[Proposal] = []
     sources: list[_Source] = []
     for node in info.gm.graph.nodes:
@@ -675,5 +679,6 @@ def run_patterns(info: GraphInfo, ledger: Ledger) -> list[Proposal]:
                 ledger.note(src.params, f"output of {src.name} is {arr.reason}")
         for matcher in (rescale, rotate, scale):
             props.extend(matcher.match(info, src, ledger))
+        props.extend(layer_scale.match(info, src.name, m, src.arrivals, ledger))
     props.extend(attend.match_contractions(info, sources, ledger))
     return props
