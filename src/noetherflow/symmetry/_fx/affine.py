@@ -23,7 +23,9 @@ from noetherflow.symmetry._fx.layers import layer_spec, norm_spec
 from noetherflow.symmetry.base import DiagonalTerm, Family
 from noetherflow.symmetry.channel import ChannelRescaling
 
-__all__ = ["AffineRescalingPattern", "affine_params"]
+__all__ = ["AffineRescalingPattern", "LayerScalePattern", "affine_params"]
+
+_HOMOGENEOUS_NAMES = {"ReLU", "LeakyReLU", "PReLU", "relu", "relu_", "leaky_relu"}
 
 
 def affine_params(m: nn.Module) -> list[nn.Parameter]:
@@ -102,7 +104,8 @@ class AffineRescalingPattern:
         label = f"rescaling:{name}→{'+'.join(readers)}"
         note = f"affine parameters of {type(norm).__name__} against the layers reading it"
         if approx:
-            note = "through a non-homogeneous map (not homogeneous)"
+            via = sorted({v for a in arrivals for v in a.via if v not in _HOMOGENEOUS_NAMES})
+            note = f"through {', '.join(via) or 'a non-homogeneous map'} (not homogeneous)"
         return [
             Proposal(
                 Family.RESCALING,
