@@ -156,11 +156,12 @@ def clip_to_eps(
     bounds: dict[int, tuple[Tensor, Tensor]] = {}
     seen: dict[int, list[Tensor]] = {}
     for i, s in enumerate(syms):
-        spec = norm_spec(getattr(s, "norm", None)) if isinstance(s, ScaleInvariance) else None
-        if spec is None:
+        if not isinstance(s, ScaleInvariance) or s.norm is None:
             continue
         norm = s.norm
-        assert norm is not None
+        spec = norm_spec(norm)
+        if spec is None:
+            continue
         probe = copy.deepcopy(model)
         pnorm = probe.get_submodule(_qualname(model, norm))
         hook = pnorm.register_forward_pre_hook(

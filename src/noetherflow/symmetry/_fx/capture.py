@@ -107,7 +107,7 @@ class _ConcreteProxy(fx.Proxy):
         return len(self.value)
 
     def __iter__(self) -> Any:
-        return iter([self[i] for i in range(len(self.value))])
+        return iter([self[i] for i in range(len(self.value))])  # type: ignore[index]
 
     def __index__(self) -> int:
         raise fx.proxy.TraceError(_DATA_DEPENDENT)
@@ -190,6 +190,7 @@ class ConcreteTracer(fx.Tracer):
             type_expr,
             proxy_factory_fn=lambda node: _ConcreteProxy(node, self),
         )
+        assert isinstance(proxy, _ConcreteProxy)
         proxy.value = value
         return proxy
 

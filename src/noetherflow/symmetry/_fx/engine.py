@@ -563,7 +563,7 @@ def _rotary(
         if not isinstance(value, Tensor):
             stop(f"read by {node.target} in an unsupported position")
             return None
-        if a not in ins:
+        if not isinstance(a, fx.Node) or a not in ins:
             out.append(torch.full(value.shape, -1.0, dtype=torch.float64))
             continue
         idx = flows[a].idx

@@ -66,8 +66,17 @@ _NN_LAYERS = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
 
 
 def _feature_axis_of_input(m: nn.Module) -> int:
-    spec = layer_spec(m) or norm_spec(m)
-    return spec.in_axis if hasattr(spec, "in_axis") else getattr(spec, "axis", -1)
+    lspec = layer_spec(m)
+    if lspec is not None:
+        return lspec.in_axis
+    nspec = norm_spec(m)
+    return nspec.axis if nspec is not None else -1
+
+
+def _weight(m: nn.Module | None) -> nn.Parameter:
+    w = getattr(m, "weight", None)
+    assert isinstance(w, nn.Parameter), f"{type(m).__name__} has no weight parameter"
+    return w
 
 
 def _w_out(m: nn.Module) -> int:
@@ -190,24 +199,25 @@ class RescalingPattern:
         for layer, nm in ((first, src.name), (second, sname)):
             if getattr(layer_spec(layer), "groups", 1) != 1:
                 ledger.note(
-                    [*src.params, second.weight],
-                    f"{nm} is a grouped convolution (groups={layer.groups}); its per-group "
+                    [*src.params, _weight(second)],
+                    f"{nm} is a grouped convolution (groups={getattr(layer, 'groups', 1)}); "
+                    "its per-group "
                     "rescaling is not supported",
                 )
                 return []
         cols = _column_map(arr, second)
-        n_out = int(first.weight.shape[_w_out(first)])  # type: ignore[index]
-        n_in = int(second.weight.shape[_w_in(second)])
+        n_out = int(_weight(first).shape[_w_out(first)])
+        n_in = int(_weight(second).shape[_w_in(second)])
         if cols is None or n_in % n_out != 0:
             ledger.note(
-                [*src.params, second.weight],
+                [*src.params, _weight(second)],
                 f"{src.name} → {sname}: features do not land on fixed input columns",
             )
             return []
         block = n_in // n_out
         if not torch.equal(cols, torch.arange(n_in) // block):
             ledger.note(
-                [*src.params, second.weight],
+                [*src.params, _weight(second)],
                 f"{src.name} → {sname}: channel c does not map to the contiguous block of "
                 f"{block} columns c·{block}…; the rescaling exists but this layout is not "
                 "supported by Rescaling",
@@ -226,7 +236,7 @@ class RescalingPattern:
                 Family.RESCALING,
                 label,
                 partial(_rescaling, first, second, block, label),
-                [*src.params, second.weight],
+                [*src.params, _weight(second)],
                 info.order[src.node],
                 approximate=approx,
                 note=note,
@@ -241,7 +251,7 @@ def _rescaling(first: nn.Module, second: nn.Module, block: int, label: str) -> S
     up = [
         DiagonalTerm(p, _w_out(first) if p.dim() > 1 else 0, 1, 1.0) for p in _layer_params(first)
     ]
-    down = [DiagonalTerm(_param(second.weight), _w_in(second), block, -1.0)]
+    down = [DiagonalTerm(_param(_weight(second)), _w_in(second), block, -1.0)]
     return ChannelRescaling(up, down, label=label)
 
 
@@ -260,12 +270,12 @@ class RotationPattern:
             if arr.kind != "consumer":
                 continue
             second = info.module(arr.node)
-            if not _is_dense(second) or arr.mode != LINEAR:
+            if second is None or not _is_dense(second) or arr.mode != LINEAR:
                 continue
             sname = info.qual(str(arr.node.target))
             feats = arr.features
             cmap = _column_map(arr, second)
-            n_cols = int(second.weight.shape[_w_in(second)])
+            n_cols = int(_weight(second).shape[_w_in(second)])
             whole = cmap is not None and torch.equal(cmap, torch.arange(n_cols))
             both_nn = isinstance(first, nn.Linear) and isinstance(second, nn.Linear)
             if len(src.arrivals) == 1 and arr.heads is None and both_nn:
@@ -276,14 +286,14 @@ class RotationPattern:
                             Family.ROTATION,
                             label,
                             partial(DoubleRotation, first, second, label=label),
-                            [*src.params, second.weight],
+                            [*src.params, _weight(second)],
                             info.order[src.node],
                         )
                     )
                     continue
             if not _only(src, i, feats, reach):
                 ledger.note(
-                    [*src.params, second.weight],
+                    [*src.params, _weight(second)],
                     f"{src.name} → {sname}: some features are also read elsewhere",
                 )
                 continue
@@ -298,7 +308,7 @@ class RotationPattern:
                 runs = _runs(col, cols, fw)
                 if rw is None or runs is None:
                     ledger.note(
-                        [*src.params, second.weight],
+                        [*src.params, _weight(second)],
                         f"{src.name} → {sname}: head {h} is not a contiguous slice",
                     )
                     continue
@@ -307,13 +317,13 @@ class RotationPattern:
                 w_blocks = _blocks(first, *rw)
                 # One block per reader of the head: several query heads share a value head
                 # in grouped-query attention, and all of them turn with it.
-                u_blocks = [Block(_param(second.weight), _w_in(second), *rc) for rc in runs]
+                u_blocks = [Block(_param(_weight(second)), _w_in(second), *rc) for rc in runs]
                 out.append(
                     Proposal(
                         Family.ROTATION,
                         label,
                         partial(DoubleRotation.from_blocks, w_blocks, u_blocks, label=label),
-                        [*src.params, second.weight],
+                        [*src.params, _weight(second)],
                         info.order[src.node],
                         sub=info.order[arr.node],
                     )
@@ -563,7 +573,8 @@ class ScalePattern:
                 )
                 return []
             cols = _column_map(arr, norm)
-            if cols is None or not torch.equal(cols, torch.arange(int(norm.num_features))):
+            n_feat = int(getattr(norm, "num_features", 0))
+            if cols is None or not torch.equal(cols, torch.arange(n_feat)):
                 return []
             label = f"scale:{src.name}→{nname}"
             return [
@@ -670,7 +681,7 @@ def run_patterns(info: GraphInfo, ledger: Ledger) -> list[Proposal]:
         if not isinstance(value, Tensor):
             continue
         axis = spec.out_axis
-        if spec.conv and value.dim() == m.weight.dim() - 1:
+        if spec.conv and value.dim() == _weight(m).dim() - 1:
             axis = 0  # unbatched conv input
         src = _Source(node, m, info.qual(str(node.target)), propagate(info, node, axis))
         sources.append(src)
