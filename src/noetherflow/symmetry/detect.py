@@ -1,23 +1,26 @@
 """Automatic detection of exponential symmetries: :func:`find_symmetries`.
 
-1. Trace the model with torch.fx and record every node's value on the example inputs.
-2. Follow the features of every Linear/Conv layer through the graph and run one small
-   matcher per family on where they arrive (:mod:`noetherflow.symmetry._fx`).
+1. Capture the model's graph (:mod:`noetherflow.symmetry._fx.capture`): torch.fx
+   symbolically, else traced on the example inputs with concrete values (Hugging Face
+   models, ``nn.Transformer``), else submodule by submodule; record every node's value.
+2. Follow the features of every layer and normalisation through the graph and run one small
+   matcher per pattern on where they arrive (:mod:`noetherflow.symmetry._fx`).
 3. Drop candidates on parameters used more than once (shared modules, weight tying) or
-   frozen, and check every remaining one numerically: a float64 copy of the model, a random
-   group element of size ``scale``, the relative change of the outputs (or of the loss)
-   must stay below ``tolerance``.
-4. Record, for every parameter, why no symmetry acts on it (:meth:`SymmetrySet.coverage`).
-
-When tracing fails, the nn.Sequential containers are traced one by one instead and the result
-may be incomplete (a warning says so, and so does the coverage report).
+   frozen, and check every remaining one numerically (:mod:`noetherflow.symmetry._fx.check`):
+   a float64 copy of the model, a random group element of size ``scale``, the relative change
+   of the outputs (or of the loss) and of the intermediate layer outputs must stay below
+   ``tolerance``, with a control that the check is not degenerate.
+4. Record, for every parameter, why no symmetry acts on it (:meth:`SymmetrySet.coverage`),
+   including "not analysed" and why when part of the model could not be captured (a warning
+   says so, and the coverage is marked incomplete).
 
 Normalisation layers have ``eps > 0``, so the invariances they create (scale invariance of
 the weights feeding BatchNorm/LayerNorm/GroupNorm/RMSNorm) hold only up to eps: scaling by
 e^λ changes the output by O(eps/var). These symmetries are verified on a float64 copy whose
 norm layers have eps = 0 (where they are exact) and the coverage report states the relative
-change measured with the model's own eps. Functional normalisations (``F.layer_norm``) are
-not matched.
+change measured with the model's own eps; :func:`noetherflow.clip_to_eps` keeps a teleport
+inside the region where eps does not matter. Functional normalisations (``F.layer_norm``
+called outside a normalisation module) are not matched.
 """
 
 from __future__ import annotations
