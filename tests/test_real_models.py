@@ -443,3 +443,37 @@ def test_verify_accepts_true_symmetries_with_dropout_and_layernorm() -> None:
         assert all(r.verified for r in syms.verify(model, x))
     with pytest.raises(ValueError, match="inputs contain NaN"):
         syms.verify(ln, torch.full((2, 4), float("nan")))
+
+
+class _TimmLayerNorm2d(nn.LayerNorm):
+    """timm's LayerNorm2d: permute → F.layer_norm → permute (not a registered module)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.permute(0, 2, 3, 1)
+        x = nn.functional.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
+        return x.permute(0, 3, 1, 2)
+
+
+class _FunctionalNorms(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 6, 3, padding=1)
+        self.norm = _TimmLayerNorm2d(6)
+        self.fc = nn.Linear(6, 5)
+        self.head = nn.Linear(5, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.norm(self.conv(x)).mean((2, 3))
+        h = nn.functional.layer_norm(self.fc(h), (5,))
+        return self.head(h)
+
+
+def test_scale_invariance_before_functional_layer_norm() -> None:
+    model = _FunctionalNorms()
+    syms = find_symmetries(model, torch.randn(4, 3, 6, 6))
+    assert [s.label for s in syms if s.family.value == "scale"] == [
+        "scale:conv→layer_norm",
+        "scale:fc→layer_norm",
+    ]
+    note = syms.detection.sym_notes["scale:fc→layer_norm"]
+    assert "eps → 0" in note

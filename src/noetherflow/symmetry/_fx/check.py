@@ -21,11 +21,13 @@ is not claimed. :attr:`Check.how` says which signal and which point were used.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from noetherflow.symmetry._fx.capture import flat_outputs
@@ -88,10 +90,40 @@ def producers(sym: Symmetry, model: nn.Module) -> set[str]:
     return out
 
 
+@contextmanager
+def _functional_eps(zero: bool) -> Iterator[None]:
+    """With ``zero``, ``F.layer_norm``/``group_norm``/``rms_norm`` run with eps → 0 (tiny)."""
+    if not zero:
+        yield
+        return
+    tiny = torch.finfo(torch.float64).tiny
+    saved = {n: getattr(F, n) for n in ("layer_norm", "group_norm", "rms_norm")}
+
+    def patched(orig: Callable[..., Tensor], pos: int) -> Callable[..., Tensor]:
+        def call(*args: Any, **kwargs: Any) -> Tensor:
+            if len(args) > pos:
+                args = (*args[:pos], tiny, *args[pos + 1 :])
+            else:
+                kwargs["eps"] = tiny
+            return orig(*args, **kwargs)
+
+        return call
+
+    # eps is positional argument 4 of layer_norm and group_norm, 3 of rms_norm
+    for n, pos in (("layer_norm", 4), ("group_norm", 4), ("rms_norm", 3)):
+        setattr(F, n, patched(saved[n], pos))
+    try:
+        yield
+    finally:
+        for n, f in saved.items():
+            setattr(F, n, f)
+
+
 class _Copy:
     """A float64 copy of the model with hooks recording every probed module's output."""
 
     def __init__(self, model: nn.Module, zero_eps: bool) -> None:
+        self.zero_eps = zero_eps
         self.model = copy.deepcopy(model).to(torch.float64)
         if zero_eps:
             for m in self.model.modules():
@@ -138,7 +170,7 @@ class Checker:
 
     def _signal(self, c: _Copy) -> dict[str, Tensor]:
         c.outputs = {}
-        with self.isolated(c.model, self.seed):
+        with self.isolated(c.model, self.seed), _functional_eps(c.zero_eps):
             out = c.model(*self.args)
             main = (
                 self.loss_fn(out, self.targets).reshape(1)

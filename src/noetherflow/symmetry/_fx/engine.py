@@ -58,6 +58,7 @@ from noetherflow.symmetry._fx.tables import (
     APPROXIMATE,
     HOMOGENEOUS,
     LINEAR,
+    NORM_FUNCTIONS,
     ROTARY_FUNCTIONS,
 )
 from noetherflow.symmetry.base import Family, Symmetry
@@ -66,6 +67,7 @@ __all__ = [
     "APPROXIMATE",
     "HOMOGENEOUS",
     "LINEAR",
+    "NORM_FUNCTIONS",
     "Arrival",
     "GraphInfo",
     "Ledger",
@@ -401,6 +403,12 @@ def _step(
         return None
     if node.op == "call_function":
         t = node.target
+        if t in NORM_FUNCTIONS:
+            if node.args and node.args[0] is ins[0] and isinstance(idx0, Tensor):
+                arrivals.append(Arrival(node, "consumer", idx0, mode, heads, via))
+            else:
+                stop(f"read by {name} in an unsupported position")
+            return None
         if t is torch.cat and _cat_with_empty(node, ins, info):
             return _Flow(idx0, mode, heads, via)
         if getattr(t, "__name__", "") in ROTARY_FUNCTIONS:

@@ -4,7 +4,9 @@ A :class:`LayerSpec` says where a parameterised linear layer keeps its features 
 output, of the input, of the weight); a :class:`NormSpec` says which axis a normalisation
 normalises and where its eps lives. Lookups walk the class's MRO, first by class, then by
 qualified name (for optional packages such as Hugging Face ``transformers``, which is never
-imported here), then by the duck-typed rules (``*RMSNorm`` modules of any model family).
+imported here), then by the duck-typed rules (``*RMSNorm`` modules of any model family). A
+subclass that overrides ``forward`` does not inherit its base's registration (its forward may
+do anything, e.g. permute around the norm): it is traced through unless registered itself.
 
 Register a new layer with :func:`register_layer` / :func:`register_norm`.
 """
@@ -91,6 +93,8 @@ def _lookup(
     for cls in type(m).__mro__:
         fn = by_cls.get(cls) or by_name.get(f"{cls.__module__}.{cls.__qualname__}")
         if fn is not None:
+            if cls is not type(m) and getattr(type(m), "forward", None) is not cls.forward:
+                return None  # a subclass with its own forward: trace through it instead
             return fn(m)
     return None
 
@@ -172,5 +176,6 @@ register_layer("transformers.pytorch_utils.Conv1D", _hf_conv1d)
 for _b in (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d):
     register_norm(_b, lambda m: NormSpec(1, True, batch=True))
 register_norm(nn.LayerNorm, _layer_norm)
+register_norm("transformers.models.convnext.modeling_convnext.ConvNextLayerNorm", _layer_norm)
 register_norm(nn.GroupNorm, lambda m: NormSpec(1, False))
 register_norm(nn.RMSNorm, lambda m: NormSpec(-1, False))

@@ -33,6 +33,7 @@ from noetherflow.symmetry._fx.affine import (
 from noetherflow.symmetry._fx.engine import (
     APPROXIMATE,
     LINEAR,
+    NORM_FUNCTIONS,
     Arrival,
     GraphInfo,
     Ledger,
@@ -188,8 +189,7 @@ class RescalingPattern:
             return []
         arr = arrs[0]
         second = info.module(arr.node)
-        assert second is not None
-        if layer_spec(second) is None:
+        if second is None or layer_spec(second) is None:
             return []
         first = src.module
         sname = info.qual(str(arr.node.target))
@@ -554,6 +554,8 @@ class ScalePattern:
         arr = arrs[0]
         norm = info.module(arr.node)
         nspec = norm_spec(norm)
+        if arr.node.op == "call_function" and arr.node.target in NORM_FUNCTIONS:
+            return self._functional(info, src, arr, ledger)
         if nspec is None or norm is None:
             return []
         nname = info.qual(str(arr.node.target))
@@ -597,6 +599,28 @@ class ScalePattern:
                 params,
                 info.order[src.node],
                 note=f"whole layer; exact up to {type(norm).__name__} eps",
+                uses_norm_eps=True,
+            )
+        ]
+
+    def _functional(
+        self, info: GraphInfo, src: _Source, arr: Arrival, ledger: Ledger
+    ) -> list[Proposal]:
+        """``F.layer_norm`` / ``F.group_norm`` / ``F.rms_norm`` called in the forward."""
+        fname = getattr(arr.node.target, "__name__", str(arr.node.target))
+        if arr.mode == APPROXIMATE:
+            ledger.note(src.params, f"{src.name} → {fname} through a non-homogeneous map")
+            return []
+        params = src.params
+        label = f"scale:{src.name}→{fname}"
+        return [
+            Proposal(
+                Family.SCALE,
+                label,
+                lambda: ScaleInvariance(params, label=label),
+                params,
+                info.order[src.node],
+                note=f"whole layer; exact up to the eps of F.{fname}",
                 uses_norm_eps=True,
             )
         ]

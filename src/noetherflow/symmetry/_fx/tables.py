@@ -57,6 +57,9 @@ _NONHOM_MODULES = (
 )
 
 _HOM_FUNCS: set[Any] = {F.relu, torch.relu, F.leaky_relu, F.relu_}
+# Functional normalisations over whole feature groups (no running statistics): scaling their
+# input by one factor leaves them unchanged up to eps.
+NORM_FUNCTIONS: set[Any] = {F.layer_norm, F.group_norm, F.rms_norm}
 _DROPOUT_FUNCS: set[Any] = {F.dropout, F.dropout1d, F.dropout2d, F.dropout3d}
 _POOL_FUNCS: set[Any] = {
     F.max_pool1d,
