@@ -93,7 +93,7 @@ def _lookup(
     for cls in type(m).__mro__:
         fn = by_cls.get(cls) or by_name.get(f"{cls.__module__}.{cls.__qualname__}")
         if fn is not None:
-            if cls is not type(m) and getattr(type(m), "forward", None) is not cls.forward:
+            if cls is not type(m) and type(m).forward is not getattr(cls, "forward", None):
                 return None  # a subclass with its own forward: trace through it instead
             return fn(m)
     return None
