@@ -477,3 +477,15 @@ def test_scale_invariance_before_functional_layer_norm() -> None:
     ]
     note = syms.detection.sym_notes["scale:fc→layer_norm"]
     assert "eps → 0" in note
+
+
+@pytest.mark.parametrize("name", ["gpt2", "resnet"])
+def test_detection_leaves_the_model_untouched(name: str) -> None:
+    model, x = RM.MODELS[name]()
+    model.train()
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    attrs = {n: set(m.__dict__) for n, m in model.named_modules()}
+    find_symmetries(model, x)
+    assert {n: set(m.__dict__) for n, m in model.named_modules()} == attrs  # no fx constants
+    for k, v in model.state_dict().items():  # parameters and running statistics
+        assert torch.equal(v, state[k]), k
