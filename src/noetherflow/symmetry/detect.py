@@ -200,7 +200,8 @@ def find_symmetries(
             continue
         assert checker is not None
         element = sym.random_element(scale, gen)
-        on_model = checker.check(sym, element, False, tolerance, scale)
+        need_control = prop.approximate or not prop.uses_norm_eps
+        on_model = checker.check(sym, element, False, tolerance, scale, control=need_control)
         chk = (
             checker.check(sym, element, True, tolerance, scale) if prop.uses_norm_eps else on_model
         )

@@ -21,6 +21,7 @@ is not claimed. :attr:`Check.how` says which signal and which point were used.
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -167,6 +168,7 @@ class Checker:
         self.loss_fn = loss_fn
         self.seed = seed
         self.isolated = isolated
+        self._base: dict[int, dict[str, Tensor]] = {}
 
     def _signal(self, c: _Copy) -> dict[str, Tensor]:
         c.outputs = {}
@@ -193,20 +195,27 @@ class Checker:
         return worst
 
     def _measure(
-        self, c: _Copy, s64: Symmetry, element: Any, control_gen: torch.Generator, scale: float
+        self,
+        c: _Copy,
+        s64: Symmetry,
+        element: Any,
+        control_gen: torch.Generator | None,
+        scale: float,
+        base: dict[str, Tensor],
     ) -> tuple[float, float, int]:
         skip = producers(s64, c.model)
         params = s64.params
         saved = [(p, p.detach().clone()) for p in params]
-        base = self._signal(c)
+        control = math.nan
         try:
             s64.apply_(element)
             rel = self._rel(self._signal(c), base, skip)
-            with torch.no_grad():
-                for p, v in saved:
-                    u = torch.rand(v.shape, generator=control_gen, dtype=v.dtype) * 2 - 1
-                    p.copy_(v * torch.exp(scale * u))
-            control = self._rel(self._signal(c), base, skip)
+            if control_gen is not None:
+                with torch.no_grad():
+                    for p, v in saved:
+                        u = torch.rand(v.shape, generator=control_gen, dtype=v.dtype) * 2 - 1
+                        p.copy_(v * torch.exp(scale * u))
+                control = self._rel(self._signal(c), base, skip)
         finally:
             with torch.no_grad():
                 for p, v in saved:
@@ -215,18 +224,32 @@ class Checker:
         return rel, control, n_parts
 
     def check(
-        self, sym: Symmetry, element: Any, zero_eps: bool, tolerance: float, scale: float
+        self,
+        sym: Symmetry,
+        element: Any,
+        zero_eps: bool,
+        tolerance: float,
+        scale: float,
+        control: bool = True,
     ) -> Check:
-        """Check ``sym`` under ``element`` on the copy with the model's eps or eps → 0."""
+        """Check ``sym`` under ``element`` on the copy with the model's eps or eps → 0.
+
+        ``control=False`` skips the degeneracy control (only the relative change is wanted).
+        """
         c = self.copies[int(zero_eps)]
+        if int(zero_eps) not in self._base:  # parameters are restored bit for bit after
+            self._base[int(zero_eps)] = self._signal(c)  # every check: one base per copy
+        base = self._base[int(zero_eps)]
         s64 = _rebind(sym, c.mapping)
-        gen = torch.Generator().manual_seed(self.seed + 1)
-        rel, control, n = self._measure(c, s64, element, gen, scale)
+        gen = torch.Generator().manual_seed(self.seed + 1) if control else None
+        rel, ctrl, n = self._measure(c, s64, element, gen, scale, base)
         where = "at the current parameters"
-        if control <= DEGENERATE * tolerance:
-            saved = self._perturb(c, s64, gen)
+        if not control:
+            return Check(rel, ctrl, False, where)
+        if ctrl <= DEGENERATE * tolerance:
+            saved = self._perturb(c, s64, gen)  # type: ignore[arg-type]
             try:
-                rel, control, n = self._measure(c, s64, element, gen, scale)
+                rel, ctrl, n = self._measure(c, s64, element, gen, scale, self._signal(c))
             finally:
                 with torch.no_grad():
                     for p, v in saved:
@@ -235,13 +258,13 @@ class Checker:
                 "at a random parameter point (at the current one the signal hardly "
                 "depends on these parameters)"
             )
-        degenerate = not control > DEGENERATE * tolerance
+        degenerate = not ctrl > DEGENERATE * tolerance
         how = (
             f"the output and {n - 1} layer outputs (float64, "
             f"{'eps → 0' if zero_eps else 'model eps'}) {where}: change {rel:.2g}, "
-            f"vs {control:.2g} under a generic perturbation"
+            f"vs {ctrl:.2g} under a generic perturbation"
         )
-        return Check(rel, control, degenerate, how)
+        return Check(rel, ctrl, degenerate, how)
 
     @staticmethod
     def _perturb(
