@@ -488,6 +488,12 @@ class AttentionPattern:
         assert isinstance(m, nn.MultiheadAttention)
         name = info.qual(str(node.target))
         e, h = m.embed_dim, m.num_heads
+        if m.out_proj.bias is not None:
+            ledger.note(
+                [m.out_proj.bias],
+                f"{name}.out_proj.bias is added after the heads are summed: the per-head "
+                "rotations do not act on it, and the attention output is not followed further",
+            )
         kd = e // h
         vd = kd  # value heads have embed_dim // num_heads rows too
         if m._qkv_same_embed_dim:
