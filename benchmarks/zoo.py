@@ -11,9 +11,11 @@ attention; a ReLU6 block), in eval mode (BatchNorm models also in train mode):
 * ``params``: trainable parameters; ``rescaling / scale / rotation``: symmetries found;
 * ``covered``: share of the parameters (coordinates) acted on by some symmetry;
 * ``detect s``: median wall time of ``find_symmetries`` over ``--reps`` runs;
-* ``stats ×``: ``collect_stats(estimator="reference")`` time over a plain forward+backward
-  (loss: mean square of the outputs against random targets), ``solve s``: time of
-  ``solve_equilibrium``; "n/a" with the reason when a step does not run on that model;
+* ``stats ×``: median ``collect_stats(estimator="reference")`` time over the median plain
+  forward+backward (loss: mean square of the outputs against random targets), ``solve s``:
+  time of ``solve_equilibrium``; "n/a" with the exception when a step does not run on that
+  model (the reference estimator refuses BatchNorm in training mode, whose per-sample
+  gradients are not defined);
 * ``Δ eval / Δ train``: relative change of the outputs (float64) after teleporting with a
   random group element of size 0.5 for every symmetry, scale invariances clipped to the eps
   tolerance 1e-6 by ``noetherflow.symmetry.eps.clip_to_eps``.
@@ -95,7 +97,7 @@ def _teleport_change(model: nn.Module, x: Any, train: bool) -> tuple[float, floa
     )
 
 
-def _stats_and_solve(model: nn.Module, x: Any, syms: SymmetrySet) -> tuple[str, str]:
+def _stats_and_solve(model: nn.Module, x: Any, syms: SymmetrySet, reps: int) -> tuple[str, str]:
     args = x if isinstance(x, tuple) else (x,)
     out = flat_outputs(model(*args))
     n = (args[0].shape[0]) if isinstance(args[0], Tensor) else 1
@@ -105,13 +107,16 @@ def _stats_and_solve(model: nn.Module, x: Any, syms: SymmetrySet) -> tuple[str, 
         return (flat_outputs(o).reshape(t.shape) - t).square().mean()
 
     try:
-        t0 = time.perf_counter()
-        model.zero_grad()
-        loss_fn(model(*args), y).backward()
-        plain = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        stats = collect_stats(model, syms, loss_fn, x, y, estimator="reference")
-        ratio = (time.perf_counter() - t0) / plain
+        plain_t, stats_t = [], []
+        for _ in range(reps + 1):  # the first repetition warms up and is dropped
+            t0 = time.perf_counter()
+            model.zero_grad()
+            loss_fn(model(*args), y).backward()
+            plain_t.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            stats = collect_stats(model, syms, loss_fn, x, y, estimator="reference")
+            stats_t.append(time.perf_counter() - t0)
+        ratio = statistics.median(stats_t[1:]) / statistics.median(plain_t[1:])
     except Exception as exc:  # report, do not hide: the table says why
         return f"n/a ({type(exc).__name__})", "n/a"
     try:
@@ -137,7 +142,7 @@ def run(reps: int) -> list[dict[str, Any]]:
                 times.append(time.perf_counter() - t0)
             fam = {f: sum(1 for s in syms if s.family.value == f) for f in ("rescaling", "scale")}
             fam["rotation"] = sum(1 for s in syms if s.family.value == "rotation")
-            stats, solve = _stats_and_solve(model, x, syms)
+            stats, solve = _stats_and_solve(model, x, syms, reps)
             d_eval, d_train = _teleport_change(model, x, train)
             rows.append(
                 {
