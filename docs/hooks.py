@@ -5,6 +5,9 @@
   ``KNOWN_UNDOCUMENTED`` are tolerated until fixed, and an entry that gains a docstring must
   be removed), or a public name is missing from the API reference pages (``docs/api/*.md``,
   one ``::: noetherflow.Name`` per name), or a page documents a name that is not public.
+* ``on_files`` adds MathJax (the ``tex-svg-full.js`` bundle of the ``django-static-mathjax``
+  package, a docs dependency) to the site, so formulas are typeset with no network and from
+  ``file://`` (SVG output: no font files to load).
 * ``on_page_markdown`` fills the Results page (``reproduction/index.md``) with the report that
   ``python docs/gen_results.py`` wrote to ``docs/reproduction/_generated/``; without it the
   page says how to generate it (that is what the CI build shows).
@@ -127,6 +130,28 @@ def on_config(config: Any, **_: Any) -> Any:
     if problems:
         raise PluginError("API reference check failed:\n  " + "\n  ".join(problems))
     return config
+
+
+MATHJAX_URI = "javascripts/mathjax/tex-svg.js"
+
+
+def mathjax_bundle() -> Path:
+    """The installed MathJax 3 ``tex-svg-full.js``: one file, fonts and all TeX extensions."""
+    import mathjax  # the django-static-mathjax package: MathJax's own files, nothing else
+
+    path = Path(mathjax.__file__).parent / "static" / "mathjax" / "es5" / "tex-svg-full.js"
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{path} is missing; reinstall the docs extra: pip install -e '.[docs]'"
+        )
+    return path
+
+
+def on_files(files: Any, *, config: Any, **_: Any) -> Any:
+    from mkdocs.structure.files import File
+
+    files.append(File.generated(config, MATHJAX_URI, abs_src_path=str(mathjax_bundle())))
+    return files
 
 
 def on_page_markdown(markdown: str, *, page: Any, **_: Any) -> str:

@@ -17,12 +17,12 @@ import pytest
 import torch
 from torch import nn
 
+from noetherflow.cli import inspect_main
 from noetherflow.flow import charges, exact_step_charges
 from noetherflow.symmetry.coverage import CoverageStatus
 from noetherflow.symmetry.detect import (
     DetectionError,
     find_symmetries,
-    inspect_main,
     symmetry_signature,
 )
 from noetherflow.symmetry.rescaling import Rescaling

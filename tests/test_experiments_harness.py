@@ -24,13 +24,19 @@ from noetherflow.experiments import (
     METRICS_FILE,
     Claim,
     Op,
+    Record,
+    RunContext,
+    current_context,
+    default_jobs,
     derive_seed,
     evaluate,
     find_divergence,
     parallel_map,
     registry,
     run_experiment,
+    run_experiments,
     save_figure,
+    use_context,
 )
 
 # --------------------------------------------------------------------------------------
@@ -503,11 +509,166 @@ def test_mnist_flag_validates_directory(tmp_path: Path) -> None:
 
 
 def test_overrides_reach_only_configs_that_have_the_field(tmp_path: Path) -> None:
-    from noetherflow.experiments import registry
-    from noetherflow.experiments._base import run_experiment
+    from noetherflow.experiments import registry, run_experiment
 
     rec = run_experiment(
         "fig1", registry.target("fig1"), quick=True, out_dir=tmp_path,
         overrides={"mnist_dir": "/x", "n_steps": 20},
     )  # fmt: skip
     assert rec["config"]["n_steps"] == 20 and "mnist_dir" not in rec["config"]
+
+
+# --------------------------------------------------------------------------------------
+# run context (no module-global state) and the record
+# --------------------------------------------------------------------------------------
+
+
+class JobsSeenExp(GoodExp):
+    """Records the worker budget the experiment saw through default_jobs()."""
+
+    @staticmethod
+    def run(cfg: Any, seed: int, out_dir: Path) -> dict[str, Any]:
+        ctx = current_context()
+        return {"series": {}, "jobs": default_jobs(), "ctx_seed": ctx.seed}
+
+    @staticmethod
+    def claims(results: dict[str, Any], cfg: Any) -> list[Claim]:
+        return []
+
+    @staticmethod
+    def plot(results: dict[str, Any], cfg: Any, out_dir: Path) -> list[Path]:
+        return []
+
+
+def test_run_context_is_scoped_to_the_run(tmp_path: Path) -> None:
+    """The budget reaches the experiment and does not leak into the caller afterwards
+    (the old harness set module globals that stayed set after run_experiment)."""
+    assert default_jobs() == 1 and current_context() == RunContext()
+    rec = run_experiment("js", _target(JobsSeenExp), seed=9, out_dir=tmp_path, jobs=3)
+    assert rec["status"] == "ok", rec["error"]
+    assert rec["results"] == {"jobs": 3, "ctx_seed": 9}
+    assert default_jobs() == 1 and current_context() == RunContext()
+    with use_context(RunContext(jobs=2, seed=4)):
+        assert default_jobs() == 2 and current_context().seed == 4
+    assert default_jobs() == 1
+    for bad in ({"jobs": 0}, {"torch_threads": 0}, {"seed": -1}, {"jobs": True}):
+        with pytest.raises(ValueError, match="expected an int"):
+            RunContext(**bad)
+
+
+def test_parallel_map_explicit_context_and_seed_validation() -> None:
+    fn = partial(_noisy_sum, scale=2.0)
+    via_ctx = parallel_map(fn, range(3), context=RunContext(jobs=1, seed=7))
+    assert via_ctx == parallel_map(fn, range(3), jobs=1, seed=7)
+    with pytest.raises(ValueError, match="seed=-2"):
+        parallel_map(fn, range(2), seed=-2)
+
+
+def test_record_keys_are_the_metrics_schema(tmp_path: Path) -> None:
+    """One Record type writes both the normal and the crash record: same keys."""
+    ok = run_experiment("fake_good", _target(GoodExp), quick=True, seed=3, out_dir=tmp_path)
+    crashed = Record(experiment="x", target="t", quick=True, seed=0)
+    crashed.fail("worker", RuntimeError("killed"))
+    d = crashed.to_dict()
+    assert set(d) == set(ok)
+    assert d["status"] == "error" and d["error"]["stage"] == "worker"
+    assert d["error"]["message"] == "killed" and "RuntimeError" in d["error"]["traceback"]
+    json.dumps(d, allow_nan=False)
+
+
+# --------------------------------------------------------------------------------------
+# the reproduction-report contract: setup(cfg), PAPER, PAPER_ORDER, NOTES
+# --------------------------------------------------------------------------------------
+
+
+class PaperExp(GoodExp):
+    """A fake experiment that states the paper's claim, its deviations and its history."""
+
+    PAPER = "Fig. 9 (§5.1): the charge converges to its equilibrium value (eq. 15)."
+    PAPER_ORDER = 5.1
+    NOTES = "Tried η = 0.1: diverged in 2/3 seeds; η = 0.05 kept."
+
+    @staticmethod
+    def setup(cfg: Any) -> list[dict[str, str]]:
+        return [
+            {"quantity": "η", "paper": "0.1", "ours": "0.05", "why": "diverges at 0.1"},
+            {"quantity": "steps", "paper": "10⁵", "ours": str(cfg.n), "why": "quick sizes"},
+        ]
+
+
+class BadSetupExp(PaperExp):
+    """setup() raises."""
+
+    @staticmethod
+    def setup(cfg: Any) -> list[dict[str, str]]:
+        raise KeyError("eta")
+
+
+class WrongRowsExp(PaperExp):
+    """setup() returns a row with a missing key."""
+
+    @staticmethod
+    def setup(cfg: Any) -> list[dict[str, str]]:
+        return [{"quantity": "η", "paper": "0.1", "ours": "0.05"}]
+
+
+class NonStrCellExp(PaperExp):
+    """setup() returns a number where text is expected."""
+
+    @staticmethod
+    def setup(cfg: Any) -> list[dict[str, str]]:
+        return [{"quantity": "η", "paper": "0.1", "ours": 0.05, "why": "x"}]  # type: ignore[dict-item]
+
+
+class BadOrderExp(GoodExp):
+    """PAPER_ORDER is not a number."""
+
+    PAPER_ORDER = "Fig. 2"
+
+
+def test_setup_paper_notes_are_recorded(tmp_path: Path) -> None:
+    rec = run_experiment("paper", _target(PaperExp), quick=True, seed=0, out_dir=tmp_path)
+    data = _strict_json(tmp_path / "paper" / METRICS_FILE)
+    assert data == json.loads(json.dumps(rec))
+    assert data["status"] == "ok", data["error"]
+    assert data["paper"] == PaperExp.PAPER and data["paper_order"] == 5.1
+    assert data["notes"] == PaperExp.NOTES
+    assert data["setup"] == [
+        {"quantity": "η", "paper": "0.1", "ours": "0.05", "why": "diverges at 0.1"},
+        {"quantity": "steps", "paper": "10⁵", "ours": "8", "why": "quick sizes"},
+    ]
+    assert len(data["claims"]) == 3 and data["figures"] == ["good.png"]
+    # an experiment without the optional attributes: empty defaults, not missing keys
+    plain = run_experiment("plain", _target(GoodExp), quick=True, seed=0, out_dir=tmp_path)
+    assert plain["setup"] == [] and plain["paper"] == "" and plain["notes"] == ""
+    assert plain["paper_order"] is None
+
+
+@pytest.mark.parametrize(
+    ("cls", "stage", "match"),
+    [
+        (BadSetupExp, "setup", "eta"),
+        (WrongRowsExp, "setup", "exactly the keys quantity, paper, ours, why"),
+        (NonStrCellExp, "setup", "ours not str"),
+        (BadOrderExp, "load", "PAPER_ORDER='Fig. 2'; expected a finite number"),
+    ],
+)
+def test_setup_failures_are_recorded_like_any_stage(
+    tmp_path: Path, cls: type, stage: str, match: str
+) -> None:
+    rec = run_experiment("x", _target(cls), quick=True, seed=0, out_dir=tmp_path)
+    assert rec["status"] == "error" and rec["error"]["stage"] == stage
+    assert match in rec["error"]["message"]
+    assert rec["claims"] == []  # the run did not start
+
+
+def test_runner_validates_its_budget_before_running(tmp_path: Path) -> None:
+    """Invalid budgets are refused before any experiment starts (none is written); numpy
+    integers are accepted as ints."""
+    spec = [("fake_good", _target(GoodExp))]
+    for bad in ({"seed": -1}, {"jobs": 0}, {"torch_threads": 0}, {"seed": 1.5}):
+        with pytest.raises(ValueError, match="expected an int"):
+            run_experiments(spec, quick=True, out_dir=tmp_path / "bad", **bad)
+    assert not (tmp_path / "bad").exists()
+    rec = run_experiment("g", _target(GoodExp), quick=True, seed=np.int64(3), out_dir=tmp_path)
+    assert rec["status"] == "ok" and rec["seed"] == 3

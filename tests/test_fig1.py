@@ -4,20 +4,18 @@ experiment is deterministic for a seed."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from noetherflow import cli
 from noetherflow.experiments import METRICS_FILE, fig1, make_config
 
 
 @pytest.fixture(scope="module")
-def quick_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("fig1")
-    assert cli.main(["reproduce", "fig1", "--quick", "--strict", "--out", str(out)]) == 0
-    return out
+def quick_run(reproduce: Callable[..., Path]) -> Path:
+    return reproduce("fig1", strict=True)
 
 
 def test_fig1_claims_hold_quick(quick_run: Path) -> None:

@@ -7,28 +7,25 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 import torch
-from _quick import metrics as _metrics
 
-from noetherflow import cli
 from noetherflow.experiments import fig2, fig8
 from noetherflow.theory.ziyin2024 import two_layer_noise_factors
 
 
 @pytest.fixture(scope="module")
-def quick_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("fig2_fig8")
-    code = cli.main(["reproduce", "fig2", "fig8", "--quick", "--jobs", "2", "--out", str(out)])
-    assert code == 0
-    return out
+def quick_run(reproduce: Callable[..., Path]) -> Path:
+    return reproduce("fig2", "fig8", jobs=2)
 
 
-def test_fig2_quick(quick_run: Path) -> None:
-    data = _metrics(quick_run, "fig2")
+def test_fig2_quick(quick_run: Path, metrics: Callable[[Path, str], dict[str, Any]]) -> None:
+    data = metrics(quick_run, "fig2")
     claims = {c["id"]: c for c in data["claims"]}
     assert set(claims) == {"sgd_balance_rel_err", "gd_order_of_magnitude", "delta_decays"}
     for c in claims.values():
@@ -49,8 +46,8 @@ def test_fig2_quick(quick_run: Path) -> None:
     assert (quick_run / "fig2" / "fig2.png").read_bytes()[:4] == b"\x89PNG"
 
 
-def test_fig8_quick(quick_run: Path) -> None:
-    data = _metrics(quick_run, "fig8")
+def test_fig8_quick(quick_run: Path, metrics: Callable[[Path, str], dict[str, Any]]) -> None:
+    data = metrics(quick_run, "fig8")
     claims = {c["id"]: c for c in data["claims"]}
     assert set(claims) == {"all_converge"}
     value = claims["all_converge"]["value"]

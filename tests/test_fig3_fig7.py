@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +14,6 @@ import torch
 from torch import nn
 
 import noetherflow as nf
-from noetherflow import cli
 from noetherflow.experiments import METRICS_FILE, fig3, fig7, make_config
 from noetherflow.sharpness import hessian
 from noetherflow.theory.ziyin2024 import two_layer_hessian_trace
@@ -36,9 +35,8 @@ def _one_thread() -> Iterator[None]:
 
 
 @pytest.fixture(scope="module")
-def fig3_quick(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    out = tmp_path_factory.mktemp("fig3")
-    assert cli.main(["reproduce", "fig3", "--quick", "--out", str(out)]) == 0
+def fig3_quick(reproduce: Callable[..., Path]) -> dict:
+    out = reproduce("fig3")
     data = json.loads((out / "fig3" / METRICS_FILE).read_text(encoding="utf-8"))
     data["_out"] = str(out)
     return data
@@ -135,9 +133,8 @@ def test_hessian_trace_closed_form_matches_autodiff() -> None:
 
 
 @pytest.fixture(scope="module")
-def fig7_quick(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    out = tmp_path_factory.mktemp("fig7")
-    assert cli.main(["reproduce", "fig7", "--quick", "--strict", "--out", str(out)]) == 0
+def fig7_quick(reproduce: Callable[..., Path]) -> dict:
+    out = reproduce("fig7", strict=True)
     return json.loads((out / "fig7" / METRICS_FILE).read_text(encoding="utf-8"))
 
 
@@ -188,3 +185,25 @@ def test_fig7_deterministic(tmp_path: Path) -> None:
     np.testing.assert_array_equal(a["series"]["netB_gd_norm"], b["series"]["netB_gd_norm"])
     assert not np.array_equal(a["series"]["netA_sgd_norm"], c["series"]["netA_sgd_norm"])
     assert len(fig7.claims(a, cfg)) == 3
+    assert fig7.setup(cfg)
+
+
+def test_fig7_module_is_the_functional_net_and_trains_through_the_library() -> None:
+    """ScaleInvariantNet is forward(); its symmetries hold; run_sgd keeps every charge's
+    exact step identity (nf.exact_step_charges) to round-off, float64."""
+    g = torch.Generator().manual_seed(1)
+    u = torch.randn(1, 4, generator=g, dtype=torch.float64)
+    w = torch.randn(4, 3, generator=g, dtype=torch.float64)
+    x = torch.randn(9, 3, generator=g, dtype=torch.float64)
+    for net in ("A", "B"):
+        model = fig7.ScaleInvariantNet(net, u, w)
+        torch.testing.assert_close(model(x), fig7.forward(net, u, w, x), rtol=0, atol=0)
+        syms = model.symmetries()
+        assert set(syms.names) == ({"total"} if net == "A" else {"total", "u", "w"})
+        assert all(r.verified for r in syms.verify(model, x)), net
+        cfg = dataclasses.replace(make_config(fig7, quick=True), n_steps=30, n_records=10)
+        for method in ("sgd", "gd"):
+            out = fig7._train_one(cfg, 2, net, method)
+            assert len(out["u2"]) == 31 and out["identity_residual"] < 1e-12, (net, method)
+            total = out["u2"] + out["w2"]
+            assert np.all(np.diff(total) > 0), (net, method)

@@ -10,14 +10,15 @@ import dataclasses
 import gzip
 import math
 import struct
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 import torch
-from _quick import metrics as _metrics
 
-from noetherflow import cli
+from noetherflow.experiments import _rank1 as fig4_rank1
 from noetherflow.experiments import fig4, fig5
 from noetherflow.experiments._data import (
     IdxFormatError,
@@ -29,11 +30,8 @@ from noetherflow.experiments._data import (
 
 
 @pytest.fixture(scope="module")
-def quick_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("fig4_fig5")
-    code = cli.main(["reproduce", "fig4", "fig5", "--quick", "--jobs", "2", "--out", str(out)])
-    assert code == 0
-    return out
+def quick_run(reproduce: Callable[..., Path]) -> Path:
+    return reproduce("fig4", "fig5", jobs=2)
 
 
 # --------------------------------------------------------------------------------------
@@ -41,8 +39,8 @@ def quick_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 # --------------------------------------------------------------------------------------
 
 
-def test_fig4_quick(quick_run: Path) -> None:
-    data = _metrics(quick_run, "fig4")
+def test_fig4_quick(quick_run: Path, metrics: Callable[[Path, str], dict[str, Any]]) -> None:
+    data = metrics(quick_run, "fig4")
     claims = {c["id"]: c for c in data["claims"]}
     assert set(claims) == {
         "kaiming_large_lr_diverges",
@@ -51,6 +49,16 @@ def test_fig4_quick(quick_run: Path) -> None:
         "flattening_matches_theory",
         "same_equilibrium",
         "gd_small_change",
+        "gd_sharpness_increases",
+        "xavier_sharpness_increases",
+        "xavier_small_change",
+        "orbit_reaches_stability",
+        "library_equilibrium_matches_theory",
+        "reachable_orbit_reaches_stability",
+        "reachable_library_equilibrium_matches_theory",
+        "reachable_warmup_stable",
+        "reachable_warmup_helps",
+        "reachable_flattening_matches_theory",
     }
     for c in claims.values():
         assert isinstance(c["value"], int | float) and math.isfinite(c["value"]), c
@@ -72,6 +80,18 @@ def test_fig4_quick(quick_run: Path) -> None:
     for name in ("sgd_kaiming", "sgd_xavier", "gd_kaiming", "sgd_kaiming_warmup"):
         assert res["runs"][name]["n_diverged"] == 0
     assert res["prop53_check_max_rel_err"] < 1e-12
+    # the library's charge is the closed form; its equilibrium is Thm 5.2's (both settings)
+    for r in (res, res["reachable"]):
+        assert r["library"]["charge_max_rel_err"] < 1e-12
+    for cid in (
+        "library_equilibrium_matches_theory",
+        "reachable_library_equilibrium_matches_theory",
+        "reachable_orbit_reaches_stability",
+        "reachable_warmup_stable",
+    ):
+        assert claims[cid]["holds"], claims[cid]
+    # issue #17: in the first setting no orbit point is stable at η_max (≈ 2× above 2/η_max)
+    assert not claims["orbit_reaches_stability"]["holds"]
     s = data["series"]
     n_logs = len(s["step"])
     n_seeds = fig4.Config.quick().n_seeds
@@ -121,7 +141,70 @@ def test_fig4_deterministic_and_records_divergence(tmp_path: Path) -> None:
         np.asarray(s["S_sgd_kaiming_warmup"])[before], np.asarray(s["S_sgd_kaiming"])[before]
     )
     claims = fig4.claims(a, cfg)  # computed even on a short, unconverged run
-    assert len(claims) == 6
+    assert len(claims) == 16
+    rows = fig4.setup(cfg)
+    assert rows and all(set(r) == {"quantity", "paper", "ours", "why"} for r in rows)
+
+
+def test_fig4_top_eig_closed_form_matches_dense_and_library() -> None:
+    """The 2×2 closed form of λ_max(∇²ℓ_x) equals the dense eigvalsh and nf.top_eigenvalue."""
+    import noetherflow as nf
+
+    rng = np.random.default_rng(0)
+    U, W = rng.standard_normal((3, 5, 1)), rng.standard_normal((3, 1, 4))
+    x, y = rng.standard_normal((6, 4)), rng.standard_normal((6, 5))
+    got = fig4_rank1.per_sample_top_eig(U, W, x, y)
+    np.testing.assert_allclose(got, fig4_rank1.per_sample_hessian_top_eig(U, W, x, y), rtol=1e-11)
+    net, _ = fig4_rank1.torch_model(U[0], W[0])
+    est = nf.top_eigenvalue(net, fig4_rank1.loss_fn, torch.as_tensor(x[:1]),
+                            torch.as_tensor(y[:1]), max_iter=2000, tol=1e-14)  # fmt: skip
+    assert est.value == pytest.approx(got[0, 0], rel=1e-8)
+
+
+def _kaiming_stream(cfg: fig4.Config, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """fig4's data stream of seed index 0 (one seed), replayed: x, y of every step, and V."""
+    V = fig4._target(cfg, seed)
+    rng = np.random.default_rng(fig4.derive_seed(seed, "fig4", "data", "kaiming"))
+    z = np.stack(
+        [rng.standard_normal((2, 1, cfg.batch_size, cfg.d_io)) for _ in range(cfg.n_steps)]
+    )
+    x = z[:, 0, 0] * math.sqrt(cfg.input_var)
+    y = x @ V.T + math.sqrt(cfg.noise_var) * z[:, 1, 0]
+    return x, y, V
+
+
+@pytest.mark.parametrize("run_name", ["sgd_kaiming", "sgd_kaiming_warmup", "gd_kaiming"])
+def test_fig4_simulator_matches_library_integrators(run_name: str) -> None:
+    """fig4's batched numpy simulator, step for step, against train.run_online_sgd (fresh
+    minibatches, the warmup as a schedule) and train.run_population_gd, float64."""
+    from noetherflow.train import LambdaSchedule, run_online_sgd, run_population_gd
+
+    cfg = dataclasses.replace(fig4.Config.quick(), n_steps=60, warmup_steps=25, n_seeds=1,
+                              log_every=10)  # fmt: skip
+    sim = fig4._simulate(cfg, 2)
+    i = fig4._RUNS.index(run_name)
+    Uk, Wk = fig4._inits(cfg, 2, "kaiming")
+    net, _ = fig4_rank1.torch_model(Uk[0], Wk[0])
+    x, y, V = _kaiming_stream(cfg, 2)
+    if run_name == "gd_kaiming":
+        Vt = torch.as_tensor(V)
+
+        def pop(m: torch.nn.Module) -> torch.Tensor:
+            p = m[1].weight @ m[0].weight - Vt
+            return cfg.input_var * (p * p).sum() + cfg.d_io * cfg.noise_var
+
+        res = run_population_gd(net, pop, lr=cfg.lr_small, steps=cfg.n_steps)
+    else:
+        ratio = cfg.lr_max / cfg.lr_small if run_name == "sgd_kaiming_warmup" else 1.0
+        res = run_online_sgd(
+            net, fig4_rank1.loss_fn, lambda k: (torch.as_tensor(x[k]), torch.as_tensor(y[k])),
+            lr=cfg.lr_small, steps=cfg.n_steps,
+            schedule=LambdaSchedule(lambda k: 1.0 if k < cfg.warmup_steps else ratio),
+        )  # fmt: skip
+        np.testing.assert_allclose(res.history["loss"][:-1], sim["step_loss"][i], rtol=1e-11)
+    assert not res.diverged
+    np.testing.assert_allclose(res.final_state["1.weight"].numpy(), sim["U"][i], rtol=1e-11)
+    np.testing.assert_allclose(res.final_state["0.weight"].numpy(), sim["W"][i], rtol=1e-11)
 
 
 # --------------------------------------------------------------------------------------
@@ -129,8 +212,10 @@ def test_fig4_deterministic_and_records_divergence(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------------------
 
 
-def test_fig5_quick(quick_run: Path) -> None:
-    data = _metrics(quick_run, "fig5")
+def test_fig5_quick(quick_run: Path, metrics: Callable[[Path, str], dict[str, Any]]) -> None:
+    data = metrics(quick_run, "fig5")
+    assert data["results"]["library_charge_trace_max_rel_err"] < 1e-12
+    assert fig5.setup(fig5.Config.quick())
     claims = {c["id"]: c for c in data["claims"]}
     assert set(claims) == {"intermediate_norms_equal", "init_independent"}
     for c in claims.values():
@@ -156,6 +241,44 @@ def test_fig5_quick(quick_run: Path) -> None:
     assert np.all(imbalance(rnd[:, -1]) < 0.1 * imbalance(rnd[:, 0]))
     assert data["figures"] == ["fig5.png"]
     assert (quick_run / "fig5" / "fig5.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_fig5_simulator_matches_run_online_sgd() -> None:
+    """fig5's batched numpy SGD, step for step, against train.run_online_sgd replaying the same
+    minibatches on nn.Linear layers (float64); and nf.charges' traces are the norm gaps."""
+    from torch import nn
+
+    from noetherflow.experiments._base import derive_seed
+    from noetherflow.train import run_online_sgd
+
+    cfg = dataclasses.replace(fig5.Config.quick(), n_steps=30, n_seeds=1, batch_size=2,
+                              log_every=10)  # fmt: skip
+    data = load_digits_data()
+    dims = fig5._dims(cfg, data)
+    ws, _ = fig5._init(cfg, 4, dims)
+    start = [w.copy() for w in ws]
+    final, norms, _ = fig5.simulate(cfg, 4, data, ws)
+    idx = np.random.default_rng(derive_seed(4, "fig5", "batches")).integers(
+        0, data.n, size=(cfg.n_steps, 1, cfg.batch_size)
+    )[:, 0]
+    x, y = torch.as_tensor(data.x), torch.as_tensor(data.one_hot())
+    lr = cfg.lr_norm / float((data.x**2).sum(1).mean())
+    for run in (0, 1):  # the equal-norm and the random-norm init of seed 0
+        layers = [nn.Linear(w.shape[2], w.shape[1], bias=False).double() for w in start]
+        with torch.no_grad():
+            for lin, w in zip(layers, start, strict=True):
+                lin.weight.copy_(torch.as_tensor(w[run]))
+        net = nn.Sequential(*layers)
+        res = run_online_sgd(
+            net, lambda o, t: ((o - t) ** 2).sum(1).mean(),
+            lambda k: (x[idx[k]], y[idx[k]]), lr=lr, steps=cfg.n_steps,
+        )  # fmt: skip
+        for i, lin in enumerate(layers):
+            np.testing.assert_allclose(lin.weight.detach().numpy(), final[i][run], rtol=1e-10,
+                                       atol=1e-13)  # fmt: skip
+        assert not res.diverged
+    assert norms.shape == (2, cfg.n_steps // cfg.log_every + 1, cfg.depth)
+    assert fig5.library_charge_check(final) < 1e-12
 
 
 def test_fig5_deterministic(tmp_path: Path) -> None:

@@ -7,28 +7,22 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
-from _quick import metrics as _metrics
 from torch import nn
 
-from noetherflow import cli
 from noetherflow.experiments import prop51, remark44
 from noetherflow.train import run_sgd, run_sgf, sample_batch
 
 
 @pytest.fixture(scope="module")
-def quick_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("prop51_remark44")
-    code = cli.main(
-        ["reproduce", "prop51", "remark44", "--quick", "--jobs", "2", "--out", str(out)]
-    )
-    assert code == 0
-    return out
+def quick_run(reproduce: Callable[..., Path]) -> Path:
+    return reproduce("prop51", "remark44", jobs=2)
 
 
 # --------------------------------------------------------------------------------------
@@ -36,8 +30,8 @@ def quick_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 # --------------------------------------------------------------------------------------
 
 
-def test_prop51_quick(quick_run: Path) -> None:
-    data = _metrics(quick_run, "prop51")
+def test_prop51_quick(quick_run: Path, metrics: Callable[[Path, str], dict[str, Any]]) -> None:
+    data = metrics(quick_run, "prop51")
     claims = {c["id"]: c for c in data["claims"]}
     assert set(claims) == {
         "exponential_decay",
@@ -61,6 +55,7 @@ def test_prop51_quick(quick_run: Path) -> None:
     s = data["series"]
     assert len(s["sgd_q_norm"]) == len(s["gd_q_norm"]) == len(s["step"])
     assert r["signs_init"] == [5, 5]
+    assert r["library_charge_max_rel_err"] < 1e-10  # nf.charges of the double rotation is −Q
     assert data["figures"] == ["prop51.png"]
     assert (quick_run / "prop51" / "prop51.png").read_bytes()[:4] == b"\x89PNG"
 
@@ -89,6 +84,25 @@ def test_prop51_loop_is_run_sgd() -> None:
     np.testing.assert_allclose(ours["u"][-1], model[1].weight.detach().numpy()[0], rtol=1e-12)
 
 
+def test_prop51_library_training_is_the_explicit_loop() -> None:
+    """run() trains through run_sgd/run_gd (train_library); its trajectory and per-step m
+    equal the explicit loop on the replayed minibatches, every step, float64."""
+    cfg = dataclasses.replace(prop51.Config.quick(), batch_size=2, n_steps=50)
+    x, y = prop51.make_data(cfg, 1)
+    u0, w0 = prop51.mixed_sign_init(cfg, 1)
+    lib = prop51.train_library(cfg, x, y, u0, w0, batch_seed=7)
+    gen = torch.Generator().manual_seed(7)
+    idx = torch.stack([sample_batch(cfg.n_samples, 2, generator=gen) for _ in range(50)])
+    ref = prop51.train(u0, w0, x, y, lr=cfg.lr, steps=50, batch_idx=idx.numpy())
+    for key in ("u", "w", "m"):
+        np.testing.assert_allclose(lib[key], ref[key], rtol=1e-11, atol=1e-14)
+    gd = prop51.train_library(cfg, x, y, u0, w0, batch_seed=None)
+    ref_gd = prop51.train(u0, w0, x, y, lr=cfg.lr, steps=50, batch_idx=None)
+    for key in ("u", "w", "m"):
+        np.testing.assert_allclose(gd[key], ref_gd[key], rtol=1e-11, atol=1e-14)
+    assert prop51.setup(cfg)
+
+
 def test_prop51_q_helpers() -> None:
     rng = np.random.default_rng(0)
     u, w = rng.standard_normal((2, 5, 7))
@@ -114,8 +128,8 @@ def test_prop51_deterministic(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------------------
 
 
-def test_remark44_quick(quick_run: Path) -> None:
-    data = _metrics(quick_run, "remark44")
+def test_remark44_quick(quick_run: Path, metrics: Callable[[Path, str], dict[str, Any]]) -> None:
+    data = metrics(quick_run, "remark44")
     claims = {c["id"]: c for c in data["claims"]}
     assert set(claims) == {"gf_conserves", "gd_exact_drift", "sgf_sgd_same_equilibrium"}
     for c in claims.values():

@@ -21,7 +21,11 @@ IDS = {
     "teleport-cnn": "noetherflow.experiments.teleport_cnn",
 }
 CLAIMS = {
-    "teleport-fig4": {"teleport_no_warmup_stable", "teleport_flattens", "teleport_faster"},
+    "teleport-fig4": {
+        f"{prefix}{c}"
+        for prefix in ("", "reachable_")
+        for c in ("teleport_no_warmup_stable", "teleport_flattens", "teleport_faster")
+    },
     "teleport-mlp": {
         f"{m}_{c}"
         for m in ("teleport_start", "teleport_every")
@@ -63,6 +67,12 @@ def test_fig4_robust_facts(quick: Any) -> None:
     assert np.mean(r["top_eig_minibatch_teleported"]) < np.mean(r["top_eig_minibatch_kaiming"])
     assert r["runs"]["warmup"]["n_diverged"] == 0
     assert r["runs"]["none"]["n_diverged"] == len(r["runs"]["none"]["diverged_at_step"])
+    # the second setting: the orbit reaches stability and the teleport lands below 2/η_max
+    reach = r["reachable"]
+    assert np.mean(reach["orbit_min_top_eig_minibatch"]) < thr
+    assert np.mean(reach["top_eig_minibatch_teleported"]) < thr
+    assert all(t["output_rel_change"] < 1e-12 for t in reach["teleport"])
+    assert teleport_fig4.setup(teleport_fig4.Config.quick())
 
 
 def test_digits_robust_facts(quick: Any) -> None:
@@ -101,3 +111,36 @@ def test_deterministic_for_a_seed(mod: Any, tmp_path: Path) -> None:
     cb = [c.to_dict() for c in mod.claims(b, cfg)]
     assert ca == cb
     assert to_jsonable(a["series"]) == to_jsonable(b["series"])
+
+
+def test_fig4_training_loop_matches_run_online_sgd() -> None:
+    """teleport-fig4's batched loop (warmup run, seed 0), step for step against
+    train.run_online_sgd with the warmup as a schedule: every minibatch loss agrees (float64)."""
+    import torch
+
+    from noetherflow.experiments import _rank1, fig4
+    from noetherflow.experiments._base import derive_seed
+    from noetherflow.train import LambdaSchedule, run_online_sgd
+
+    cfg = teleport_fig4.Config(n_steps=40, warmup_steps=30, n_seeds=2, log_every=10)
+    f4 = cfg.fig4_config()
+    V = fig4._target(f4, 1)
+    Uk, Wk = fig4._inits(f4, 1, "kaiming")
+    sim = teleport_fig4._train(cfg, 1, np.stack([Uk] * 3), np.stack([Wk] * 3), V)
+    rng = np.random.default_rng(derive_seed(1, "teleport-fig4", "data"))
+    xs, ys = [], []
+    for _ in range(cfg.n_steps):
+        x = rng.standard_normal((cfg.n_seeds, cfg.batch_size, cfg.d_io)) * math.sqrt(cfg.input_var)
+        e = rng.standard_normal((cfg.n_seeds, cfg.batch_size, cfg.d_io))
+        xs.append(torch.as_tensor(x[0]))
+        ys.append(torch.as_tensor(x[0] @ V.T + math.sqrt(cfg.noise_var) * e[0]))
+    net, _ = _rank1.torch_model(Uk[0], Wk[0])
+    ratio = cfg.lr_max / cfg.lr_small
+    res = run_online_sgd(
+        net, _rank1.loss_fn, lambda k: (xs[k], ys[k]), lr=cfg.lr_small, steps=cfg.n_steps,
+        schedule=LambdaSchedule(lambda k: 1.0 if k < cfg.warmup_steps else ratio),
+    )  # fmt: skip
+    warm = teleport_fig4._RUNS.index("warmup")
+    got = res.history["loss"][: res.steps_completed]  # η_max may diverge after the switch
+    assert len(got) > cfg.warmup_steps
+    np.testing.assert_allclose(got, sim["step_loss"][: len(got), warm, 0], rtol=1e-11)

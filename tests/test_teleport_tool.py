@@ -13,8 +13,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import noetherflow as nf
-import noetherflow.teleport_tool as tt
-from noetherflow.teleport_tool import (
+import noetherflow.teleporter as tt
+from noetherflow import (
     EquilibriumTeleport,
     gradient_norm_teleport,
     transform_optimizer_state,

@@ -6,30 +6,25 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 import torch
-from _quick import metrics as _metrics
 
-from noetherflow import cli
 from noetherflow.experiments import _nonlinear as nl
 from noetherflow.experiments import fig6, fig9, thm54
 
 
 @pytest.fixture(scope="module")
-def quick_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("thm54_fig6_fig9")
-    code = cli.main(
-        ["reproduce", "thm54", "fig6", "fig9", "--quick", "--jobs", "2", "--out", str(out)]
-    )
-    assert code == 0
-    return out
+def quick_run(reproduce: Callable[..., Path]) -> Path:
+    return reproduce("thm54", "fig6", "fig9", jobs=2)
 
 
-def test_thm54_quick(quick_run: Path) -> None:
-    data = _metrics(quick_run, "thm54")
+def test_thm54_quick(quick_run: Path, metrics: Callable[[Path, str], dict[str, Any]]) -> None:
+    data = metrics(quick_run, "thm54")
     claims = {c["id"]: c for c in data["claims"]}
     assert set(claims) == {"thm54_norms", "thm54_orthogonal", "chain_solver_matches"}
     for c in claims.values():
@@ -56,8 +51,8 @@ def test_thm54_quick(quick_run: Path) -> None:
     assert (quick_run / "thm54" / "thm54.png").read_bytes()[:4] == b"\x89PNG"
 
 
-def test_fig6_quick(quick_run: Path) -> None:
-    data = _metrics(quick_run, "fig6")
+def test_fig6_quick(quick_run: Path, metrics: Callable[[Path, str], dict[str, Any]]) -> None:
+    data = metrics(quick_run, "fig6")
     claims = {c["id"]: c for c in data["claims"]}
     assert set(claims) == {"sgd_similar", "gd_dissimilar"}
     for c in claims.values():
@@ -73,8 +68,8 @@ def test_fig6_quick(quick_run: Path) -> None:
     assert data["figures"] == ["fig6.png"]
 
 
-def test_fig9_quick(quick_run: Path) -> None:
-    data = _metrics(quick_run, "fig9")
+def test_fig9_quick(quick_run: Path, metrics: Callable[[Path, str], dict[str, Any]]) -> None:
+    data = metrics(quick_run, "fig9")
     acts = fig9.Config.quick().activations
     assert [c["id"] for c in data["claims"]] == [f"sgd_similar_{a}" for a in acts]
     for c in data["claims"]:

@@ -5,16 +5,20 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
-from _quick import metrics as _metrics
+import torch
 from scipy.integrate import solve_ivp
+from torch import nn
 
-from noetherflow import cli
 from noetherflow.experiments import approx, timescales
+from noetherflow.experiments._base import derive_seed
 from noetherflow.theory import ziyin2024 as th
+from noetherflow.train import run_online_sgd, run_population_gd
 
 # --------------------------------------------------------------------------------------------
 # derived pure functions
@@ -87,17 +91,28 @@ def test_mean_field_charge_limits() -> None:
 
 
 @pytest.fixture(scope="module")
-def quick_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("issue9")
-    assert cli.main(["reproduce", "timescales", "approx", "--quick", "--out", str(out)]) == 0
-    return out
+def quick_run(reproduce: Callable[..., Path]) -> Path:
+    return reproduce("timescales", "approx")
 
 
-def test_timescales_quick(quick_run: Path) -> None:
-    data = _metrics(quick_run, "timescales")
+def test_timescales_quick(quick_run: Path, metrics: Callable[[Path, str], dict[str, Any]]) -> None:
+    data = metrics(quick_run, "timescales")
     claims = {c["id"]: c for c in data["claims"]}
-    assert set(claims) == {"distance_vanishes", "t_equi_scales_with_noise"}
-    assert all(c["holds"] for c in claims.values()), claims
+    assert set(claims) == {
+        "distance_vanishes",
+        "t_equi_scales_with_noise",
+        "drift_relative_distance",
+        "drift_charge_follows",
+        "drift_lag_lemma_b5",
+    }
+    for cid in ("distance_vanishes", "t_equi_scales_with_noise", "drift_charge_follows"):
+        assert claims[cid]["holds"], claims[cid]
+    for c in claims.values():  # the Thm 4.5 claims may fail (see NOTES); they are computed
+        assert isinstance(c["value"], float) and math.isfinite(c["value"]), c
+    dr = data["results"]["drift"]
+    # the library's equilibrium of each chain is near the closed form at the minimum
+    assert dr["library_vs_closed_form_rms"] < 0.2
+    assert timescales.setup(timescales.Config.quick())
     res, s = data["results"], data["series"]
     eq = res["equilibrium"]
     # the library puts θ* at the noise equilibrium and sees exactly |λ₀| from θ₀ = e^{λ₀A}θ*
@@ -123,8 +138,8 @@ def test_timescales_quick(quick_run: Path) -> None:
     assert (quick_run / "timescales" / "timescales.png").read_bytes()[:4] == b"\x89PNG"
 
 
-def test_approx_quick(quick_run: Path) -> None:
-    data = _metrics(quick_run, "approx")
+def test_approx_quick(quick_run: Path, metrics: Callable[[Path, str], dict[str, Any]]) -> None:
+    data = metrics(quick_run, "approx")
     claims = {c["id"]: c for c in data["claims"]}
     assert set(claims) == {
         "small_zeta_first_order",
@@ -158,8 +173,9 @@ def test_approx_quick(quick_run: Path) -> None:
 
 def test_timescales_deterministic(tmp_path: Path) -> None:
     cfg = dataclasses.replace(
-        timescales.Config.quick(), batch_sizes=(2, 3), n_chains=2, run_equi=2.5, log_dt_late=0.5
-    )
+        timescales.Config.quick(), batch_sizes=(2, 3), n_chains=2, run_equi=2.5, log_dt_late=0.5,
+        drift_chains=2, drift_burn_steps=200, drift_steps=400,
+    )  # fmt: skip
     a = timescales.run(cfg, 3, tmp_path)
     b = timescales.run(cfg, 3, tmp_path)
     c = timescales.run(cfg, 4, tmp_path)
@@ -169,6 +185,9 @@ def test_timescales_deterministic(tmp_path: Path) -> None:
     assert [cl.id for cl in timescales.claims(a, cfg)] == [
         "distance_vanishes",
         "t_equi_scales_with_noise",
+        "drift_relative_distance",
+        "drift_charge_follows",
+        "drift_lag_lemma_b5",
     ]
 
 
@@ -188,3 +207,95 @@ def test_approx_deterministic(tmp_path: Path) -> None:
         np.testing.assert_array_equal(a["series"][key], b["series"][key])
     assert not np.array_equal(a["series"]["deviation"], c["series"]["deviation"])
     assert len(approx.claims(a, cfg)) == 4
+    assert approx.setup(cfg)
+
+
+# --------------------------------------------------------------------------------------------
+# the batched simulators against the library's integrators, step for step (float64)
+# --------------------------------------------------------------------------------------------
+
+
+def _neuron(w: np.ndarray, u: float) -> Any:
+    first = nn.Linear(len(w), 1, bias=False).double()
+    second = nn.Linear(1, 1, bias=False).double()
+    with torch.no_grad():
+        first.weight.copy_(torch.as_tensor(w)[None, :])
+        second.weight.fill_(u)
+    return nn.Sequential(first, second)
+
+
+def test_timescales_simulator_matches_run_online_sgd() -> None:
+    """timescales._simulate's chain, replayed on an nn.Module by train.run_online_sgd: the
+    charges at every logged step agree."""
+    cfg = dataclasses.replace(timescales.Config.quick(), batch_sizes=(3,), n_chains=1)
+    x, y = timescales._data(cfg, 0)
+    w_star = np.linalg.lstsq(x, y, rcond=None)[0]
+    out = timescales._simulate(cfg, 0, x, y, 1.0, w_star, np.array([cfg.lr * 20.0]))[0]
+    steps = np.asarray(out["log_steps"])
+    n = int(steps[-1])
+    g = np.random.default_rng(derive_seed(0, "timescales", "sgd", 3))
+    idx = g.integers(0, cfg.n_samples, size=(n + 1, 1, 3))[:, 0]
+    net = _neuron(w_star * math.exp(cfg.lam0), math.exp(-cfg.lam0))
+    X, Y = torch.as_tensor(x), torch.as_tensor(y)[:, None]
+    charges: dict[int, float] = {}
+
+    def record(k: int, m: Any) -> None:
+        w, u = m[0].weight.detach(), m[1].weight.detach()
+        charges[k] = float((w**2).sum() - u[0, 0] ** 2)
+
+    def sample(k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return X[idx[k]], Y[idx[k]]
+
+    run_online_sgd(net, lambda o, t: ((o - t) ** 2).sum(1).mean(), sample, lr=cfg.lr, steps=n,
+                   callback=record)  # fmt: skip
+    got = np.array([charges[int(k)] for k in steps])
+    np.testing.assert_allclose(got, np.asarray(out["charge"])[:, 0], rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("batch", [2, 0])
+def test_approx_simulator_matches_library_integrators(batch: int) -> None:
+    """approx._simulate (one chain, S = 2, or GD for S = 0) against train.run_online_sgd /
+    run_population_gd with the penalty ζ·½‖θ − θ₂‖² in the loss: every step's charge."""
+    x, y = approx._data(approx.Config.quick(), 0)
+    zeta, lr, w2, u2, n = 0.7, 0.01, 1.3, 0.4, 120
+    rng_seed = 5
+    rng = np.random.default_rng(rng_seed)
+    sim = approx._simulate(x, y, [(batch, zeta)], lr=lr, w2=w2, u2=u2, init=(0.9, 1.1),
+                           n_chains=1, burn=0, avg=n, rng=rng)  # fmt: skip
+    net = _neuron(np.array([0.9]), 1.1)
+    X, Y = torch.as_tensor(x)[:, None], torch.as_tensor(y)[:, None]
+
+    def penalty(m: Any) -> torch.Tensor:
+        return 0.5 * zeta * ((m[0].weight[0, 0] - w2) ** 2 + (m[1].weight[0, 0] - u2) ** 2)
+
+    charges: list[float] = []
+
+    def record(k: int, m: Any) -> None:
+        w, u = float(m[0].weight.detach()[0, 0]), float(m[1].weight.detach()[0, 0])
+        charges.append(w * w - u * u)
+
+    if batch:
+        idx = np.random.default_rng(rng_seed).integers(0, len(x), size=(n, 1, batch))[:, 0]
+        run_online_sgd(net, lambda o, t: ((o - t) ** 2).mean() + penalty(net),
+                       lambda k: (X[idx[k]], Y[idx[k]]), lr=lr, steps=n,
+                       callback=record)  # fmt: skip
+    else:
+        run_population_gd(net, lambda m: ((m(X) - Y) ** 2).mean() + penalty(m), lr=lr, steps=n,
+                          callback=record)  # fmt: skip
+    np.testing.assert_allclose(charges[1:], np.asarray(sim["trace"])[0], rtol=1e-10, atol=1e-12)
+
+
+def test_drift_closed_form_and_library_equilibrium() -> None:
+    """The drift's closed-form C*(s) inverts, and the library's solver finds it at the minimum."""
+    from noetherflow.experiments import _drift
+
+    for c in (0.3, 1.0, 2.5):
+        s = _drift.input_variance_for_charge(c, 4, 1.0)
+        assert float(_drift.equilibrium_charge(s, 4, 1.0)) == pytest.approx(c, rel=1e-12)
+    cfg = _drift.DriftConfig(stats_samples=200_000)
+    probe = _drift._Probe(cfg, 0)
+    s = float(_drift.input_variance_for_charge(1.0, 4, 1.0))
+    w = np.array([2.0, 0.0, 0.0, 0.0])  # on the minimum u·w = e₁, off balance
+    m = probe.measure(0.5, w, s)
+    assert m["C"] == pytest.approx(4.0 - 0.25, rel=1e-12)
+    assert m["C_star"] == pytest.approx(1.0, rel=0.02)  # Monte-Carlo statistics

@@ -19,16 +19,12 @@ Run: ``python docs/tutorials/find_symmetries.py [--tiny]``
 
 from __future__ import annotations
 
-import sys
+import argparse
 from collections import Counter
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import parse_tiny
 
 import noetherflow as nf
 
@@ -104,4 +100,6 @@ def main(tiny: bool = False) -> float:
 
 
 if __name__ == "__main__":
-    main(parse_tiny(__doc__))
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--tiny", action="store_true", help="run at the CI size (seconds)")
+    main(parser.parse_args().tiny)

@@ -21,15 +21,13 @@ Run: ``python docs/tutorials/monitor_training.py [--tiny]``
 
 from __future__ import annotations
 
-import sys
+import argparse
 import tempfile
 from pathlib import Path
 
 import torch
+from sklearn.datasets import load_digits
 from torch import nn
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import digits, parse_tiny
 
 import noetherflow as nf
 
@@ -38,7 +36,10 @@ def main(tiny: bool = False) -> float:
     torch.manual_seed(0)
     n_steps, batch, every = (12, 32, 4) if tiny else (300, 64, 10)
     lr, gamma = 0.1, 5e-4  # η and γ of γ‖θ‖²
-    x_all, y_all = digits(512 if tiny else 1797)
+    data = load_digits()  # scikit-learn's bundled 8×8 digits, pixels scaled to [0, 1]
+    idx = torch.randperm(len(data.target), generator=torch.Generator().manual_seed(0))
+    idx = idx[: 512 if tiny else 1797].numpy()
+    x_all, y_all = torch.tensor(data.data[idx] / 16.0), torch.tensor(data.target[idx])
 
     model = nn.Sequential(
         nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 16), nn.ReLU(), nn.Linear(16, 10)
@@ -98,4 +99,6 @@ def main(tiny: bool = False) -> float:
 
 
 if __name__ == "__main__":
-    main(parse_tiny(__doc__))
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--tiny", action="store_true", help="run at the CI size (seconds)")
+    main(parser.parse_args().tiny)

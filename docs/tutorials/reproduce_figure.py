@@ -19,9 +19,9 @@ the experiment's figure to a temporary directory it prints).
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import math
-import sys
 import tempfile
 from pathlib import Path
 
@@ -31,9 +31,6 @@ from torch import nn
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import parse_tiny
 
 import noetherflow as nf
 from noetherflow.experiments import Claim, registry
@@ -113,4 +110,6 @@ def main(tiny: bool = False) -> float:
 
 
 if __name__ == "__main__":
-    main(parse_tiny(__doc__))
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--tiny", action="store_true", help="run at the CI size (seconds)")
+    main(parser.parse_args().tiny)

@@ -12,6 +12,8 @@ from noetherflow._errors import (
     SymmetryNotPresentError,
     UnsupportedLayerError,
 )
+from noetherflow._optimizer_state import OptimizerState, transform_optimizer_state
+from noetherflow.baselines.zhao2022 import GradNormTeleportResult, gradient_norm_teleport
 from noetherflow.equilibrium import (
     EquilibriumSolution,
     InfinityReport,
@@ -44,15 +46,7 @@ from noetherflow.symmetry.rotation import Block, DoubleRotation
 from noetherflow.symmetry.scaling import ScaleInvariance
 from noetherflow.symmetry.set import SymmetrySet, VerifyResult
 from noetherflow.teleport import TeleportHandle, teleport
-from noetherflow.teleport_tool import (
-    EquilibriumTeleport,
-    GradNormTeleportResult,
-    OptimizerState,
-    TeleportingOptimizer,
-    TeleportRecord,
-    gradient_norm_teleport,
-    transform_optimizer_state,
-)
+from noetherflow.teleporter import EquilibriumTeleport, TeleportingOptimizer, TeleportRecord
 
 __version__ = "0.1.0"
 

@@ -1,45 +1,35 @@
 """Watch Noether charges, their noise-driven flows and the distance to the noise equilibrium.
 
-:class:`NoetherMonitor` rides on the caller's own forward/backward pass (``nf.capture``): on a
-record step (every ``every`` steps) the hooks collect the gradient statistics of the batch,
-and :meth:`NoetherMonitor.step` turns them into
+:class:`NoetherMonitor` rides on the caller's own forward/backward pass (``nf.capture``, or
+another estimator): on a record step (every ``every`` steps) it collects the gradient
+statistics of the batch, and :meth:`NoetherMonitor.step` turns them into a row. Keys use the
+symmetry's ASCII key ``<sym>`` (:func:`symmetry_key`):
 
-* ``loss`` — the batch loss passed to ``step`` (the global-batch mean under DDP);
-* ``charge/<name>`` — C = θᵀAθ per generator (eq. 6); a rotation's ``[d, d]`` matrix charge is
-  logged as its Frobenius norm, the matrix itself as ``charge_matrix/<name>`` on request;
-* ``flow/<name>`` — the flow −κC + Tr[A·M] of :func:`noetherflow.noether_flow` (same shapes);
-* ``distance/<name>`` — the distance to the noise equilibrium of
-  :func:`noetherflow.solve_equilibrium`: |λ*| per generator (diagonal symmetries), ‖log P‖_F
-  (rotation), |λ*| (dense); ``inf`` where the equilibrium is at infinity, with the number of
-  such directions in ``at_infinity/<name>``;
-* ``sharpness/trace``, ``sharpness/trace_se``, ``sharpness/top_eigenvalue`` — optional, from
-  :mod:`noetherflow.sharpness` (Hutchinson, power iteration);
-* ``step``, ``time`` (seconds since the monitor started) and ``monitor_time`` (seconds spent
-  recording this row: the monitor's own overhead).
+* ``loss`` (the global-batch mean under DDP), ``lr`` and ``weight_decay`` (the η, γ used);
+* ``charge/<sym>`` — C = θᵀAθ per generator (eq. 6); a rotation's ``[d, d]`` matrix charge is
+  logged as its Frobenius norm, the matrix itself as ``charge_matrix/<sym>`` on request;
+* ``flow/<sym>`` — the flow −κC + Tr[A·M] of :func:`noetherflow.noether_flow` (same shapes);
+* ``distance/<sym>`` — the distance to the noise equilibrium of
+  :func:`noetherflow.solve_equilibrium`: |λ*| per generator (diagonal), ‖log P‖_F (rotation),
+  |λ*| (dense); ``inf`` at infinity, with the number of such directions in
+  ``at_infinity/<sym>``;
+* ``sharpness/trace``, ``sharpness/trace_se``, ``sharpness/top_eigenvalue`` — optional;
+* ``step``, ``time`` (seconds since the start) and ``monitor_time`` (this row's overhead).
 
-Between record steps :meth:`NoetherMonitor.track` attaches nothing and ``step`` only counts,
-so the overhead is paid once per ``every`` steps. Rows go to ``history.csv`` and
-``history.jsonl`` (append-only, one line per record, written on rank 0), to TensorBoard when
-it is installed, and to a rich progress bar in terminals. :attr:`NoetherMonitor.history` is a
-dict of numpy arrays (first axis: records) and :func:`load_history` reads either file back to
-the same dict.
+Between record steps nothing is attached and ``step`` only counts. Rows go to
+``history.csv``/``history.jsonl`` (append-only, rank 0), TensorBoard, ``on_record``
+callbacks and a progress bar in terminals (:mod:`noetherflow._history`); :func:`load_history`
+reads the files back to the dict of :attr:`NoetherMonitor.history`.
 
-Under ``torch.distributed`` the statistics (and the loss) are all-reduced so that every rank
-records the statistics of the global batch; every rank must call ``track``/``step``
-together. Read the statistics of the monitor *before* ``optimizer.step()``: charges, flows
-and statistics then all refer to the same θ.
+Under ``torch.distributed`` the statistics (and the loss) are all-reduced to those of the
+global batch; every rank must call ``track``/``step`` together. Call ``step`` *before*
+``optimizer.step()``: charges, flows and statistics then refer to the same θ.
 """
 
 from __future__ import annotations
 
 import contextlib
-import csv
-import io
-import json
-import math
 import os
-import re
-import sys
 import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -51,23 +41,52 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from noetherflow._io import atomic_write_json, from_jsonable_float, to_jsonable
+from noetherflow._display import ProgressDisplay, is_terminal
+from noetherflow._history import (
+    CSV_NAME,
+    FORMATS,
+    JSONL_NAME,
+    CsvSink,
+    JsonlSink,
+    Outputs,
+    TensorBoardSink,
+    flat_record,
+    load_history,
+    open_tensorboard,
+    stack_rows,
+    symmetry_key,
+    symmetry_keys,
+    write_meta,
+)
+from noetherflow._hyperparams import HyperSource
+from noetherflow._optimizer_state import preserved
+from noetherflow._tracking import monitor_advice, refuse_accumulation
 from noetherflow.equilibrium import solve_equilibrium
 from noetherflow.flow import NoiseModel, charges, noether_flow
-from noetherflow.stats.collect import Capture, capture
-from noetherflow.stats.core import GradStats, Reduction, parse_reduction
-from noetherflow.stats.distributed import all_reduce_mean, all_reduce_stats, is_distributed
+from noetherflow.plotting import plot_history
+from noetherflow.stats.collect import Capture, capture, collect_stats
+from noetherflow.stats.core import Estimator, GradStats, Reduction, parse_reduction
+from noetherflow.stats.distributed import (
+    all_reduce_mean,
+    all_reduce_stats,
+    is_distributed,
+    unwrap_ddp,
+)
+from noetherflow.stats.reference import check_no_train_batchnorm
 from noetherflow.symmetry.base import DiagonalSymmetry
 from noetherflow.symmetry.rotation import DoubleRotation
 from noetherflow.symmetry.set import SymmetrySet
 
-__all__ = ["NoetherMonitor", "SharpnessOptions", "load_history"]
+__all__ = [
+    "NoetherMonitor",
+    "SharpnessOptions",
+    "flat_record",
+    "load_history",
+    "plot_history",
+    "symmetry_key",
+]
 
-CSV_NAME = "history.csv"
-JSONL_NAME = "history.jsonl"
-META_NAME = "monitor.json"
-_FORMATS = ("csv", "jsonl")
-_INDEXED = re.compile(r"^(?P<key>.*)\[(?P<idx>\d+(?:,\d+)*)\]$")
+_FORMATS = FORMATS
 
 
 @dataclass(frozen=True)
@@ -95,12 +114,17 @@ class NoetherMonitor:
     """Record charges, flows, equilibrium distances (and sharpness) during training.
 
     Let η, S, γ denote ``lr``, ``batch_size``, ``weight_decay`` (γ‖θ‖² in the loss); they fix
-    the flows and the equilibrium exactly as in :func:`noetherflow.noether_flow`. Change
-    ``mon.lr`` when a schedule changes the learning rate.
+    the flows and the equilibrium exactly as in :func:`noetherflow.noether_flow`. Either pass
+    ``optimizer=opt``: η and γ are then read from its param groups at every record (schedules
+    are followed; ``torch.optim.SGD(weight_decay=w)`` is γ = w/2), or pass ``lr`` (and
+    ``weight_decay``) by hand and change ``mon.lr`` when a schedule changes the learning rate.
+    The values used are recorded as ``lr`` and ``weight_decay`` (γ) in every row.
 
     Example::
 
-        mon = nf.NoetherMonitor(model, syms, every=10, lr=0.1, batch_size=256, log_dir="runs/x")
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        mon = nf.NoetherMonitor(model, syms, every=10, optimizer=opt, batch_size=256,
+                                log_dir="runs/x")
         for x, y in loader:
             with mon.track():            # hooks only on record steps
                 loss = loss_fn(model(x), y)
@@ -112,9 +136,12 @@ class NoetherMonitor:
 
     Args:
         model: the model (may be wrapped in ``DistributedDataParallel``).
-        syms: the symmetries to watch; statistics use ``estimator='hooks'`` (Linear/Conv).
+        syms: the symmetries to watch. History keys use each symmetry's ASCII key
+            (:attr:`keys`, e.g. ``flow/rescaling.fc1_to_fc2``), the names only for display.
         every: record every this many calls of :meth:`step`, starting with the first.
         lr, batch_size, weight_decay, time: η, S, γ and the time model of the flows.
+        optimizer: read η and γ from this optimizer's param groups at every record instead of
+            ``lr``/``weight_decay`` (plain SGD for now; passing both is an error).
         reduction: whether the training loss is the batch ``"mean"`` or ``"sum"``.
         log_dir: directory for ``history.csv``/``history.jsonl``/``monitor.json`` (and
             TensorBoard); ``None`` keeps the history in memory only. Existing history files
@@ -127,7 +154,15 @@ class NoetherMonitor:
         full_matrices: also record the ``[d, d]`` matrix charges and flows of rotations.
         sharpness: ``True`` or :class:`SharpnessOptions` to record the Hessian trace and top
             eigenvalue; needs ``loss_fn`` and a batch (``probe`` or ``step(inputs=, targets=)``).
-        loss_fn: ``loss_fn(outputs, targets)``, for sharpness only.
+        estimator: how the gradient statistics are obtained. ``"hooks"`` (default): from the
+            loop's own forward/backward inside :meth:`track` (Linear/Conv layers, no
+            BatchNorm in training mode). ``"microbatch"`` (any model, BatchNorm in training
+            mode included) and ``"reference"`` (torch.func, exact, no BatchNorm in training
+            mode): computed in :meth:`step` on the batch passed as ``step(loss, inputs=x,
+            targets=y)``, with ``loss_fn``; ``.grad`` and buffers are left as they were.
+        micro_batch_size: micro-batch size m of ``estimator="microbatch"`` (≥ 2 with
+            BatchNorm in training mode; it must divide the batch into at least 2 parts).
+        loss_fn: ``loss_fn(outputs, targets)``, for sharpness and the non-hook estimators.
         probe: a fixed ``(inputs, targets)`` batch on which sharpness is measured.
         tensorboard: ``None`` (use it when installed and ``log_dir`` is set), ``False``, ``True``
             (required), or a writer object with ``add_scalar``/``add_histogram``.
@@ -143,9 +178,10 @@ class NoetherMonitor:
         syms: SymmetrySet,
         *,
         every: int = 10,
-        lr: float,
+        lr: float | None = None,
         batch_size: int,
-        weight_decay: float = 0.0,
+        weight_decay: float | None = None,
+        optimizer: torch.optim.Optimizer | None = None,
         time: str = "continuous",
         reduction: str | Reduction = "mean",
         log_dir: str | os.PathLike[str] | None = None,
@@ -155,6 +191,8 @@ class NoetherMonitor:
         solver_options: Mapping[str, Any] | None = None,
         full_matrices: bool = False,
         sharpness: bool | SharpnessOptions = False,
+        estimator: str = "hooks",
+        micro_batch_size: int = 1,
         loss_fn: Callable[[Any, Any], Tensor] | None = None,
         probe: tuple[Any, Any] | None = None,
         tensorboard: Any = None,
@@ -164,7 +202,15 @@ class NoetherMonitor:
     ) -> None:
         if int(every) != every or every < 1:
             raise ValueError(f"every={every!r} must be a positive integer (steps between records).")
-        NoiseModel.create(lr=lr, batch_size=batch_size, weight_decay=weight_decay, time=time)
+        self._hyper = HyperSource.create(
+            "NoetherMonitor",
+            lr=lr,
+            weight_decay=weight_decay,
+            optimizer=optimizer,
+            params=syms.params(),
+        )
+        lr0, gamma0 = self._hyper.current()
+        NoiseModel.create(lr=lr0, batch_size=batch_size, weight_decay=gamma0, time=time)
         bad = [f for f in formats if f not in _FORMATS]
         if bad:
             raise ValueError(
@@ -174,7 +220,7 @@ class NoetherMonitor:
             raise ValueError("The symmetry set is empty; there is nothing to monitor.")
         self.model, self.syms = model, syms
         self.every = int(every)
-        self.lr, self.batch_size, self.weight_decay, self.time = lr, batch_size, weight_decay, time
+        self.batch_size, self.time = batch_size, time
         self.reduction = parse_reduction(reduction)
         self.distance = distance
         self.distance_every = _multiple("distance_every", distance_every, self.every)
@@ -191,6 +237,24 @@ class NoetherMonitor:
                     "probe=(x, y) or mon.step(loss, inputs=x, targets=y))."
                 )
         self.loss_fn, self.probe = loss_fn, probe
+        try:
+            self.estimator = Estimator(estimator)
+        except ValueError:
+            raise ValueError(
+                f"estimator={estimator!r} is not supported; expected one of "
+                f"{[e.value for e in Estimator]}."
+            ) from None
+        self.micro_batch_size = int(micro_batch_size)
+        if self.estimator is not Estimator.HOOKS and loss_fn is None:
+            raise ValueError(
+                f"estimator={self.estimator.value!r} computes the statistics from the batch and "
+                "needs loss_fn: pass NoetherMonitor(..., loss_fn=loss_fn) and call "
+                "mon.step(loss, inputs=x, targets=y)."
+            )
+        if self.estimator is Estimator.HOOKS:
+            with monitor_advice():
+                check_no_train_batchnorm(unwrap_ddp(model), "hooks")
+                Capture(unwrap_ddp(model), syms, Reduction.MEAN, check_finite=False)
         self.all_reduce = is_distributed() if all_reduce is None else all_reduce
         self.rank = torch.distributed.get_rank() if is_distributed() else 0
         self.is_writer = self.rank == 0
@@ -200,18 +264,19 @@ class NoetherMonitor:
         self._rows: list[dict[str, np.ndarray]] = []
         self._t0 = _now()
         self._warned_untracked = False
+        self.keys: dict[str, str] = symmetry_keys(syms.names)
         self.schema = self._schema()
         self.log_dir = Path(log_dir) if log_dir is not None else None
         self.formats = tuple(formats)
-        self._paths: dict[str, Path] = {}
-        self._csv_columns = _csv_columns(self.schema)
+        self._out = Outputs()
         if self.log_dir is not None and self.is_writer:
             self._init_files()
-        self._tb = self._init_tensorboard(tensorboard) if self.is_writer else None
-        self._progress: Any = None
-        self._task: Any = None
-        if self.is_writer and (progress if progress is not None else _is_terminal()):
-            self._init_progress(total)
+        tb = open_tensorboard(tensorboard, self.log_dir) if self.is_writer else None
+        if tb is not None:
+            self._out.sinks.append(TensorBoardSink(tb))
+        self._progress: ProgressDisplay | None = None
+        if self.is_writer and (progress if progress is not None else is_terminal()):
+            self._progress = ProgressDisplay(total)
 
     # -- schema ---------------------------------------------------------------------------
     def _schema(self) -> dict[str, tuple[int, ...]]:
@@ -221,25 +286,47 @@ class NoetherMonitor:
             "time": (),
             "monitor_time": (),
             "loss": (),
+            "lr": (),
+            "weight_decay": (),
         }
         ch = charges(self.model, self.syms)
         for name, s in self.syms.items():
-            shape = tuple(ch[name].shape)
+            shape, key = tuple(ch[name].shape), self.keys[name]
             matrix = isinstance(s, DoubleRotation)
             for kind in ("charge", "flow"):
-                sch[f"{kind}/{name}"] = () if matrix else shape
+                sch[f"{kind}/{key}"] = () if matrix else shape
                 if matrix and self.full_matrices:
-                    sch[f"{kind}_matrix/{name}"] = shape
+                    sch[f"{kind}_matrix/{key}"] = shape
         if self.distance:
             for name, s in self.syms.items():
-                sch[f"distance/{name}"] = (
+                key = self.keys[name]
+                sch[f"distance/{key}"] = (
                     (s.num_generators,) if isinstance(s, DiagonalSymmetry) else ()
                 )
-                sch[f"at_infinity/{name}"] = ()
+                sch[f"at_infinity/{key}"] = ()
         if self.sharpness is not None:
             for k in ("trace", "trace_se", "top_eigenvalue"):
                 sch[f"sharpness/{k}"] = ()
         return sch
+
+    # -- hyper-parameters -----------------------------------------------------------------
+    @property
+    def lr(self) -> float:
+        """η used by the next record (read from the optimizer when one was given)."""
+        return self._hyper.current()[0]
+
+    @lr.setter
+    def lr(self, value: float) -> None:
+        self._hyper.set("lr", value)
+
+    @property
+    def weight_decay(self) -> float:
+        """γ (of γ‖θ‖²) used by the next record (from the optimizer: its weight_decay / 2)."""
+        return self._hyper.current()[1]
+
+    @weight_decay.setter
+    def weight_decay(self, value: float) -> None:
+        self._hyper.set("weight_decay", value)
 
     # -- the training-loop API ------------------------------------------------------------
     @property
@@ -252,23 +339,34 @@ class NoetherMonitor:
         return (self._step if step is None else step) % self.every == 0
 
     def track(self) -> contextlib.AbstractContextManager[Any]:
-        """Context for the forward and backward pass of one step (hooks on record steps only)."""
-        if not self.due():
+        """Context for the forward and backward pass of one step (hooks on record steps only).
+
+        One forward and one backward pass: gradient accumulation (several forward/backward
+        passes inside one ``track``) is refused with an error naming it; see the docs for
+        the two ways to monitor an accumulating loop.
+        """
+        if not self.due() or self.estimator is not Estimator.HOOKS:
             return contextlib.nullcontext()
         return self._tracking()
 
+    def _level(self) -> str:
+        # Per-coordinate statistics only when the solver runs at this step; flows need less.
+        return self._level_at(self._step)
+
     @contextlib.contextmanager
     def _tracking(self) -> Iterator[Capture]:
-        # Per-coordinate statistics only when the solver runs at this step; flows need less.
-        solve = self.distance and self._step % self.distance_every == 0
-        with capture(
-            self.model,
-            self.syms,
-            reduction=self.reduction,
-            check_finite=False,
-            all_reduce=False,
-            level="solve" if solve else "neuron",
-        ) as cap:
+        with (
+            monitor_advice(),
+            refuse_accumulation(self.model),
+            capture(
+                self.model,
+                self.syms,
+                reduction=self.reduction,
+                check_finite=False,
+                all_reduce=False,
+                level=self._level(),
+            ) as cap,
+        ):
             # When every .grad is empty before the backward, afterwards it holds exactly this
             # batch's mean gradient, so the capture need not recompute it (one matmul per
             # layer). Not under DDP: its averaged .grad weights ranks equally.
@@ -279,8 +377,8 @@ class NoetherMonitor:
                 and all(p.grad is None for p in params)
             )
             yield cap
-            if fresh:
-                cap._means = {p: p.grad.detach() for p in params if p.grad is not None}
+            if fresh:  # a copy: clipping .grad before mon.step() must not change the record
+                cap._means = {p: p.grad.detach().clone() for p in params if p.grad is not None}
         self._cap = cap
 
     def step(
@@ -293,7 +391,8 @@ class NoetherMonitor:
         """Count one training step; on record steps compute and write a row and return it.
 
         Call after ``loss.backward()`` and before ``optimizer.step()``. ``inputs``/``targets``
-        are used for sharpness when no ``probe`` batch was given.
+        are the batch: used for sharpness when no ``probe`` batch was given, and for the
+        statistics with ``estimator="microbatch"``/``"reference"``.
         """
         i = self._step
         self._step += 1
@@ -305,11 +404,7 @@ class NoetherMonitor:
                 self._write(row)
         self._cap = None
         if self._progress is not None:
-            info = "" if row is None else _progress_info(row)
-            if info:
-                self._progress.update(self._task, advance=1, info=info)
-            else:
-                self._progress.update(self._task, advance=1)
+            self._progress.advance(row)
         return row
 
     # -- one record -----------------------------------------------------------------------
@@ -319,8 +414,11 @@ class NoetherMonitor:
         row["step"] = np.asarray(i, dtype=np.int64)
         stats: GradStats | None = None
         n_local = 1
-        if self._cap is not None:
+        if self.estimator is not Estimator.HOOKS:
+            stats = self._batch_stats(inputs, targets)
+        elif self._cap is not None:
             stats = self._cap.stats
+        if stats is not None:
             n_local = stats.n
             if self.all_reduce:
                 all_reduce_stats(stats)
@@ -339,6 +437,8 @@ class NoetherMonitor:
                 lt = all_reduce_mean(lt.to(torch.float64), n_local)
             row["loss"] = np.asarray(float(lt))
 
+        lr, gamma = self._hyper.current()
+        row["lr"], row["weight_decay"] = np.asarray(lr), np.asarray(gamma)
         ch = charges(self.model, self.syms)
         self._put(row, "charge", ch)
         if stats is not None:
@@ -346,15 +446,15 @@ class NoetherMonitor:
                 self.model,
                 self.syms,
                 stats,
-                lr=self.lr,
+                lr=lr,
                 batch_size=self.batch_size,
-                weight_decay=self.weight_decay,
+                weight_decay=gamma,
                 time=self.time,
                 charges=ch,
             )
             self._put(row, "flow", fl)
             if self.distance and i % self.distance_every == 0:
-                self._put_distance(row, stats)
+                self._put_distance(row, stats, lr, gamma)
         sh = self.sharpness
         if sh is not None and i % (sh.every or self.every) == 0:
             self._put_sharpness(row, sh, inputs, targets)
@@ -362,46 +462,75 @@ class NoetherMonitor:
         row["monitor_time"] = np.asarray(_now() - t_start)
         return row
 
+    def _batch_stats(self, inputs: Any, targets: Any) -> GradStats:
+        """Statistics of the given batch with a non-hook estimator (``.grad``, buffers kept)."""
+        if inputs is None or targets is None:
+            raise ValueError(
+                f"NoetherMonitor(estimator={self.estimator.value!r}) computes the statistics "
+                f"from the batch: call mon.step(loss, inputs=x, targets=y) (step {self._step - 1} "
+                "is a record step)."
+            )
+        assert self.loss_fn is not None
+        with preserved(unwrap_ddp(self.model)):
+            return collect_stats(
+                self.model,
+                self.syms,
+                self.loss_fn,
+                inputs,
+                targets,
+                reduction=self.reduction,
+                estimator=self.estimator,
+                micro_batch_size=self.micro_batch_size,
+                check_finite=False,
+                all_reduce=False,
+                level=self._level_at(self._step - 1),
+            )
+
+    def _level_at(self, i: int) -> str:
+        return "solve" if self.distance and i % self.distance_every == 0 else "neuron"
+
     def _put(self, row: dict[str, np.ndarray], kind: str, vals: Mapping[str, Tensor]) -> None:
         for name, s in self.syms.items():
-            v = vals[name].detach()
+            v, key = vals[name].detach(), self.keys[name]
             if isinstance(s, DoubleRotation):
-                row[f"{kind}/{name}"] = _np(v.norm())
+                row[f"{kind}/{key}"] = _np(v.norm())
                 if self.full_matrices:
-                    row[f"{kind}_matrix/{name}"] = _np(v)
+                    row[f"{kind}_matrix/{key}"] = _np(v)
             else:
-                row[f"{kind}/{name}"] = _np(v).reshape(self.schema[f"{kind}/{name}"])
+                row[f"{kind}/{key}"] = _np(v).reshape(self.schema[f"{kind}/{key}"])
 
-    def _put_distance(self, row: dict[str, np.ndarray], stats: GradStats) -> None:
+    def _put_distance(
+        self, row: dict[str, np.ndarray], stats: GradStats, lr: float, gamma: float
+    ) -> None:
         if not _finite(stats):
             return  # NaN statistics (divergence): leave the distances NaN
         sol = solve_equilibrium(
             self.model,
             self.syms,
             stats,
-            lr=self.lr,
+            lr=lr,
             batch_size=self.batch_size,
-            weight_decay=self.weight_decay,
+            weight_decay=gamma,
             time=self.time,
             **self.solver_options,
         )
         for name, _s in self.syms.items():
-            row[f"distance/{name}"] = _np(sol.distance[name]).reshape(
-                self.schema[f"distance/{name}"]
-            )
-            row[f"at_infinity/{name}"] = np.asarray(0.0)
+            key = self.keys[name]
+            row[f"distance/{key}"] = _np(sol.distance[name]).reshape(self.schema[f"distance/{key}"])
+            row[f"at_infinity/{key}"] = np.asarray(0.0)
         for rep in sol.at_infinity:
-            d = row[f"distance/{rep.name}"]
+            key = self.keys[rep.name]
+            d = row[f"distance/{key}"]
             direc = rep.direction.detach().cpu()
             if d.ndim == 1:  # diagonal: ±1 on the generators that run off
                 mask = direc.reshape(-1).numpy() != 0
                 d[mask] = np.inf
-                row[f"at_infinity/{rep.name}"] = np.asarray(float(mask.sum()))
+                row[f"at_infinity/{key}"] = np.asarray(float(mask.sum()))
             elif direc.dim() == 2:  # rotation: an orthonormal basis [d, k] of hidden directions
-                row[f"at_infinity/{rep.name}"] = np.asarray(float(direc.shape[1]))
+                row[f"at_infinity/{key}"] = np.asarray(float(direc.shape[1]))
             else:  # dense: the whole orbit
-                row[f"distance/{rep.name}"] = np.asarray(np.inf)
-                row[f"at_infinity/{rep.name}"] = np.asarray(1.0)
+                row[f"distance/{key}"] = np.asarray(np.inf)
+                row[f"at_infinity/{key}"] = np.asarray(1.0)
 
     def _put_sharpness(
         self, row: dict[str, np.ndarray], sh: SharpnessOptions, inputs: Any, targets: Any
@@ -437,98 +566,58 @@ class NoetherMonitor:
     @property
     def history(self) -> dict[str, np.ndarray]:
         """Every recorded key → ``[records, *shape]`` (``step`` int64, the rest float64)."""
-        return _stack(self._rows, self.schema)
+        return stack_rows(self._rows, self.schema)
 
     def _init_files(self) -> None:
         assert self.log_dir is not None
-        self.log_dir.mkdir(parents=True, exist_ok=True)
         meta = {
             "every": self.every,
             "lr": self.lr,
             "batch_size": self.batch_size,
             "weight_decay": self.weight_decay,
+            "hyperparameters_from": "optimizer" if self._hyper.from_optimizer else "arguments",
             "time": self.time,
             "reduction": self.reduction.value,
             "symmetries": self.syms.names,
+            "keys": self.keys,
+            "estimator": self.estimator.value,
             "schema": {k: list(v) for k, v in self.schema.items()},
             "world_size": torch.distributed.get_world_size() if is_distributed() else 1,
         }
-        atomic_write_json(self.log_dir / META_NAME, meta)
+        write_meta(self.log_dir, meta)
         if "csv" in self.formats:
-            p = self.log_dir / CSV_NAME
-            _write_line(p, _csv_line(self._csv_columns), mode="w")
-            self._paths["csv"] = p
+            self._out.sinks.append(CsvSink(self.log_dir / CSV_NAME, self.schema))
         if "jsonl" in self.formats:
-            p = self.log_dir / JSONL_NAME
-            _write_line(p, "", mode="w")
-            self._paths["jsonl"] = p
+            self._out.sinks.append(JsonlSink(self.log_dir / JSONL_NAME, self.schema))
 
     def _write(self, row: Mapping[str, np.ndarray]) -> None:
-        if "csv" in self._paths:
-            cells = []
-            for key, shape in self.schema.items():
-                v = row[key]
-                if shape == ():
-                    cells.append(_fmt(v))
-                else:
-                    cells += [_fmt(x) for x in np.asarray(v).reshape(-1)]
-            _write_line(self._paths["csv"], _csv_line(cells))
-        if "jsonl" in self._paths:
-            obj = {k: to_jsonable(row[k].tolist()) for k in self.schema}
-            _write_line(self._paths["jsonl"], json.dumps(obj, allow_nan=False) + "\n")
-        if self._tb is not None:
-            step = int(row["step"])
-            for k, v in row.items():
-                if k == "step":
-                    continue
-                if v.ndim == 0:
-                    if math.isfinite(float(v)):
-                        self._tb.add_scalar(k, float(v), step)
-                elif np.isfinite(v).all() and v.size > 0:
-                    self._tb.add_histogram(k, v, step)
+        self._out.write(row, int(row["step"]))
 
-    def _init_tensorboard(self, tensorboard: Any) -> Any:
-        if tensorboard is False or (tensorboard is None and self.log_dir is None):
-            return None
-        if tensorboard is not None and tensorboard is not True:
-            return tensorboard  # a writer-like object
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-        except ImportError:
-            if tensorboard is True:
-                raise ImportError(
-                    "tensorboard=True needs the tensorboard package: pip install tensorboard."
-                ) from None
-            return None
-        return SummaryWriter(log_dir=str(self.log_dir) if self.log_dir else None)
+    def on_record(
+        self, callback: Callable[[dict[str, float]], Any]
+    ) -> Callable[[dict[str, float]], Any]:
+        """Call ``callback(record)`` at every record, on the writing rank (rank 0).
 
-    def _init_progress(self, total: int | None) -> None:
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TextColumn,
-            TimeElapsedColumn,
-        )
-
-        self._progress = Progress(
-            TextColumn("[bold]noetherflow[/]"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            TextColumn("{task.fields[info]}"),
-        )
-        self._task = self._progress.add_task("train", total=total, info="")
-        self._progress.start()
+        ``record`` is a flat ``dict`` of floats with ASCII keys (see
+        :func:`flat_record`): ``step``, ``loss``, ``lr``,
+        ``charge/<key>``, ``flow/<key>/max_abs`` …, ``summary/max_abs_flow`` — ready for any
+        scalar logger (``wandb.log``, ``mlflow.log_metrics``, a CSV writer). Returns
+        ``callback``, so it can be used as a decorator.
+        """
+        if not callable(callback):
+            raise TypeError(
+                f"on_record expects a callable taking a dict of floats, got {callback!r}."
+            )
+        if self.is_writer:
+            self._out.callbacks.append(callback)
+        return callback
 
     def close(self) -> None:
         """Stop the progress bar and flush/close TensorBoard. Files are complete at all times."""
         if self._progress is not None:
             self._progress.stop()
             self._progress = None
-        if self._tb is not None and hasattr(self._tb, "close"):
-            self._tb.close()
-        self._tb = None
+        self._out.close()
 
     def __enter__(self) -> NoetherMonitor:
         return self
@@ -542,13 +631,17 @@ class NoetherMonitor:
         *,
         kinds: Sequence[str] = ("loss", "charge", "flow", "distance", "sharpness"),
         max_lines: int = 8,
+        top_k: int = 8,
     ) -> Any:
         """A matplotlib figure with one panel per kind of quantity; saved to ``path`` if given.
 
-        Vector quantities with at most ``max_lines`` components are drawn one line each,
-        longer ones as the median with a 10–90 % band over components.
+        Symmetries are named by their pretty names; see :func:`noetherflow.plotting.
+        plot_history` for ``max_lines`` (vector entries) and ``top_k`` (named lines per panel).
         """
-        return plot_history(self.history, path, kinds=kinds, max_lines=max_lines)
+        names = {k: n for n, k in self.keys.items()}
+        return plot_history(
+            self.history, path, kinds=kinds, max_lines=max_lines, top_k=top_k, labels=names
+        )
 
     def __repr__(self) -> str:
         return (
@@ -560,10 +653,6 @@ class NoetherMonitor:
 # -- helpers ------------------------------------------------------------------------------
 def _now() -> float:
     return time.perf_counter()
-
-
-def _is_terminal() -> bool:
-    return sys.stdout.isatty()
 
 
 def _multiple(name: str, value: int | None, every: int) -> int:
@@ -586,180 +675,3 @@ def _finite(stats: GradStats) -> bool:
     ts += list(stats.dense.values())
     ts += [m for pair in stats.side.values() for m in pair]
     return all(bool(torch.isfinite(t).all()) for t in ts)
-
-
-def _progress_info(row: Mapping[str, np.ndarray]) -> str:
-    parts = []
-    if np.isfinite(row["loss"]):
-        parts.append(f"loss {float(row['loss']):.4g}")
-    dist = [np.max(v) for k, v in row.items() if k.startswith("distance/") and v.size]
-    fin = [d for d in dist if np.isfinite(d)]
-    if fin:
-        parts.append(f"max distance {max(fin):.3g}")
-    return "  ".join(parts)
-
-
-def _fmt(x: Any) -> str:
-    v = float(x)
-    if isinstance(x, np.integer) or (isinstance(x, np.ndarray) and x.dtype.kind == "i"):
-        return str(int(x))
-    return repr(v)  # repr round-trips exactly; nan/inf parse back with float()
-
-
-def _csv_columns(schema: Mapping[str, tuple[int, ...]]) -> list[str]:
-    cols = []
-    for key, shape in schema.items():
-        if shape == ():
-            cols.append(key)
-        else:
-            cols += [f"{key}[{','.join(map(str, idx))}]" for idx in np.ndindex(*shape)]
-    return cols
-
-
-def _csv_line(cells: Sequence[str]) -> str:
-    buf = io.StringIO()
-    csv.writer(buf, lineterminator="\n").writerow(cells)
-    return buf.getvalue()
-
-
-def _write_line(path: Path, text: str, *, mode: str = "a") -> None:
-    """Append ``text`` with one ``write`` call on an O_APPEND handle, then flush to disk."""
-    with open(path, mode, encoding="utf-8") as fh:
-        fh.write(text)
-        fh.flush()
-
-
-def _stack(
-    rows: Sequence[Mapping[str, np.ndarray]], schema: Mapping[str, tuple[int, ...]]
-) -> dict[str, np.ndarray]:
-    out: dict[str, np.ndarray] = {}
-    for key, shape in schema.items():
-        if rows:
-            out[key] = np.stack([np.asarray(r[key]) for r in rows])
-        else:
-            out[key] = np.empty((0, *shape))
-        out[key] = out[key].astype(np.int64 if key == "step" else np.float64)
-    return out
-
-
-def _decode(obj: Any) -> Any:
-    if isinstance(obj, list):
-        return [_decode(v) for v in obj]
-    return from_jsonable_float(obj)
-
-
-def load_history(path: str | os.PathLike[str]) -> dict[str, np.ndarray]:
-    """Read a monitor's ``history.jsonl`` or ``history.csv`` (or a log directory) back.
-
-    Returns the same dict of arrays as :attr:`NoetherMonitor.history`.
-    """
-    p = Path(path)
-    if p.is_dir():
-        cand = [p / JSONL_NAME, p / CSV_NAME]
-        found = [c for c in cand if c.exists()]
-        if not found:
-            raise FileNotFoundError(
-                f"No {JSONL_NAME} or {CSV_NAME} in {p}; expected a monitor log_dir."
-            )
-        p = found[0]
-    if p.suffix == ".jsonl":
-        return _load_jsonl(p)
-    if p.suffix == ".csv":
-        return _load_csv(p)
-    raise ValueError(f"{p}: expected a .jsonl or .csv history file or a log directory.")
-
-
-def _load_jsonl(p: Path) -> dict[str, np.ndarray]:
-    rows: list[dict[str, np.ndarray]] = []
-    schema: dict[str, tuple[int, ...]] = {}
-    with open(p, encoding="utf-8") as fh:
-        for line in fh:
-            if not line.strip():
-                continue
-            obj = json.loads(line)
-            row = {k: np.asarray(_decode(v), dtype=np.float64) for k, v in obj.items()}
-            if not schema:
-                schema = {k: v.shape for k, v in row.items()}
-            rows.append(row)
-    if not rows:
-        schema = _meta_schema(p.parent)
-    return _stack(rows, schema)
-
-
-def _load_csv(p: Path) -> dict[str, np.ndarray]:
-    with open(p, encoding="utf-8", newline="") as fh:
-        reader = csv.reader(fh)
-        header = next(reader)
-        data = [[float(c) for c in r] for r in reader if r]
-    arr = np.asarray(data, dtype=np.float64).reshape(len(data), len(header))
-    cols: dict[str, list[tuple[tuple[int, ...], int]]] = {}
-    for j, name in enumerate(header):
-        m = _INDEXED.match(name)
-        if m:
-            idx = tuple(int(i) for i in m["idx"].split(","))
-            cols.setdefault(m["key"], []).append((idx, j))
-        else:
-            cols.setdefault(name, []).append(((), j))
-    out: dict[str, np.ndarray] = {}
-    for key, entries in cols.items():
-        if entries[0][0] == ():
-            out[key] = arr[:, entries[0][1]]
-        else:
-            shape = tuple(max(idx[d] for idx, _ in entries) + 1 for d in range(len(entries[0][0])))
-            v = np.full((len(data), *shape), np.nan)
-            for idx, j in entries:
-                where: tuple[Any, ...] = (slice(None), *idx)
-                v[where] = arr[:, j]
-            out[key] = v
-        out[key] = out[key].astype(np.int64 if key == "step" else np.float64)
-    return out
-
-
-def _meta_schema(d: Path) -> dict[str, tuple[int, ...]]:
-    meta = d / META_NAME
-    if not meta.exists():
-        return {}
-    sch = json.loads(meta.read_text(encoding="utf-8")).get("schema", {})
-    return {k: tuple(v) for k, v in sch.items()}
-
-
-def plot_history(
-    history: Mapping[str, np.ndarray],
-    path: str | os.PathLike[str] | None = None,
-    *,
-    kinds: Sequence[str] = ("loss", "charge", "flow", "distance", "sharpness"),
-    max_lines: int = 8,
-) -> Any:
-    """Plot a monitor history (see :meth:`NoetherMonitor.plot`); returns the figure."""
-    from matplotlib.figure import Figure
-
-    steps = history.get("step", np.empty(0))
-    panels = [k for k in kinds if any(key == k or key.startswith(k + "/") for key in history)]
-    fig = Figure(figsize=(7, 2.4 * max(1, len(panels))), layout="constrained")
-    axes = fig.subplots(max(1, len(panels)), 1, sharex=True, squeeze=False)[:, 0]
-    for ax, kind in zip(axes, panels, strict=False):
-        keys = [k for k in history if k == kind or k.startswith(kind + "/")]
-        for key in keys:
-            v = history[key]
-            label = key.split("/", 1)[1] if "/" in key else key
-            if v.ndim == 1:
-                ax.plot(steps, v, label=label)
-            else:
-                flat = v.reshape(v.shape[0], -1)
-                if flat.shape[1] <= max_lines:
-                    for j in range(flat.shape[1]):
-                        ax.plot(steps, flat[:, j], lw=0.8, label=f"{label}[{j}]")
-                else:
-                    with warnings.catch_warnings():
-                        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN rows
-                        lo, med, hi = np.nanpercentile(flat, [10, 50, 90], axis=1)
-                    (line,) = ax.plot(steps, med, label=f"{label} (median)")
-                    ax.fill_between(steps, lo, hi, alpha=0.2, color=line.get_color())
-        ax.set_ylabel(kind)
-        if keys:
-            ax.legend(fontsize="x-small", loc="best")
-    axes[-1].set_xlabel("step")
-    if path is not None:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, dpi=120)
-    return fig

@@ -1,45 +1,59 @@
 """Experiments reproducing the paper's figures, one module per figure.
 
-The contract every experiment module keeps (``Config``, ``run``, ``claims``, ``plot``) and
-the helpers they use (:class:`Claim`, :class:`Op`, :func:`parallel_map`, :func:`derive_seed`,
-:func:`find_divergence`, :func:`save_figure`) are defined in
-:mod:`noetherflow.experiments._base`; ids are the module names (see :mod:`.registry`).
+The contract every experiment module keeps (``Config``, ``run``, ``claims``, ``plot`` and the
+optional ``DESCRIPTION``, ``PAPER``, ``PAPER_ORDER``, ``NOTES``, ``setup``) and the runner are in
+:mod:`noetherflow.experiments._base`; claims in :mod:`._claims`; seeding and the process pool
+(:func:`parallel_map`, :class:`RunContext`) in :mod:`._parallel`; :func:`find_divergence` and
+:func:`save_figure` in :mod:`._helpers`; the paper's corrections shown in the report in
+:mod:`.corrections`. Ids are the module names (see :mod:`.registry`).
 """
 
 from noetherflow.experiments._base import (
     METRICS_FILE,
-    Claim,
-    Divergence,
+    SETUP_KEYS,
     ExperimentModule,
-    Op,
+    Record,
     Status,
-    default_jobs,
-    derive_seed,
-    evaluate,
-    find_divergence,
+    describe_target,
+    load_target,
     make_config,
-    parallel_map,
     run_experiment,
     run_experiments,
-    save_figure,
+)
+from noetherflow.experiments._claims import Claim, Op, evaluate
+from noetherflow.experiments._helpers import Divergence, find_divergence, save_figure
+from noetherflow.experiments._parallel import (
+    RunContext,
+    current_context,
+    default_jobs,
+    derive_seed,
+    parallel_map,
     seed_everything,
+    use_context,
 )
 
 __all__ = [
     "METRICS_FILE",
+    "SETUP_KEYS",
     "Claim",
     "Divergence",
     "ExperimentModule",
     "Op",
+    "Record",
+    "RunContext",
     "Status",
+    "current_context",
     "default_jobs",
     "derive_seed",
+    "describe_target",
     "evaluate",
     "find_divergence",
+    "load_target",
     "make_config",
     "parallel_map",
     "run_experiment",
     "run_experiments",
     "save_figure",
     "seed_everything",
+    "use_context",
 ]

@@ -1,4 +1,4 @@
-"""The experiment contract: claims, the module protocol, running, parallelism, seeding.
+"""The experiment contract and the runner.
 
 An experiment is a module (or any object with the same attributes) exposing
 
@@ -14,11 +14,27 @@ An experiment is a module (or any object with the same attributes) exposing
 ``plot(results, cfg, out_dir) -> list[Path]``
     writes PNG figure(s) into ``out_dir`` (use :func:`save_figure`) and returns their paths.
 
-and optionally ``DESCRIPTION: str`` (otherwise the first docstring line is used).
+and optionally, for the reproduction report:
 
-:func:`run_experiment` runs one experiment, never raises for an experiment's failure
-(the traceback is recorded in metrics.json), and writes metrics.json atomically.
-:func:`run_experiments` runs several, optionally in parallel worker processes.
+``DESCRIPTION: str``
+    one line (otherwise the first docstring line is used);
+``PAPER: str``
+    the paper's statement this experiment checks, with its section/figure/equation;
+``PAPER_ORDER: float``
+    its position in the paper (2.0 for Fig. 2, 5.4 for Thm 5.4); the report is sorted by it
+    (experiments without it go last, then by id);
+``NOTES: str``
+    honest history: the settings tried and what they gave, rendered in the report;
+``setup(cfg) -> list[dict]``
+    one row ``{"quantity", "paper", "ours", "why"}`` (all str) per deviation from the paper's
+    setup (η, S, γ, sizes, data, steps, schedule, loss convention, seeds), stored as
+    ``metrics.json["setup"]``.
+
+:func:`run_experiment` runs one experiment, never raises for an experiment's failure (the
+stage and traceback are recorded in metrics.json), and writes metrics.json atomically from
+one :class:`Record`. :func:`run_experiments` runs several, optionally in worker processes.
+Claims live in :mod:`._claims`, seeding and the process pool in :mod:`._parallel`, the
+divergence and figure helpers in :mod:`._helpers`.
 """
 
 from __future__ import annotations
@@ -26,33 +42,45 @@ from __future__ import annotations
 import concurrent.futures as cf
 import dataclasses
 import enum
-import hashlib
 import importlib
 import math
 import multiprocessing
 import platform
-import random
 import time
 import traceback
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, TypeVar, cast
+from typing import Any, Protocol, cast
 
 import numpy as np
 
-from noetherflow._io import atomic_write_bytes, atomic_write_json, to_jsonable
+from noetherflow._io import atomic_write_json, to_jsonable
+from noetherflow.experiments._claims import Claim, Op, evaluate
+from noetherflow.experiments._helpers import Divergence, find_divergence, save_figure
+from noetherflow.experiments._parallel import (
+    RunContext,
+    default_jobs,
+    derive_seed,
+    init_worker,
+    parallel_map,
+    seed_everything,
+    use_context,
+)
 
 __all__ = [
     "METRICS_FILE",
+    "SETUP_KEYS",
     "Claim",
     "Divergence",
     "ExperimentModule",
     "Op",
+    "Record",
+    "RunContext",
     "Status",
     "default_jobs",
     "derive_seed",
+    "describe_target",
     "evaluate",
     "find_divergence",
     "load_target",
@@ -66,123 +94,8 @@ __all__ = [
 
 METRICS_FILE = "metrics.json"
 
-T = TypeVar("T")
-R = TypeVar("R")
-
-
-# --------------------------------------------------------------------------------------
-# Claims
-# --------------------------------------------------------------------------------------
-
-
-class Op(str, enum.Enum):
-    """Comparison of a claim: ``value <op> threshold``; ``abs<`` compares ``|value|``."""
-
-    LT = "<"
-    LE = "<="
-    GT = ">"
-    GE = ">="
-    EQ = "=="
-    NE = "!="
-    ABS_LT = "abs<"
-    ABS_LE = "abs<="
-
-    @classmethod
-    def parse(cls, op: Op | str) -> Op:
-        try:
-            return cls(op)
-        except ValueError:
-            valid = ", ".join(repr(o.value) for o in cls)
-            raise ValueError(
-                f"unknown claim op {op!r}; expected one of {valid} (e.g. op='<')"
-            ) from None
-
-
-def _as_float(value: Any) -> float:
-    if value is None:
-        return math.nan
-    if isinstance(value, str):  # "inf" / "-inf" as written by to_jsonable
-        try:
-            return float(value)
-        except ValueError:
-            return math.nan
-    return float(value)
-
-
-def evaluate(value: Any, op: Op | str, threshold: Any) -> bool:
-    """Whether ``value <op> threshold`` holds. A missing or NaN value never holds."""
-    o = Op.parse(op)
-    v, t = _as_float(value), _as_float(threshold)
-    if math.isnan(v) or math.isnan(t):
-        return False
-    if o is Op.LT:
-        return v < t
-    if o is Op.LE:
-        return v <= t
-    if o is Op.GT:
-        return v > t
-    if o is Op.GE:
-        return v >= t
-    if o is Op.EQ:
-        return v == t
-    if o is Op.NE:
-        return v != t
-    if o is Op.ABS_LT:
-        return abs(v) < t
-    return abs(v) <= t  # Op.ABS_LE
-
-
-@dataclass(frozen=True)
-class Claim:
-    """A quantitative statement of the paper, measured: ``value <op> threshold``.
-
-    ``holds`` is computed from value, op and threshold; it cannot be passed in.
-    Thresholds come from the paper or the issue, never tuned after the fact; a failing
-    claim is reported as failing, not removed. ``note`` carries context (e.g. divergence).
-    """
-
-    id: str
-    statement: str
-    value: float | int | bool | None
-    op: Op | str  # a str is parsed into Op; after construction it is always an Op
-    threshold: float | int | bool
-    note: str = ""
-    holds: bool = field(init=False)
-
-    def __post_init__(self) -> None:
-        op = Op.parse(self.op)
-        value = self.value
-        if value is not None and not isinstance(value, bool | int | float):
-            value = float(value)  # numpy / torch scalars
-        elif isinstance(value, float) and not isinstance(value, bool):
-            value = float(value)
-        object.__setattr__(self, "op", op)
-        object.__setattr__(self, "value", value)
-        object.__setattr__(self, "holds", evaluate(value, op, self.threshold))
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "statement": self.statement,
-            "value": to_jsonable(self.value),
-            "op": Op.parse(self.op).value,
-            "threshold": to_jsonable(self.threshold),
-            "holds": self.holds,
-            "note": self.note,
-        }
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Claim:
-        """Rebuild a claim from metrics.json (``holds`` is recomputed)."""
-        value = d.get("value")
-        return cls(
-            id=str(d["id"]),
-            statement=str(d.get("statement", "")),
-            value=None if value is None else _as_float(value),
-            op=Op.parse(d["op"]),
-            threshold=_as_float(d["threshold"]),
-            note=str(d.get("note", "")),
-        )
+#: The keys of one row of an experiment's ``setup(cfg)``, in display order.
+SETUP_KEYS = ("quantity", "paper", "ours", "why")
 
 
 # --------------------------------------------------------------------------------------
@@ -230,6 +143,56 @@ def describe_target(obj: Any) -> str:
     return str(desc).strip()
 
 
+def _optional_str(obj: Any, name: str) -> str:
+    value = getattr(obj, name, "")
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise TypeError(
+            f"{name} is a {type(value).__name__}; expected a str (the experiment's optional "
+            f"{name} attribute, see noetherflow.experiments._base)"
+        )
+    return value.strip()
+
+
+def _paper_order(obj: Any) -> float | None:
+    value = getattr(obj, "PAPER_ORDER", None)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise TypeError(
+            f"PAPER_ORDER={value!r}; expected a finite number giving the position in the "
+            f"paper, e.g. 2.0 for Fig. 2 or 5.4 for Thm 5.4"
+        )
+    return float(value)
+
+
+def _setup_rows(rows: Any) -> list[dict[str, str]]:
+    """Validate what ``setup(cfg)`` returned: a list of ``{quantity, paper, ours, why}`` str."""
+    if not isinstance(rows, list | tuple):
+        raise TypeError(
+            f"setup() returned {type(rows).__name__}; expected a list of dicts with keys "
+            f"{', '.join(SETUP_KEYS)}"
+        )
+    out: list[dict[str, str]] = []
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict) or set(row) != set(SETUP_KEYS):
+            keys = sorted(row) if isinstance(row, dict) else type(row).__name__
+            raise TypeError(
+                f"setup() row {i} is {keys!r}; expected a dict with exactly the keys "
+                f"{', '.join(SETUP_KEYS)}, e.g. {{'quantity': 'η', 'paper': '0.1', "
+                f"'ours': '0.05', 'why': 'diverges with the summed loss'}}"
+            )
+        bad = [k for k in SETUP_KEYS if not isinstance(row[k], str)]
+        if bad:
+            raise TypeError(
+                f"setup() row {i} ({row.get('quantity')!r}): {', '.join(bad)} not str; "
+                f"write every cell as text, e.g. 'ours': '0.05'"
+            )
+        out.append({k: row[k] for k in SETUP_KEYS})
+    return out
+
+
 def make_config(exp: ExperimentModule, *, quick: bool) -> Any:
     """``Config.quick()`` / ``Config(quick=True)`` when ``quick``, else ``Config()``."""
     cfg_cls = exp.Config
@@ -252,170 +215,7 @@ def make_config(exp: ExperimentModule, *, quick: bool) -> Any:
 
 
 # --------------------------------------------------------------------------------------
-# Seeding, divergence, figures
-# --------------------------------------------------------------------------------------
-
-
-def derive_seed(seed: int, *keys: object) -> int:
-    """A deterministic 63-bit child seed from ``seed`` and any keys (e.g. sweep values)."""
-    h = hashlib.blake2b(repr((int(seed), *keys)).encode(), digest_size=8)
-    return int.from_bytes(h.digest(), "little") >> 1
-
-
-def seed_everything(seed: int) -> None:
-    """Seed Python's, numpy's and torch's global generators."""
-    import torch
-
-    random.seed(seed)
-    np.random.seed(seed % 2**32)  # noqa: NPY002 - seeding the legacy global state on purpose
-    torch.manual_seed(seed)
-
-
-@contextmanager
-def _preserved_global_rng() -> Iterator[None]:
-    import torch
-
-    py, npy, th = random.getstate(), np.random.get_state(), torch.get_rng_state()  # noqa: NPY002
-    try:
-        yield
-    finally:
-        random.setstate(py)
-        np.random.set_state(npy)  # noqa: NPY002
-        torch.set_rng_state(th)
-
-
-@contextmanager
-def _torch_threads(n: int | None) -> Iterator[None]:
-    import torch
-
-    if n is None:
-        yield
-        return
-    old = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(old)
-
-
-@dataclass(frozen=True)
-class Divergence:
-    """Where a series first became non-finite. ``diverged`` is False if it never did."""
-
-    diverged: bool
-    step: int | None
-    last_finite_step: int | None
-    last_finite_value: float | None
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-
-def find_divergence(values: Sequence[float] | np.ndarray, *, limit: float = math.inf) -> Divergence:
-    """First index where ``values`` is NaN/inf or ``|value| > limit`` (a diverging run is data).
-
-    Training loops should stop at that step and record this (step, last finite loss) in
-    their results rather than raise.
-    """
-    arr = np.asarray(values, dtype=np.float64).reshape(-1)
-    bad = ~np.isfinite(arr) | (np.abs(arr) > limit)
-    if not bad.any():
-        last = len(arr) - 1 if len(arr) else None
-        return Divergence(False, None, last, None if last is None else float(arr[last]))
-    step = int(np.argmax(bad))
-    last_step = step - 1 if step > 0 else None
-    return Divergence(True, step, last_step, None if last_step is None else float(arr[last_step]))
-
-
-def save_figure(fig: Any, path: str | Path, *, dpi: int = 120) -> Path:
-    """Save a matplotlib figure as PNG atomically; returns the path.
-
-    Create figures with ``matplotlib.figure.Figure(...)`` (no pyplot, no global backend
-    state, safe in worker processes).
-    """
-    import io
-
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
-    return atomic_write_bytes(path, buf.getvalue())
-
-
-# --------------------------------------------------------------------------------------
-# Parallelism
-# --------------------------------------------------------------------------------------
-
-_DEFAULT_JOBS = 1
-_BASE_SEED = 0
-_TORCH_THREADS = 1
-
-
-def default_jobs() -> int:
-    """Worker count parallel_map uses when ``jobs`` is not given (set by the harness)."""
-    return _DEFAULT_JOBS
-
-
-def _configure_process(*, jobs: int, seed: int, torch_threads: int) -> None:
-    global _DEFAULT_JOBS, _BASE_SEED, _TORCH_THREADS
-    _DEFAULT_JOBS, _BASE_SEED, _TORCH_THREADS = max(1, jobs), seed, max(1, torch_threads)
-
-
-def _init_worker(jobs: int, seed: int, torch_threads: int) -> None:
-    import torch
-
-    torch.set_num_threads(max(1, torch_threads))
-    _configure_process(jobs=jobs, seed=seed, torch_threads=torch_threads)
-
-
-def _call_seeded(fn: Callable[[T], R], item: T, seed: int) -> R:
-    seed_everything(seed)
-    return fn(item)
-
-
-def parallel_map(
-    fn: Callable[[T], R],
-    items: Iterable[T],
-    *,
-    jobs: int | None = None,
-    seed: int | None = None,
-) -> list[R]:
-    """``[fn(x) for x in items]``, in order, optionally in spawned worker processes.
-
-    ``fn`` must be picklable (a module-level function; use ``functools.partial`` to bind
-    the config). Each call runs with the global RNGs of Python, numpy and torch seeded by
-    ``derive_seed(seed, index)`` (``seed`` defaults to the experiment's seed), in both
-    the sequential and the parallel path, and each worker uses the harness's torch thread
-    count (1 by default), so the results do not depend on ``jobs``. ``jobs`` defaults to
-    the budget the harness gives the experiment (``--jobs``); ``jobs=1`` runs in-process
-    and leaves the caller's global RNG state untouched. Prefer explicit generators seeded
-    from the item over the global RNG.
-    """
-    seq = list(items)
-    n_jobs = default_jobs() if jobs is None else int(jobs)
-    if n_jobs < 1:
-        raise ValueError(f"parallel_map: jobs={jobs!r}; expected an int >= 1 (or None)")
-    base = _BASE_SEED if seed is None else int(seed)
-    seeds = [derive_seed(base, "parallel_map", i) for i in range(len(seq))]
-    if n_jobs == 1 or len(seq) <= 1:
-        out: list[R] = []
-        with _preserved_global_rng(), _torch_threads(_TORCH_THREADS):
-            for item, s in zip(seq, seeds, strict=True):
-                out.append(_call_seeded(fn, item, s))
-        return out
-    ctx = multiprocessing.get_context("spawn")
-    workers = min(n_jobs, len(seq))
-    with cf.ProcessPoolExecutor(
-        max_workers=workers,
-        mp_context=ctx,
-        initializer=_init_worker,
-        initargs=(1, base, _TORCH_THREADS),
-    ) as ex:
-        futures = [ex.submit(_call_seeded, fn, item, s) for item, s in zip(seq, seeds, strict=True)]
-        return [f.result() for f in futures]
-
-
-# --------------------------------------------------------------------------------------
-# Running experiments
+# The record written to metrics.json
 # --------------------------------------------------------------------------------------
 
 
@@ -424,17 +224,63 @@ class Status(str, enum.Enum):
     ERROR = "error"
 
 
-def _error_record(stage: str, exc: BaseException) -> dict[str, Any]:
-    tb = traceback.format_exception(type(exc), exc, exc.__traceback__)
-    return {
-        "stage": stage,
-        "type": type(exc).__name__,
-        "message": str(exc),
-        "traceback": "".join(tb[-12:]),
-    }
+@dataclass
+class Record:
+    """Everything metrics.json holds for one experiment run (:meth:`to_dict` is the file).
+
+    ``error`` is ``None`` or ``{"stage", "type", "message", "traceback"}``; stages are
+    load, config, setup, run, claims, plot (and worker, for a worker process that died).
+    """
+
+    experiment: str
+    target: str
+    quick: bool
+    seed: int
+    description: str = ""
+    paper: str = ""
+    paper_order: float | None = None
+    status: Status = Status.OK
+    elapsed_s: float = 0.0
+    config: Any = field(default_factory=dict)
+    setup: list[dict[str, str]] = field(default_factory=list)
+    claims: list[dict[str, Any]] = field(default_factory=list)
+    series: Any = field(default_factory=dict)
+    results: Any = field(default_factory=dict)
+    figures: list[str] = field(default_factory=list)
+    notes: str = ""
+    error: dict[str, str] | None = None
+    environment: dict[str, Any] = field(default_factory=dict)
+
+    def fail(self, stage: str, exc: BaseException) -> None:
+        """Record ``exc`` raised in ``stage`` (keeps whatever was computed before)."""
+        tb = traceback.format_exception(type(exc), exc, exc.__traceback__)
+        self.status = Status.ERROR
+        self.error = {
+            "stage": stage,
+            "type": type(exc).__name__,
+            "message": str(exc),
+            "traceback": "".join(tb[-12:]),
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        """The metrics.json object (strict-JSON-able; ``status`` as its string value)."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        out["quick"] = bool(self.quick)
+        out["seed"] = int(self.seed)
+        out["status"] = self.status.value
+        return out
 
 
-def _environment(*, jobs: int, torch_threads: int) -> dict[str, Any]:
+def _context(*, jobs: Any, seed: Any, torch_threads: Any) -> RunContext:
+    """The run's :class:`RunContext`; numpy integers accepted, a float or bool refused."""
+    values = {"jobs": jobs, "seed": seed, "torch_threads": torch_threads}
+    for name, value in values.items():
+        if isinstance(value, bool) or not hasattr(value, "__index__"):
+            raise ValueError(f"{name}={value!r}; expected an int (e.g. {name}=1)")
+    return RunContext(jobs=int(jobs), seed=int(seed), torch_threads=int(torch_threads))
+
+
+def _environment(ctx: RunContext) -> dict[str, Any]:
     import torch
 
     from noetherflow import __name__ as pkg
@@ -450,9 +296,14 @@ def _environment(*, jobs: int, torch_threads: int) -> dict[str, Any]:
         "numpy": np.__version__,
         "torch": torch.__version__,
         "noetherflow": nf_version,
-        "jobs": jobs,
-        "torch_threads": torch_threads,
+        "jobs": ctx.jobs,
+        "torch_threads": ctx.torch_threads,
     }
+
+
+# --------------------------------------------------------------------------------------
+# Running experiments
+# --------------------------------------------------------------------------------------
 
 
 def run_experiment(
@@ -472,42 +323,41 @@ def run_experiment(
     (e.g. ``{"mnist_dir": ...}``); other experiments ignore them.
 
     Never raises for a failure inside the experiment: the traceback summary is stored
-    under ``"error"`` (with the stage: load/config/run/claims/plot) and ``status`` is
+    under ``"error"`` (with the stage: load/config/setup/run/claims/plot) and ``status`` is
     ``"error"``; whatever was computed before the failure is kept. ``jobs`` is the budget
-    :func:`parallel_map` uses inside the experiment.
+    :func:`parallel_map` uses inside the experiment (bound as a :class:`RunContext`).
     """
+    ctx = _context(jobs=jobs, seed=seed, torch_threads=torch_threads)
+    seed = ctx.seed  # a plain int from here on (numpy integers accepted above)
     exp_dir = Path(out_dir) / exp_id
     exp_dir.mkdir(parents=True, exist_ok=True)
-    record: dict[str, Any] = {
-        "experiment": exp_id,
-        "description": "",
-        "target": target,
-        "quick": bool(quick),
-        "seed": int(seed),
-        "status": Status.OK.value,
-        "elapsed_s": 0.0,
-        "config": {},
-        "claims": [],
-        "series": {},
-        "results": {},
-        "figures": [],
-        "error": None,
-        "environment": _environment(jobs=jobs, torch_threads=torch_threads),
-    }
-    _configure_process(jobs=jobs, seed=seed, torch_threads=torch_threads)
+    rec = Record(
+        experiment=exp_id,
+        target=target,
+        quick=bool(quick),
+        seed=int(seed),
+        environment=_environment(ctx),
+    )
     t0 = time.perf_counter()
     stage = "load"
     try:
-        with _torch_threads(torch_threads):
+        with use_context(ctx):
             exp = load_target(target)
-            record["description"] = describe_target(exp)
+            rec.description = describe_target(exp)
+            rec.paper = _optional_str(exp, "PAPER")
+            rec.paper_order = _paper_order(exp)
+            rec.notes = _optional_str(exp, "NOTES")
             stage = "config"
             cfg = make_config(exp, quick=quick)
             if overrides and dataclasses.is_dataclass(cfg):
                 names = {f.name for f in dataclasses.fields(cfg)}
                 keep = {k: v for k, v in overrides.items() if k in names}
                 cfg = dataclasses.replace(cfg, **keep)  # type: ignore[type-var]
-            record["config"] = to_jsonable(cfg)
+            rec.config = to_jsonable(cfg)
+            setup = getattr(exp, "setup", None)
+            if setup is not None:
+                stage = "setup"
+                rec.setup = _setup_rows(setup(cfg))
             stage = "run"
             seed_everything(seed)
             results = exp.run(cfg, seed, exp_dir)
@@ -516,8 +366,8 @@ def run_experiment(
                     f"run() returned {type(results).__name__}; expected a dict with a "
                     f"'series' entry and raw results"
                 )
-            record["series"] = to_jsonable(results.get("series", {}))
-            record["results"] = to_jsonable({k: v for k, v in results.items() if k != "series"})
+            rec.series = to_jsonable(results.get("series", {}))
+            rec.results = to_jsonable({k: v for k, v in results.items() if k != "series"})
             stage = "claims"
             claims = list(exp.claims(results, cfg))
             for c in claims:
@@ -527,16 +377,16 @@ def run_experiment(
             dup = sorted({i for i in ids if ids.count(i) > 1})
             if dup:
                 raise ValueError(f"duplicate claim ids {dup}; claim ids must be unique")
-            record["claims"] = [c.to_dict() for c in claims]
+            rec.claims = [c.to_dict() for c in claims]
             stage = "plot"
             paths = exp.plot(results, cfg, exp_dir) or []
-            record["figures"] = [_relative_figure(p, exp_dir) for p in paths]
+            rec.figures = [_relative_figure(p, exp_dir) for p in paths]
     except Exception as exc:
-        record["status"] = Status.ERROR.value
-        record["error"] = _error_record(stage, exc)
-    record["elapsed_s"] = round(time.perf_counter() - t0, 4)
-    atomic_write_json(exp_dir / METRICS_FILE, record)
-    return record
+        rec.fail(stage, exc)
+    rec.elapsed_s = round(time.perf_counter() - t0, 4)
+    data = rec.to_dict()
+    atomic_write_json(exp_dir / METRICS_FILE, data)
+    return cast(dict[str, Any], to_jsonable(data))
 
 
 def _relative_figure(p: str | Path, exp_dir: Path) -> str:
@@ -557,27 +407,6 @@ def _relative_figure(p: str | Path, exp_dir: Path) -> str:
         ) from None
 
 
-def _crash_record(
-    exp_id: str, target: str, *, quick: bool, seed: int, exc: BaseException
-) -> dict[str, Any]:
-    rec = {
-        "experiment": exp_id,
-        "description": "",
-        "target": target,
-        "quick": quick,
-        "seed": seed,
-        "status": Status.ERROR.value,
-        "elapsed_s": 0.0,
-        "config": {},
-        "claims": [],
-        "series": {},
-        "results": {},
-        "figures": [],
-        "error": _error_record("worker", exc),
-    }
-    return rec
-
-
 def run_experiments(
     specs: Sequence[tuple[str, str]],
     *,
@@ -596,10 +425,7 @@ def run_experiments(
     processes, and each experiment gets ``jobs // workers`` for its own parallel_map.
     A worker that dies is recorded as an error for its experiment; the others still run.
     """
-    if jobs < 1:
-        raise ValueError(f"jobs={jobs!r}; expected an int >= 1 (e.g. --jobs 4)")
-    if torch_threads < 1:
-        raise ValueError(f"torch_threads={torch_threads!r}; expected an int >= 1")
+    _context(jobs=jobs, seed=seed, torch_threads=torch_threads)  # validates, before any run
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     results: dict[str, dict[str, Any]] = {}
@@ -621,8 +447,8 @@ def run_experiments(
     with cf.ProcessPoolExecutor(
         max_workers=outer,
         mp_context=ctx,
-        initializer=_init_worker,
-        initargs=(inner, seed, torch_threads),
+        initializer=init_worker,
+        initargs=(torch_threads,),
     ) as ex:
         futures: dict[cf.Future[dict[str, Any]], tuple[str, str]] = {}
         for exp_id, target in specs:
@@ -638,7 +464,9 @@ def run_experiments(
             try:
                 rec = fut.result()
             except Exception as exc:  # worker died (e.g. killed, out of memory)
-                rec = _crash_record(exp_id, target, quick=quick, seed=seed, exc=exc)
+                crashed = Record(experiment=exp_id, target=target, quick=quick, seed=seed)
+                crashed.fail("worker", exc)
+                rec = cast(dict[str, Any], to_jsonable(crashed.to_dict()))
                 atomic_write_json(out / exp_id / METRICS_FILE, rec)
             results[exp_id] = rec
             if on_done:

@@ -36,6 +36,53 @@ DESCRIPTION = (
 )
 
 
+PAPER = (
+    "§5.4 (eqs. 20–23): with an approximate symmetry ℓ₁ + ζℓ₂, small ζ shifts the charge at "
+    "first order (eq. 20); large ζ leaves an SGD bias C − C* = 2σ²Tr[Σ(θ*)A]/(ζh) ∝ σ² "
+    "(eq. 23) that vanishes under GD."
+)
+PAPER_ORDER = 5.4
+NOTES = (
+    "History. A pilot at η = 0.02, S = 1 put the small-ζ shift 9% off the first-order "
+    "formula (its O(ηh), O(σ²) corrections); η = 0.01, S = 2 keeps them near 3%. Thresholds "
+    "(10%, slope 1 ± 0.15, 25%, GD/SGD < 1/20) predate issue #17. The statistics (Tr[ΣA], "
+    "the equilibrium θ₀) come from nf.collect_stats / nf.solve_equilibrium / nf.teleport, "
+    "cross-checked against numpy; for issue #13 the batched chain simulator is checked step "
+    "for step against noetherflow.train.run_online_sgd / run_population_gd in the tests. "
+    "Values unchanged."
+)
+
+
+def setup(cfg: Config) -> list[dict[str, str]]:
+    """Every deviation from the paper's setup, one row each (issue #17)."""
+    quick = Config.quick()
+    return [
+        {"quantity": "model", "paper": "general ℓ₁ + ζℓ₂",
+         "ours": "ℓ₁ = (u·w·x − y)², ℓ₂ = ½‖θ − θ₂‖², θ₂ on the minimum manifold off balance",
+         "why": "θ* = θ₂ for every ζ; closed forms"},
+        {"quantity": "data", "paper": "—",
+         "ours": f"{cfg.n_samples} samples, x ~ N(0, 1), y = x + {cfg.noise_std:g}ε",
+         "why": "fast noise relaxation"},
+        {"quantity": "time", "paper": "SGF, σ² = η/(2S)",
+         "ours": "discrete SGD; eq. 23 as (η/S)Tr[ΣA]/h_min (eq. 7's factor 2)",
+         "why": "DESIGN §2"},
+        {"quantity": "η, S", "paper": "—",
+         "ours": f"η = {cfg.lr:g}; large ζ: S ∈ {list(cfg.batch_sizes)}; small ζ: S = "
+                 f"{cfg.small_batch_size}", "why": "O(ηh) corrections ≈ 3%"},
+        {"quantity": "ζ", "paper": "small / large",
+         "ours": f"large {cfg.zeta_large:g}; small ζ/r ∈ {list(cfg.zeta_small_over_rate)}",
+         "why": "2ζ/r ≥ 40 and ≤ 0.02"},
+        {"quantity": "averaging", "paper": "stationary value",
+         "ours": f"{cfg.n_chains} chains (quick {quick.n_chains}), burn-in {cfg.burn_large}, "
+                 f"average over {cfg.avg_large} steps (quick {quick.avg_large})",
+         "why": "time averages at constant η after a burn-in"},
+        {"quantity": "ζ sweep (plot)", "paper": "—",
+         "ours": f"ζ/r ∈ {list(cfg.zeta_sweep_over_rate)} (quick "
+                 f"{list(quick.zeta_sweep_over_rate)})", "why": "cost; not a claim"},
+        {"quantity": "γ / schedule", "paper": "—", "ours": "γ = 0, constant η", "why": "—"},
+    ]  # fmt: skip
+
+
 def mean_field_charge(
     zeta: float, rate: float, product: float, w2: float, u2: float, *, lam_max: float = 10.0
 ) -> float:

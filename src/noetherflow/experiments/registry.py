@@ -1,10 +1,10 @@
 """Experiment registry: id → import target (``"pkg.module"`` or ``"pkg.module:attr"``).
 
 Every public module of :mod:`noetherflow.experiments` (name not starting with ``_``, other
-than ``registry``) is an experiment whose id is the module name with ``_`` written ``-``:
-adding ``fig2.py`` is enough, no registration needed. :func:`register` adds experiments that
-live elsewhere (plugins, tests). Modules are imported lazily, only when an experiment is run
-or described.
+than ``registry`` and ``corrections``) is an experiment whose id is the module name with
+``_`` written ``-``: adding ``fig2.py`` is enough, no registration needed. :func:`register`
+adds experiments that live elsewhere (plugins, tests). Modules are imported lazily, only when
+an experiment is run or described.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ __all__ = [
 
 ALL = "all"
 _PACKAGE = "noetherflow.experiments"
-_NOT_EXPERIMENTS = frozenset({"registry"})
+_NOT_EXPERIMENTS = frozenset({"registry", "corrections"})
 _EXTRA: dict[str, str] = {}
 _ID_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_\-]*$")
 

@@ -14,6 +14,7 @@ Kaiming initialisation and data stream:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,13 +22,55 @@ from typing import Any
 
 import numpy as np
 
-from noetherflow.experiments import fig4
+from noetherflow.experiments import _rank1, fig4
 from noetherflow.experiments._base import Claim, Op, derive_seed, find_divergence, save_figure
 
 DESCRIPTION = (
     "Fig. 4 setting: teleport a Kaiming init to the noise equilibrium and train at η_max "
     "without warmup; Hessian top eigenvalue vs 2/η_max; steps to the warmup run's loss."
 )
+
+PAPER = (
+    "§5.2 (warmup, Fig. 4): the noise moves a Kaiming init along its symmetry orbit to a stabler "
+    "point where η_max can be used; tested by teleporting to the noise equilibrium instead of "
+    "warming up (not in the paper: a consequence of its mechanism)."
+)
+PAPER_ORDER = 4.05
+NOTES = (
+    "History. First version: fig4's setting only (input variance 5): teleport at step 0 left "
+    "3/6 seeds diverging at η_max, λ_max after teleport 522 > 2/η_max = 250, and the orbit's "
+    "flattest point was ≈ 488 > 250 — the failure follows from the setup (issue #17), not "
+    "from the teleport. Added for #17: the same three claims (same thresholds) in fig4's "
+    "second setting (input variance 1.5, label noise 4), where the orbit reaches stability; "
+    "there the teleport run has 0/6 divergences at η_max, λ_max 196 < 250, and it reaches "
+    "the warmup run's final loss at step 250 against 2750 (first run, seed 0, quick)."
+)
+
+
+def setup(cfg: Config) -> list[dict[str, str]]:
+    """Deviations from the paper's setup (fig4's rows apply; these are the additions)."""
+    quick = Config.quick()
+    rc = cfg.reachable()
+    return [
+        {"quantity": "setting", "paper": "Fig. 4 (sizes and data not given)",
+         "ours": f"fig4's: d = {cfg.d_io}, x ~ N(0, {cfg.input_var:g}·I), label noise "
+                 f"{cfg.noise_var:g}, batch size {cfg.batch_size}, fresh samples",
+         "why": "the same problem as fig4"},
+        {"quantity": "second setting", "paper": "—",
+         "ours": f"input variance {rc.input_var:g}, label noise {rc.noise_var:g} "
+                 "(claims reachable_*)",
+         "why": "in the first no orbit point is stable at η_max"},
+        {"quantity": "teleport", "paper": "— (warmup only)",
+         "ours": f"nf.EquilibriumTeleport at step 0, SGD at η_max, {cfg.stats_batch} fresh "
+                 "samples for the statistics",
+         "why": "the paper's mechanism without warmup"},
+        {"quantity": "steps / seeds", "paper": "not given",
+         "ours": f"{cfg.n_steps} / {cfg.n_seeds} (quick {quick.n_steps} / {quick.n_seeds})",
+         "why": "cost"},
+        {"quantity": "loss convention", "paper": "ℓ = ‖UWx − y‖² (eq. 12)",
+         "ours": "same, mean over the batch, no weight decay", "why": "—"},
+    ]  # fmt: skip
+
 
 _RUNS = ("warmup", "teleport", "none")
 _F4 = fig4.Config()
@@ -63,6 +106,9 @@ class Config:
       last ``end_window`` of the steps of the population loss; the steps to reach it are the
       first logged step at which a run's seed-mean population loss is at or below it (never
       reached: ∞). A run with a diverged seed has a non-finite seed mean and never reaches it.
+    - Both of fig4's settings run (issue #17): the figure's (input variance 5), where no
+      orbit point is stable at ``η_max``, and ``reachable()`` (input variance 1.5, label
+      noise 4; claims ``reachable_*``), where the orbit reaches stability.
     """
 
     d_io: int = _F4.d_io
@@ -82,6 +128,8 @@ class Config:
     hessian_samples: int = 512
     orbit_grid: int = 61
     orbit_span: float = 3.0
+    reachable_input_var: float = _F4.reachable_input_var
+    reachable_noise_var: float = _F4.reachable_noise_var
 
     @classmethod
     def quick(cls) -> Config:
@@ -102,56 +150,23 @@ class Config:
             n_steps=self.n_steps,
             n_seeds=self.n_seeds,
             log_every=self.log_every,
+            reachable_input_var=self.reachable_input_var,
+            reachable_noise_var=self.reachable_noise_var,
+        )
+
+    def reachable(self) -> Config:
+        """fig4's second setting: the variances where the orbit of the init reaches stability."""
+        return dataclasses.replace(
+            self, input_var=self.reachable_input_var, noise_var=self.reachable_noise_var
         )
 
 
 # --------------------------------------------------------------------------------------
-# Hessians of the rank-1 factorisation (hidden width d = 1)
+# Hessians of the rank-1 factorisation (hidden width d = 1): fig4's closed forms
 # --------------------------------------------------------------------------------------
 
-
-def per_sample_top_eig(U: np.ndarray, W: np.ndarray, x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """λ_max of ∇²ℓ for ℓ = ‖UWx − y‖², hidden width 1, per sample, closed form.
-
-    With h = Wx, r = Uh − y and θ = (U, W): ∇²_UU = 2h²I, ∇²_WW = 2‖U‖²xxᵀ,
-    ∇²_UW = 2(hU + r)xᵀ.
-
-    Args:
-        U: has shape ``[R, d_y, 1]``. W: has shape ``[R, 1, d_x]``.
-        x: has shape ``[N, d_x]``. y: has shape ``[N, d_y]``.
-
-    Returns:
-        Has shape ``[R, N]``.
-    """
-    u, w = U[..., 0], W[:, 0, :]  # [R, d_y], [R, d_x]
-    h = np.einsum("rj,nj->rn", w, x)  # [R, N]
-    r = h[..., None] * u[:, None, :] - y[None]  # [R, N, d_y]
-    dy, dx = u.shape[1], w.shape[1]
-    n_r, n_s = h.shape
-    H = np.zeros((n_r, n_s, dy + dx, dy + dx))
-    eye = np.eye(dy)
-    H[..., :dy, :dy] = 2 * (h**2)[..., None, None] * eye
-    H[..., dy:, dy:] = 2 * (u * u).sum(1)[:, None, None, None] * np.einsum("ni,nj->nij", x, x)[None]
-    cross = 2 * np.einsum("rni,nj->rnij", h[..., None] * u[:, None, :] + r, x)
-    H[..., :dy, dy:] = cross
-    H[..., dy:, :dy] = cross.swapaxes(-1, -2)
-    out: np.ndarray = np.linalg.eigvalsh(H)[..., -1]
-    return out
-
-
-def population_top_eig(U: np.ndarray, W: np.ndarray, V: np.ndarray, input_var: float) -> np.ndarray:
-    """λ_max of ∇²L for L = σ_x²‖UW − V‖² + const (x ~ N(0, σ_x²I)). Has shape ``[R]``."""
-    u, w = U[..., 0], W[:, 0, :]
-    P = np.einsum("ri,rj->rij", u, w) - V
-    dy, dx = u.shape[1], w.shape[1]
-    H = np.zeros((u.shape[0], dy + dx, dy + dx))
-    H[:, :dy, :dy] = 2 * input_var * (w * w).sum(1)[:, None, None] * np.eye(dy)
-    H[:, dy:, dy:] = 2 * input_var * (u * u).sum(1)[:, None, None] * np.eye(dx)
-    cross = 2 * input_var * (np.einsum("ri,rj->rij", u, w) + P)
-    H[:, :dy, dy:] = cross
-    H[:, dy:, :dy] = cross.swapaxes(-1, -2)
-    out: np.ndarray = np.linalg.eigvalsh(H)[:, -1]
-    return out
+per_sample_top_eig = _rank1.per_sample_top_eig
+population_top_eig = _rank1.population_top_eig
 
 
 def _autograd_check(U: np.ndarray, W: np.ndarray, x: np.ndarray, y: np.ndarray) -> float:
@@ -183,9 +198,7 @@ def _autograd_check(U: np.ndarray, W: np.ndarray, x: np.ndarray, y: np.ndarray) 
 def _sample(
     rng: np.random.Generator, cfg: Config, V: np.ndarray, n: int
 ) -> tuple[np.ndarray, np.ndarray]:
-    x = rng.standard_normal((n, cfg.d_io)) * math.sqrt(cfg.input_var)
-    y = x @ V.T + rng.standard_normal((n, cfg.d_io)) * math.sqrt(cfg.noise_var)
-    return x, y
+    return _rank1.sample_population(rng, cfg.fig4_config(), V, n)
 
 
 def _teleport_inits(
@@ -275,6 +288,16 @@ def _train(
 
 
 def run(cfg: Config, seed: int, out_dir: Path) -> dict[str, Any]:
+    """Both of fig4's settings (:func:`_analyse` each); the second under ``"reachable"``."""
+    out = _analyse(cfg, seed)
+    reach = _analyse(cfg.reachable(), seed)
+    for key in ("orbit_top_eig", "loss_warmup", "loss_teleport", "loss_none"):
+        out["series"][f"reachable_{key}"] = reach["series"][key]
+    out["reachable"] = {k: v for k, v in reach.items() if k != "series"}
+    return out
+
+
+def _analyse(cfg: Config, seed: int) -> dict[str, Any]:
     """Teleport the Kaiming inits, train the three runs, measure Hessians and losses."""
     f4 = cfg.fig4_config()
     V = fig4._target(f4, seed)
@@ -357,10 +380,21 @@ def run(cfg: Config, seed: int, out_dir: Path) -> dict[str, Any]:
         "warmup_final_loss": target,
         "norms_kaiming": {"U2": (Uk**2).sum((1, 2)), "W2": (Wk**2).sum((1, 2))},
         "norms_teleported": {"U2": (Ut**2).sum((1, 2)), "W2": (Wt**2).sum((1, 2))},
+        "input_var": cfg.input_var,
+        "noise_var": cfg.noise_var,
     }
 
 
 def claims(results: dict[str, Any], cfg: Config) -> list[Claim]:
+    """The three claims in fig4's setting, and again (ids ``reachable_*``) in the setting
+    where the orbit of the init reaches stability at η_max."""
+    return [*_claims(results, cfg, ""), *_claims(results["reachable"], cfg, "reachable_")]
+
+
+def _claims(results: dict[str, Any], cfg: Config, prefix: str) -> list[Claim]:
+    where = (
+        f"[input variance {results['input_var']:g}, label-noise variance {results['noise_var']:g}] "
+    )
     runs = results["runs"]
     thr = float(results["threshold_2_over_lr_max"])
     eig_k = float(np.mean(results["top_eig_minibatch_kaiming"]))
@@ -372,8 +406,9 @@ def claims(results: dict[str, Any], cfg: Config) -> list[Claim]:
     div_steps = [s for s in tele["diverged_at_step"] if s is not None]
     return [
         Claim(
-            id="teleport_no_warmup_stable",
-            statement=f"Kaiming + teleport at step 0, then η_max = {cfg.lr_max} from the first "
+            id=f"{prefix}teleport_no_warmup_stable",
+            statement=where
+            + f"Kaiming + teleport at step 0, then η_max = {cfg.lr_max} from the first "
             "step: fraction of seeds that diverged",
             value=tele["n_diverged"] / cfg.n_seeds,
             op=Op.EQ,
@@ -383,8 +418,8 @@ def claims(results: dict[str, Any], cfg: Config) -> list[Claim]:
             f"warmup: {warm['n_diverged']}/{cfg.n_seeds}",
         ),
         Claim(
-            id="teleport_flattens",
-            statement="top Hessian eigenvalue (E over samples of λ_max of the batch-size-1 "
+            id=f"{prefix}teleport_flattens",
+            statement=where + "top Hessian eigenvalue (E over samples of λ_max of the batch-size-1 "
             "loss, mean over seeds) after teleport below 2/η_max and at Kaiming above it: "
             "max(λ_teleport·η_max/2, 2/(η_max·λ_Kaiming)) (< 1 iff both hold)",
             value=max(eig_t / thr, thr / eig_k),
@@ -395,8 +430,8 @@ def claims(results: dict[str, Any], cfg: Config) -> list[Claim]:
             f"λ_max Kaiming {pop_k:.4g}, teleported {pop_t:.4g}",
         ),
         Claim(
-            id="teleport_faster",
-            statement="steps to reach the warmup run's final population loss: teleport run "
+            id=f"{prefix}teleport_faster",
+            statement=where + "steps to reach the warmup run's final population loss: teleport run "
             "(value) fewer than the warmup run (threshold)",
             value=float(tele["steps_to_warmup_final_loss"]),
             op=Op.LT,
@@ -445,8 +480,13 @@ def plot(results: dict[str, Any], cfg: Config, out_dir: Path) -> list[Path]:
     ax.legend(fontsize=7)
     lam = np.asarray(s["orbit_lambda"], dtype=float)
     orbit = np.asarray(s["orbit_top_eig"], dtype=float)
-    for row in orbit:
-        ax2.plot(lam, row, color="C0", lw=0.6, alpha=0.5)
+    for i, row in enumerate(orbit):
+        ax2.plot(lam, row, color="C0", lw=0.6, alpha=0.5,
+                 label=f"input variance {cfg.input_var:g}" if i == 0 else None)  # fmt: skip
+    rc = cfg.reachable()
+    for i, row in enumerate(np.asarray(s["reachable_orbit_top_eig"], dtype=float)):
+        ax2.plot(lam, row, color="C2", lw=0.6, alpha=0.5,
+                 label=f"input var. {rc.input_var:g} (reachable)" if i == 0 else None)  # fmt: skip
     thr = float(results["threshold_2_over_lr_max"])
     ax2.axhline(thr, color="k", ls="--", lw=1, label="2/η_max")
     ax2.axvline(0.0, color="C1", lw=0.8, label="Kaiming init (λ = 0)")

@@ -38,11 +38,65 @@ from noetherflow.experiments._base import (
     find_divergence,
     save_figure,
 )
+from noetherflow.experiments._drift import DriftConfig, simulate_drift, summarise_drift
 
 DESCRIPTION = (
     "Time to the noise equilibrium of a rescaling symmetry (no weight decay): "
     "|λ*| vanishes, and t_equi ∝ 1/σ² (not ∝ σ² as §4.2's text says)."
 )
+
+
+PAPER = (
+    "§4.2 / App. B.3: the time to reach the noise equilibrium, t_equi, stated as "
+    '"proportional to σ²" (its own argument and Lemma B.5 give 1/σ²); Thm 4.5: SGD '
+    "converges to a drifting equilibrium C* (C − C* → 0 in L2, Lemma B.5's bound, or "
+    "relatively)."
+)
+PAPER_ORDER = 4.5
+NOTES = (
+    "History. A pilot at η = 0.02, S = 2…16 gave a stationary spread of |λ*| of 0.063 > 0.05 "
+    "at S = 2 (discrete SGD's spread, absent from SGF); η = 0.008 was then chosen (spread "
+    "≈ 0.03). Added for issue #17, Thm 4.5: the drifting-equilibrium run "
+    "(experiments/_drift.py). Its thresholds (relative RMS < 0.1, ΔC/ΔC* > 0.8, Lemma B.5 "
+    "ratio < 1) were written into the code before its first run (committed with it). One "
+    "setting was tried before them: "
+    "η = 0.004 with C* ramped 0.5 → 3 over 24000 steps — SGD could not follow (C ended at "
+    "1.74 against C* = 2.9; per-step rate η²c₀ ≈ 2e-5), so the ramp was shortened to "
+    "0.5 → 1.5 and η raised to 0.012 (per-step rate ≈ 6e-4 at the end, ≈ 86 relaxation "
+    "times over the drift); a pilot at that setting (seed 0) printed the chain-mean C and "
+    "the library's C* at the logs before the thresholds were written (C within ≈ 0.1 of C*). "
+    "First run of the claims (seed 0): ΔC/ΔC* = 1.00 holds; the "
+    "relative RMS against the library's per-chain C* is 0.19 and the lag is 1.29× Lemma "
+    "B.5's bound — both fail as reported. The chain-mean C sits ≈ 0.06 below the continuous-"
+    "time C* before the drift starts (a discrete-step bias the SGF of the lemma does not have)."
+)
+
+
+def setup(cfg: Config) -> list[dict[str, str]]:
+    """Every deviation from the paper's setup, one row each (issue #17)."""
+    quick = Config.quick()
+    return [
+        {"quantity": "model and data", "paper": "general (any exponential symmetry)",
+         "ours": f"one linear neuron u·wᵀx, d = {cfg.d_in}, {cfg.n_samples} samples "
+                 f"x ~ N(0, I), label noise {cfg.noise_std:g}", "why": "closed forms"},
+        {"quantity": "time", "paper": "SGF, σ² = η/(2S)",
+         "ours": "discrete SGD, t = η·steps; the library's factor (η/S)Tr[ΣA] = 2σ²Tr[ΣA]",
+         "why": "eq. 7's factor 2 (DESIGN §2)"},
+        {"quantity": "η, S", "paper": "not given",
+         "ours": f"η = {cfg.lr:g}, S ∈ {list(cfg.batch_sizes)} (quick "
+                 f"{list(quick.batch_sizes)})", "why": "spread of |λ*| < 0.05"},
+        {"quantity": "γ / schedule", "paper": "γ = 0 (§4.2)", "ours": "γ = 0, constant η",
+         "why": "—"},
+        {"quantity": "chains, logs", "paper": "—",
+         "ours": f"{cfg.n_chains} per S (quick {quick.n_chains}); logs every "
+                 f"{cfg.log_dt_early:g}/{cfg.log_dt_late:g} t_equi (quick "
+                 f"{quick.log_dt_early:g}/{quick.log_dt_late:g})", "why": "cost"},
+        {"quantity": "drift (Thm 4.5)", "paper": "dC* = μdt + s dW",
+         "ours": f"s = 0; C* ramped {cfg.drift_charge_start:g} → {cfg.drift_charge_end:g} by "
+                 f"the variance of x₁, fresh samples, {cfg.drift_steps} steps after "
+                 f"{cfg.drift_burn_steps} of burn-in, η = {cfg.drift_lr:g}, S = 1, "
+                 f"{cfg.drift_chains} chains", "why": "a deterministic drift, closed-form C*"},
+    ]  # fmt: skip
 
 
 def orbit_relaxation_time(lam_from: float, lam_to: float, rate: float, plus_share: float) -> float:
@@ -148,6 +202,23 @@ class Config:
     tol: float = 0.05
     settle_equi: float = 2.0
     slope_tol: float = 0.2
+    drift_lr: float = 0.012
+    drift_chains: int = 8
+    drift_burn_steps: int = 6000
+    drift_steps: int = 24000
+    drift_charge_start: float = 0.5
+    drift_charge_end: float = 1.5
+    drift_rel_tol: float = 0.1
+    drift_follow_min: float = 0.8
+
+    def drift_config(self) -> DriftConfig:
+        """The Thm 4.5 run (:mod:`noetherflow.experiments._drift`)."""
+        return DriftConfig(
+            d_in=self.d_in, noise_std=self.noise_std, lr=self.drift_lr,
+            n_chains=self.drift_chains, burn_steps=self.drift_burn_steps,
+            drift_steps=self.drift_steps, charge_start=self.drift_charge_start,
+            charge_end=self.drift_charge_end,
+        )  # fmt: skip
 
     @classmethod
     def quick(cls) -> Config:
@@ -422,8 +493,13 @@ def run(cfg: Config, seed: int, out_dir: Path) -> dict[str, Any]:
             "window_p90_distance": window_p90,
         }
     )
+    dcfg = cfg.drift_config()
+    drift = simulate_drift(dcfg, seed)
+    for key in ("t", "C", "C_star", "C_star_closed_form"):
+        series[f"drift_{key}"] = drift[key]
     return {
         "series": series,
+        "drift": summarise_drift(drift, dcfg),
         "equilibrium": {k: v for k, v in eq.items() if k not in ("p_hat",)},
         "slope": slope,
         "intercept": intercept,
@@ -472,6 +548,52 @@ def claims(results: dict[str, Any], cfg: Config) -> list[Claim]:
             + "; τ/orbit-ODE e-fold time = "
             + ", ".join(f"{v:.3g}" for v in results["tau_over_orbit_efold"]),
         ),
+        *_drift_claims(results["drift"], cfg),
+    ]
+
+
+def _drift_claims(dr: dict[str, Any], cfg: Config) -> list[Claim]:
+    """Thm 4.5 / Lemma B.5: the equilibrium C* drifts linearly (μ per unit time) and SGD follows.
+    Thresholds fixed before the first run (see NOTES)."""
+    where = (
+        f"C* ramps {cfg.drift_charge_start:g} → {cfg.drift_charge_end:g} over "
+        f"{cfg.drift_steps} steps (η = {cfg.drift_lr:g}, S = 1, {cfg.drift_chains} chains)"
+    )
+    return [
+        Claim(
+            id="drift_relative_distance",
+            statement=f"Thm 4.5 (relative form): while {where}, the RMS over chains and over the "
+            "second half of the drift of (C − C*)/C*, C* from nf.solve_equilibrium at each "
+            f"chain's state, is below {cfg.drift_rel_tol:g}",
+            value=dr["relative_rms"],
+            op=Op.LT,
+            threshold=cfg.drift_rel_tol,
+            note=f"spread of C over chains (RMS) {dr['spread_rms']:.3g}; library C* vs the "
+            f"closed form at the minimum: RMS {dr['library_vs_closed_form_rms']:.3g}; against "
+            f"the closed-form C* the relative RMS is {dr['relative_rms_closed_form']:.3g}",
+        ),
+        Claim(
+            id="drift_charge_follows",
+            statement=f"While {where}, the chain-mean charge moves with it: ΔC / ΔC* from the "
+            f"end of the burn-in to the end (> {cfg.drift_follow_min:g})",
+            value=dr["follow_ratio"],
+            op=Op.GT,
+            threshold=cfg.drift_follow_min,
+        ),
+        Claim(
+            id="drift_lag_lemma_b5",
+            statement=f"Lemma B.5 (s = 0): while {where}, the time-RMS over the second half of "
+            "the lag of the chain-mean C behind the closed-form C*, divided by the bound "
+            "|μ|/r₀ (r₀ = (η/S)·min over the window of Tr[ΣA±²]/θ*ᵀA±²θ*, from nf statistics)",
+            value=dr["lag_rms"] / dr["lemma_b5_bound"],
+            op=Op.LT,
+            threshold=1.0,
+            note=f"lag RMS {dr['lag_rms']:.3g}, bound {dr['lemma_b5_bound']:.3g} (μ = "
+            f"{dr['mu']:.3g}, r₀ = {dr['r0']:.3g}); the chain-mean C sits "
+            f"{dr['stationary_bias_before_drift']:+.3g} from C* already before the drift "
+            "(discrete-step bias, absent from the SGF of the lemma); lag RMS after removing that "
+            f"bias {dr['lag_rms_minus_stationary_bias']:.3g}",
+        ),
     ]
 
 
@@ -481,8 +603,8 @@ def plot(results: dict[str, Any], cfg: Config, out_dir: Path) -> list[Path]:
     s = results["series"]
     sizes = list(s["batch_size"])
     t_eq = np.asarray(s["t_equi_pred"], dtype=float)
-    fig = Figure(figsize=(16, 5))
-    ax1, ax2, ax3 = fig.subplots(1, 3)
+    fig = Figure(figsize=(21, 5))
+    ax1, ax2, ax3, ax4 = fig.subplots(1, 4)
     orbit_lam = np.asarray(s["orbit_lambda"])
     orbit_rt = np.asarray(s["orbit_t_times_r"])
     for i, size in enumerate(sizes):
@@ -521,5 +643,17 @@ def plot(results: dict[str, Any], cfg: Config, out_dir: Path) -> list[Path]:
     ax3.set_ylabel("equilibration time (units of ηt)")
     ax3.set_title("t_equi ∝ 1/σ² (paper text: ∝ σ²)")
     ax3.legend(fontsize=8)
+    td = np.asarray(s["drift_t"], dtype=float)
+    cd = np.asarray(s["drift_C"], dtype=float)
+    ax4.plot(td, cd, color="C0", lw=0.4, alpha=0.4)
+    ax4.plot(td, cd.mean(1), color="C0", lw=1.8, label="SGD chains: C (mean)")
+    ax4.plot(td, np.asarray(s["drift_C_star"], dtype=float).mean(1), "o", color="C3", ms=3,
+             label="C* from nf.solve_equilibrium (mean)")  # fmt: skip
+    ax4.plot(td, s["drift_C_star_closed_form"], "k--", lw=1.0, label="C*(t), closed form")
+    ax4.set_ylim(min(0.0, float(np.nanmin(cd[1:]))) - 0.1, cfg.drift_charge_end * 1.3)
+    ax4.set_xlabel("t = η·steps")
+    ax4.set_ylabel("charge C = ‖w‖² − u²")
+    ax4.set_title("Thm 4.5: following a drifting equilibrium")
+    ax4.legend(fontsize=8)
     fig.tight_layout()
     return [save_figure(fig, out_dir / "timescales.png")]

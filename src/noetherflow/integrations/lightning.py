@@ -1,4 +1,8 @@
-"""PyTorch Lightning callback around :class:`noetherflow.NoetherMonitor` (optional extra).
+"""PyTorch Lightning callbacks (optional extra): the monitor and the equilibrium teleport.
+
+* :class:`NoetherCallback` runs a :class:`noetherflow.NoetherMonitor` inside ``Trainer.fit``;
+* :func:`teleport_callback` (also :meth:`noetherflow.EquilibriumTeleport.lightning_callback`)
+  teleports to the noise equilibrium before the forward pass of due steps.
 
 Import it explicitly (``from noetherflow.integrations.lightning import NoetherCallback``);
 ``import noetherflow`` never imports Lightning. Works with ``lightning`` (2.x) or the older
@@ -7,7 +11,7 @@ Import it explicitly (``from noetherflow.integrations.lightning import NoetherCa
 Example::
 
     syms = nf.SymmetrySet([nf.Rescaling(module.fc1, module.fc2)])
-    cb = NoetherCallback(syms, every=10, lr=0.1, batch_size=256, log_dir="runs/x")
+    cb = NoetherCallback(syms, every=10, log_dir="runs/x")  # lr, γ, batch size from the trainer
     L.Trainer(callbacks=[cb]).fit(module, loader)
     cb.monitor.plot("runs/x/monitor.png")
 
@@ -19,46 +23,73 @@ Hook order per training step: ``on_train_batch_start`` opens ``monitor.track()``
 from __future__ import annotations
 
 import contextlib
+import math
+import warnings
 from collections.abc import Callable
-from typing import Any
-
-try:
-    from lightning.pytorch.callbacks import Callback
-except ImportError:  # pragma: no cover - depends on the installed extra
-    try:
-        from pytorch_lightning.callbacks import Callback
-    except ImportError:
-        raise ImportError(
-            "noetherflow.integrations.lightning needs PyTorch Lightning: pip install lightning "
-            "(or use nf.NoetherMonitor directly in your own loop)."
-        ) from None
+from typing import TYPE_CHECKING, Any, cast
 
 from noetherflow.monitor import NoetherMonitor
 from noetherflow.symmetry.set import SymmetrySet
 
-__all__ = ["NoetherCallback"]
+if TYPE_CHECKING:
+    from noetherflow.teleporter import EquilibriumTeleport
+
+__all__ = ["NoetherCallback", "teleport_callback"]
+
+
+def _callback_base() -> type:
+    """Lightning's ``Callback`` class (``lightning`` 2.x or ``pytorch_lightning``), imported now."""
+    import importlib
+
+    try:
+        mod = importlib.import_module("lightning.pytorch.callbacks")
+    except ImportError:  # pragma: no cover - depends on the installed extra
+        try:
+            mod = importlib.import_module("pytorch_lightning.callbacks")
+        except ImportError:
+            raise ImportError(
+                "noetherflow.integrations.lightning needs PyTorch Lightning: pip install "
+                "lightning (or use nf.NoetherMonitor / EquilibriumTeleport.maybe_teleport in your "
+                "own loop)."
+            ) from None
+    return cast(type, mod.Callback)
+
+
+Callback = _callback_base()
 
 
 def _default_split(batch: Any) -> tuple[Any, Any]:
     if isinstance(batch, list | tuple) and len(batch) == 2:
         return batch[0], batch[1]
     raise ValueError(
-        "NoetherCallback: cannot split the batch into (inputs, targets) for sharpness; pass "
-        "split_batch=lambda batch: (x, y)."
+        f"cannot split a batch of type {type(batch).__name__} into (inputs, targets); expected a "
+        "2-tuple or 2-list; pass split_batch=lambda batch: (x, y)."
     )
 
 
-class NoetherCallback(Callback):
+class NoetherCallback(Callback):  # type: ignore[misc,valid-type]
     """Run a :class:`~noetherflow.NoetherMonitor` inside ``Trainer.fit``.
+
+    What the monitor needs is read from the trainer at ``on_train_start`` unless given:
+
+    * η and γ from the trainer's optimizer (``trainer.optimizers``, exactly one; plain SGD,
+      re-read at every record so schedulers are followed; γ = SGD weight_decay / 2);
+    * the batch size S from the training ``DataLoader`` (``batch_size`` × ``world_size``, the
+      global batch of one optimizer step); a clear error when it cannot be read.
+
+    The monitor's own progress bar is off while Lightning shows one (two rich live displays
+    break the terminal at teardown); records go to every ``trainer.loggers`` as flat scalars
+    (``noether/flow/<key>/max_abs`` …, see :func:`noetherflow.monitor.flat_record`).
 
     Args:
         syms: the symmetries, built on the LightningModule's layers.
         split_batch: ``batch → (inputs, targets)``, used for sharpness when no ``probe`` is
-            given (default: a 2-tuple batch).
-        log_to_lightning: also send the scalar entries of each record to the Lightning
-            logger (``pl_module.log_dict``, keys prefixed ``noether/``).
+            given and for ``estimator="microbatch"``/``"reference"`` (default: a 2-tuple).
+        log_to_lightning: send each record to the trainer's loggers; default: when the trainer
+            has a logger.
         **monitor_kwargs: keyword arguments of :class:`~noetherflow.NoetherMonitor`
-            (``every``, ``lr``, ``batch_size``, ``weight_decay``, ``log_dir``, ...).
+            (``every``, ``log_dir``, ``estimator``, ...; ``lr``/``weight_decay``/``optimizer``
+            and ``batch_size`` override what is read from the trainer).
 
     The monitor exists from ``on_train_start`` on, as :attr:`monitor`.
     """
@@ -68,7 +99,7 @@ class NoetherCallback(Callback):
         syms: SymmetrySet,
         *,
         split_batch: Callable[[Any], tuple[Any, Any]] = _default_split,
-        log_to_lightning: bool = False,
+        log_to_lightning: bool | None = None,
         **monitor_kwargs: Any,
     ) -> None:
         super().__init__()
@@ -95,7 +126,29 @@ class NoetherCallback(Callback):
         kw = {"total": getattr(trainer, "estimated_stepping_batches", None), **self.monitor_kwargs}
         if not isinstance(kw["total"], int):
             kw["total"] = None
+        if getattr(trainer, "progress_bar_callback", None) is not None:
+            if kw.get("progress"):
+                warnings.warn(
+                    "NoetherCallback(progress=True) is ignored: Lightning shows its own progress "
+                    "bar and rich allows one live display at a time.",
+                    UserWarning,
+                    stacklevel=2,
+                )
+            kw["progress"] = False
+        if "lr" not in kw and "optimizer" not in kw:
+            kw["optimizer"] = _the_optimizer(trainer)
+        if "batch_size" not in kw:
+            kw["batch_size"] = _global_batch_size(trainer)
         self.monitor = NoetherMonitor(pl_module, self.syms, **kw)
+        log = self.log_to_lightning
+        loggers = list(getattr(trainer, "loggers", None) or [])
+        if log or (log is None and loggers):
+            if not loggers:
+                raise ValueError(
+                    "NoetherCallback(log_to_lightning=True) but the trainer has no logger; pass "
+                    "Trainer(logger=...) or log_to_lightning=False."
+                )
+            self.monitor.on_record(_to_loggers(trainer))
 
     def on_train_batch_start(
         self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int
@@ -116,16 +169,88 @@ class NoetherCallback(Callback):
         assert mon is not None
         self._stack.close()
         x = y = None
-        if mon.sharpness is not None and mon.probe is None and mon.due():
+        needs_batch = mon.estimator.value != "hooks" or (
+            mon.sharpness is not None and mon.probe is None
+        )
+        if needs_batch and mon.due():
             x, y = self.split_batch(self._batch)
-        row = mon.step(self._loss, inputs=x, targets=y)
-        if row is not None and self.log_to_lightning:
-            scalars = {
-                f"noether/{k}": float(v) for k, v in row.items() if v.ndim == 0 and k != "step"
-            }
-            pl_module.log_dict(scalars)
+        mon.step(self._loss, inputs=x, targets=y)
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+        self._close()
+
+    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        self._close()
+
+    def _close(self) -> None:
         self._stack.close()
         if self.monitor is not None:
             self.monitor.close()
+
+
+def _the_optimizer(trainer: Any) -> Any:
+    opts = list(getattr(trainer, "optimizers", None) or [])
+    if len(opts) != 1:
+        raise ValueError(
+            f"NoetherCallback reads lr and weight decay from the trainer's optimizer, but there "
+            f"are {len(opts)}; pass NoetherCallback(syms, lr=..., weight_decay=...) or "
+            "optimizer=... for the one that trains the symmetries' parameters."
+        )
+    return opts[0]
+
+
+def _global_batch_size(trainer: Any) -> int:
+    """Per-step batch size of the training DataLoader times the number of processes."""
+    dl = getattr(trainer, "train_dataloader", None)
+    if isinstance(dl, dict) and len(dl) == 1:
+        dl = next(iter(dl.values()))
+    elif isinstance(dl, list | tuple) and len(dl) == 1:
+        dl = dl[0]
+    bs = getattr(dl, "batch_size", None)
+    if bs is None:
+        bs = getattr(getattr(dl, "batch_sampler", None), "batch_size", None)
+    if not isinstance(bs, int) or bs < 1:
+        raise ValueError(
+            f"NoetherCallback could not read the batch size from the training dataloader "
+            f"({type(dl).__name__}, batch_size={bs!r}); pass NoetherCallback(syms, "
+            "batch_size=S) with S the number of samples in one optimizer step (all processes)."
+        )
+    return bs * int(getattr(trainer, "world_size", 1) or 1)
+
+
+def _to_loggers(trainer: Any) -> Callable[[dict[str, float]], None]:
+    def log(record: dict[str, float]) -> None:
+        metrics = {f"noether/{k}": v for k, v in record.items() if k != "step" and math.isfinite(v)}
+        for lg in trainer.loggers:
+            lg.log_metrics(metrics, step=int(getattr(trainer, "global_step", record["step"])))
+
+    return log
+
+
+def teleport_callback(
+    teleporter: EquilibriumTeleport, *, split_batch: Callable[[Any], tuple[Any, Any]] | None = None
+) -> Any:
+    """A Lightning ``Callback`` that calls ``teleporter.maybe_teleport`` before each forward pass.
+
+    Lightning's ``Callback`` is looked up when this is called. The optimizer whose state is
+    transformed is ``trainer.optimizers[0]`` unless the teleporter already has one.
+    """
+    tp = teleporter
+    split = split_batch or _default_split
+
+    class EquilibriumTeleportCallback(_callback_base()):  # type: ignore[misc]
+        """Teleports to the noise equilibrium when due, before the step's forward pass."""
+
+        teleporter = tp
+
+        def on_train_batch_start(
+            self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int
+        ) -> None:
+            if tp.optimizer is None:
+                opts = getattr(trainer, "optimizers", None) or []
+                if opts:
+                    tp.optimizer = opts[0]
+            x, y = split(batch)
+            tp.maybe_teleport(x, y)
+
+    return EquilibriumTeleportCallback()

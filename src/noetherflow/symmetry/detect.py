@@ -25,12 +25,8 @@ called outside a normalisation module) are not matched.
 
 from __future__ import annotations
 
-import argparse
-import importlib.util
-import sys
 import warnings
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -48,7 +44,7 @@ from noetherflow.symmetry.rotation import DoubleRotation
 from noetherflow.symmetry.scaling import ScaleInvariance
 from noetherflow.symmetry.set import SymmetrySet, VerifyResult
 
-__all__ = ["DetectionError", "find_symmetries", "inspect_main", "symmetry_signature"]
+__all__ = ["DetectionError", "find_symmetries", "symmetry_signature"]
 
 
 class DetectionError(ValueError):
@@ -283,111 +279,3 @@ def symmetry_signature(sym: Symmetry, names: dict[int, str]) -> tuple[Any, ...]:
 
         return ("rotation", blocks(sym.w_blocks), blocks(sym.u_blocks))
     return (sym.family.value, tuple(names[id(p)] for p in sym.params))
-
-
-# -- CLI ------------------------------------------------------------------------------------
-
-
-def _load_factory(spec: str) -> Callable[[], nn.Module]:
-    path_s, sep, func = spec.rpartition(":")
-    if not sep or not path_s or not func:
-        raise ValueError(
-            f"model spec {spec!r} is not of the form path/to/file.py:factory; expected e.g. "
-            "models.py:make_net"
-        )
-    path = Path(path_s)
-    if not path.is_file():
-        raise ValueError(f"model file {path_s!r} does not exist; expected a Python file.")
-    mod_spec = importlib.util.spec_from_file_location(f"_nf_inspect_{path.stem}", path)
-    if mod_spec is None or mod_spec.loader is None:
-        raise ValueError(f"cannot import {path_s!r} as a Python module.")
-    module = importlib.util.module_from_spec(mod_spec)
-    sys.path.insert(0, str(path.resolve().parent))
-    try:
-        mod_spec.loader.exec_module(module)
-    finally:
-        sys.path.pop(0)
-    factory = getattr(module, func, None)
-    if not callable(factory):
-        raise ValueError(
-            f"{path_s} has no callable {func!r}; expected a function returning an nn.Module."
-        )
-    return factory
-
-
-def _shape(text: str) -> tuple[int, ...]:
-    try:
-        dims = tuple(int(t) for t in text.split(",") if t.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a comma-separated list of integers; expected e.g. 3,32,32"
-        ) from None
-    if not dims or any(d < 1 for d in dims):
-        raise argparse.ArgumentTypeError(f"{text!r}: expected positive sizes, e.g. 3,32,32")
-    return dims
-
-
-def build_inspect_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
-    """The arguments of ``noetherflow inspect`` (added to ``parser`` when given)."""
-    p = parser or argparse.ArgumentParser(
-        prog="noetherflow inspect",
-        description="Detect, verify and print the symmetries of a model built by a factory.",
-    )
-    p.add_argument("model", help="path/to/file.py:factory (a function returning an nn.Module)")
-    p.add_argument(
-        "--input-shape",
-        type=_shape,
-        required=True,
-        help="shape of one input sample without the batch axis, e.g. 3,32,32",
-    )
-    p.add_argument("--batch-size", type=int, default=4, help="example batch size (default 4)")
-    p.add_argument("--eval", action="store_true", help="inspect in eval mode (default: train)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", action="store_true", help="print syms.to_dict() and coverage as JSON")
-    return p
-
-
-def inspect_main(argv: list[str]) -> int:
-    """``noetherflow inspect path/to/file.py:factory --input-shape 3,32,32``.
-
-    Prints the symmetry table and the coverage report. Exit codes: 0 success, 2 usage error
-    (bad spec, bad shape, model does not run on the inputs).
-    """
-    import json
-
-    from rich.console import Console
-
-    args = build_inspect_parser().parse_args(argv)
-    err = Console(stderr=True, highlight=False)
-    try:
-        model = _load_factory(args.model)()
-        if not isinstance(model, nn.Module):
-            raise ValueError(
-                f"{args.model} returned a {type(model).__name__}; expected an nn.Module."
-            )
-        model.train(not args.eval)
-        gen = torch.Generator().manual_seed(args.seed)
-        dtype = next((p.dtype for p in model.parameters()), torch.float32)
-        x = torch.randn(args.batch_size, *args.input_shape, generator=gen, dtype=dtype)
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            syms = find_symmetries(model, x, seed=args.seed)
-        for w in caught:
-            err.print(f"warning: {w.message}")
-        report = syms.coverage(model)
-    except (ValueError, OSError) as exc:
-        err.print(f"noetherflow inspect: error: {exc}")
-        return 2
-    if args.json:
-        print(json.dumps({"symmetries": syms.to_dict(), "coverage": report.to_dict()}, indent=2))
-        return 0
-    out = Console(highlight=False)
-    out.print(syms.table())
-    out.print(report.table())
-    if report.unsupported_modules:
-        out.print("unsupported modules:")
-        for k, v in report.unsupported_modules.items():
-            out.print(f"  {k}: {v}")
-    for n in report.notes:
-        out.print(f"note: {n}")
-    return 0

@@ -20,6 +20,7 @@ from noetherflow.train.integrators import (
     run_sgf,
     sample_batch,
 )
+from noetherflow.train.population import run_online_sgd, run_population_gd
 from noetherflow.train.schedules import (
     Constant,
     LambdaSchedule,
@@ -53,6 +54,8 @@ __all__ = [
     "resolve_schedule",
     "run_gd",
     "run_gf",
+    "run_online_sgd",
+    "run_population_gd",
     "run_sgd",
     "run_sgf",
     "sample_batch",

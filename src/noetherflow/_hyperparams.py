@@ -1,0 +1,183 @@
+"""η and γ of the flows, given by hand or read from a ``torch.optim`` optimizer at each use.
+
+:class:`HyperSource` is what :class:`noetherflow.NoetherMonitor`,
+:class:`noetherflow.EquilibriumTeleport` and the Lightning callback hold instead of loose
+``lr``/``weight_decay`` numbers:
+
+* explicit: ``lr=η, weight_decay=γ`` (γ of γ‖θ‖² in the loss, the paper's convention);
+* from an optimizer: ``optimizer=opt``; :meth:`HyperSource.current` reads the param groups
+  every time it is called, so learning-rate schedules are followed.
+
+Supported optimizers: plain SGD (``torch.optim.SGD`` with ``momentum=0``, no Nesterov, not
+``maximize``). Its ``weight_decay=w`` adds w·θ to the gradient, i.e. the gradient of
+(w/2)‖θ‖²: γ = w/2. Momentum, Adam, AdamW and other optimizers change the noise model; they
+are refused with an error pointing to the optimizer issue (#18) that will add them.
+
+Param groups: only the groups holding the watched parameters matter; they must agree on lr
+and weight decay (the flows have one η and one γ), otherwise the source refuses with the
+groups and their values.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+__all__ = ["HyperSource", "sgd_hyperparameters"]
+
+_LATER = (
+    "noetherflow's noise model covers plain SGD for now; momentum, Adam/AdamW and other "
+    "optimizers are planned in the optimizer issue (#18)"
+)
+
+
+def sgd_hyperparameters(
+    optimizer: torch.optim.Optimizer, params: Iterable[nn.Parameter], *, owner: str
+) -> tuple[float, float]:
+    """(η, γ) of the param groups of ``optimizer`` that hold ``params``; γ = weight_decay / 2.
+
+    Raises ``ValueError`` naming ``owner`` when the optimizer is not plain SGD, when the
+    parameters are not in the optimizer, or when their groups disagree on lr/weight decay.
+    """
+    inner = getattr(optimizer, "optimizer", None)  # TeleportingOptimizer, LightningOptimizer
+    if not isinstance(optimizer, torch.optim.Optimizer) and isinstance(
+        inner, torch.optim.Optimizer
+    ):
+        optimizer = inner
+    name = type(optimizer).__name__
+    if not isinstance(optimizer, torch.optim.SGD):
+        raise ValueError(
+            f"{owner}(optimizer=...) got a {name}; {_LATER}. Pass lr=η and weight_decay=γ "
+            "explicitly instead of optimizer= (for SGD with momentum β, the effective lr is "
+            "η/(1 − β))."
+        )
+    wanted = {id(p) for p in params}
+    groups = [
+        (k, g)
+        for k, g in enumerate(optimizer.param_groups)
+        if wanted & {id(p) for p in g["params"]}
+    ]
+    found = {id(p) for _, g in groups for p in g["params"]} & wanted
+    if len(found) < len(wanted):
+        raise ValueError(
+            f"{owner}(optimizer=...): {len(wanted) - len(found)} of the {len(wanted)} parameters "
+            "the symmetries act on are not in the optimizer's param groups; pass the optimizer "
+            "that trains this model."
+        )
+    for k, g in groups:
+        if g.get("momentum", 0.0) != 0.0 or g.get("nesterov", False):
+            raise ValueError(
+                f"{owner}(optimizer=...): param group {k} of the SGD has "
+                f"momentum={g.get('momentum')!r}, nesterov={g.get('nesterov')!r}; {_LATER}. Use "
+                "momentum=0, or pass lr=η/(1 − β) and weight_decay=γ explicitly."
+            )
+        if g.get("maximize", False):
+            raise ValueError(
+                f"{owner}(optimizer=...): param group {k} has maximize=True; expected gradient "
+                "descent (maximize=False)."
+            )
+    values = {(float(g["lr"]), float(g.get("weight_decay", 0.0))) for _, g in groups}
+    if len(values) > 1:
+        seen = ", ".join(
+            f"group {k}: lr={float(g['lr'])!r}, weight_decay={float(g.get('weight_decay', 0.0))!r}"
+            for k, g in groups
+        )
+        raise ValueError(
+            f"{owner}(optimizer=...): the watched parameters lie in param groups with different "
+            f"hyper-parameters ({seen}); the flows have one η and one γ. Watch symmetries whose "
+            "parameters share one group, or pass lr= and weight_decay= explicitly."
+        )
+    lr, wd = values.pop()
+    return lr, wd / 2.0
+
+
+@dataclass
+class HyperSource:
+    """Where η and γ come from: explicit numbers or an optimizer read at every call.
+
+    Args:
+        owner: the class name, for error messages.
+        lr, weight_decay: explicit η and γ (γ‖θ‖² convention); ``weight_decay`` defaults to 0.
+        optimizer: read η, γ from its param groups instead (see :func:`sgd_hyperparameters`).
+        params: the parameters whose groups are read.
+    """
+
+    owner: str
+    lr: float | None
+    weight_decay: float | None
+    optimizer: torch.optim.Optimizer | None
+    params: tuple[nn.Parameter, ...]
+
+    @classmethod
+    def create(
+        cls,
+        owner: str,
+        *,
+        lr: float | None,
+        weight_decay: float | None,
+        optimizer: torch.optim.Optimizer | None,
+        params: Iterable[nn.Parameter],
+    ) -> HyperSource:
+        """Check that exactly one source is given; read the optimizer once to fail early."""
+        if optimizer is not None:
+            given = [
+                f"{n}={v!r}"
+                for n, v in (("lr", lr), ("weight_decay", weight_decay))
+                if v is not None
+            ]
+            if given:
+                raise ValueError(
+                    f"{owner}: both optimizer= and {', '.join(given)} were given; the "
+                    "hyper-parameters are read from the optimizer's param groups when it is "
+                    "passed. Drop " + " and ".join(g.split("=")[0] + "=" for g in given) + " (or "
+                    "drop optimizer= to set them by hand)."
+                )
+        elif lr is None:
+            raise ValueError(
+                f"{owner}: the learning rate is missing; pass optimizer=opt (η and γ are then "
+                "read from its param groups at every record) or lr=η (and weight_decay=γ)."
+            )
+        src = cls(owner, lr, weight_decay, optimizer, tuple(params))
+        src.current()
+        return src
+
+    @property
+    def from_optimizer(self) -> bool:
+        """Whether the values are read from an optimizer."""
+        return self.optimizer is not None
+
+    def current(self) -> tuple[float, float]:
+        """(η, γ) now: the explicit values, or those of the optimizer's param groups."""
+        if self.optimizer is not None:
+            lr, gamma = sgd_hyperparameters(self.optimizer, self.params, owner=self.owner)
+        else:
+            assert self.lr is not None
+            lr, gamma = float(self.lr), float(self.weight_decay or 0.0)
+        if not (math.isfinite(lr) and lr > 0):
+            raise ValueError(f"{self.owner}: lr={lr!r} must be a positive finite learning rate η.")
+        if not (math.isfinite(gamma) and gamma >= 0):
+            raise ValueError(
+                f"{self.owner}: weight_decay={gamma!r} must be a finite γ >= 0 (γ of γ‖θ‖²; "
+                "torch.optim.SGD(weight_decay=w) is γ = w/2)."
+            )
+        return lr, gamma
+
+    def set(self, name: str, value: float) -> None:
+        """Set ``lr`` or ``weight_decay`` by hand (refused when they come from an optimizer)."""
+        if self.optimizer is not None:
+            raise AttributeError(
+                f"{self.owner}.{name} is read from the optimizer given as optimizer=; change "
+                "the optimizer's param_groups (or use a torch.optim.lr_scheduler) instead of "
+                f"setting {name}={value!r}."
+            )
+        old = getattr(self, name)
+        setattr(self, name, value)
+        try:
+            self.current()
+        except ValueError:
+            setattr(self, name, old)
+            raise

@@ -1,0 +1,128 @@
+"""Keep optimizer state, ``.grad`` and buffers consistent with a teleport.
+
+A teleport T moves θ → Tθ. Gradient-like state (SGD momentum, Adam's first moment, ``.grad``)
+is a cotangent: the gradient at Tθ is T^{-T}∇ℓ(θ) (paper eqs. 34–37), so it is transported
+with the same group element (``Symmetry.transport_grads_``), which keeps the optimizer's
+trajectory exactly equivalent for SGD with momentum. Adam's second moments are averages of
+squared gradients: under a diagonal element each coordinate's g² scales by e^{−2a·λ}, so they
+are transformed exactly; under a rotation or a dense generator they do not transform
+covariantly (the square of a rotated vector is not the rotated square), so the whole
+optimizer state of those parameters is reset (dropped: the optimizer re-initialises it, with
+its own bias correction). Unknown state entries shaped like the parameter are also reset.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping
+from enum import Enum
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from noetherflow.equilibrium import EquilibriumSolution
+from noetherflow.symmetry.base import Symmetry
+
+__all__ = ["OptimizerState", "transform_optimizer_state"]
+
+# Optimizer state entries: gradient-like (cotangent) and squared-gradient-like ones.
+_COTANGENT = ("momentum_buffer", "exp_avg", "grad_avg")
+_SQUARED = ("exp_avg_sq", "max_exp_avg_sq", "square_avg", "sum")
+
+
+class OptimizerState(str, Enum):
+    """What a teleport does to the optimizer state of the parameters it moves."""
+
+    TRANSFORM = "transform"
+    RESET = "reset"
+
+
+def transport_(sym: Symmetry, element: Any, tensors: Mapping[nn.Parameter, Tensor]) -> None:
+    """Cotangent transport of single tensors (not per-sample batches), in place."""
+    full = {}
+    for p in sym.params:
+        t = tensors.get(p)
+        full[p] = (torch.zeros_like(p) if t is None else t).detach().unsqueeze(0).clone()
+    sym.transport_grads_(element, full)
+    with torch.no_grad():
+        for p, t in tensors.items():
+            t.copy_(full[p][0])
+
+
+def transform_optimizer_state(
+    optimizer: torch.optim.Optimizer,
+    solution: EquilibriumSolution,
+    *,
+    mode: OptimizerState | str = OptimizerState.TRANSFORM,
+) -> list[nn.Parameter]:
+    """Make ``optimizer``'s state consistent with parameters moved by ``solution``.
+
+    Call it right after :func:`noetherflow.teleport` (or with the same solution). Gradient-like
+    entries (``momentum_buffer``, ``exp_avg``, ``grad_avg``) are transported as cotangents
+    (T^{-T}); squared-gradient entries (``exp_avg_sq``, ``max_exp_avg_sq``, ``square_avg``,
+    ``sum``) are scaled by e^{−2a·λ} under diagonal elements; under rotations and dense
+    elements, and for unknown parameter-shaped entries, the parameter's whole state is reset.
+
+    Returns:
+        The parameters whose state was reset.
+    """
+    mode = OptimizerState(mode)
+    syms = solution.syms
+    reset: dict[int, nn.Parameter] = {}
+
+    def drop(p: nn.Parameter) -> None:
+        if p in optimizer.state:
+            del optimizer.state[p]
+            reset[id(p)] = p
+
+    if mode is OptimizerState.RESET:
+        for p in syms.params():
+            drop(p)
+        return list(reset.values())
+    for i, element in solution.steps:
+        sym = syms[i]
+        live = [p for p in sym.params if p in optimizer.state and id(p) not in reset]
+        for p in live:
+            unknown = [
+                k
+                for k, v in optimizer.state[p].items()
+                if isinstance(v, Tensor)
+                and v.shape == p.shape
+                and k not in _COTANGENT
+                and k not in _SQUARED
+            ]
+            if unknown:
+                drop(p)
+        live = [p for p in live if id(p) not in reset]
+        if not sym.is_diagonal:
+            squared = [p for p in live if any(k in optimizer.state[p] for k in _SQUARED)]
+            for p in squared:
+                drop(p)
+            live = [p for p in live if id(p) not in reset]
+        for key in _COTANGENT:
+            ts = {p: optimizer.state[p][key] for p in live if key in optimizer.state[p]}
+            if ts:
+                transport_(sym, element, ts)
+        for key in _SQUARED:
+            ts = {p: optimizer.state[p][key] for p in live if key in optimizer.state[p]}
+            if ts:  # diagonal only here: g² → e^{−2s} g²
+                transport_(sym, element, ts)
+                transport_(sym, element, ts)
+    return list(reset.values())
+
+
+@contextlib.contextmanager
+def preserved(model: nn.Module) -> Iterator[None]:
+    """Keep ``.grad`` and buffers (BatchNorm running statistics) as they were."""
+    grads = {p: (None if p.grad is None else p.grad.detach().clone()) for p in model.parameters()}
+    bufs = {n: b.detach().clone() for n, b in model.named_buffers()}
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for p, g in grads.items():
+                p.grad = g
+            named = dict(model.named_buffers())
+            for n, b in bufs.items():
+                named[n].copy_(b)

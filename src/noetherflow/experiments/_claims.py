@@ -1,0 +1,128 @@
+"""Claims: a quantitative statement of the paper, measured (``value <op> threshold``).
+
+:class:`Claim` is what an experiment's ``claims(results, cfg)`` returns; :class:`Op` the
+comparison; :func:`evaluate` the one rule that decides whether a claim holds (a missing or
+NaN value never holds). Claims round-trip through metrics.json (:meth:`Claim.to_dict`,
+:meth:`Claim.from_dict`), ``holds`` being recomputed, never trusted.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from noetherflow._io import to_jsonable
+
+__all__ = ["Claim", "Op", "evaluate"]
+
+
+class Op(str, enum.Enum):
+    """Comparison of a claim: ``value <op> threshold``; ``abs<`` compares ``|value|``."""
+
+    LT = "<"
+    LE = "<="
+    GT = ">"
+    GE = ">="
+    EQ = "=="
+    NE = "!="
+    ABS_LT = "abs<"
+    ABS_LE = "abs<="
+
+    @classmethod
+    def parse(cls, op: Op | str) -> Op:
+        try:
+            return cls(op)
+        except ValueError:
+            valid = ", ".join(repr(o.value) for o in cls)
+            raise ValueError(
+                f"unknown claim op {op!r}; expected one of {valid} (e.g. op='<')"
+            ) from None
+
+
+def _as_float(value: Any) -> float:
+    if value is None:
+        return math.nan
+    if isinstance(value, str):  # "inf" / "-inf" as written by to_jsonable
+        try:
+            return float(value)
+        except ValueError:
+            return math.nan
+    return float(value)
+
+
+def evaluate(value: Any, op: Op | str, threshold: Any) -> bool:
+    """Whether ``value <op> threshold`` holds. A missing or NaN value never holds."""
+    o = Op.parse(op)
+    v, t = _as_float(value), _as_float(threshold)
+    if math.isnan(v) or math.isnan(t):
+        return False
+    if o is Op.LT:
+        return v < t
+    if o is Op.LE:
+        return v <= t
+    if o is Op.GT:
+        return v > t
+    if o is Op.GE:
+        return v >= t
+    if o is Op.EQ:
+        return v == t
+    if o is Op.NE:
+        return v != t
+    if o is Op.ABS_LT:
+        return abs(v) < t
+    return abs(v) <= t  # Op.ABS_LE
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A quantitative statement of the paper, measured: ``value <op> threshold``.
+
+    ``holds`` is computed from value, op and threshold; it cannot be passed in.
+    Thresholds come from the paper or the issue, never tuned after the fact; a failing
+    claim is reported as failing, not removed. ``note`` carries context (e.g. divergence).
+    """
+
+    id: str
+    statement: str
+    value: float | int | bool | None
+    op: Op | str  # a str is parsed into Op; after construction it is always an Op
+    threshold: float | int | bool
+    note: str = ""
+    holds: bool = field(init=False)
+
+    def __post_init__(self) -> None:
+        op = Op.parse(self.op)
+        value = self.value
+        if value is not None and not isinstance(value, bool | int | float):
+            value = float(value)  # numpy / torch scalars
+        elif isinstance(value, float) and not isinstance(value, bool):
+            value = float(value)
+        object.__setattr__(self, "op", op)
+        object.__setattr__(self, "value", value)
+        object.__setattr__(self, "holds", evaluate(value, op, self.threshold))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "statement": self.statement,
+            "value": to_jsonable(self.value),
+            "op": Op.parse(self.op).value,
+            "threshold": to_jsonable(self.threshold),
+            "holds": self.holds,
+            "note": self.note,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Claim:
+        """Rebuild a claim from metrics.json (``holds`` is recomputed)."""
+        value = d.get("value")
+        return cls(
+            id=str(d["id"]),
+            statement=str(d.get("statement", "")),
+            value=None if value is None else _as_float(value),
+            op=Op.parse(d["op"]),
+            threshold=_as_float(d["threshold"]),
+            note=str(d.get("note", "")),
+        )
