@@ -47,6 +47,12 @@ def lin(name: str, start: int, stop: int, bias: bool = True) -> tuple[tuple[Any,
     return out + (((f"{name}.bias", 0, start, stop),) if bias else ())
 
 
+def A(norm: str, *readers: str) -> tuple[Any, ...]:
+    """A normalisation's affine weight and bias rescaled against the layers reading it."""
+    up = ((f"{norm}.weight", 0, 1), (f"{norm}.bias", 0, 1))
+    return ("rescaling", up, tuple((f"{r}.weight", 1, 1) for r in readers))
+
+
 def rot(w: tuple[Any, ...], u: tuple[Any, ...]) -> tuple[Any, ...]:
     return ("rotation", w, u)
 
@@ -70,6 +76,7 @@ EXPECTED: dict[str, list[tuple[Any, ...]]] = {
     "tanh_mlp": [],  # only approximate (tanh, GELU): reported in the coverage
     "small_cnn": [
         S("conv1.weight", "conv1.bias", per_channel=True),
+        A("bn1", "conv2"),  # BatchNorm affine → ReLU → conv2 (exact in train and eval mode)
         R("conv2", "fc", block=4),  # conv2 → ReLU → MaxPool → flatten: 4 columns per channel
     ],
     "vgg": [
@@ -79,10 +86,12 @@ EXPECTED: dict[str, list[tuple[Any, ...]]] = {
         R("classifier.1", "classifier.4"),
     ],
     "gpt_block": [
+        A("ln1", "attn.q", "attn.k", "attn.v"),  # x.shape is a shape read, not a use
         rot(lin("attn.q", 0, 4), lin("attn.k", 0, 4)),
         rot(lin("attn.q", 4, 8), lin("attn.k", 4, 8)),
         rot(lin("attn.v", 0, 4), (("attn.proj.weight", 1, 0, 4),)),
         rot(lin("attn.v", 4, 8), (("attn.proj.weight", 1, 4, 8),)),
+        A("ln2", "fc1"),
     ],
     "packed_attention": [
         rot(lin("c_attn", 0, 4), lin("c_attn", 8, 12)),
@@ -90,11 +99,12 @@ EXPECTED: dict[str, list[tuple[Any, ...]]] = {
         rot(lin("c_attn", 16, 20), (("c_proj.weight", 1, 0, 4),)),
         rot(lin("c_attn", 20, 24), (("c_proj.weight", 1, 4, 8),)),
     ],
-    "mha_block": [*mha_heads(), S("fc.weight", "fc.bias")],
+    "mha_block": [*mha_heads(), S("fc.weight", "fc.bias"), A("ln", "out")],
     "tied_embeddings": [R("fc1", "fc2")],  # fc2 → head is blocked: head.weight is tied
     "factorised": [rot(lin("w", 0, 3), (("u.weight", 1, 0, 3),)), S("g")],
     "group_norm_net": [
         S("conv1.weight", "conv1.bias"),
+        A("gn", "conv2"),
         S("conv2.weight", "conv2.bias", per_channel=True),
     ],
 }
@@ -161,7 +171,7 @@ def test_zoo_exact_step_identity(name: str) -> None:
 def test_to_dict_schema_attention() -> None:
     model, x = zoo.gpt_block()
     rows = find_symmetries(model, x).to_dict()
-    assert rows[0] == {
+    assert rows[1] == {
         "name": "rotation:attn.q·attn.k[h0]",
         "family": "rotation",
         "modules": ["attn.q.weight", "attn.q.bias", "attn.k.weight", "attn.k.bias"],
@@ -169,7 +179,7 @@ def test_to_dict_schema_attention() -> None:
         "verified": True,
         "tolerance": 1e-9,
     }
-    assert [r["size"] for r in rows] == [4, 4, 4, 4]
+    assert [r["size"] for r in rows] == [8, 4, 4, 4, 4, 8]  # ln1, 4 heads, ln2
 
 
 def test_print_is_a_table_and_names_are_unique() -> None:
@@ -207,8 +217,12 @@ def test_batchnorm_eval_mode_is_not_scale_invariant() -> None:
     model.eval()
     syms = find_symmetries(model, x)
     names = _names(model)
-    assert [symmetry_signature(s, names) for s in syms] == [S("conv1.weight", "conv1.bias")]
-    reasons = syms.coverage(model)["conv2.weight"].reasons
+    assert [symmetry_signature(s, names) for s in syms] == [
+        S("conv1.weight", "conv1.bias"),
+        A("gn", "conv2"),
+    ]
+    # conv2.weight's columns are now covered by A("gn", "conv2"); its bias is not
+    reasons = syms.coverage(model)["conv2.bias"].reasons
     assert any("eval mode" in r for r in reasons)
 
 

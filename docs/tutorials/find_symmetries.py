@@ -88,11 +88,13 @@ def main(tiny: bool = False) -> float:
     print(f"CNN: {dict(fam_cnn)}; transformer block: {dict(fam_block)}")
     worst = max(err_cnn, err_block)
     print(f"largest relative output change under a random group element: {worst:.1e}")
-    # two rescalings (conv→conv across ReLU+max-pool, linear→linear) and the per-channel
-    # scale invariance of the conv feeding BatchNorm
-    assert fam_cnn == Counter(rescaling=2, scale=1), fam_cnn
-    # one rotation per head for q·kᵀ and for v → o, one rescaling for the MLP
-    assert fam_block == Counter(rotation=2 * heads, rescaling=1), fam_block
+    # three rescalings (conv→conv across ReLU+max-pool, BatchNorm's affine → linear across
+    # ReLU+flatten, linear→linear) and the per-channel scale invariance of the conv feeding
+    # BatchNorm
+    assert fam_cnn == Counter(rescaling=3, scale=1), fam_cnn
+    # one rotation per head for q·kᵀ and for v → o; three rescalings: the MLP's, and each
+    # LayerNorm's affine parameters against the layers reading it (ln1 → q, k, v; ln2 → fc1)
+    assert fam_block == Counter(rotation=2 * heads, rescaling=3), fam_block
     assert worst < 1e-9, worst
     return worst
 

@@ -51,9 +51,11 @@ from noetherflow.stats.core import Estimator, GradStats, Level, Reduction
 from noetherflow.stats.distributed import all_reduce_stats
 from noetherflow.stats.registry import LayerHandler, register_layer
 from noetherflow.symmetry.base import Family, Symmetry
+from noetherflow.symmetry.channel import ChannelRescaling
 from noetherflow.symmetry.coverage import CoverageReport, CoverageStatus, ParamCoverage
 from noetherflow.symmetry.dense import DenseSymmetry
 from noetherflow.symmetry.detect import DetectionError, find_symmetries, symmetry_signature
+from noetherflow.symmetry.eps import EpsReport, clip_to_eps
 from noetherflow.symmetry.rescaling import Rescaling
 from noetherflow.symmetry.rotation import Block, DoubleRotation
 from noetherflow.symmetry.scaling import ScaleInvariance
@@ -66,6 +68,7 @@ __version__ = "0.1.0"
 __all__ = [
     # symmetries
     "Block",
+    "ChannelRescaling",
     "DenseSymmetry",
     "DoubleRotation",
     "Family",
@@ -77,7 +80,9 @@ __all__ = [
     # detection
     "CoverageReport",
     "CoverageStatus",
+    "EpsReport",
     "ParamCoverage",
+    "clip_to_eps",
     "find_symmetries",
     "symmetry_signature",
     # statistics

@@ -21,14 +21,15 @@ class TeleportError(ValueError):
 
 @dataclass
 class TeleportHandle:
-    """Returned by :func:`teleport`; ``undo()`` restores the parameters bit for bit."""
+    """Returned by :func:`teleport`; ``undo()`` restores parameters and buffers bit for bit."""
 
     solution: EquilibriumSolution
-    _saved: dict[nn.Parameter, Tensor]
+    _saved: dict[Tensor, Tensor]
     _undone: bool = False
 
     def undo(self) -> None:
-        """Restore the parameters saved before the teleport (exactly, no inverse round-off)."""
+        """Restore the parameters (and the buffers a symmetry moves, e.g. BatchNorm running
+        statistics) saved before the teleport: exactly, no inverse round-off."""
         if self._undone:
             raise RuntimeError("This teleport was already undone; undo() works once.")
         with torch.no_grad():
@@ -75,6 +76,16 @@ def _bind(model: nn.Module, solution: EquilibriumSolution) -> SymmetrySet:
             )
         mapping[id(p)] = q
     out = SymmetrySet([rebind_symmetry(s, mapping) for s in syms])
+    own_buffers = {id(b) for b in model.buffers()}
+    if any(id(b) not in own_buffers for s in out for b in s.state_buffers()):
+        # A copy's BatchNorm running statistics cannot be matched to the original's: moving
+        # the original's would silently change another model.
+        raise TeleportError(
+            "teleport(model, solution): the solution's symmetries also transform BatchNorm "
+            "running statistics of another model (they were built on the original); build "
+            "the symmetries on this model (nf.find_symmetries(model, x)) and solve again, or "
+            "teleport the original with teleport(solution)."
+        )
     out.param_names = {id(mapping[k]): v for k, v in names.items() if k in mapping}
     return out
 
@@ -118,7 +129,9 @@ def teleport(*args: Any) -> TeleportHandle:
                 "a solution is valid only at the parameters it was solved at. Collect the "
                 "statistics and solve again, then teleport."
             )
-    saved = {p: p.detach().clone() for p in params}
+    saved: dict[Tensor, Tensor] = {p: p.detach().clone() for p in params}
+    for s in syms:  # buffers moved with the parameters (ScaleInvariance before a BatchNorm)
+        saved.update({b: b.detach().clone() for b in s.state_buffers()})
     for i, element in solution.steps:
         syms[i].apply_(element)
     return TeleportHandle(solution, saved)

@@ -163,6 +163,10 @@ class Symmetry(ABC):
         """Boolean mask (CPU) of the coordinates of ``p`` (one of ``params``) acted on."""
         return torch.ones(p.shape, dtype=torch.bool)
 
+    def state_buffers(self) -> list[Tensor]:
+        """Buffers that ``apply_`` transforms besides the parameters (default: none)."""
+        return []
+
     def signature(self, names: Mapping[int, str]) -> tuple[Any, ...]:
         """A hashable description of what the symmetry acts on (``names``: id → name).
 

@@ -1,50 +1,47 @@
 """Automatic detection of exponential symmetries: :func:`find_symmetries`.
 
-1. Trace the model with torch.fx and record every node's value on the example inputs.
-2. Follow the features of every Linear/Conv layer through the graph and run one small
-   matcher per family on where they arrive (:mod:`noetherflow.symmetry._fx_patterns`).
+1. Capture the model's graph (:mod:`noetherflow.symmetry._fx.capture`): torch.fx
+   symbolically, else traced on the example inputs with concrete values (Hugging Face
+   models, ``nn.Transformer``), else submodule by submodule; record every node's value.
+2. Follow the features of every layer and normalisation through the graph and run one small
+   matcher per pattern on where they arrive (:mod:`noetherflow.symmetry._fx`).
 3. Drop candidates on parameters used more than once (shared modules, weight tying) or
-   frozen, and check every remaining one numerically: a float64 copy of the model, a random
-   group element of size ``scale``, the relative change of the outputs (or of the loss)
-   must stay below ``tolerance``.
-4. Record, for every parameter, why no symmetry acts on it (:meth:`SymmetrySet.coverage`).
-
-When tracing fails, the nn.Sequential containers are traced one by one instead and the result
-may be incomplete (a warning says so, and so does the coverage report).
+   frozen, and check every remaining one numerically (:mod:`noetherflow.symmetry._fx.check`):
+   a float64 copy of the model, a random group element of size ``scale``, the relative change
+   of the outputs (or of the loss) and of the intermediate layer outputs must stay below
+   ``tolerance``, with a control that the check is not degenerate.
+4. Record, for every parameter, why no symmetry acts on it (:meth:`SymmetrySet.coverage`),
+   including "not analysed" and why when part of the model could not be captured (a warning
+   says so, and the coverage is marked incomplete).
 
 Normalisation layers have ``eps > 0``, so the invariances they create (scale invariance of
 the weights feeding BatchNorm/LayerNorm/GroupNorm/RMSNorm) hold only up to eps: scaling by
 e^λ changes the output by O(eps/var). These symmetries are verified on a float64 copy whose
 norm layers have eps = 0 (where they are exact) and the coverage report states the relative
-change measured with the model's own eps. Functional normalisations (``F.layer_norm``) are
-not matched.
+change measured with the model's own eps; :func:`noetherflow.clip_to_eps` keeps a teleport
+inside the region where eps does not matter. Functional normalisations (``F.layer_norm``
+called outside a normalisation module) are not matched.
 """
 
 from __future__ import annotations
 
-import copy
 import warnings
 from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch import Tensor, fx, nn
+from torch import Tensor, nn
 
-from noetherflow.symmetry import _fx_patterns as pat
+from noetherflow.symmetry._fx import engine as pat
+from noetherflow.symmetry._fx.capture import capture
+from noetherflow.symmetry._fx.check import Checker
+from noetherflow.symmetry._fx.matchers import run_patterns
 from noetherflow.symmetry.base import Symmetry
+from noetherflow.symmetry.channel import ChannelRescaling
 from noetherflow.symmetry.coverage import DetectionReport
-from noetherflow.symmetry.set import SymmetrySet, VerifyResult, _as_outputs, _rebind, _to64
+from noetherflow.symmetry.set import SymmetrySet, VerifyResult
 
 __all__ = ["DetectionError", "find_symmetries", "symmetry_signature"]
-
-_NORM_TYPES = (
-    nn.BatchNorm1d,
-    nn.BatchNorm2d,
-    nn.BatchNorm3d,
-    nn.LayerNorm,
-    nn.GroupNorm,
-    nn.RMSNorm,
-)
 
 
 class DetectionError(ValueError):
@@ -86,12 +83,6 @@ class _Isolated:
                 b.copy_(v)
 
 
-def _record(gm: fx.GraphModule, args: tuple[Any, ...]) -> dict[fx.Node, Any]:
-    interp = fx.Interpreter(gm, garbage_collect_values=False)
-    interp.run(*args)
-    return dict(interp.env)
-
-
 def _run_failed(model: nn.Module, args: tuple[Any, ...], exc: Exception) -> DetectionError:
     layers = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
     first = next((m for m in model.modules() if isinstance(m, layers)), None)
@@ -107,126 +98,6 @@ def _run_failed(model: nn.Module, args: tuple[Any, ...], exc: Exception) -> Dete
         f"model accepts, e.g. a small batch.{hint} Pass example_inputs with the model's input "
         "shape (a tuple for several positional inputs)."
     )
-
-
-def _trace(model: nn.Module) -> fx.GraphModule:
-    """symbolic_trace, with buffers as graph nodes (so ``self.mask[:, :, :T, :T]`` traces)."""
-    tracer = fx.Tracer()
-    tracer.proxy_buffer_attributes = True
-    graph = tracer.trace(model)
-    return fx.GraphModule(tracer.root, graph, type(model).__name__)
-
-
-def _graphs(
-    model: nn.Module, args: tuple[Any, ...], seed: int, notes: list[str]
-) -> tuple[list[pat.GraphInfo], bool]:
-    """Traced graphs with recorded values: the whole model, or its Sequentials as fallback."""
-    try:
-        gm = _trace(model)
-    except Exception as exc:
-        gm = None
-        why = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-    if gm is not None:
-        try:
-            with _Isolated(model, seed):
-                values = _record(gm, args)
-        except Exception as exc:
-            raise _run_failed(model, args, exc) from exc
-        return [pat.GraphInfo(gm, values)], True
-    # Fallback: trace every outermost nn.Sequential on the inputs it sees in a real forward.
-    seqs: list[tuple[str, nn.Sequential]] = []
-    for name, m in model.named_modules():
-        if isinstance(m, nn.Sequential) and not any(name.startswith(f"{s}.") for s, _ in seqs):
-            seqs.append((name, m))
-    seen: dict[str, list[tuple[Any, ...]]] = {}
-    handles = [
-        m.register_forward_pre_hook(
-            lambda _m, inp, name=name: seen.setdefault(name, []).append(inp)
-        )
-        for name, m in seqs
-    ]
-    try:
-        with _Isolated(model, seed):
-            model(*args)
-    except Exception as exc:
-        raise _run_failed(model, args, exc) from exc
-    finally:
-        for h in handles:
-            h.remove()
-    infos: list[pat.GraphInfo] = []
-    for name, seq in seqs:
-        calls = seen.get(name, [])
-        if len(calls) != 1:
-            notes.append(f"nn.Sequential {name or '(root)'} ran {len(calls)} times: not analysed")
-            continue
-        try:
-            sub = _trace(seq)
-            with _Isolated(model, seed):
-                values = _record(sub, calls[0])
-        except Exception as sub_exc:
-            notes.append(f"nn.Sequential {name or '(root)'} does not trace either ({sub_exc})")
-            continue
-        infos.append(pat.GraphInfo(sub, values, prefix=name))
-    where = (
-        f"only the nn.Sequential containers {[n or '(root)' for n, _ in seqs]} were analysed"
-        if seqs
-        else "it has no nn.Sequential containers to fall back on, so nothing was analysed"
-    )
-    notes.insert(
-        0,
-        f"torch.fx could not trace the model ({why}); {where}, so the result may be incomplete",
-    )
-    return infos, False
-
-
-class _Checker:
-    """Float64 copies of the model (as is, and with norm eps = 0) and a relative-change test."""
-
-    def __init__(
-        self,
-        model: nn.Module,
-        args: tuple[Any, ...],
-        loss_fn: Callable[[Any, Any], Tensor] | None,
-        targets: Any,
-        seed: int,
-    ) -> None:
-        self.copies: list[tuple[nn.Module, dict[int, nn.Parameter]]] = []
-        for zero_eps in (False, True):
-            m64 = copy.deepcopy(model).to(torch.float64)
-            if zero_eps:
-                for m in m64.modules():
-                    if isinstance(m, _NORM_TYPES):
-                        # BatchNorm refuses eps = 0 in training; the smallest positive
-                        # float64 is exactly 0 next to any non-degenerate variance.
-                        m.eps = torch.finfo(torch.float64).tiny
-            mapping = {id(p): q for p, q in zip(model.parameters(), m64.parameters(), strict=True)}
-            self.copies.append((m64, mapping))
-        self.args = _to64(args)
-        self.targets = _to64(targets)
-        self.loss_fn = loss_fn
-        self.seed = seed
-        self.base = [self._eval(m) for m, _ in self.copies]
-
-    def _eval(self, m64: nn.Module) -> Tensor:
-        with _Isolated(m64, self.seed):
-            out = m64(*self.args)
-            if self.loss_fn is not None:
-                return self.loss_fn(out, self.targets).reshape(1)
-            return _as_outputs(out).reshape(-1)
-
-    def rel_change(self, sym: Symmetry, element: Any, zero_eps: bool) -> float:
-        m64, mapping = self.copies[int(zero_eps)]
-        s64 = _rebind(sym, mapping)
-        saved = [(p, p.detach().clone()) for p in s64.params]
-        s64.apply_(element)
-        try:
-            after = self._eval(m64)
-        finally:
-            with torch.no_grad():
-                for p, v in saved:
-                    p.copy_(v)
-        base = self.base[int(zero_eps)]
-        return float((after - base).norm() / base.norm().clamp_min(1e-300))
 
 
 def find_symmetries(
@@ -274,14 +145,21 @@ def find_symmetries(
         raise ValueError(f"find_symmetries: tolerance must be > 0, got {tolerance}.")
     args = _as_args(example_inputs)
     names = {id(p): n for n, p in model.named_parameters()}
-    notes: list[str] = []
-    infos, traced = _graphs(model, args, seed, notes)
+    cap = capture(
+        model, args, lambda: _Isolated(model, seed), lambda exc: _run_failed(model, args, exc)
+    )
+    infos, notes = cap.infos, cap.notes
+    traced = cap.method != "per module"
     ledger = pat.Ledger(names)
+    for qual, why in cap.not_analysed.items():
+        mod = model.get_submodule(qual) if qual else model
+        own = list(mod.parameters(recurse=not qual == ""))
+        ledger.note(own, f"not analysed: {qual or '(root)'} {why}")
     for info in infos:
         pat.count_uses(info, ledger)
     proposals: list[pat.Proposal] = []
     for info in infos:
-        proposals.extend(pat.run_patterns(info, ledger))
+        proposals.extend(run_patterns(info, ledger))
     detection = DetectionReport(
         traced=traced,
         complete=traced,
@@ -290,7 +168,7 @@ def find_symmetries(
         notes=notes,
         unsupported=dict(ledger.unsupported),
     )
-    checker = _Checker(model, args, loss_fn, targets, seed) if proposals else None
+    checker = Checker(model, args, loss_fn, targets, seed, _Isolated) if proposals else None
     gen = torch.Generator().manual_seed(seed)
     found: list[tuple[int, str, Symmetry, VerifyResult]] = []
     labels: set[str] = set()
@@ -315,15 +193,28 @@ def find_symmetries(
             continue
         assert checker is not None
         element = sym.random_element(scale, gen)
-        rel_model = checker.rel_change(sym, element, zero_eps=False)
-        rel = checker.rel_change(sym, element, zero_eps=True) if prop.uses_norm_eps else rel_model
+        need_control = prop.approximate or not prop.uses_norm_eps
+        on_model = checker.check(sym, element, False, tolerance, scale, control=need_control)
+        chk = (
+            checker.check(sym, element, True, tolerance, scale) if prop.uses_norm_eps else on_model
+        )
+        rel_model, rel = on_model.rel, chk.rel
         if prop.approximate:
             msg = (
-                f"approximate {prop.family.value} {prop.label} {prop.note}: relative output "
-                f"change {rel_model:.2g} under a random element of size {scale:g}; not claimed"
+                f"approximate {prop.family.value} {prop.label} {prop.note}: relative output change "
+                f"{rel_model:.2g} under a random element of size {scale:g} (a generic "
+                f"perturbation: {on_model.control:.2g}); not claimed"
             )
             for p in prop.params:
                 detection.approximate.setdefault(id(p), []).append(msg)
+            continue
+        if chk.degenerate:
+            why = (
+                f"degenerate check: a generic perturbation of the same parameters changes the "
+                f"signal by only {chk.control:.2g}, even at a perturbed parameter point"
+            )
+            detection.rejected.append((prop.label, why))
+            ledger.note(list(prop.params), f"candidate {prop.label} not verified: {why}")
             continue
         if not rel <= tolerance:
             detection.rejected.append(
@@ -340,16 +231,10 @@ def find_symmetries(
             label, k = f"{prop.label}#{k}", k + 1
         labels.add(label)
         sym.label = label
-        note = prop.note
+        note = f"{prop.note}; " if prop.note else ""
         if prop.uses_norm_eps:
-            note = (
-                f"{label}: {note}; relative change {rel_model:.2g} with the model's eps "
-                f"(exact, {rel:.2g}, with eps → 0)"
-            )
-        elif note:
-            note = f"{label}: {note}"
-        if note:
-            detection.sym_notes[label] = note
+            note += f"relative change {rel_model:.2g} with the model's eps (eps → 0: {rel:.2g}); "
+        detection.sym_notes[label] = f"{label}: {note}verified on {chk.how}"
         found.append((prop.order, label, sym, VerifyResult(label, rel, tolerance, True)))
     detection.reasons = ledger.reasons
     syms = SymmetrySet(s for _, _, s, _ in found)
@@ -371,6 +256,8 @@ def symmetry_signature(sym: Symmetry, names: dict[int, str]) -> tuple[Any, ...]:
 
     * rescaling: ``("rescaling", first_weight_name, second_weight_name, block)``
     * scale: ``("scale", (param names…), per_channel)``
+    * channel rescaling: ``("rescaling", producer terms, consumer terms)`` with each term
+      ``(param name, axis, block)``
     * rotation: ``("rotation", W-side blocks, U-side blocks)`` with each block
       ``(param name, axis, start, stop)``.
     """

@@ -9,7 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
-from torch import nn
+import torch
+from torch import Tensor, nn
 
 from noetherflow._errors import SymmetryDefinitionError
 from noetherflow.symmetry.base import DiagonalSymmetry, DiagonalTerm, Family, check_params
@@ -25,6 +26,9 @@ class ScaleInvariance(DiagonalSymmetry):
         per_channel: one generator per index along dim 0 (all params must share that size),
             e.g. the per-channel invariance of a conv feeding BatchNorm in training mode.
         label: optional name shown in tables.
+        norm: the BatchNorm reading the scaled features, if any. ``apply_`` then also scales
+            its running statistics (mean by e^λ, variance by e^{2λ}), so that the eval-mode
+            function changes only through eps.
     """
 
     family: ClassVar[Family] = Family.SCALE
@@ -35,6 +39,7 @@ class ScaleInvariance(DiagonalSymmetry):
         *,
         per_channel: bool = False,
         label: str | None = None,
+        norm: nn.Module | None = None,
     ) -> None:
         super().__init__(label=label)
         params = list(params)
@@ -59,6 +64,21 @@ class ScaleInvariance(DiagonalSymmetry):
         self._terms = [
             DiagonalTerm(p, 0, 1 if per_channel else int(p.shape[0]), 1.0) for p in params
         ]
+        self.norm = norm
+
+    def state_buffers(self) -> list[Tensor]:
+        """Buffers ``apply_`` transforms besides the parameters (BatchNorm running stats)."""
+        stats = [getattr(self.norm, n, None) for n in ("running_mean", "running_var")]
+        return [b for b in stats if isinstance(b, Tensor)]
+
+    def apply_(self, element: Any) -> None:
+        super().apply_(element)
+        mean, var = (getattr(self.norm, n, None) for n in ("running_mean", "running_var"))
+        if isinstance(mean, Tensor) and isinstance(var, Tensor):
+            lam = torch.as_tensor(element).to(device=mean.device, dtype=torch.float64)
+            with torch.no_grad():
+                mean.mul_(torch.exp(lam).to(mean.dtype))
+                var.mul_(torch.exp(2 * lam).to(var.dtype))
 
     @property
     def num_generators(self) -> int:

@@ -30,13 +30,21 @@ class VerifyResult:
 
 
 def _as_outputs(out: Any) -> Tensor:
-    if isinstance(out, Tensor):
-        return out
-    if isinstance(out, tuple | list):
-        return torch.cat([_as_outputs(o).reshape(-1) for o in out])
-    if isinstance(out, dict):
-        return torch.cat([_as_outputs(v).reshape(-1) for v in out.values()])
-    raise TypeError(f"cannot compare model outputs of type {type(out).__name__}")
+    from noetherflow.symmetry._fx.capture import flat_outputs
+
+    # tensors inside tuples, lists and dicts; other objects (a key/value cache) are skipped
+    return flat_outputs(out)
+
+
+_HINTS = {
+    "rescaling": "a non-homogeneous activation (tanh, GELU, ReLU6, SiLU) or another reader of "
+    "the neurons (a residual connection) between the layers",
+    "scale": "the normalisation's eps (compare with eps → 0), BatchNorm in eval mode, or "
+    "another reader of the scaled features",
+    "rotation": "something element-wise between the two maps (an activation, dropout in "
+    "training mode, a rotary position embedding), or weight tying",
+    "dense": "the generator does not leave the loss unchanged",
+}
 
 
 class SymmetrySet:
@@ -152,44 +160,74 @@ class SymmetrySet:
         Raises:
             SymmetryNotPresentError: when ``strict`` and a symmetry changes the outputs.
         """
+        from noetherflow.symmetry._fx.layers import norm_spec
+
         tol = 1e-9 if tolerance is None else tolerance
-        m64 = copy.deepcopy(model).to(torch.float64)
-        mapping = dict(zip(model.parameters(), m64.parameters(), strict=True))
-        mapping_by_id = {id(p): q for p, q in mapping.items()}
         x64 = _to64(inputs)
         y64 = _to64(targets)
-        state = {k: v.clone() for k, v in m64.state_dict().items()}
 
-        def evaluate() -> Tensor:
-            m64.load_state_dict(state_buffers_only(m64, state), strict=False)
-            with torch.no_grad():
+        def make_copy(zero_eps: bool) -> tuple[nn.Module, dict[int, nn.Parameter]]:
+            m64 = copy.deepcopy(model).to(torch.float64)
+            for m in m64.modules() if zero_eps else ():
+                spec = norm_spec(m)
+                if spec is not None:  # scale invariance is exact at eps → 0 only
+                    setattr(m, spec.eps_attr, torch.finfo(torch.float64).tiny)
+            pairs = zip(model.parameters(), m64.parameters(), strict=True)
+            return m64, {id(p): q for p, q in pairs}
+
+        copies = [make_copy(False), make_copy(True)]
+        states = [{k: v.clone() for k, v in m.state_dict().items()} for m, _ in copies]
+
+        def evaluate(which: int) -> Tensor:
+            m64 = copies[which][0]
+            m64.load_state_dict(state_buffers_only(m64, states[which]), strict=False)
+            # the same RNG state in every pass: train-mode dropout draws the same masks
+            with torch.no_grad(), torch.random.fork_rng(devices=[]):
+                torch.manual_seed(seed)
                 out = m64(x64)
                 return loss_fn(out, y64).reshape(1) if loss_fn is not None else _as_outputs(out)
 
         gen = torch.Generator().manual_seed(seed)
-        base = evaluate()
+        bases = [evaluate(0), evaluate(1)]
+        if not bool(torch.isfinite(bases[0]).all()):
+            bad_in = any(
+                isinstance(t, Tensor) and t.is_floating_point() and not bool(t.isfinite().all())
+                for t in (x64 if isinstance(x64, tuple | list) else (x64,))
+            )
+            raise ValueError(
+                "verify: the inputs contain NaN or Inf; expected finite inputs. Pass a finite "
+                "batch."
+                if bad_in
+                else "verify: the model's outputs on these inputs are not finite (NaN or Inf) "
+                "before any symmetry is applied; expected finite outputs. Check the model and "
+                "the inputs."
+            )
         results = []
         for name, sym in self.items():
-            sym64 = _rebind(sym, mapping_by_id)
+            which = int(sym.family.value == "scale")
+            sym64 = _rebind(sym, copies[which][1])
             saved = {p: p.detach().clone() for p in sym64.params}
             sym64.apply_(sym64.random_element(scale, gen))
-            after = evaluate()
+            after = evaluate(which)
             with torch.no_grad():
                 for p, v in saved.items():
                     p.copy_(v)
+            base = bases[which]
             rel = float((after - base).norm() / base.norm().clamp_min(1e-300))
             res = VerifyResult(name, rel, tol, rel <= tol)
             self.verification[name] = res
             results.append(res)
         bad = [r for r in results if not r.verified]
         if strict and bad:
-            lines = ", ".join(f"{r.name} (relative change {r.rel_change:.3g})" for r in bad)
+            lines = "; ".join(
+                f"{r.name} (relative change {r.rel_change:.3g}; for a {self[r.name].family.value} "
+                f"symmetry look for {_HINTS.get(self[r.name].family.value, 'what breaks it')})"
+                for r in bad
+            )
             raise SymmetryNotPresentError(
-                f"The model does not have these declared symmetries: {lines}; expected a relative "
-                f"change of the outputs ≤ {tol:g} under a random group element. Check that "
-                "nothing between the layers breaks the symmetry (a residual connection, a "
-                "non-homogeneous activation such as tanh/GELU, weight tying, BatchNorm in eval "
-                "mode) and remove the symmetry from the set."
+                f"The model does not have these declared symmetries: {lines}. Expected a "
+                f"relative change of the outputs ≤ {tol:g} under a random group element (scale "
+                "invariances checked with normalisation eps → 0). Remove them from the set."
             )
         return results
 

@@ -1,0 +1,1 @@
+"""torch.fx detection: the engine (:mod:`.engine`) and the matchers (:mod:`.matchers`)."""

@@ -1,0 +1,256 @@
+"""Matcher: attention heads, q·kᵀ contractions (with rotary embeddings) and MultiheadAttention.
+
+Per head, W_Q·W_Kᵀ is invariant under W_Q → GᵀW_Q, W_K → G⁻¹W_K, and W_O·W_V under
+W_V → G⁻¹W_V, W_O → W_O G (paper §5.1). A key/value head read by several query heads
+(grouped-query attention) turns all of them. After a rotary embedding only the maps that
+commute with every position's rotation survive (one per rotation plane, see
+:meth:`AttentionPattern._rotary_head`).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+import torch
+from torch import fx, nn
+
+from noetherflow.symmetry._fx.common import (
+    _blocks,
+    _is_dense,
+    _kinds,
+    _only,
+    _param,
+    _range_of,
+    _Source,
+)
+from noetherflow.symmetry._fx.engine import (
+    LINEAR,
+    Arrival,
+    GraphInfo,
+    Ledger,
+    Proposal,
+    _name_of,
+    _rows_constant,
+)
+from noetherflow.symmetry.base import Family
+from noetherflow.symmetry.rotation import Block, DoubleRotation
+
+__all__ = ["AttentionPattern"]
+
+
+class AttentionPattern:
+    """Per head W_Q·W_Kᵀ in hand-written attention; W_Q·W_Kᵀ, W_O·W_V in nn.MultiheadAttention."""
+
+    family = Family.ROTATION
+
+    def match_contractions(
+        self, info: GraphInfo, sources: list[_Source], ledger: Ledger
+    ) -> list[Proposal]:
+        by_node: dict[fx.Node, dict[str, list[tuple[_Source, int, Arrival]]]] = {}
+        for src in sources:
+            for i, arr in _kinds(src):
+                if arr.kind in ("contract_a", "contract_b"):
+                    by_node.setdefault(arr.node, {}).setdefault(arr.kind, []).append((src, i, arr))
+        out: list[Proposal] = []
+        for node, sides in by_node.items():
+            if len(sides.get("contract_a", [])) != 1 or len(sides.get("contract_b", [])) != 1:
+                for lst in sides.values():
+                    for src, _, _ in lst:
+                        ledger.note(
+                            src.params,
+                            f"{src.name}: its contraction partner in "
+                            f"{_name_of(node, info.modules)} is not the output of one Linear layer",
+                        )
+                continue
+            ((sa, ia, aa),) = sides["contract_a"]
+            (sb, ib, ab) = sides["contract_b"][0]
+            out.extend(self._heads(info, node, sa, ia, aa, sb, ib, ab, ledger))
+        return out
+
+    def _heads(
+        self,
+        info: GraphInfo,
+        node: fx.Node,
+        sa: _Source,
+        ia: int,
+        aa: Arrival,
+        sb: _Source,
+        ib: int,
+        ab: Arrival,
+        ledger: Ledger,
+    ) -> list[Proposal]:
+        params = list({id(p): p for p in [*sa.params, *sb.params]}.values())
+        if aa.mode != LINEAR or ab.mode != LINEAR:
+            ledger.note(params, f"{sa.name}·{sb.name}: a non-linear map before q·kᵀ")
+            return []
+        if not _is_dense(sa.module) or not _is_dense(sb.module):
+            return []
+        a, b = aa.idx, ab.idx
+        lead = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+        a = a.expand(*lead, *a.shape[-2:]).reshape(-1, *a.shape[-2:])
+        b = b.expand(*lead, *b.shape[-2:]).reshape(-1, *b.shape[-2:])
+        if not (_rows_constant(a, 1) and _rows_constant(b, 2)):
+            return []
+        qa = [tuple(int(v) for v in r.tolist()) for r in a[:, 0, :]]
+        kb = [tuple(int(v) for v in r.tolist()) for r in b[:, :, 0]]
+        pairs = sorted(set(zip(qa, kb, strict=True)), key=lambda p: (p[1][0], p[0][0]))
+        by_k: dict[tuple[int, ...], list[tuple[int, ...]]] = {}
+        for q, k in pairs:
+            by_k.setdefault(k, []).append(q)
+        q_all = [q for q, _ in pairs]
+        if len(set(q_all)) != len(q_all):
+            ledger.note(params, f"{sa.name}·{sb.name}: a query head meets several key heads")
+            return []
+        reach_a, reach_b = sa.reach(), sb.reach()
+        ordered = sorted(by_k.items(), key=lambda kv: min(q[0] for q in kv[1]))
+        first_is_a = info.order[sa.node] <= info.order[sb.node]
+        out: list[Proposal] = []
+        for h, (k, qs) in enumerate(ordered):
+            rk = _range_of(list(k))
+            rqs = [_range_of(list(q)) for q in qs]
+            clean = _only(sb, ib, set(k), reach_b) and all(
+                _only(sa, ia, set(q), reach_a) for q in qs
+            )
+            if rk is None or any(r is None for r in rqs) or not clean:
+                ledger.note(
+                    params, f"{sa.name}·{sb.name}: head {h} is not a clean contiguous slice"
+                )
+                continue
+            if aa.rotary is not None or ab.rotary is not None:
+                out.extend(self._rotary_head(info, node, sa, sb, aa, ab, h, k, qs, ledger))
+                continue
+            q_blocks = [blk for r in rqs if r is not None for blk in _blocks(sa.module, *r)]
+            k_blocks = _blocks(sb.module, *rk)
+            w, u = (q_blocks, k_blocks) if first_is_a else (k_blocks, q_blocks)
+            label = f"rotation:{sa.name}·{sb.name}[h{h}]"
+            out.append(
+                Proposal(
+                    Family.ROTATION,
+                    label,
+                    partial(DoubleRotation.from_blocks, w, u, label=label),
+                    params,
+                    min(info.order[sa.node], info.order[sb.node]),
+                    sub=info.order[node],
+                )
+            )
+        return out
+
+    def _rotary_head(
+        self,
+        info: GraphInfo,
+        node: fx.Node,
+        sa: _Source,
+        sb: _Source,
+        aa: Arrival,
+        ab: Arrival,
+        h: int,
+        k: tuple[int, ...],
+        qs: list[tuple[int, ...]],
+        ledger: Ledger,
+    ) -> list[Proposal]:
+        """Rotary embeddings: only maps commuting with every position's rotation survive.
+
+        A rotary embedding turns each plane (pair of coordinates) of a head by an angle
+        proportional to the position. With distinct frequencies, the invertible maps G with
+        qᵀ R_Δ k = (Gᵀq)ᵀ R_Δ (G⁻¹k) for every Δ are those commuting with all R_Δ: per plane,
+        a scaling times a rotation within the plane. Its symmetric generators (the ones with
+        a Noether charge) are the per-plane scalings: one d = 1 double rotation per plane,
+        acting on the two query rows against the two key rows of that plane.
+        """
+        params = list({id(p): p for p in [*sa.params, *sb.params]}.values())
+        ra, rb = aa.rotary, ab.rotary
+        if ra is None or rb is None:
+            ledger.note(params, f"{sa.name}·{sb.name}: only one side has a rotary embedding")
+            return []
+        pos = {f: i for i, f in enumerate(k)}
+        planes = sorted({tuple(sorted((i, pos.get(rb.get(f, -1), -1)))) for i, f in enumerate(k)})
+        if any(i < 0 for i, _ in planes) or len(planes) * 2 != len(k):
+            ledger.note(params, f"{sa.name}·{sb.name}: rotary planes of head {h} leave the head")
+            return []
+        if any(ra.get(q[i]) != q[j] for q in qs for i, j in planes):
+            ledger.note(params, f"{sa.name}·{sb.name}: query and key rotary planes differ")
+            return []
+        first_is_a = info.order[sa.node] <= info.order[sb.node]
+        out = []
+        for p, (i, j) in enumerate(planes):
+            q_blocks = [b for q in qs for f in (q[i], q[j]) for b in _blocks(sa.module, f, f + 1)]
+            k_blocks = [b for f in (k[i], k[j]) for b in _blocks(sb.module, f, f + 1)]
+            w, u = (q_blocks, k_blocks) if first_is_a else (k_blocks, q_blocks)
+            label = f"rotation:{sa.name}·{sb.name}[h{h},plane{p}]"
+            out.append(
+                Proposal(
+                    Family.ROTATION,
+                    label,
+                    partial(DoubleRotation.from_blocks, w, u, label=label),
+                    params,
+                    min(info.order[sa.node], info.order[sb.node]),
+                    sub=info.order[node],
+                    note="rotary: per-plane scaling of query against key (commutes with RoPE)",
+                )
+            )
+        return out
+
+    def match_mha(self, info: GraphInfo, node: fx.Node, ledger: Ledger) -> list[Proposal]:
+        m = info.module(node)
+        assert isinstance(m, nn.MultiheadAttention)
+        name = info.qual(str(node.target))
+        e, h = m.embed_dim, m.num_heads
+        if m.out_proj.bias is not None:
+            ledger.note(
+                [m.out_proj.bias],
+                f"{name}.out_proj.bias is added after the heads are summed: the per-head "
+                "rotations do not act on it, and the attention output is not followed further",
+            )
+        kd = e // h
+        vd = kd  # value heads have embed_dim // num_heads rows too
+        if m._qkv_same_embed_dim:
+            assert m.in_proj_weight is not None
+            wq = wk = wv = m.in_proj_weight
+            off = (0, e, 2 * e)
+        else:
+            wq, wk, wv = m.q_proj_weight, m.k_proj_weight, m.v_proj_weight
+            off = (0, 0, 0)
+        bias = m.in_proj_bias
+        wo = m.out_proj.weight
+        qk: list[Proposal] = []
+        vo: list[Proposal] = []
+        for i in range(h):
+            qb = self._proj(wq, bias, off[0], 0, i, kd)
+            kb = self._proj(wk, bias, off[1], e, i, kd)
+            if m.bias_k is not None:
+                kb.append(Block(_param(m.bias_k), 2, i * kd, (i + 1) * kd))
+            vb = self._proj(wv, bias, off[2], 2 * e, i, vd)
+            if m.bias_v is not None:
+                vb.append(Block(_param(m.bias_v), 2, i * vd, (i + 1) * vd))
+            ob = [Block(_param(wo), 1, i * vd, (i + 1) * vd)]
+            lq = f"rotation:{name}.q·k[h{i}]"
+            lv = f"rotation:{name}.v·out[h{i}]"
+            ps = [p for p in m.parameters() if p is not m.out_proj.bias]
+            qk.append(
+                Proposal(
+                    Family.ROTATION,
+                    lq,
+                    partial(DoubleRotation.from_blocks, qb, kb, label=lq),
+                    ps,
+                    info.order[node],
+                )
+            )
+            vo.append(
+                Proposal(
+                    Family.ROTATION,
+                    lv,
+                    partial(DoubleRotation.from_blocks, vb, ob, label=lv),
+                    ps,
+                    info.order[node],
+                )
+            )
+        return qk + vo
+
+    @staticmethod
+    def _proj(w: Any, bias: Any, woff: int, boff: int, i: int, k: int) -> list[Block]:
+        s = i * k
+        out = [Block(w, 0, woff + s, woff + s + k)]
+        if bias is not None:
+            out.append(Block(bias, 0, boff + s, boff + s + k))
+        return out

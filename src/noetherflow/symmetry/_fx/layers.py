@@ -1,0 +1,181 @@
+"""Registries of the modules the detection understands: layers and normalisations.
+
+A :class:`LayerSpec` says where a parameterised linear layer keeps its features (axis of the
+output, of the input, of the weight); a :class:`NormSpec` says which axis a normalisation
+normalises and where its eps lives. Lookups walk the class's MRO, first by class, then by
+qualified name (for optional packages such as Hugging Face ``transformers``, which is never
+imported here), then by the duck-typed rules (``*RMSNorm`` modules of any model family). A
+subclass that overrides ``forward`` does not inherit its base's registration (its forward may
+do anything, e.g. permute around the norm): it is traced through unless registered itself.
+
+Register a new layer with :func:`register_layer` / :func:`register_norm`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from torch import nn
+
+__all__ = [
+    "LayerSpec",
+    "NormSpec",
+    "is_known_module",
+    "layer_spec",
+    "norm_spec",
+    "register_layer",
+    "register_norm",
+]
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    """Feature axes of a linear layer ``y = x·W`` (Linear, Conv, HF Conv1D).
+
+    ``out_axis``/``in_axis``: the feature axis of the output/input tensor (−1 for Linear,
+    1 for a batched conv). ``w_out``/``w_in``: the axis of ``weight`` indexing output/input
+    features (0/1 for ``nn.Linear`` and convs, 1/0 for HF ``Conv1D`` whose weight is
+    ``[in, out]``). ``groups`` > 1 for grouped convolutions.
+    """
+
+    out_axis: int
+    in_axis: int
+    w_out: int
+    w_in: int
+    conv: bool = False
+    groups: int = 1
+
+
+@dataclass(frozen=True)
+class NormSpec:
+    """A normalisation layer: ``axis`` is the feature axis of its input and output.
+
+    ``per_channel``: statistics per channel over the batch (BatchNorm), so each channel of
+    the layer feeding it is scale invariant on its own; otherwise the whole feature vector
+    is normalised together (LayerNorm, RMSNorm, GroupNorm). ``eps_attr``: the attribute
+    holding eps. ``batch``: a BatchNorm (running statistics, train/eval behaviour).
+    """
+
+    axis: int
+    per_channel: bool
+    eps_attr: str = "eps"
+    batch: bool = False
+
+
+_LAYERS: dict[type, Callable[[nn.Module], LayerSpec]] = {}
+_LAYERS_BY_NAME: dict[str, Callable[[nn.Module], LayerSpec]] = {}
+_NORMS: dict[type, Callable[[nn.Module], NormSpec]] = {}
+_NORMS_BY_NAME: dict[str, Callable[[nn.Module], NormSpec]] = {}
+
+
+def register_layer(cls: type | str, spec: Callable[[nn.Module], LayerSpec]) -> None:
+    """Register a linear layer type (a class, or its qualified name ``"pkg.mod.Class"``)."""
+    if isinstance(cls, str):
+        _LAYERS_BY_NAME[cls] = spec
+    else:
+        _LAYERS[cls] = spec
+
+
+def register_norm(cls: type | str, spec: Callable[[nn.Module], NormSpec]) -> None:
+    """Register a normalisation type (a class, or its qualified name)."""
+    if isinstance(cls, str):
+        _NORMS_BY_NAME[cls] = spec
+    else:
+        _NORMS[cls] = spec
+
+
+def _lookup(
+    m: nn.Module,
+    by_cls: dict[type, Callable[[nn.Module], LayerSpec | NormSpec]],
+    by_name: dict[str, Callable[[nn.Module], LayerSpec | NormSpec]],
+) -> LayerSpec | NormSpec | None:
+    for cls in type(m).__mro__:
+        fn = by_cls.get(cls) or by_name.get(f"{cls.__module__}.{cls.__qualname__}")
+        if fn is not None:
+            if cls is not type(m) and type(m).forward is not getattr(cls, "forward", None):
+                return None  # a subclass with its own forward: trace through it instead
+            return fn(m)
+    return None
+
+
+def layer_spec(m: nn.Module | None) -> LayerSpec | None:
+    """The :class:`LayerSpec` of ``m``, or None when it is not a known linear layer."""
+    if m is None:
+        return None
+    out = _lookup(m, _LAYERS, _LAYERS_BY_NAME)  # type: ignore[arg-type]
+    assert out is None or isinstance(out, LayerSpec)
+    return out
+
+
+def _duck_rms_norm(m: nn.Module) -> NormSpec | None:
+    """``*RMSNorm`` modules of model zoos (LlamaRMSNorm, T5LayerNorm-like): one 1-D weight."""
+    if not type(m).__name__.endswith("RMSNorm"):
+        return None
+    own = dict(m.named_parameters(recurse=False))
+    w = own.get("weight")
+    if set(own) != {"weight"} or w is None or w.dim() != 1 or any(True for _ in m.children()):
+        return None
+    for attr in ("variance_epsilon", "eps"):
+        if isinstance(getattr(m, attr, None), float):
+            return NormSpec(-1, False, attr)
+    return None
+
+
+def norm_spec(m: nn.Module | None) -> NormSpec | None:
+    """The :class:`NormSpec` of ``m``, or None when it is not a known normalisation."""
+    if m is None:
+        return None
+    out = _lookup(m, _NORMS, _NORMS_BY_NAME)  # type: ignore[arg-type]
+    assert out is None or isinstance(out, NormSpec)
+    return out if out is not None else _duck_rms_norm(m)
+
+
+# Element-wise activations of model zoos, none positively homogeneous of degree 1 (GELU,
+# "gelu_new", SiLU, quick GELU, …): kept as one node and classified as approximate.
+ZOO_ACTIVATION_PACKAGES = ("transformers.activations",)
+
+
+def is_zoo_activation(m: nn.Module | None) -> bool:
+    """An activation module of a model zoo (see :data:`ZOO_ACTIVATION_PACKAGES`)."""
+    return m is not None and type(m).__module__ in ZOO_ACTIVATION_PACKAGES
+
+
+def is_known_module(m: nn.Module) -> bool:
+    """A layer, a normalisation, a zoo activation, or a module a matcher reads as a whole."""
+    return (
+        is_zoo_activation(m)
+        or layer_spec(m) is not None
+        or norm_spec(m) is not None
+        or isinstance(m, nn.MultiheadAttention | nn.PReLU)
+    )
+
+
+def _linear(m: nn.Module) -> LayerSpec:
+    return LayerSpec(-1, -1, 0, 1)
+
+
+def _conv(m: nn.Module) -> LayerSpec:
+    return LayerSpec(1, 1, 0, 1, conv=True, groups=int(getattr(m, "groups", 1)))
+
+
+def _hf_conv1d(m: nn.Module) -> LayerSpec:
+    return LayerSpec(-1, -1, 1, 0)
+
+
+def _layer_norm(m: nn.Module) -> NormSpec:
+    # ConvNeXt-style LayerNorm subclasses normalise the channel axis of NCHW inputs.
+    axis = 1 if getattr(m, "data_format", "channels_last") == "channels_first" else -1
+    return NormSpec(axis, False)
+
+
+register_layer(nn.Linear, _linear)
+for _c in (nn.Conv1d, nn.Conv2d, nn.Conv3d):
+    register_layer(_c, _conv)
+register_layer("transformers.pytorch_utils.Conv1D", _hf_conv1d)
+for _b in (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d):
+    register_norm(_b, lambda m: NormSpec(1, True, batch=True))
+register_norm(nn.LayerNorm, _layer_norm)
+register_norm("transformers.models.convnext.modeling_convnext.ConvNextLayerNorm", _layer_norm)
+register_norm(nn.GroupNorm, lambda m: NormSpec(1, False))
+register_norm(nn.RMSNorm, lambda m: NormSpec(-1, False))

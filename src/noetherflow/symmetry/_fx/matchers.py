@@ -1,0 +1,406 @@
+"""The four matchers behind :func:`noetherflow.find_symmetries`, one per symmetry family.
+
+They read where the features of every parameterised layer arrive
+(:func:`noetherflow.symmetry._fx.engine.propagate`) and propose symmetries:
+
+* :class:`RescalingPattern` — all features reach one Linear/Conv through homogeneous maps;
+* :class:`RotationPattern` — features reach a Linear through linear maps only (per head
+  when they pass through ``att @ v``);
+* :class:`AttentionPattern` — features of two layers meet in a contraction ``q @ kᵀ`` (or
+  ``scaled_dot_product_attention``), and ``nn.MultiheadAttention`` modules;
+* :class:`ScalePattern` — features reach a normalisation layer, and explicit
+  ``w / w.norm()`` / ``F.normalize(w)`` on a parameter.
+
+Proposals are only candidates: :mod:`noetherflow.symmetry.detect` checks each numerically.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, fx, nn
+
+from noetherflow.symmetry._fx.affine import (
+    AffineRescalingPattern,
+    LayerScalePattern,
+    affine_params,
+)
+from noetherflow.symmetry._fx.attention import AttentionPattern
+from noetherflow.symmetry._fx.common import (
+    _NN_LAYERS,
+    _blocks,
+    _column_map,
+    _is_dense,
+    _kinds,
+    _only,
+    _param,
+    _range_of,
+    _runs,
+    _Source,
+    _w_in,
+    _w_out,
+    _weight,
+)
+from noetherflow.symmetry._fx.engine import (
+    APPROXIMATE,
+    LINEAR,
+    NORM_FUNCTIONS,
+    Arrival,
+    GraphInfo,
+    Ledger,
+    Proposal,
+    _explicit_norm_users,
+    _layer_params,
+    _name_of,
+    is_mha,
+    module_problem,
+    propagate,
+)
+from noetherflow.symmetry._fx.layers import layer_spec, norm_spec
+from noetherflow.symmetry.base import DiagonalTerm, Family, Symmetry
+from noetherflow.symmetry.channel import ChannelRescaling
+from noetherflow.symmetry.rescaling import Rescaling
+from noetherflow.symmetry.rotation import Block, DoubleRotation
+from noetherflow.symmetry.scaling import ScaleInvariance
+
+__all__ = [
+    "AttentionPattern",
+    "RescalingPattern",
+    "RotationPattern",
+    "ScalePattern",
+    "run_patterns",
+]
+
+# -- the matchers ---------------------------------------------------------------------------
+
+
+class RescalingPattern:
+    """Linear/Conv → positively homogeneous maps → Linear/Conv (per neuron or channel)."""
+
+    family = Family.RESCALING
+
+    def match(self, info: GraphInfo, src: _Source, ledger: Ledger) -> list[Proposal]:
+        arrs = src.arrivals
+        if len(arrs) != 1 or arrs[0].kind != "consumer":
+            return []
+        arr = arrs[0]
+        second = info.module(arr.node)
+        if second is None or layer_spec(second) is None:
+            return []
+        first = src.module
+        sname = info.qual(str(arr.node.target))
+        both_linear = _is_dense(first) and _is_dense(second)
+        if arr.mode == LINEAR and both_linear:
+            return []  # a double rotation, which contains the rescaling
+        for layer, nm in ((first, src.name), (second, sname)):
+            if getattr(layer_spec(layer), "groups", 1) != 1:
+                ledger.note(
+                    [*src.params, _weight(second)],
+                    f"{nm} is a grouped convolution (groups={getattr(layer, 'groups', 1)}); "
+                    "its per-group "
+                    "rescaling is not supported",
+                )
+                return []
+        cols = _column_map(arr, second)
+        n_out = int(_weight(first).shape[_w_out(first)])
+        n_in = int(_weight(second).shape[_w_in(second)])
+        if cols is None or n_in % n_out != 0:
+            ledger.note(
+                [*src.params, _weight(second)],
+                f"{src.name} → {sname}: features do not land on fixed input columns",
+            )
+            return []
+        block = n_in // n_out
+        if not torch.equal(cols, torch.arange(n_in) // block):
+            ledger.note(
+                [*src.params, _weight(second)],
+                f"{src.name} → {sname}: channel c does not map to the contiguous block of "
+                f"{block} columns c·{block}…; the rescaling exists but this layout is not "
+                "supported by Rescaling",
+            )
+            return []
+        label = f"rescaling:{src.name}→{sname}"
+        approx = arr.mode == APPROXIMATE
+        note = ""
+        if approx:
+            bad = [v for v in arr.via if v not in ("ReLU", "LeakyReLU", "PReLU", "relu")]
+            note = f"through {', '.join(bad) or 'a non-homogeneous map'} (not homogeneous)"
+        elif both_linear and not arr.via:
+            note = "dropout is active between them (training mode): no rotation, only rescaling"
+        return [
+            Proposal(
+                Family.RESCALING,
+                label,
+                partial(_rescaling, first, second, block, label),
+                [*src.params, _weight(second)],
+                info.order[src.node],
+                approximate=approx,
+                note=note,
+            )
+        ]
+
+
+def _rescaling(first: nn.Module, second: nn.Module, block: int, label: str) -> Symmetry:
+    """Rescaling for Linear/Conv pairs; ChannelRescaling for other layouts (HF Conv1D)."""
+    if isinstance(first, _NN_LAYERS) and isinstance(second, _NN_LAYERS):
+        return Rescaling(first, second, block=block, label=label)
+    up = [
+        DiagonalTerm(p, _w_out(first) if p.dim() > 1 else 0, 1, 1.0) for p in _layer_params(first)
+    ]
+    down = [DiagonalTerm(_param(_weight(second)), _w_in(second), block, -1.0)]
+    return ChannelRescaling(up, down, label=label)
+
+
+class RotationPattern:
+    """Linear → linear maps only → Linear: U·W = (U G)(G⁻¹ W), per head after ``att @ v``."""
+
+    family = Family.ROTATION
+
+    def match(self, info: GraphInfo, src: _Source, ledger: Ledger) -> list[Proposal]:
+        first = src.module
+        if not _is_dense(first):
+            return []
+        reach = src.reach()
+        out: list[Proposal] = []
+        for i, arr in _kinds(src):
+            if arr.kind != "consumer":
+                continue
+            second = info.module(arr.node)
+            if second is None or not _is_dense(second) or arr.mode != LINEAR:
+                continue
+            sname = info.qual(str(arr.node.target))
+            feats = arr.features
+            cmap = _column_map(arr, second)
+            n_cols = int(_weight(second).shape[_w_in(second)])
+            whole = cmap is not None and torch.equal(cmap, torch.arange(n_cols))
+            both_nn = isinstance(first, nn.Linear) and isinstance(second, nn.Linear)
+            if len(src.arrivals) == 1 and arr.heads is None and both_nn:
+                if whole and first.out_features == second.in_features:
+                    label = f"rotation:{src.name}→{sname}"
+                    out.append(
+                        Proposal(
+                            Family.ROTATION,
+                            label,
+                            partial(DoubleRotation, first, second, label=label),
+                            [*src.params, _weight(second)],
+                            info.order[src.node],
+                        )
+                    )
+                    continue
+            if not _only(src, i, feats, reach):
+                ledger.note(
+                    [*src.params, _weight(second)],
+                    f"{src.name} → {sname}: some features are also read elsewhere",
+                )
+                continue
+            cols = _column_map(arr, second)
+            if cols is None:
+                continue
+            groups = arr.heads if arr.heads is not None else [frozenset(feats)]
+            for h, g in enumerate(groups):
+                fw = sorted(g)
+                rw = _range_of(fw)
+                col = [int(c) for c in torch.nonzero(torch.isin(cols, torch.tensor(fw)))]
+                runs = _runs(col, cols, fw)
+                if rw is None or runs is None:
+                    ledger.note(
+                        [*src.params, _weight(second)],
+                        f"{src.name} → {sname}: head {h} is not a contiguous slice",
+                    )
+                    continue
+                tag = f"[h{h}]" if len(groups) > 1 else f"[{rw[0]}:{rw[1]}]"
+                label = f"rotation:{src.name}→{sname}{tag}"
+                w_blocks = _blocks(first, *rw)
+                # One block per reader of the head: several query heads share a value head
+                # in grouped-query attention, and all of them turn with it.
+                u_blocks = [Block(_param(_weight(second)), _w_in(second), *rc) for rc in runs]
+                out.append(
+                    Proposal(
+                        Family.ROTATION,
+                        label,
+                        partial(DoubleRotation.from_blocks, w_blocks, u_blocks, label=label),
+                        [*src.params, _weight(second)],
+                        info.order[src.node],
+                        sub=info.order[arr.node],
+                    )
+                )
+        return out
+
+
+class ScalePattern:
+    """Weights feeding a normalisation layer, and explicit ``w / w.norm()`` normalisation."""
+
+    family = Family.SCALE
+
+    def match(self, info: GraphInfo, src: _Source, ledger: Ledger) -> list[Proposal]:
+        arrs = src.arrivals
+        if len(arrs) != 1 or arrs[0].kind != "consumer":
+            return []
+        arr = arrs[0]
+        norm = info.module(arr.node)
+        nspec = norm_spec(norm)
+        if arr.node.op == "call_function" and arr.node.target in NORM_FUNCTIONS:
+            return self._functional(info, src, arr, ledger)
+        if nspec is None or norm is None:
+            return []
+        nname = info.qual(str(arr.node.target))
+        if arr.mode == APPROXIMATE:
+            ledger.note(src.params, f"{src.name} → {nname} through a non-homogeneous map")
+            return []
+        params = src.params
+        if nspec.batch:
+            if _w_out(src.module) != 0:
+                return []
+            uses_batch = norm.training or not norm.track_running_stats
+            if not uses_batch:
+                ledger.note(
+                    params,
+                    f"{nname} is a BatchNorm in eval mode (running statistics): not scale "
+                    "invariant; detect with model.train() to find the per-channel invariance",
+                )
+                return []
+            cols = _column_map(arr, norm)
+            n_feat = int(getattr(norm, "num_features", 0))
+            if cols is None or not torch.equal(cols, torch.arange(n_feat)):
+                return []
+            label = f"scale:{src.name}→{nname}"
+            return [
+                Proposal(
+                    Family.SCALE,
+                    label,
+                    lambda: ScaleInvariance(params, per_channel=True, label=label, norm=norm),
+                    params,
+                    info.order[src.node],
+                    note="per channel; BatchNorm in training mode only; exact up to eps",
+                    uses_norm_eps=True,
+                )
+            ]
+        label = f"scale:{src.name}→{nname}"
+        return [
+            Proposal(
+                Family.SCALE,
+                label,
+                lambda: ScaleInvariance(params, label=label),
+                params,
+                info.order[src.node],
+                note=f"whole layer; exact up to {type(norm).__name__} eps",
+                uses_norm_eps=True,
+            )
+        ]
+
+    def _functional(
+        self, info: GraphInfo, src: _Source, arr: Arrival, ledger: Ledger
+    ) -> list[Proposal]:
+        """``F.layer_norm`` / ``F.group_norm`` / ``F.rms_norm`` called in the forward."""
+        fname = getattr(arr.node.target, "__name__", str(arr.node.target))
+        if arr.mode == APPROXIMATE:
+            ledger.note(src.params, f"{src.name} → {fname} through a non-homogeneous map")
+            return []
+        params = src.params
+        label = f"scale:{src.name}→{fname}"
+        return [
+            Proposal(
+                Family.SCALE,
+                label,
+                lambda: ScaleInvariance(params, label=label),
+                params,
+                info.order[src.node],
+                note=f"whole layer; exact up to the eps of F.{fname}",
+                uses_norm_eps=True,
+            )
+        ]
+
+    def match_explicit(self, info: GraphInfo, node: fx.Node, ledger: Ledger) -> list[Proposal]:
+        """``w / w.norm()`` (one group) or ``F.normalize(w, dim=1)`` (one group per row)."""
+        p = info.values.get(node)
+        if not isinstance(p, nn.Parameter):
+            return []
+        name = info.qual(str(node.target))
+        users = list(node.users)
+        per_channel: bool | None = None
+        if len(users) == 1 and users[0].op == "call_function" and users[0].target is F.normalize:
+            u = users[0]
+            dim = u.kwargs.get("dim", u.args[2] if len(u.args) > 2 else 1)
+            if p.dim() == 1 and dim in (0, -1):
+                per_channel = False
+            elif p.dim() == 2 and dim in (1, -1):
+                per_channel = True
+        elif (pair := _explicit_norm_users(node)) is not None:
+            n = pair[0]
+            dims = n.kwargs.get("dim", n.args[2] if len(n.args) > 2 else None)
+            if dims is None:
+                per_channel = False
+            elif p.dim() == 2 and dims in (1, -1, (1,), (-1,)):
+                per_channel = True
+        if per_channel is None:
+            ops = [_name_of(u, info.modules) for u in users]
+            ledger.note([p], f"{name} is used directly by {ops}; no pattern matched")
+            return []
+        label = f"scale:{name}"
+        return [
+            Proposal(
+                Family.SCALE,
+                label,
+                lambda: ScaleInvariance([p], per_channel=bool(per_channel), label=label),
+                [p],
+                info.order[node],
+                note="explicit normalisation" + (" (per row)" if per_channel else ""),
+            )
+        ]
+
+
+# -- driver ---------------------------------------------------------------------------------
+
+
+def run_patterns(info: GraphInfo, ledger: Ledger) -> list[Proposal]:
+    """Propagate from every parameterised layer and run every matcher on the arrivals."""
+    rescale, rotate, attend, scale = (
+        RescalingPattern(),
+        RotationPattern(),
+        AttentionPattern(),
+        ScalePattern(),
+    )
+    affine, layer_scale = AffineRescalingPattern(), LayerScalePattern()
+    props: list[Proposal] = []
+    sources: list[_Source] = []
+    for node in info.gm.graph.nodes:
+        m = info.module(node)
+        if node.op == "get_attr":
+            if not node.users:
+                continue  # only an attribute such as .dtype was read
+            props.extend(scale.match_explicit(info, node, ledger))
+            continue
+        if m is None or module_problem(m) is not None:
+            continue
+        if is_mha(m):
+            props.extend(attend.match_mha(info, node, ledger))
+            continue
+        nspec = norm_spec(m)
+        if nspec is not None and affine_params(m):
+            value = info.values.get(node)
+            if isinstance(value, Tensor) and value.dim() >= 1:
+                arrs = propagate(info, node, nspec.axis if value.dim() > 1 else 0)
+                qual = info.qual(str(node.target))
+                props.extend(affine.match(info, qual, m, arrs, ledger))
+            continue
+        spec = layer_spec(m)
+        if spec is None:
+            continue
+        value = info.values.get(node)
+        if not isinstance(value, Tensor):
+            continue
+        axis = spec.out_axis
+        if spec.conv and value.dim() == _weight(m).dim() - 1:
+            axis = 0  # unbatched conv input
+        src = _Source(node, m, info.qual(str(node.target)), propagate(info, node, axis))
+        sources.append(src)
+        for arr in src.arrivals:
+            if arr.kind == "break":
+                ledger.note(src.params, f"output of {src.name} is {arr.reason}")
+        for matcher in (rescale, rotate, scale):
+            props.extend(matcher.match(info, src, ledger))
+        props.extend(layer_scale.match(info, src.name, m, src.arrivals, ledger))
+    props.extend(attend.match_contractions(info, sources, ledger))
+    return props

@@ -1,0 +1,85 @@
+"""Per-channel rescaling between arbitrary parameter slices (a rescaling-family symmetry).
+
+Generator j scales a set of "producer" coordinates by e^{λ_j} and the "consumer"
+coordinates that read channel j by e^{-λ_j}: A_j = diag(+1 on producers, −1 on consumers)
+(paper §4.2, the rescaling family), C_j = Σ_producers θ² − Σ_consumers θ². It covers what
+:class:`~noetherflow.symmetry.rescaling.Rescaling` (two Linear/Conv layers) cannot express:
+
+* a normalisation's affine weight and bias → the next layer(s) (BatchNorm → ReLU → Conv,
+  LayerNorm/RMSNorm → several projections reading the same normalised vector);
+* layers whose weight is stored ``[in, out]`` (Hugging Face ``Conv1D``).
+
+Every coordinate set is a :class:`~noetherflow.symmetry.base.DiagonalTerm`, so the diagonal
+kernels of the rescaling family apply unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
+
+from noetherflow._errors import SymmetryDefinitionError
+from noetherflow.symmetry.base import DiagonalSymmetry, DiagonalTerm, Family, check_params
+
+__all__ = ["ChannelRescaling"]
+
+
+class ChannelRescaling(DiagonalSymmetry):
+    """Rescaling with producers ``up`` (entry +1) and consumers ``down`` (entry −1).
+
+    Args:
+        up: terms scaled by e^{λ_j}, e.g. ``DiagonalTerm(bn.weight, 0, 1, 1.0)``.
+        down: terms scaled by e^{-λ_j}, e.g. ``DiagonalTerm(conv.weight, 1, 1, -1.0)``.
+        label: optional name shown in tables.
+
+    Every term must have the same number of generators; signs must be +1 (up) / −1 (down).
+    """
+
+    family: ClassVar[Family] = Family.RESCALING
+
+    def __init__(
+        self, up: Sequence[DiagonalTerm], down: Sequence[DiagonalTerm], *, label: str | None = None
+    ) -> None:
+        super().__init__(label=label)
+        up, down = list(up), list(down)
+        if not up or not down:
+            raise SymmetryDefinitionError(
+                f"ChannelRescaling: got {len(up)} producer and {len(down)} consumer terms; "
+                "expected at least one of each."
+            )
+        for t, sign in [(t, 1.0) for t in up] + [(t, -1.0) for t in down]:
+            if t.sign != sign:
+                raise SymmetryDefinitionError(
+                    f"ChannelRescaling: a term on a parameter of shape {tuple(t.param.shape)} has "
+                    f"sign {t.sign}; expected {sign:+g} (producers +1, consumers −1)."
+                )
+        counts = {t.num_generators for t in up + down}
+        bad = [t for t in up + down if t.param.shape[t.axis] % t.block != 0]
+        if len(counts) != 1 or bad:
+            raise SymmetryDefinitionError(
+                "ChannelRescaling: terms do not chain: channel counts "
+                f"{sorted(counts)} (size along axis // block) differ or do not divide; expected "
+                "one channel count shared by producers and consumers."
+            )
+        check_params([t.param for t in up + down], "ChannelRescaling")
+        self._n = counts.pop()
+        self.up = up
+        self.down = down
+
+    @property
+    def num_generators(self) -> int:
+        return self._n
+
+    def terms(self) -> list[DiagonalTerm]:
+        return [*self.up, *self.down]
+
+    def signature(self, names: Mapping[int, str]) -> tuple[Any, ...]:
+        """``("rescaling", producer terms, consumer terms)``, each ``(param name, axis, block)``."""
+
+        def terms(ts: Sequence[DiagonalTerm]) -> tuple[tuple[Any, ...], ...]:
+            return tuple((names[id(t.param)], t.axis, t.block) for t in ts)
+
+        return ("rescaling", terms(self.up), terms(self.down))
+
+    def describe(self) -> str:
+        return self.label or f"channel rescaling ({self._n} channels)"

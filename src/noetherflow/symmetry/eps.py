@@ -1,0 +1,253 @@
+"""Keep a teleport inside the region where a normalisation's eps does not matter.
+
+Scale invariance before a normalisation is exact only at eps = 0. With eps > 0, scaling the
+features entering the norm by s = e^λ turns its normalised output x̂ = (x − μ)/√(v + ε) into
+s(x − μ)/√(s²v + ε) = (x − μ)/√(v + ε e^{−2λ}), a relative change
+
+    r(λ) = | √((v + ε) / (v + ε e^{−2λ})) − 1 |,
+
+where v is the variance the norm divides by: the batch variance of each channel (BatchNorm,
+training mode), its running variance (BatchNorm, eval mode, whose running statistics the
+teleport scales along, see :class:`~noetherflow.symmetry.scaling.ScaleInvariance`), the
+per-sample variance or mean square (LayerNorm, GroupNorm, RMSNorm; the smallest one over the
+example batch). ``r(λ) ≤ τ`` holds on an interval of λ:
+
+    (v + ε)/(1 + τ)² ≤ v + ε e^{−2λ} ≤ (v + ε)/(1 − τ)².
+
+:func:`clip_to_eps` post-processes an :class:`~noetherflow.equilibrium.EquilibriumSolution`:
+every generator of a scale invariance is clipped into its interval (for the train-mode and
+the eval-mode variance alike), then the relative output change of the teleport is measured
+on a float64 copy in both modes; while it exceeds the tolerance the clipped steps are halved.
+The :class:`EpsReport` says which generators were clipped and what was measured.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from noetherflow.equilibrium import EquilibriumSolution
+from noetherflow.symmetry._fx.capture import flat_outputs
+from noetherflow.symmetry._fx.layers import norm_spec
+from noetherflow.symmetry.scaling import ScaleInvariance
+from noetherflow.symmetry.set import _rebind, _to64
+
+__all__ = ["EpsClip", "EpsReport", "clip_to_eps", "eps_interval"]
+
+
+def eps_interval(var: Tensor, eps: float, tol: float) -> tuple[Tensor, Tensor]:
+    """λ range with relative change r(λ) ≤ ``tol`` of the normalised output.
+
+    Args:
+        var: the variance v the norm divides by, one per generator. Shape ``[J]``.
+        eps: the norm's eps.
+        tol: the tolerance τ on the relative change, 0 < τ < 1.
+
+    Returns:
+        ``(lo, hi)``, each of shape ``[J]`` (float64; ``hi`` may be +inf).
+    """
+    v = var.to(torch.float64).clamp_min(0)
+    top = ((v + eps) / (1 - tol) ** 2 - v) / eps  # e^{−2λ} ≤ top
+    bottom = ((v + eps) / (1 + tol) ** 2 - v) / eps  # e^{−2λ} ≥ bottom
+    lo = -0.5 * torch.log(top)
+    hi = torch.where(bottom > 0, -0.5 * torch.log(bottom.clamp_min(1e-300)), math.inf)
+    return lo, hi
+
+
+@dataclass(frozen=True)
+class EpsClip:
+    """One scale invariance whose generators were clipped: indices, λ before and after."""
+
+    name: str
+    generators: list[int]
+    before: Tensor
+    after: Tensor
+
+
+@dataclass
+class EpsReport:
+    """What :func:`clip_to_eps` changed and measured (relative output changes, float64)."""
+
+    tolerance: float
+    clipped: list[EpsClip] = field(default_factory=list)
+    halvings: int = 0
+    change_train: float = 0.0
+    change_eval: float = 0.0
+
+    def __str__(self) -> str:
+        lines = [
+            f"eps tolerance {self.tolerance:g}: relative output change after the teleport "
+            f"{self.change_train:.3g} (train mode), {self.change_eval:.3g} (eval mode)"
+        ]
+        for c in self.clipped:
+            lines.append(f"  {c.name}: clipped generators {c.generators}")
+        if self.halvings:
+            lines.append(f"  scale-invariance steps halved {self.halvings} times")
+        return "\n".join(lines)
+
+
+def _norm_variance(norm: nn.Module, x: Tensor, per_channel: bool, train: bool) -> Tensor:
+    """The variance the norm divides by, per generator (``[C]`` or ``[1]``)."""
+    spec = norm_spec(norm)
+    assert spec is not None
+    x = x.detach().to(torch.float64)
+    if spec.batch:
+        rv = getattr(norm, "running_var", None)
+        if not train and isinstance(rv, Tensor):
+            v = rv.to(torch.float64)
+        else:
+            v = x.movedim(1, 0).reshape(x.shape[1], -1).var(1, unbiased=False)
+        return v if per_channel else v.min().reshape(1)
+    if isinstance(norm, nn.GroupNorm):
+        v = x.reshape(x.shape[0], norm.num_groups, -1).var(-1, unbiased=False)
+    elif "RMS" in type(norm).__name__:
+        v = x.pow(2).mean(spec.axis)
+    else:
+        v = x.var(spec.axis, unbiased=False)
+    return v.min().reshape(1)
+
+
+def _run(model: nn.Module, args: tuple[Any, ...], train: bool, seed: int) -> Tensor:
+    model.train(train)
+    with torch.random.fork_rng(devices=[]), torch.no_grad():
+        torch.manual_seed(seed)
+        return flat_outputs(model(*args))
+
+
+def _rel(a: Tensor, b: Tensor) -> float:
+    return float((a - b).norm() / b.norm().clamp_min(1e-300))
+
+
+def clip_to_eps(
+    model: nn.Module,
+    solution: EquilibriumSolution,
+    inputs: Any,
+    *,
+    tolerance: float = 1e-6,
+    seed: int = 0,
+    max_halvings: int = 40,
+) -> tuple[EquilibriumSolution, EpsReport]:
+    """Clip the scale-invariance generators of ``solution`` to the eps-safe region.
+
+    Args:
+        model: the model ``solution`` was solved for (not modified).
+        solution: from :func:`noetherflow.solve_equilibrium`.
+        inputs: example inputs (a tensor or a tuple of positional inputs).
+        tolerance: largest accepted relative change of the outputs, train and eval mode.
+        seed: seeds any dropout in the measuring forward passes.
+        max_halvings: how often the scale-invariance steps may be halved after clipping.
+
+    Returns:
+        The clipped solution and an :class:`EpsReport`.
+
+    Raises:
+        ValueError: ``tolerance`` not in (0, 1).
+    """
+    if not 0 < tolerance < 1:
+        raise ValueError(f"clip_to_eps: tolerance must be in (0, 1), got {tolerance}.")
+    args = inputs if isinstance(inputs, tuple) else (inputs,)
+    syms, names = solution.syms, solution.syms.names
+    bounds: dict[int, tuple[Tensor, Tensor]] = {}
+    seen: dict[int, list[Tensor]] = {}
+    for i, s in enumerate(syms):
+        if not isinstance(s, ScaleInvariance) or s.norm is None:
+            continue
+        norm = s.norm
+        spec = norm_spec(norm)
+        if spec is None:
+            continue
+        probe = copy.deepcopy(model)
+        pnorm = probe.get_submodule(_qualname(model, norm))
+        hook = pnorm.register_forward_pre_hook(
+            lambda _m, a, i=i: seen.setdefault(i, []).append(a[0])
+        )
+        for train in (True, False):
+            _run(probe, args, train, seed)
+        hook.remove()
+        eps = float(getattr(norm, spec.eps_attr))
+        los, his = [], []
+        for x, train in zip(seen.get(i, []), (True, False), strict=False):
+            var = _norm_variance(norm, x, s.per_channel, train)  # running_var of the model
+            lo, hi = eps_interval(var, eps, tolerance)
+            los.append(lo)
+            his.append(hi)
+        if los:
+            bounds[i] = (torch.stack(los).amax(0), torch.stack(his).amin(0))
+    report = EpsReport(tolerance)
+    steps = list(solution.steps)
+    cum: dict[int, Tensor] = {}
+    new_steps: list[tuple[int, Any]] = []
+    clipped: dict[int, set[int]] = {}
+    for i, el in steps:
+        if i not in bounds:
+            new_steps.append((i, el))
+            continue
+        lam = torch.as_tensor(el, dtype=torch.float64).cpu()
+        lo, hi = bounds[i]
+        prev = cum.get(i, torch.zeros_like(lam))
+        want = prev + lam
+        got = torch.minimum(torch.maximum(want, lo), hi)
+        clipped.setdefault(i, set()).update(int(j) for j in torch.nonzero(got != want).flatten())
+        cum[i] = got
+        new_steps.append((i, (got - prev).to(torch.as_tensor(el).dtype)))
+    for i, gens in clipped.items():
+        if gens:
+            total = sum(
+                (torch.as_tensor(e, dtype=torch.float64).cpu() for j, e in steps if j == i),
+                torch.zeros(1, dtype=torch.float64),
+            )
+            report.clipped.append(EpsClip(names[i], sorted(gens), total, cum[i]))
+    measure = _measurer(model, args, seed)
+    while True:
+        report.change_train, report.change_eval = measure(syms, new_steps)
+        ok = max(report.change_train, report.change_eval) <= tolerance
+        if ok or report.halvings >= max_halvings or not bounds:
+            break
+        new_steps = [(i, e / 2 if i in bounds else e) for i, e in new_steps]
+        report.halvings += 1
+    elements = dict(solution.elements)
+    for i, total in cum.items():
+        if names[i] in elements:
+            elements[names[i]] = total * 0.5**report.halvings
+    return replace(solution, steps=new_steps, elements=elements), report
+
+
+def _qualname(model: nn.Module, target: nn.Module) -> str:
+    for n, m in model.named_modules():
+        if m is target:
+            return n
+    raise ValueError(
+        f"clip_to_eps: the normalisation {type(target).__name__} of a symmetry is not a module "
+        "of the model; pass the model the symmetries were found on."
+    )
+
+
+def _measurer(
+    model: nn.Module, args: tuple[Any, ...], seed: int
+) -> Callable[[Any, list[tuple[int, Any]]], tuple[float, float]]:
+    """Relative output change of applying ``steps`` on float64 copies, train and eval mode."""
+    args64 = _to64(args)
+
+    def measure(syms: Any, steps: list[tuple[int, Any]]) -> tuple[float, float]:
+        out = []
+        for train in (True, False):
+            m64 = copy.deepcopy(model).to(torch.float64)
+            base = _run(m64, args64, train, seed)
+            m64 = copy.deepcopy(model).to(torch.float64)
+            mapping = {id(p): q for p, q in zip(model.parameters(), m64.parameters(), strict=True)}
+            mods = dict(zip(map(id, model.modules()), m64.modules(), strict=True))
+            for i, el in steps:
+                s64 = _rebind(syms[i], mapping)
+                if isinstance(s64, ScaleInvariance) and s64.norm is not None:
+                    s64.norm = mods[id(syms[i].norm)]
+                s64.apply_(el)
+            out.append(_rel(_run(m64, args64, train, seed), base))
+        return out[0], out[1]
+
+    return measure
