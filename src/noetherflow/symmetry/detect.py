@@ -37,7 +37,6 @@ from noetherflow.symmetry._fx.capture import capture
 from noetherflow.symmetry._fx.check import Checker
 from noetherflow.symmetry._fx.matchers import run_patterns
 from noetherflow.symmetry.base import Symmetry
-from noetherflow.symmetry.channel import ChannelRescaling
 from noetherflow.symmetry.coverage import DetectionReport
 from noetherflow.symmetry.set import SymmetrySet, VerifyResult
 
