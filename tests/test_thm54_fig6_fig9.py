@@ -31,7 +31,20 @@ def quick_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_thm54_quick(quick_run: Path) -> None:
     data = _metrics(quick_run, "thm54")
     claims = {c["id"]: c for c in data["claims"]}
-    assert set(claims) == {"thm54_norms", "thm54_orthogonal", "chain_solver_matches"}
+    assert set(claims) == {
+        "thm54_norms",
+        "thm54_orthogonal",
+        "chain_solver_matches",
+        "thm54_norms_constant_lr",
+        "thm54_norms_printed_eq19",
+        "thm54_first_layer_norm",
+        "thm54_first_layer_printed_eq19",
+    }
+    # the printed eq. 19 is its own claim, at the depth where it separates most
+    printed = claims["thm54_norms_printed_eq19"]
+    assert "printed" in printed["id"] and "D = 3" in printed["statement"]
+    assert thm54.PAPER and thm54.NOTES and thm54.PAPER_ORDER == 5.4
+    assert any(r["quantity"] == "quick mode" for r in thm54.setup(thm54.Config.quick()))
     for c in claims.values():
         assert isinstance(c["value"], float) and math.isfinite(c["value"]), c
     # robust: the chain solver is exact up to its tolerance (measured ~1e-11)
@@ -41,6 +54,9 @@ def test_thm54_quick(quick_run: Path) -> None:
         s = data["series"][f"D{depth}"]
         meas = np.asarray(s["measured_sq_norms"])
         assert meas.shape == (cfg.n_runs, depth)
+        # robust: the first layer's Tr[Σ_1²] is near the corrected value (measured ~4%)
+        first = np.asarray(s["measured_first_scaled_sq_norm"])
+        assert np.all(np.abs(first / s["predicted_first_scaled_sq_norm"] - 1) < 0.25)
         assert s["predicted_sq_norm"] > 0 and s["paper_eq19_sq_norm"] > 0
         # robust: SGD lands well within 25% of the general prediction (measured ~5-8%)
         inter = meas[:, 1:-1] / s["predicted_sq_norm"]
