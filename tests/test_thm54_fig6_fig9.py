@@ -75,7 +75,13 @@ def test_thm54_quick(quick_run: Path) -> None:
 def test_fig6_quick(quick_run: Path) -> None:
     data = _metrics(quick_run, "fig6")
     claims = {c["id"]: c for c in data["claims"]}
-    assert set(claims) == {"sgd_similar", "gd_dissimilar"}
+    assert set(claims) == {"sgd_similar", "gd_dissimilar", "sgd_similar_constant_lr"}
+    assert "3 seeds" in claims["sgd_similar_constant_lr"]["note"]
+    assert fig6.PAPER and fig6.PAPER_ORDER == 6.0
+    # the restored record of what was tried (issue #17)
+    for tried in ("width 40", "0.45–0.47", "0.41–0.44", "1.3–1.6"):
+        assert tried in fig6.NOTES, tried
+    assert "fixed before\n    looking" not in (fig6.Config.__doc__ or "")
     for c in claims.values():
         assert isinstance(c["value"], float) and math.isfinite(c["value"]), c
     s = data["series"]
@@ -92,7 +98,14 @@ def test_fig6_quick(quick_run: Path) -> None:
 def test_fig9_quick(quick_run: Path) -> None:
     data = _metrics(quick_run, "fig9")
     acts = fig9.Config.quick().activations
-    assert [c["id"] for c in data["claims"]] == [f"sgd_similar_{a}" for a in acts]
+    ids = [c["id"] for c in data["claims"]]
+    for a in acts:
+        assert f"sgd_similar_{a}" in ids and f"sgd_similar_constant_lr_{a}" in ids
+    for a in fig9.RESCALING_EXACT:
+        assert f"sgd_neuron_balance_{a}" in ids and f"sgd_neuron_balance_constant_lr_{a}" in ids
+    assert "swish" not in " ".join(i for i in ids if "neuron" in i)
+    # the description says what the claims say: the full gradient noise does not balance
+    assert "does not balance" in fig9.DESCRIPTION and "per-neuron" in fig9.DESCRIPTION
     for c in data["claims"]:
         assert isinstance(c["value"], float) and math.isfinite(c["value"]), c
     res = data["results"]
@@ -207,6 +220,8 @@ def test_deterministic(tmp_path: Path) -> None:
     r1, r2, r3 = (fig9.run(ncfg, s, tmp_path) for s in (5, 5, 6))
     assert r1["sgd_rel_diff"] == r2["sgd_rel_diff"]
     assert r1["sgd_rel_diff"] != r3["sgd_rel_diff"]
-    assert [c.id for c in fig9.claims(r1, ncfg)] == [
+    ids = [c.id for c in fig9.claims(r1, ncfg)]
+    assert [i for i in ids if i.startswith("sgd_similar_") and "constant" not in i] == [
         "sgd_similar_relu", "sgd_similar_leaky_relu", "sgd_similar_swish"
     ]  # fmt: skip
+    assert r1["constant_rel_diff_diag"] == r2["constant_rel_diff_diag"]

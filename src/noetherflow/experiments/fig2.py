@@ -559,7 +559,9 @@ def claims(results: dict[str, Any], cfg: Config) -> list[Claim]:
             value=float(np.nanmin(r2)) if np.isfinite(r2).any() else float("nan"),
             op=Op.GE,
             threshold=0.9,
-            note=f"mean R² {np.nanmean(r2):.3g} over {r2.size} runs" + cdiv,
+            note=f"mean R² {np.mean(r2[np.isfinite(r2)]) if np.isfinite(r2).any() else np.nan:.3g}"
+            f" over {int(np.isfinite(r2).sum())} of {r2.size} runs (the others have fewer than "
+            "10 records in the decay phase)" + cdiv,
         ),
         Claim(
             id="sgd_balance_rel_err",
