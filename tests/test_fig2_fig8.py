@@ -67,7 +67,12 @@ def test_fig2_quick(quick_run: Path) -> None:
 def test_fig8_quick(quick_run: Path) -> None:
     data = _metrics(quick_run, "fig8")
     claims = {c["id"]: c for c in data["claims"]}
-    assert set(claims) == {"all_converge", "all_converge_constant_lr"}
+    assert set(claims) == {
+        "all_converge",
+        "all_converge_constant_lr",
+        "library_flow_matches_theory",
+    }
+    assert claims["library_flow_matches_theory"]["value"] < 1e-10
     assert math.isfinite(claims["all_converge_constant_lr"]["value"])
     assert fig8.PAPER and fig8.NOTES and fig8.PAPER_ORDER == 8.0
     assert any(r["quantity"] == "η" for r in fig8.setup(fig8.Config.quick()))

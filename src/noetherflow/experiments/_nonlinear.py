@@ -65,7 +65,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from noetherflow.train import GeometricDecay, lr_sequence
 
@@ -315,6 +315,74 @@ class Hidden:
     clean_loss: Tensor  # [R] E‖f(x) − x‖² on the evaluation sample (noise removed)
 
 
+def eval_sample(dim: int, se: Tensor, *, n_eval: int, seed: int) -> tuple[Tensor, Tensor]:
+    """``n_eval`` fresh pairs ``x ~ N(0, I)``, ``y = x + ε`` (float64); each ``[n_eval, dim]``."""
+    gen = torch.Generator().manual_seed(int(seed))
+    x = torch.randn((n_eval, dim), generator=gen, dtype=_DTYPE)
+    eps = torch.randn((n_eval, dim), generator=gen, dtype=_DTYPE) * se.sqrt()
+    return x, x + eps
+
+
+_HOMOGENEOUS = {"relu": lambda: nn.ReLU(), "leaky_relu": lambda: nn.LeakyReLU(_LEAKY_SLOPE)}
+"""Activations with an exact per-neuron rescaling symmetry, as torch modules."""
+
+
+def library_neuron_flow(
+    U: Tensor,
+    W: Tensor,
+    act: str,
+    se: Tensor,
+    *,
+    lr: float,
+    batch_size: int,
+    n_eval: int,
+    seed: int,
+) -> dict[str, float]:
+    """The per-neuron rescaling flow by the library, against ``hidden_matrices``' diagonals.
+
+    ``U`` [n, H], ``W`` [H, n] of one run with ``act`` ∈ {relu, leaky_relu}. On the sample of
+    :func:`eval_sample`, ``nf.collect_stats`` (hooks) and ``nf.noether_flow`` (continuous
+    time, γ = 0) of ``nf.Rescaling`` give ``(η/S)(Σ_i Var[∇W_ji] − Σ_o Var[∇U_oj])`` per
+    neuron j, which must equal ``(η/S)(diag N_W − diag N_U)`` of :func:`hidden_matrices`
+    (``u_noise``, ``w_noise``). Returns their relative difference (max-norm) and the
+    library's relative per-neuron imbalance ``‖flow‖ / (½(‖a‖ + ‖b‖))`` in the vector norms
+    of the two diagonals.
+    """  # fmt: skip
+    import noetherflow as nf
+
+    if act not in _HOMOGENEOUS:
+        raise ValueError(f"act={act!r} has no exact rescaling symmetry; use {sorted(_HOMOGENEOUS)}")
+    n, h = W.shape[1], W.shape[0]
+    first = nn.Linear(n, h, bias=False, dtype=_DTYPE)
+    second = nn.Linear(h, n, bias=False, dtype=_DTYPE)
+    with torch.no_grad():
+        first.weight.copy_(W)
+        second.weight.copy_(U)
+    model = nn.Sequential(first, _HOMOGENEOUS[act](), second)
+    syms = nf.SymmetrySet([nf.Rescaling(first, second, label="neurons")])
+    x, y = eval_sample(n, se, n_eval=n_eval, seed=seed)
+
+    def loss_fn(out: Tensor, target: Tensor) -> Tensor:
+        return ((out - target) ** 2).sum(dim=-1).mean()
+
+    stats = nf.collect_stats(model, syms, loss_fn, x, y)
+    flow = nf.noether_flow(model, syms, stats, lr=lr, batch_size=batch_size)["neurons"]
+    hm = hidden_matrices(U[None], W[None], [act], se, n_eval=n_eval, seed=seed)
+    a = torch.diagonal(hm.u_noise[0])  # Σ_i Var[∇W_ji]
+    b = torch.diagonal(hm.w_noise[0])  # Σ_o Var[∇U_oj]
+    oracle = (lr / batch_size) * (a - b)
+    scale = float(oracle.abs().max())
+    return {
+        "flow_vs_oracle": float((flow - oracle).abs().max()) / scale,
+        "library_rel_diff": float(
+            torch.linalg.vector_norm(flow)
+            * batch_size
+            / lr
+            / (0.5 * (torch.linalg.vector_norm(a) + torch.linalg.vector_norm(b)))
+        ),
+    }
+
+
 def hidden_matrices(
     U: Tensor, W: Tensor, acts: Sequence[str], se: Tensor, *, n_eval: int, seed: int
 ) -> Hidden:
@@ -325,10 +393,7 @@ def hidden_matrices(
     counterpart of ``UᵀΓ_UU``).
     """
     n = W.shape[-1]
-    gen = torch.Generator().manual_seed(int(seed))
-    x = torch.randn((n_eval, n), generator=gen, dtype=_DTYPE)
-    eps = torch.randn((n_eval, n), generator=gen, dtype=_DTYPE) * se.sqrt()
-    y = x + eps
+    x, y = eval_sample(n, se, n_eval=n_eval, seed=seed)
     sx_bar = torch.eye(n, dtype=_DTYPE) / n
     se_bar = torch.diag(se / se.sum())
     w_sigma = W @ sx_bar @ W.transpose(-2, -1)
@@ -506,6 +571,13 @@ def run_nonlinear(cfg: NonlinearConfig, seed: int, tag: str) -> dict[str, Any]:
             if mode == "gd":
                 # quadrature loss (noise floor added) against the held-out loss
                 s["gd_fit_gap"] = s["eval_loss"] - s["final_train_loss"]
+            if mode == "sgd" and act in _HOMOGENEOUS:
+                lib = library_neuron_flow(
+                    tr.U[i], tr.W[i], act, se, lr=cfg.lr_final, batch_size=cfg.batch_size,
+                    n_eval=cfg.n_eval, seed=derive_seed(seed, tag, "eval"),
+                )  # fmt: skip
+                s["library_neuron_flow_vs_oracle"] = lib["flow_vs_oracle"]
+                s["library_rel_diff_noise_diag"] = lib["library_rel_diff"]
             out["series"][f"{mode}_{act}"] = s
     out["noise_floor"] = float(se.sum())
     out["n_show"] = k
