@@ -58,7 +58,9 @@ NOTES = (
     "(all_converge_constant_lr, threshold 0.1 as the annealed claim, fixed before running; "
     "the issue had measured 0.08–0.17 for the instantaneous distance at constant η, so a "
     "failure was possible). Time averages over the second half of each run, one seed per "
-    "setting."
+    "setting. First measurement (quick): 0.172 (worst: S = 25; the 12 settings 0.048–0.172), "
+    "failing. (4) At the centre setting the library's rotation flow on the nn.Module is "
+    "checked against theory's Γ on the same fresh samples (library_flow_matches_theory)."
 )
 
 _DTYPE = torch.float64
