@@ -17,8 +17,8 @@ def plot_fig3(results: dict[str, Any], cfg: Any, out_dir: Path) -> list[Path]:
     s = results["series"]
     phis = np.asarray(s["phi_x"], dtype=float)
     fine = np.linspace(phis.min(), phis.max(), 200)
-    fig = Figure(figsize=(16, 4.6))
-    ax1, ax2, ax3 = fig.subplots(1, 3)
+    fig = Figure(figsize=(21, 4.6))
+    ax1, ax2, ax3, ax4 = fig.subplots(1, 4)
 
     ax1.plot(fine, 1.0 / np.sqrt(fine * (2.0 - fine)), "k-", lw=1, label="Thm 5.2")
     ax1.plot(phis, s["sgd_norm_ratio"], "o", color="C0", label="SGD")
@@ -54,6 +54,19 @@ def plot_fig3(results: dict[str, Any], cfg: Any, out_dir: Path) -> list[Path]:
     ax3.set_ylabel("S_SGD / S_GD+WD")
     ax3.set_title("< 1: SGD flatter than the weight-decay solution")
     ax3.legend(fontsize=8)
+
+    if "label_noise_sgd_sharpness" in s:
+        bal = np.asarray(s["label_noise_balanced_sharpness"], dtype=float)
+        half = (np.sqrt(fine) + np.sqrt(2 - fine)) / 2  # Tr Σ_ε^{1/2} / n
+        inv_half = (1 / np.sqrt(fine) + 1 / np.sqrt(2 - fine)) / 2  # Tr Σ_ε^{-1/2} / n
+        ax4.plot(fine, (half + inv_half) / 2, "k-", lw=1, label="theory (Thm 5.2, Prop. 5.3)")
+        ax4.plot(phis, np.asarray(s["label_noise_sgd_sharpness"], dtype=float) / bal, "o",
+                 color="C3", label="SGD, measured")  # fmt: skip
+        ax4.axhline(1.0, color="0.5", ls=":", lw=0.8)
+        ax4.set_xlabel("φ_ε (Σ_x = I)")
+        ax4.set_ylabel("S_SGD / S_balanced")
+        ax4.set_title("anisotropic label noise: > 1, SGD sharper")
+        ax4.legend(fontsize=8)
     fig.tight_layout()
     paths = [save_figure(fig, out_dir / "fig3.png")]
 
