@@ -637,13 +637,17 @@ def plot(results: dict[str, Any], cfg: Config, out_dir: Path) -> list[Path]:
     ax1.set_ylabel("Δ_ij")
     ax1.set_title(f"{ent.shape[1]} entries of Δ = UᵀΓ_UU − WΓ_WWᵀ (SGD)")
 
+    const = np.asarray(s.get("constant_rel_err", np.zeros((0, 0))))
+    cst = np.asarray(s.get("constant_step", []))
     for r in range(sgd_rel.shape[0]):
         ax2.semilogy(st, sgd_rel[r], color=f"C{r}", label=f"SGD, spread {cfg.noise_spreads[r]}")
         ax2.semilogy(gst, gd_rel[r], color=f"C{r}", ls="--")
+        if const.shape[0] > r:  # seed 0 of the constant-η runs
+            ax2.semilogy(cst, const[r], color=f"C{r}", lw=0.6, alpha=0.5)
     ax2.axhline(0.1, color="k", lw=0.6, ls=":")
     ax2.set_xlabel("step")
     ax2.set_ylabel("‖Δ‖_F / ‖WΓ_WWᵀ‖_F")
-    ax2.set_title("relative balance error (dashed: GD)")
+    ax2.set_title("balance error (thin: constant η; dashed: GD)")
     ax2.legend(fontsize=7)
 
     for key, color, label in (("sgd", "C0", "SGD"), ("gd", "C3", "GD")):

@@ -318,9 +318,12 @@ def plot(results: dict[str, Any], cfg: Config, out_dir: Path) -> list[Path]:
                 np.asarray(ser["step"]), np.asarray(ser["rel_err"]), color=f"C{k}",
                 label=f"{titles[panel].split()[-1]} = {r['value']:g}",
             )  # fmt: skip
+            if "constant_rel_err" in ser:
+                ax.semilogy(np.asarray(ser["constant_step"]), np.asarray(ser["constant_rel_err"]),
+                            color=f"C{k}", lw=0.6, alpha=0.5)  # fmt: skip
         ax.axhline(0.1, color="k", ls=":", lw=0.8)
         ax.set_xlabel("step")
-        ax.set_title(f"varying {titles[panel]}")
+        ax.set_title(f"varying {titles[panel]} (thin: constant η)")
         ax.legend(fontsize=8)
     axes[0].set_ylabel("‖UᵀΓ_UU − WΓ_WWᵀ‖_F / ‖WΓ_WWᵀ‖_F")
     fig.tight_layout()
