@@ -39,7 +39,10 @@ def test_thm54_quick(quick_run: Path) -> None:
         "thm54_norms_printed_eq19",
         "thm54_first_layer_norm",
         "thm54_first_layer_printed_eq19",
+        "library_chain_flow_matches",
     }
+    # the library's flows of the chain equal the hand-written ones (measured 5e-15)
+    assert claims["library_chain_flow_matches"]["value"] < 1e-10
     # the printed eq. 19 is its own claim, at the depth where it separates most
     printed = claims["thm54_norms_printed_eq19"]
     assert "printed" in printed["id"] and "D = 3" in printed["statement"]
@@ -153,6 +156,34 @@ def test_noise_matrices_match_per_sample_gradients() -> None:
         ref_u = torch.einsum("khi,kgi->hg", gW, gW) / N - mW @ mW.T
         torch.testing.assert_close(hm.w_noise[0], ref_w)
         torch.testing.assert_close(hm.u_noise[0], ref_u)
+
+
+def test_pair_noise_matrices_match_per_sample_gradients() -> None:
+    """thm54's hand-written (M_U, M_W) per pair against torch.func per-sample gradients."""
+    from torch import nn
+
+    from noetherflow.experiments._deep_linear import pair_noise_matrices
+    from noetherflow.stats.reference import per_sample_grads
+
+    g = torch.Generator().manual_seed(4)
+    dims, N = [5, 3, 4, 2], 60
+    ws = [torch.randn(dims[i + 1], dims[i], generator=g, dtype=torch.float64) for i in range(3)]
+    x = torch.randn(N, 5, generator=g, dtype=torch.float64)
+    y = torch.randn(N, 2, generator=g, dtype=torch.float64)
+    layers = [nn.Linear(dims[i], dims[i + 1], bias=False).double() for i in range(3)]
+    with torch.no_grad():
+        for layer, w in zip(layers, ws, strict=True):
+            layer.weight.copy_(w)
+    net = nn.Sequential(*layers)
+    params = [layer.weight for layer in layers]
+    ps = per_sample_grads(net, params, lambda o, t: ((o - t) ** 2).sum(), x, y)
+    for i, (m_u, m_w) in enumerate(pair_noise_matrices(ws, x, y)):
+        gw, gu = ps[params[i]], ps[params[i + 1]]  # [N, d_i, d_{i-1}], [N, d_{i+1}, d_i]
+        mw_mean, mu_mean = gw.mean(0), gu.mean(0)
+        ref_w = torch.einsum("kab,kcb->ac", gw, gw) / N - mw_mean @ mw_mean.T
+        ref_u = torch.einsum("kba,kbc->ac", gu, gu) / N - mu_mean.T @ mu_mean
+        torch.testing.assert_close(m_w, ref_w, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(m_u, ref_u, rtol=1e-12, atol=1e-12)
 
 
 def test_quadrature_and_deterministic_gd() -> None:

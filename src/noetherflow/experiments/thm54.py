@@ -33,7 +33,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from noetherflow.experiments._base import Claim, Op, derive_seed, find_divergence, save_figure
+from noetherflow.experiments._base import Claim, Op, derive_seed, find_divergence
+from noetherflow.experiments._deep_linear import library_chain_flow_check
 from noetherflow.theory.ziyin2024 import (
     deep_linear_intermediate_norm_sq,
     deep_linear_sgd_solution,
@@ -69,7 +70,9 @@ NOTES = (
     "(quick: 0.176 from the printed value, 0.045 from the corrected one); at D = 4 the quick "
     "run separated them only barely (6.7% vs 10.2%). (4) The first layer's Tr[Σ_1²]: "
     "corrected 0.039, printed 1.43 (quick). Thresholds of the new claims (0.1) were fixed "
-    "before running."
+    "before running. (5) At the end of SGD the library's rotation flows of every adjacent "
+    "pair (nf.noether_flow on the nn.Module) are checked against per-sample formulas written "
+    "out by hand (library_chain_flow_matches)."
 )
 
 _DTYPE = torch.float64
@@ -139,6 +142,7 @@ class Config:
     solver_tol: float = 1e-12
     burn_in_frac: float = 0.5
     printed_depth: int = 3
+    n_eval: int = 4000
 
     @classmethod
     def quick(cls) -> Config:
@@ -354,6 +358,16 @@ def _depth_result(
         "loss": tr["loss"],
         "noise_floor": float(torch.trace(se)),
         "diverged": bool(tr["diverged"]),
+        "library": library_chain_flow_check(
+            [w[0] for w in Ws],
+            V,
+            sx,
+            se,
+            lr=cfg.lr,
+            batch_size=cfg.batch_size,
+            n_eval=cfg.n_eval,
+            seed=derive_seed(seed, "thm54", "eval", depth),
+        ),
     }
 
 
@@ -512,6 +526,10 @@ def run(cfg: Config, seed: int, out_dir: Path) -> dict[str, Any]:
             float(np.max(series[f"D{d}"]["constant_first_rel_dev"])) for d in cfg.depths
         ),
         "constant_any_diverged": any(series[f"D{d}"]["constant_diverged"] for d in cfg.depths),
+        "library_flow_vs_oracle": max(series[f"D{d}"]["library"]["flow_vs_oracle"]
+                                      for d in cfg.depths),
+        "library_pair_imbalance": {d: series[f"D{d}"]["library"]["pair_imbalance"]
+                                   for d in cfg.depths},
     }  # fmt: skip
 
 
@@ -605,6 +623,19 @@ def claims(results: dict[str, Any], cfg: Config) -> list[Claim]:
             note=div.lstrip("; "),
         ),
         Claim(
+            id="library_chain_flow_matches",
+            statement="At the end of SGD (run 1 per depth), the library's rotation flow of every "
+            "adjacent pair (nf.DoubleRotation, nf.collect_stats, nf.noether_flow on the "
+            "nn.Module, fresh samples) equals (η/S)(M_U − M_W) from per-sample gradients "
+            "written out by hand (max relative Frobenius difference, float64)",
+            value=results["library_flow_vs_oracle"],
+            op=Op.LT,
+            threshold=1e-8,
+            note="‖M_U − M_W‖/‖M_W‖ on the sample (max over pairs): "
+            + ", ".join(f"D={d}: {v:.3g}" for d, v in results["library_pair_imbalance"].items())
+            + f" ({cfg.n_eval} samples)",
+        ),
+        Claim(
             id="chain_solver_matches",
             statement="The chain solver, started from a random orbit point of a global minimum, "
             "reaches Thm 5.4's closed form (max over depths and i < D of the relative Frobenius "
@@ -620,47 +651,6 @@ def claims(results: dict[str, Any], cfg: Config) -> list[Claim]:
 
 
 def plot(results: dict[str, Any], cfg: Config, out_dir: Path) -> list[Path]:
-    from matplotlib.figure import Figure
+    from noetherflow.experiments._thm54_plot import plot_thm54
 
-    s = results["series"]
-    n = len(cfg.depths)
-    fig = Figure(figsize=(5.2 * (n + 1), 4.4))
-    axes = fig.subplots(1, n + 1)
-    for ax, depth in zip(axes[:n], cfg.depths, strict=True):
-        d = s[f"D{depth}"]
-        steps = np.asarray(d["step"])
-        norms = np.asarray(d["norms_over_time"])  # [R, T, D]
-        pred_all = np.asarray(d["predicted_sq_norms_all_layers"])
-        for i in range(depth):
-            color = f"C{i}"
-            for r in range(norms.shape[0]):
-                ax.plot(steps, norms[r, :, i], color=color, lw=0.7, alpha=0.6,
-                        label=f"‖W_{i + 1}‖²" if r == 0 else None)  # fmt: skip
-            ax.axhline(pred_all[i], color=color, ls="--", lw=1.2)
-        ax.axhline(float(d["paper_eq19_sq_norm"]), color="k", ls=":", lw=1.2,
-                   label="printed eq. 19")  # fmt: skip
-        ax.set_xlabel("SGD step")
-        ax.set_ylabel("‖W_i‖_F²")
-        ax.set_title(f"D = {depth}: layer norms (dashed: Thm 5.4, general form)")
-        ax.legend(fontsize=7, ncol=2)
-    ax = axes[n]
-    width = 0.8 / n
-    for j, depth in enumerate(cfg.depths):
-        d = s[f"D{depth}"]
-        meas = np.asarray(d["measured_sq_norms"])
-        pred_all = np.asarray(d["predicted_sq_norms_all_layers"])
-        xpos = np.arange(depth) + j * width
-        ax.bar(xpos, meas.mean(axis=0), width=width * 0.9, color=f"C{j}", alpha=0.6,
-               yerr=meas.std(axis=0), label=f"SGD, D = {depth}")  # fmt: skip
-        ax.plot(xpos, pred_all, "k_", ms=14, mew=2)
-        ax.plot(xpos[1:-1], [float(d["paper_eq19_sq_norm"])] * (depth - 2), "r_", ms=14, mew=2)
-    ax.plot([], [], "k_", ms=14, mew=2, label="Thm 5.4 (general)")
-    ax.plot([], [], "r_", ms=14, mew=2, label="printed eq. 19")
-    ax.set_xticks(np.arange(max(cfg.depths)) + 0.4 * (1 - 1 / n))
-    ax.set_xticklabels([f"W_{i + 1}" for i in range(max(cfg.depths))])
-    ax.set_ylabel("final ‖W_i‖_F²")
-    chain_err = results["chain_max_gram_rel_err"]
-    ax.set_title(f"final norms; chain solver error {chain_err:.1e}")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    return [save_figure(fig, out_dir / "thm54.png")]
+    return plot_thm54(results, cfg, out_dir)
