@@ -58,8 +58,18 @@ def test_fig3_quick_metrics_and_claims(fig3_quick: dict) -> None:
     claims = {c["id"]: c for c in data["claims"]}
     assert set(claims) == {
         "sgd_norm_ratio_theory", "balanced_only_isotropic", "gd_wd_balanced",
-        "sharpness_theory",
+        "sharpness_theory", "sgd_norm_ratio_theory_constant_lr",
+        "gap_shrinks_with_lr_constant", "label_noise_sgd_sharper",
+        "label_noise_sharpness_theory",
     }  # fmt: skip
+    assert fig3.PAPER and fig3.NOTES and fig3.PAPER_ORDER == 3.0
+    rows = {r["quantity"]: r for r in fig3.setup(cfg)}
+    assert rows["GD + WD γ"]["paper"] == "1e-4" and rows["η"]["paper"] == "0.1"
+    # with anisotropic label noise SGD is sharper than the balanced solution at the ends
+    lab = np.asarray(s["label_noise_sgd_sharpness"]) / np.asarray(
+        s["label_noise_balanced_sharpness"]
+    )
+    assert lab[0] > 1.05 and lab[-1] > 1.05
     # robust at the quick size (measured margins: ≥ 2× below the thresholds over seeds)
     for cid in ("balanced_only_isotropic", "gd_wd_balanced", "sharpness_theory"):
         assert claims[cid]["holds"], claims[cid]
@@ -100,7 +110,23 @@ def test_fig3_deterministic(tmp_path: Path) -> None:
     for k in ("sgd_norm_ratio", "sgdwd_norm_ratio", "gdwd_norm_ratio", "sgd_sharpness"):
         np.testing.assert_array_equal(a["series"][k], b["series"][k])
     assert not np.array_equal(a["series"]["sgd_norm_ratio"], c["series"]["sgd_norm_ratio"])
-    assert len(fig3.claims(a, small)) == 4
+    assert len(fig3.claims(a, small)) == 8
+    np.testing.assert_array_equal(
+        a["series"]["label_noise_sgd_sharpness"], b["series"]["label_noise_sgd_sharpness"]
+    )
+
+
+def test_fig3_label_noise_closed_form() -> None:
+    """Σ_x = I, Σ_ε = diag(φ, 2 − φ): W = M, U = M⁻¹ with MᵀM = Σ_ε^{1/2}, so
+    S_SGD/S_balanced = (Tr Σ_ε^{1/2} + Tr Σ_ε^{-1/2}) / (2n) ≥ 1 (by hand, not theory)."""
+    cfg = fig3.Config.quick()
+    for phi in (0.2, 0.6, 1.0, 1.5):
+        th = fig3.label_noise_theory(cfg, phi)
+        by_hand = (
+            (np.sqrt(phi) + np.sqrt(2 - phi)) / 2 + (1 / np.sqrt(phi) + 1 / np.sqrt(2 - phi)) / 2
+        ) / 2
+        assert th["sgd_sharpness"] / th["balanced_sharpness"] == pytest.approx(by_hand, rel=1e-9)
+        assert th["balanced_sharpness"] == pytest.approx(4.0 * cfg.dim**2, rel=1e-9)
 
 
 def test_hessian_trace_closed_form_matches_autodiff() -> None:

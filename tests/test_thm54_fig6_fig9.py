@@ -26,7 +26,23 @@ def quick_run(reproduce: Callable[..., Path]) -> Path:
 def test_thm54_quick(quick_run: Path, metrics: Callable[[Path, str], dict[str, Any]]) -> None:
     data = metrics(quick_run, "thm54")
     claims = {c["id"]: c for c in data["claims"]}
-    assert set(claims) == {"thm54_norms", "thm54_orthogonal", "chain_solver_matches"}
+    assert set(claims) == {
+        "thm54_norms",
+        "thm54_orthogonal",
+        "chain_solver_matches",
+        "thm54_norms_constant_lr",
+        "thm54_norms_printed_eq19",
+        "thm54_first_layer_norm",
+        "thm54_first_layer_printed_eq19",
+        "library_chain_flow_matches",
+    }
+    # the library's flows of the chain equal the hand-written ones (measured 5e-15)
+    assert claims["library_chain_flow_matches"]["value"] < 1e-10
+    # the printed eq. 19 is its own claim, at the depth where it separates most
+    printed = claims["thm54_norms_printed_eq19"]
+    assert "printed" in printed["id"] and "D = 3" in printed["statement"]
+    assert thm54.PAPER and thm54.NOTES and thm54.PAPER_ORDER == 5.4
+    assert any(r["quantity"] == "quick mode" for r in thm54.setup(thm54.Config.quick()))
     for c in claims.values():
         assert isinstance(c["value"], float) and math.isfinite(c["value"]), c
     # robust: the chain solver is exact up to its tolerance (measured ~1e-11)
@@ -36,6 +52,9 @@ def test_thm54_quick(quick_run: Path, metrics: Callable[[Path, str], dict[str, A
         s = data["series"][f"D{depth}"]
         meas = np.asarray(s["measured_sq_norms"])
         assert meas.shape == (cfg.n_runs, depth)
+        # robust: the first layer's Tr[Σ_1²] is near the corrected value (measured ~4%)
+        first = np.asarray(s["measured_first_scaled_sq_norm"])
+        assert np.all(np.abs(first / s["predicted_first_scaled_sq_norm"] - 1) < 0.25)
         assert s["predicted_sq_norm"] > 0 and s["paper_eq19_sq_norm"] > 0
         # robust: SGD lands well within 25% of the general prediction (measured ~5-8%)
         inter = meas[:, 1:-1] / s["predicted_sq_norm"]
@@ -54,7 +73,13 @@ def test_thm54_quick(quick_run: Path, metrics: Callable[[Path, str], dict[str, A
 def test_fig6_quick(quick_run: Path, metrics: Callable[[Path, str], dict[str, Any]]) -> None:
     data = metrics(quick_run, "fig6")
     claims = {c["id"]: c for c in data["claims"]}
-    assert set(claims) == {"sgd_similar", "gd_dissimilar"}
+    assert set(claims) == {"sgd_similar", "gd_dissimilar", "sgd_similar_constant_lr"}
+    assert "3 seeds" in claims["sgd_similar_constant_lr"]["note"]
+    assert fig6.PAPER and fig6.PAPER_ORDER == 6.0
+    # the restored record of what was tried (issue #17)
+    for tried in ("width 40", "0.45–0.47", "0.41–0.44", "1.3–1.6"):
+        assert tried in fig6.NOTES, tried
+    assert "fixed before\n    looking" not in (fig6.Config.__doc__ or "")
     for c in claims.values():
         assert isinstance(c["value"], float) and math.isfinite(c["value"]), c
     s = data["series"]
@@ -71,7 +96,17 @@ def test_fig6_quick(quick_run: Path, metrics: Callable[[Path, str], dict[str, An
 def test_fig9_quick(quick_run: Path, metrics: Callable[[Path, str], dict[str, Any]]) -> None:
     data = metrics(quick_run, "fig9")
     acts = fig9.Config.quick().activations
-    assert [c["id"] for c in data["claims"]] == [f"sgd_similar_{a}" for a in acts]
+    ids = [c["id"] for c in data["claims"]]
+    for a in acts:
+        assert f"sgd_similar_{a}" in ids and f"sgd_similar_constant_lr_{a}" in ids
+    for a in fig9.RESCALING_EXACT:
+        assert f"sgd_neuron_balance_{a}" in ids and f"sgd_neuron_balance_constant_lr_{a}" in ids
+    assert "swish" not in " ".join(i for i in ids if "neuron" in i)
+    # the library's per-neuron flow equals the independent diagonals (measured 2.6e-10)
+    lib = {c["id"]: c for c in data["claims"]}["library_neuron_flow_matches"]
+    assert lib["holds"], lib
+    # the description says what the claims say: the full gradient noise does not balance
+    assert "does not balance" in fig9.DESCRIPTION and "per-neuron" in fig9.DESCRIPTION
     for c in data["claims"]:
         assert isinstance(c["value"], float) and math.isfinite(c["value"]), c
     res = data["results"]
@@ -116,6 +151,34 @@ def test_noise_matrices_match_per_sample_gradients() -> None:
         ref_u = torch.einsum("khi,kgi->hg", gW, gW) / N - mW @ mW.T
         torch.testing.assert_close(hm.w_noise[0], ref_w)
         torch.testing.assert_close(hm.u_noise[0], ref_u)
+
+
+def test_pair_noise_matrices_match_per_sample_gradients() -> None:
+    """thm54's hand-written (M_U, M_W) per pair against torch.func per-sample gradients."""
+    from torch import nn
+
+    from noetherflow.experiments._deep_linear import pair_noise_matrices
+    from noetherflow.stats.reference import per_sample_grads
+
+    g = torch.Generator().manual_seed(4)
+    dims, N = [5, 3, 4, 2], 60
+    ws = [torch.randn(dims[i + 1], dims[i], generator=g, dtype=torch.float64) for i in range(3)]
+    x = torch.randn(N, 5, generator=g, dtype=torch.float64)
+    y = torch.randn(N, 2, generator=g, dtype=torch.float64)
+    layers = [nn.Linear(dims[i], dims[i + 1], bias=False).double() for i in range(3)]
+    with torch.no_grad():
+        for layer, w in zip(layers, ws, strict=True):
+            layer.weight.copy_(w)
+    net = nn.Sequential(*layers)
+    params = [layer.weight for layer in layers]
+    ps = per_sample_grads(net, params, lambda o, t: ((o - t) ** 2).sum(), x, y)
+    for i, (m_u, m_w) in enumerate(pair_noise_matrices(ws, x, y)):
+        gw, gu = ps[params[i]], ps[params[i + 1]]  # [N, d_i, d_{i-1}], [N, d_{i+1}, d_i]
+        mw_mean, mu_mean = gw.mean(0), gu.mean(0)
+        ref_w = torch.einsum("kab,kcb->ac", gw, gw) / N - mw_mean @ mw_mean.T
+        ref_u = torch.einsum("kba,kbc->ac", gu, gu) / N - mu_mean.T @ mu_mean
+        torch.testing.assert_close(m_w, ref_w, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(m_u, ref_u, rtol=1e-12, atol=1e-12)
 
 
 def test_quadrature_and_deterministic_gd() -> None:
@@ -186,6 +249,8 @@ def test_deterministic(tmp_path: Path) -> None:
     r1, r2, r3 = (fig9.run(ncfg, s, tmp_path) for s in (5, 5, 6))
     assert r1["sgd_rel_diff"] == r2["sgd_rel_diff"]
     assert r1["sgd_rel_diff"] != r3["sgd_rel_diff"]
-    assert [c.id for c in fig9.claims(r1, ncfg)] == [
+    ids = [c.id for c in fig9.claims(r1, ncfg)]
+    assert [i for i in ids if i.startswith("sgd_similar_") and "constant" not in i] == [
         "sgd_similar_relu", "sgd_similar_leaky_relu", "sgd_similar_swish"
     ]  # fmt: skip
+    assert r1["constant_rel_diff_diag"] == r2["constant_rel_diff_diag"]

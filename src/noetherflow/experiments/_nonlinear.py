@@ -57,6 +57,7 @@ diagonals, the same with vector norms.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -64,7 +65,9 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import Tensor
+from torch import Tensor, nn
+
+from noetherflow.train import GeometricDecay, lr_sequence
 
 __all__ = [
     "ACTIVATIONS",
@@ -155,12 +158,9 @@ def quadrature_inputs(n_points: int, dim: int, *, seed: int) -> Tensor:
 
 
 def lr_schedule(lr: float, steps: int, *, lr_final: float, decay_frac: float) -> np.ndarray:
-    """Constant ``lr``, then a geometric decay to ``lr_final`` over the last ``decay_frac``."""
-    lrs = np.full(steps, float(lr))
-    n_decay = round(decay_frac * steps)
-    if n_decay > 0:
-        lrs[steps - n_decay :] = np.geomspace(lr, lr_final, n_decay)
-    return lrs
+    """Constant ``lr``, then a geometric decay to ``lr_final`` over the last ``decay_frac``
+    (:class:`noetherflow.train.GeometricDecay`); shape ``[steps]``."""
+    return lr_sequence(GeometricDecay(steps, decay_frac=decay_frac, final_lr=lr_final), lr, steps)
 
 
 def _forward_grads(
@@ -195,6 +195,7 @@ class Trained:
     loss: np.ndarray  # [R, T] training loss, averaged over the steps of each record
     monitor: np.ndarray  # [R, T + 1] monitor(U, W) at step 0 and at each record
     diverged: bool
+    snapshots: list[tuple[int, Tensor, Tensor]] = dataclasses.field(default_factory=list)
 
 
 def train(
@@ -210,6 +211,7 @@ def train(
     n_records: int = 100,
     monitor: Callable[[Tensor, Tensor], Tensor] | None = None,
     chunk: int = 250,
+    snapshot_at: Sequence[int] = (),
 ) -> Trained:
     """SGD on fresh minibatches of ``batch_size``, or GD on the quadrature ``fixed_x``.
 
@@ -218,7 +220,8 @@ def train(
     ``Tr Σ_ε`` so that it is comparable with SGD's; ``batch_size`` and ``seed`` are then
     unused. Every activation in ``acts`` trains from the same ``(U0, W0)`` on the same
     data. ``lrs`` holds the learning rate of each step; ``monitor(U, W) -> [R]`` (float64
-    arguments) is recorded with the loss.
+    arguments) is recorded with the loss. ``snapshot_at``: steps after which a float64 copy
+    of ``(U, W)`` is kept (``Trained.snapshots``), for time averages.
     """
     dt = _TRAIN_DTYPE
     fs = [activation(a) for a in acts]
@@ -235,6 +238,8 @@ def train(
     rec_step: list[int] = []
     rec_loss: list[Tensor] = []
     rec_mon: list[Tensor] = []
+    snaps = set(int(k) for k in snapshot_at)
+    snapshots: list[tuple[int, Tensor, Tensor]] = []
 
     def mon() -> None:
         if monitor is not None:
@@ -262,6 +267,8 @@ def train(
             acc += loss.to(_DTYPE)
             n_acc += 1
             t += 1
+            if t in snaps:
+                snapshots.append((t, U.to(_DTYPE), W.to(_DTYPE)))
             if t % every == 0 or t == steps:
                 rec_step.append(t)
                 rec_loss.append(acc / n_acc)
@@ -278,6 +285,7 @@ def train(
         loss=(torch.stack(rec_loss, dim=1).numpy() if rec_loss else np.zeros((R, 0))),
         monitor=(torch.stack(rec_mon, dim=1).numpy() if rec_mon else np.zeros((R, 0))),
         diverged=diverged,
+        snapshots=snapshots,
     )
 
 
@@ -307,6 +315,74 @@ class Hidden:
     clean_loss: Tensor  # [R] E‖f(x) − x‖² on the evaluation sample (noise removed)
 
 
+def eval_sample(dim: int, se: Tensor, *, n_eval: int, seed: int) -> tuple[Tensor, Tensor]:
+    """``n_eval`` fresh pairs ``x ~ N(0, I)``, ``y = x + ε`` (float64); each ``[n_eval, dim]``."""
+    gen = torch.Generator().manual_seed(int(seed))
+    x = torch.randn((n_eval, dim), generator=gen, dtype=_DTYPE)
+    eps = torch.randn((n_eval, dim), generator=gen, dtype=_DTYPE) * se.sqrt()
+    return x, x + eps
+
+
+_HOMOGENEOUS = {"relu": lambda: nn.ReLU(), "leaky_relu": lambda: nn.LeakyReLU(_LEAKY_SLOPE)}
+"""Activations with an exact per-neuron rescaling symmetry, as torch modules."""
+
+
+def library_neuron_flow(
+    U: Tensor,
+    W: Tensor,
+    act: str,
+    se: Tensor,
+    *,
+    lr: float,
+    batch_size: int,
+    n_eval: int,
+    seed: int,
+) -> dict[str, float]:
+    """The per-neuron rescaling flow by the library, against ``hidden_matrices``' diagonals.
+
+    ``U`` [n, H], ``W`` [H, n] of one run with ``act`` ∈ {relu, leaky_relu}. On the sample of
+    :func:`eval_sample`, ``nf.collect_stats`` (hooks) and ``nf.noether_flow`` (continuous
+    time, γ = 0) of ``nf.Rescaling`` give ``(η/S)(Σ_i Var[∇W_ji] − Σ_o Var[∇U_oj])`` per
+    neuron j, which must equal ``(η/S)(diag N_W − diag N_U)`` of :func:`hidden_matrices`
+    (``u_noise``, ``w_noise``). Returns their relative difference (max-norm) and the
+    library's relative per-neuron imbalance ``‖flow‖ / (½(‖a‖ + ‖b‖))`` in the vector norms
+    of the two diagonals.
+    """  # fmt: skip
+    import noetherflow as nf
+
+    if act not in _HOMOGENEOUS:
+        raise ValueError(f"act={act!r} has no exact rescaling symmetry; use {sorted(_HOMOGENEOUS)}")
+    n, h = W.shape[1], W.shape[0]
+    first = nn.Linear(n, h, bias=False, dtype=_DTYPE)
+    second = nn.Linear(h, n, bias=False, dtype=_DTYPE)
+    with torch.no_grad():
+        first.weight.copy_(W)
+        second.weight.copy_(U)
+    model = nn.Sequential(first, _HOMOGENEOUS[act](), second)
+    syms = nf.SymmetrySet([nf.Rescaling(first, second, label="neurons")])
+    x, y = eval_sample(n, se, n_eval=n_eval, seed=seed)
+
+    def loss_fn(out: Tensor, target: Tensor) -> Tensor:
+        return ((out - target) ** 2).sum(dim=-1).mean()
+
+    stats = nf.collect_stats(model, syms, loss_fn, x, y)
+    flow = nf.noether_flow(model, syms, stats, lr=lr, batch_size=batch_size)["neurons"]
+    hm = hidden_matrices(U[None], W[None], [act], se, n_eval=n_eval, seed=seed)
+    a = torch.diagonal(hm.u_noise[0])  # Σ_i Var[∇W_ji]
+    b = torch.diagonal(hm.w_noise[0])  # Σ_o Var[∇U_oj]
+    oracle = (lr / batch_size) * (a - b)
+    scale = float(oracle.abs().max())
+    return {
+        "flow_vs_oracle": float((flow - oracle).abs().max()) / scale,
+        "library_rel_diff": float(
+            torch.linalg.vector_norm(flow)
+            * batch_size
+            / lr
+            / (0.5 * (torch.linalg.vector_norm(a) + torch.linalg.vector_norm(b)))
+        ),
+    }
+
+
 def hidden_matrices(
     U: Tensor, W: Tensor, acts: Sequence[str], se: Tensor, *, n_eval: int, seed: int
 ) -> Hidden:
@@ -317,10 +393,7 @@ def hidden_matrices(
     counterpart of ``UᵀΓ_UU``).
     """
     n = W.shape[-1]
-    gen = torch.Generator().manual_seed(int(seed))
-    x = torch.randn((n_eval, n), generator=gen, dtype=_DTYPE)
-    eps = torch.randn((n_eval, n), generator=gen, dtype=_DTYPE) * se.sqrt()
-    y = x + eps
+    x, y = eval_sample(n, se, n_eval=n_eval, seed=seed)
     sx_bar = torch.eye(n, dtype=_DTYPE) / n
     se_bar = torch.diag(se / se.sum())
     w_sigma = W @ sx_bar @ W.transpose(-2, -1)
@@ -384,9 +457,59 @@ class NonlinearConfig:
     n_eval: int = 20000
     n_show: int = 40
     n_records: int = 100
+    constant_seeds: int = 1
+    burn_in_frac: float = 0.5
+    n_snapshots: int = 5
 
 
 KINDS = ("sigma", "gamma", "noise")
+
+
+def run_constant(cfg: NonlinearConfig, seed: int, tag: str) -> dict[str, Any]:
+    """The paper's protocol: SGD at a constant ``cfg.lr`` for ``cfg.steps``, per seed.
+
+    Each of ``cfg.constant_seeds`` seeds has its own init and batch stream; the hidden
+    matrices are evaluated at ``cfg.n_snapshots`` evenly spaced steps of the window after a
+    burn-in of ``cfg.burn_in_frac`` of the steps (fresh ``cfg.n_eval`` samples each), and the
+    relative differences are averaged over them (time averages). Returns, per activation,
+    lists over seeds of the averaged ``rel_diff_<kind>`` and ``rel_diff_noise_diag``, and
+    the window.
+    """
+    from noetherflow.experiments._base import derive_seed, find_divergence
+
+    acts = list(cfg.activations)
+    se = noise_variances(cfg.dim, cfg.noise_first)
+    start = round(cfg.burn_in_frac * cfg.steps)
+    snaps = sorted({int(v) for v in np.linspace(start, cfg.steps, cfg.n_snapshots).round()})
+    keys = [f"rel_diff_{k}" for k in KINDS] + ["rel_diff_noise_diag"]
+    out: dict[str, Any] = {a: {k: [] for k in keys} for a in acts}
+    diverged = False
+    for j in range(cfg.constant_seeds):
+        U0, W0 = init_weights(cfg.dim, cfg.hidden, scale=cfg.init_scale,
+                              seed=derive_seed(seed, tag, "constant", "init", j))  # fmt: skip
+        tr = train(
+            U0, W0, acts, se, lrs=np.full(cfg.steps, float(cfg.lr)), batch_size=cfg.batch_size,
+            seed=derive_seed(seed, tag, "constant", j), n_records=cfg.n_records,
+            snapshot_at=snaps,
+        )  # fmt: skip
+        diverged = diverged or tr.diverged or any(find_divergence(r).diverged for r in tr.loss)
+        acc = {k: np.zeros(len(acts)) for k in keys}
+        for t, U, W in tr.snapshots:
+            hm = hidden_matrices(U, W, acts, se, n_eval=cfg.n_eval,
+                                 seed=derive_seed(seed, tag, "constant", "eval", j, t))  # fmt: skip
+            for kind in KINDS:
+                acc[f"rel_diff_{kind}"] += rel_diff(
+                    getattr(hm, f"w_{kind}"), getattr(hm, f"u_{kind}")
+                ).numpy()
+            acc["rel_diff_noise_diag"] += _rel_diff_vec(
+                torch.diagonal(hm.w_noise, dim1=-2, dim2=-1),
+                torch.diagonal(hm.u_noise, dim1=-2, dim2=-1),
+            ).numpy()
+        n = max(1, len(tr.snapshots))
+        for i, a in enumerate(acts):
+            for k in keys:
+                out[a][k].append(float(acc[k][i] / n) if tr.snapshots else math.nan)
+    return {"by_activation": out, "window_steps": snaps, "diverged": bool(diverged)}
 
 
 def run_nonlinear(cfg: NonlinearConfig, seed: int, tag: str) -> dict[str, Any]:
@@ -448,9 +571,17 @@ def run_nonlinear(cfg: NonlinearConfig, seed: int, tag: str) -> dict[str, Any]:
             if mode == "gd":
                 # quadrature loss (noise floor added) against the held-out loss
                 s["gd_fit_gap"] = s["eval_loss"] - s["final_train_loss"]
+            if mode == "sgd" and act in _HOMOGENEOUS:
+                lib = library_neuron_flow(
+                    tr.U[i], tr.W[i], act, se, lr=cfg.lr_final, batch_size=cfg.batch_size,
+                    n_eval=cfg.n_eval, seed=derive_seed(seed, tag, "eval"),
+                )  # fmt: skip
+                s["library_neuron_flow_vs_oracle"] = lib["flow_vs_oracle"]
+                s["library_rel_diff_noise_diag"] = lib["library_rel_diff"]
             out["series"][f"{mode}_{act}"] = s
     out["noise_floor"] = float(se.sum())
     out["n_show"] = k
+    out["constant"] = run_constant(cfg, seed, tag)
     return out
 
 

@@ -27,14 +27,46 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
+import noetherflow as nf
 from noetherflow.experiments._base import Claim, Op, derive_seed, find_divergence, save_figure
-from noetherflow.theory.ziyin2024 import two_layer_sgd_solution
+from noetherflow.theory.ziyin2024 import two_layer_noise_factors, two_layer_sgd_solution
+from noetherflow.train import GeometricDecay, lr_sequence
 
 DESCRIPTION = (
     "Matrix factorisation: SGD converges to the Thm 5.2 noise equilibrium UᵀΓ_UU = WΓ_WWᵀ, "
     "GD stays an order of magnitude away."
+)
+
+PAPER = (
+    "Fig. 2 and Thm 5.2 (§5.2, App. A.2): in matrix factorisation SGD converges to the noise "
+    "equilibrium UᵀΓ_UU = WΓ_WWᵀ (every element of Δ close to zero, fluctuating with a small "
+    "variance), with an almost exponential convergence, whereas GD from the same init ends an "
+    "order of magnitude further from it."
+)
+PAPER_ORDER = 2.0
+NOTES = (
+    "Settings and history. (1) The annealed schedule (η = 0.02 constant, then a geometric "
+    "decay to 5e-4 over the last 70%; quick: 0.05 → 1e-3) was chosen after measuring that at "
+    "a constant η the instantaneous relative balance error fluctuates around ~0.25 (the "
+    "O(η/S) noise of the iterate); with it the error ends at 0.027–0.057 (full, seed 0) and "
+    "0.053 (quick). The paper anneals nothing, so the paper's protocol is now claimed first "
+    "(sgd_balance_constant_lr, threshold 0.1 taken from the annealed claim and fixed before "
+    "the constant run was measured; the issue had reported 0.17–0.25 for it, so it was "
+    "expected to fail): quick, 3 seeds: 0.253 (0.251–0.256); full: 0.235 (0.235–0.236); "
+    "failing. (2) 'Almost "
+    "exponential' (delta_exponential_constant_lr): R² ≥ 0.9 of a line through log‖Δ‖ over "
+    "the decay phase (until ‖Δ‖ < 10× its stationary level), defined and fixed before "
+    "running. The first run recorded every 53 steps, leaving fewer than 10 records in the "
+    "decay phase (value NaN); the constant run is now recorded at every step over its first "
+    "10%, nothing else changed: quick R² min 0.69, mean 0.71; full min 0.71, mean 0.83 — "
+    "failing: ‖Δ‖ first collapses "
+    "within a few steps while the loss drops, then relaxes more slowly, which one exponential "
+    "does not fit. (3) Σ_ε is anisotropic (the paper's A.2 says unit variance) so that runs "
+    "with different Σ_ε from one init reach different equilibria. (4) The library's "
+    "rotation flow on the nn.Module at the end of SGD is checked against theory's Γ on the "
+    "same fresh samples (library_flow_matches_theory)."
 )
 
 _DTYPE = torch.float64
@@ -112,13 +144,15 @@ def train_two_layer(
     loss_scale: float = 1.0,
     track: tuple[np.ndarray, np.ndarray] | None = None,
     chunk: int = 200,
+    dense_until: int = 0,
 ) -> TrainResult:
     """SGD (fresh minibatches of the data model) or population GD on ``‖UWx − y‖²``.
 
     ``U0`` [R, n, d], ``W0`` [R, d, n] (one init per run, all runs in one batched loop),
     ``sx`` [n] (diag Σ_x, shared), ``se`` [R, n] (diag Σ_ε per run). The per-sample loss is
     ``loss_scale · ‖UWx − y‖²`` (``loss_scale = 1/n`` is the output-averaged loss); the
-    minibatch loss is the mean over ``batch_size`` samples. Float64.
+    minibatch loss is the mean over ``batch_size`` samples. Float64. Records are taken every
+    ``record_every`` steps, and at every step up to ``dense_until``.
     """
     U, W = U0.clone(), W0.clone()
     R, n, _ = U.shape
@@ -126,10 +160,12 @@ def train_two_layer(
     sx_sqrt, se_sqrt = sx.sqrt(), se.sqrt()[:, None, :]
     eye = torch.eye(n, dtype=U.dtype)
     sxm = torch.diag(sx)
-    n_decay = round(decay_frac * steps) if lr_final is not None else 0
-    lrs = np.full(steps, float(lr))
-    if n_decay > 0 and lr_final is not None:
-        lrs[steps - n_decay :] = np.geomspace(lr, lr_final, n_decay)
+    sched = (
+        None
+        if lr_final is None
+        else GeometricDecay(steps, decay_frac=decay_frac, final_lr=lr_final)
+    )
+    lrs = lr_sequence(sched, lr, steps)
     rec_step: list[int] = []
     rel: list[Tensor] = []
     dn: list[Tensor] = []
@@ -171,7 +207,7 @@ def train_two_layer(
                 c = 2.0 * eta * loss_scale / batch_size
                 U, W = U - c * gU, W - c * gW
             t += 1
-            if t % record_every == 0 or t == steps:
+            if t % record_every == 0 or t == steps or t <= dense_until:
                 record(t)
         if not bool(torch.isfinite(U).all() and torch.isfinite(W).all()):
             diverged = True
@@ -213,6 +249,78 @@ def measured_norm_ratio(U: Tensor, W: Tensor) -> np.ndarray:
     return ((W * W).sum(dim=(-2, -1)) / (U * U).sum(dim=(-2, -1))).numpy()
 
 
+def summed_sq_loss(out: Tensor, target: Tensor) -> Tensor:
+    """``‖f(x) − y‖²`` summed over outputs, mean over the batch (paper eq. 12). 0-dim."""
+    return ((out - target) ** 2).sum(dim=-1).mean()
+
+
+def two_layer_module(U: Tensor, W: Tensor) -> tuple[nn.Sequential, nf.SymmetrySet]:
+    """``x ↦ UWx`` as ``nn.Sequential(Linear(W), Linear(U))`` (no biases) with its
+    ``nf.DoubleRotation`` (charge ``UᵀU − WWᵀ``); ``U`` [n_out, d], ``W`` [d, n_in]."""
+    first = nn.Linear(W.shape[1], W.shape[0], bias=False, dtype=W.dtype)
+    second = nn.Linear(U.shape[1], U.shape[0], bias=False, dtype=U.dtype)
+    with torch.no_grad():
+        first.weight.copy_(W)
+        second.weight.copy_(U)
+    model = nn.Sequential(first, second)
+    return model, nf.SymmetrySet([nf.DoubleRotation(first, second, label="rotation")])
+
+
+def library_flow_check(
+    U: Tensor,
+    W: Tensor,
+    sx: Tensor,
+    se: Tensor,
+    *,
+    lr: float,
+    batch_size: int,
+    n_eval: int,
+    seed: int,
+) -> dict[str, float]:
+    """The Thm 5.2 balance measured by the library, cross-checked against ``theory``.
+
+    On ``n_eval`` fresh samples of the data model (``x ~ N(0, diag(sx))``, ``y = x + ε``,
+    ``ε ~ N(0, diag(se))``; ``U`` [n, d], ``W`` [d, n], one run), ``nf.collect_stats``
+    (hooks) and ``nf.noether_flow`` (continuous time, γ = 0) give the rotation flow
+    ``F = (η/S)(M_U − M_W)``; the oracle is ``−(4η/S)(UᵀΓ_UU − WΓ_WWᵀ)`` with the sample
+    covariances Γ of ``theory.two_layer_noise_factors``. Returns the relative difference of
+    the two (round-off if the library is right) and the library's relative balance error
+    ``‖F‖_F / ((4η/S)‖WΓ_WWᵀ‖_F)`` on the sample (the closed-form error up to sampling).
+    """  # fmt: skip
+    gen = torch.Generator().manual_seed(int(seed))
+    n = W.shape[1]
+    x = torch.randn(n_eval, n, generator=gen, dtype=_DTYPE) * sx.sqrt()
+    y = x + torch.randn(n_eval, n, generator=gen, dtype=_DTYPE) * se.sqrt()
+    model, syms = two_layer_module(U, W)
+    stats = nf.collect_stats(model, syms, summed_sq_loss, x, y)
+    flow = nf.noether_flow(model, syms, stats, lr=lr, batch_size=batch_size)["rotation"]
+    with torch.no_grad():
+        r = model(x) - y
+    gw, gu = two_layer_noise_factors(x, r, time="continuous")
+    c = 4.0 * lr / batch_size
+    wgw = W @ gw @ W.T
+    oracle = -c * (U.T @ gu @ U - wgw)
+    norm = torch.linalg.matrix_norm
+    return {
+        "flow_vs_theory": float(norm(flow - oracle) / norm(oracle)),
+        "library_rel_err": float(norm(flow) / (c * norm(wgw))),
+    }
+
+
+def exponential_fit_r2(step: np.ndarray, delta: np.ndarray, floor: float) -> float:
+    """R² of a least-squares line through ``log ‖Δ_t‖`` over the decay phase (Fig. 2: "almost
+    exponential"). The decay phase runs from step 0 to the first record with
+    ``‖Δ_t‖ ≤ 10·floor`` (``floor``: the stationary level); NaN with fewer than 10 records."""
+    below = np.nonzero(delta <= 10.0 * floor)[0]
+    end = int(below[0]) if below.size else len(delta)
+    if end < 10:
+        return float("nan")
+    t, y = step[:end].astype(float), np.log(delta[:end])
+    slope, icpt = np.polyfit(t, y, 1)
+    resid = y - (slope * t + icpt)
+    return float(1.0 - resid @ resid / ((y - y.mean()) @ (y - y.mean())))
+
+
 # --------------------------------------------------------------------------------------
 # the experiment
 # --------------------------------------------------------------------------------------
@@ -240,6 +348,13 @@ class Config:
     - ``init_scale=1``: Xavier-like ``U ~ N(0, 1/d)``, ``W ~ N(0, 1/d_0)``, far from balance, so
       ‖Δ‖ must fall by orders of magnitude under SGD and GD's imbalance is visible.
     - Γ_W, Γ_U are the paper's second moments at the current (U, W), in closed form.
+    - The paper's protocol (constant η, no decay) is run as well, for ``constant_seeds=3``
+      inits and batch streams, at ``lr`` for the same ``steps``: stationary quantities are
+      time averages over the records after a burn-in of ``burn_in_frac=0.5`` of the steps.
+      The annealed run above is ours and labelled so in its claims. The constant run is
+      recorded at every step over its first ``dense_frac=0.1`` (the decay of ‖Δ‖ whose
+      shape the "almost exponential" claim measures takes a few hundred steps).
+    - ``n_eval=4000`` fresh samples for the library's statistics at the end of the run.
     """
 
     d_io: int = 30
@@ -255,12 +370,57 @@ class Config:
     init_scale: float = 1.0
     n_records: int = 300
     n_tracked: int = 10
+    constant_seeds: int = 3
+    burn_in_frac: float = 0.5
+    dense_frac: float = 0.1
+    n_eval: int = 4000
 
     @classmethod
     def quick(cls) -> Config:
         """Smaller net (d_0 = d_2 = 10, d = 14) so a larger stable lr relaxes it in 16k steps."""
         return cls(d_io=10, hidden=14, lr=0.05, lr_final=1e-3, steps=16000, gd_lr=0.05,
                    gd_steps=1000)  # fmt: skip
+
+
+def setup(cfg: Config) -> list[dict[str, str]]:
+    """Deviations from the paper's setup (App. A.2), one row each."""
+    full = Config()
+    rows = [
+        {"quantity": "sizes", "paper": "d₀ = d₂ = 30, d = 40",
+         "ours": f"d₀ = d₂ = {cfg.d_io}, d = {cfg.hidden}",
+         "why": "the paper's sizes" if cfg.d_io == full.d_io else "quick mode"},
+        {"quantity": "label noise Σ_ε", "paper": "i.i.d. unit variance",
+         "ours": f"diagonal, anisotropic, mean 1, spreads {list(cfg.noise_spreads)} (one run each)",
+         "why": "several equilibria from one init; Tr Σ_ε as for unit variance"},
+        {"quantity": "η", "paper": "not stated (constant)",
+         "ours": f"{cfg.lr:g} constant (paper's protocol claims); annealed run: constant, then "
+                 f"geometric decay to {cfg.lr_final:g} over the last {cfg.decay_frac:.0%}",
+         "why": "stable; the annealed variant removes the O(η/S) fluctuation (labelled claims)"},
+        {"quantity": "S", "paper": "not stated", "ours": f"{cfg.batch_size}, fresh samples",
+         "why": "online SGD on the data model"},
+        {"quantity": "steps", "paper": "not stated",
+         "ours": f"{cfg.steps}; constant-η averages over steps ≥ "
+                 f"{cfg.burn_in_frac * cfg.steps:g}",
+         "why": "the charges relax in a few thousand steps"},
+        {"quantity": "GD", "paper": "GD (not specified)",
+         "ours": f"population gradient, η = {cfg.gd_lr:g}, {cfg.gd_steps} steps",
+         "why": "exact GD on the same risk; converged long before the end"},
+        {"quantity": "loss", "paper": "‖UWx − y‖² (eq. 12)", "ours": "the same, minibatch mean",
+         "why": "-"},
+        {"quantity": "init", "paper": "the same init for SGD and GD",
+         "ours": f"Xavier-like, scale {cfg.init_scale:g}", "why": "far from balance"},
+        {"quantity": "seeds", "paper": "one run",
+         "ours": f"annealed: 1 seed × {len(cfg.noise_spreads)} Σ_ε; constant η: "
+                 f"{cfg.constant_seeds} seeds × {len(cfg.noise_spreads)} Σ_ε",
+         "why": "mean and spread over seeds in the constant-η claim"},
+    ]  # fmt: skip
+    if cfg != full:
+        rows.append({"quantity": "quick mode", "paper": "-",
+                     "ours": f"d₀ = {cfg.d_io}, d = {cfg.hidden}, η = {cfg.lr:g}, "
+                             f"{cfg.steps} steps (full: {full.d_io}, {full.hidden}, "
+                             f"{full.lr:g}, {full.steps})",
+                     "why": "a smaller net allows a larger stable η, so fewer steps"})  # fmt: skip
+    return rows
 
 
 def noise_covariances(cfg: Config) -> Tensor:
@@ -291,6 +451,33 @@ def run(cfg: Config, seed: int, out_dir: Path) -> dict[str, Any]:
         U0b, W0b, sx, se, lr=cfg.gd_lr, batch_size=1, steps=cfg.gd_steps,
         record_every=max(1, cfg.gd_steps // cfg.n_records), seed=0, full_batch=True,
     )  # fmt: skip
+    # the paper's protocol: constant η, several seeds, time averages after a burn-in
+    cs = cfg.constant_seeds
+    inits = [
+        xavier_init(n, cfg.hidden, n, scale=cfg.init_scale,
+                    seed=derive_seed(seed, "constant", "init", j))
+        for j in range(cs)
+    ]  # fmt: skip
+    U0c = torch.cat([u.expand(R, -1, -1) for u, _ in inits]).clone()
+    W0c = torch.cat([w.expand(R, -1, -1) for _, w in inits]).clone()
+    const = train_two_layer(
+        U0c, W0c, sx, se.repeat(cs, 1), lr=cfg.lr, batch_size=cfg.batch_size, steps=cfg.steps,
+        record_every=max(1, cfg.steps // cfg.n_records), seed=derive_seed(seed, "constant"),
+        dense_until=round(cfg.dense_frac * cfg.steps),
+    )  # fmt: skip
+    window = const.step >= cfg.burn_in_frac * cfg.steps
+    const_avg = const.rel_err[:, window].mean(axis=1).reshape(cs, R)  # [seed, Σ_ε]
+    floors = const.delta_norm[:, window].mean(axis=1)
+    r2 = np.array(
+        [exponential_fit_r2(const.step, const.delta_norm[i], floors[i]) for i in range(cs * R)]
+    ).reshape(cs, R)
+    lib = [
+        library_flow_check(
+            sgd.U[r], sgd.W[r], sx, se[r], lr=cfg.lr_final, batch_size=cfg.batch_size,
+            n_eval=cfg.n_eval, seed=derive_seed(seed, "eval", r),
+        )
+        for r in range(R)
+    ]  # fmt: skip
     d_sgd, wgw_sgd = balance(sgd.U, sgd.W, sx, se)
     d_gd, wgw_gd = balance(gd.U, gd.W, sx, se)
     sgd_final = sgd.rel_err[:, -1]
@@ -315,7 +502,17 @@ def run(cfg: Config, seed: int, out_dir: Path) -> dict[str, Any]:
             "gd_ratio": measured_norm_ratio(gd.U, gd.W),
             "sgd_ratio_pred": predicted_norm_ratio(sgd.U, sgd.W, sx, se),
             "gd_ratio_pred": predicted_norm_ratio(gd.U, gd.W, sx, se),
+            "constant_step": const.step,
+            "constant_rel_err": const.rel_err,
+            "constant_delta_norm": const.delta_norm,
         },
+        "constant_window_start": float(cfg.burn_in_frac * cfg.steps),
+        "constant_time_avg_rel_err": const_avg,
+        "constant_worst_per_seed": const_avg.max(axis=1),
+        "constant_exp_r2": r2,
+        "constant_diverged": bool(const.diverged),
+        "library_flow_vs_theory": np.array([c["flow_vs_theory"] for c in lib]),
+        "library_rel_err": np.array([c["library_rel_err"] for c in lib]),
         "noise_condition_numbers": (se.max(dim=1).values / se.min(dim=1).values).numpy(),
         "tracked_entries": np.stack(track, axis=1),
         "sgd_final_rel_err": sgd_final,
@@ -329,17 +526,70 @@ def run(cfg: Config, seed: int, out_dir: Path) -> dict[str, Any]:
     }
 
 
+def _seeds_note(values: np.ndarray) -> str:
+    v = np.asarray(values, dtype=float)
+    return (
+        f"mean {v.mean():.3g} over {v.size} seeds (min {v.min():.3g}, max {v.max():.3g}; "
+        f"per seed {', '.join(f'{x:.3g}' for x in v)})"
+    )
+
+
 def claims(results: dict[str, Any], cfg: Config) -> list[Claim]:
     note = "" if not results["sgd_diverged"] else "SGD diverged"
+    worst = np.asarray(results["constant_worst_per_seed"], dtype=float)
+    r2 = np.asarray(results["constant_exp_r2"], dtype=float)
+    ok = np.isfinite(r2)
+    lib_err = np.asarray(results["library_rel_err"], dtype=float)
+    closed = np.asarray(results["sgd_final_rel_err"], dtype=float)
+    cdiv = "; constant-η SGD diverged" if results["constant_diverged"] else ""
+    window = f"records after step {results['constant_window_start']:g} of {cfg.steps}"
     return [
         Claim(
+            id="sgd_balance_constant_lr",
+            statement="The paper's protocol (constant η): SGD sits at the Thm 5.2 balance "
+            "UᵀΓ_UU ≈ WΓ_WWᵀ: time average of ‖Δ‖_F / ‖WΓ_WWᵀ‖_F over the stationary window, "
+            "worst Σ_ε run, mean over seeds",
+            value=float(worst.mean()),
+            op=Op.LT,
+            threshold=0.1,
+            note=f"η = {cfg.lr:g} constant, window: {window}; " + _seeds_note(worst) + cdiv,
+        ),
+        Claim(
+            id="delta_exponential_constant_lr",
+            statement="Fig. 2: the convergence is almost exponential (constant η): R² of a "
+            "straight-line fit to log ‖Δ_t‖_F over the decay phase (from step 0 until ‖Δ‖ "
+            "first falls below 10× its stationary level), min over runs and seeds",
+            value=float(np.nanmin(r2)) if np.isfinite(r2).any() else float("nan"),
+            op=Op.GE,
+            threshold=0.9,
+            note=f"mean R² {np.mean(r2[ok]) if ok.any() else np.nan:.3g} over {int(ok.sum())} "
+            f"of {r2.size} runs"
+            + ("" if ok.all() else " (the others have fewer than 10 records in the decay phase)")
+            + cdiv,
+        ),
+        Claim(
             id="sgd_balance_rel_err",
-            statement="At the end of SGD, UᵀΓ_UU ≈ WΓ_WWᵀ (Thm 5.2): worst run's "
+            statement="Annealed η (ours, not the paper's protocol: constant then a geometric "
+            "decay): at the end of SGD UᵀΓ_UU ≈ WΓ_WWᵀ (Thm 5.2): worst run's "
             "‖Δ‖_F / ‖WΓ_WWᵀ‖_F",
             value=results["sgd_worst_rel_err"],
             op=Op.LT,
             threshold=0.1,
             note=note,
+        ),
+        Claim(
+            id="library_flow_matches_theory",
+            statement="The library's rotation flow (nf.collect_stats + nf.noether_flow on the "
+            "nn.Module at the end of SGD, fresh samples) equals the oracle −(4η/S)Δ built from "
+            "theory's sample Γ (max over runs of the relative Frobenius difference, float64)",
+            value=float(np.max(results["library_flow_vs_theory"])),
+            op=Op.LT,
+            threshold=1e-8,
+            note="the library's balance error on the sample: "
+            + ", ".join(f"{a:.3g}" for a in lib_err)
+            + " (closed form, population: "
+            + ", ".join(f"{b:.3g}" for b in closed)
+            + f"; {cfg.n_eval} samples)",
         ),
         Claim(
             id="gd_order_of_magnitude",
@@ -387,13 +637,17 @@ def plot(results: dict[str, Any], cfg: Config, out_dir: Path) -> list[Path]:
     ax1.set_ylabel("Δ_ij")
     ax1.set_title(f"{ent.shape[1]} entries of Δ = UᵀΓ_UU − WΓ_WWᵀ (SGD)")
 
+    const = np.asarray(s.get("constant_rel_err", np.zeros((0, 0))))
+    cst = np.asarray(s.get("constant_step", []))
     for r in range(sgd_rel.shape[0]):
         ax2.semilogy(st, sgd_rel[r], color=f"C{r}", label=f"SGD, spread {cfg.noise_spreads[r]}")
         ax2.semilogy(gst, gd_rel[r], color=f"C{r}", ls="--")
+        if const.shape[0] > r:  # seed 0 of the constant-η runs
+            ax2.semilogy(cst, const[r], color=f"C{r}", lw=0.6, alpha=0.5)
     ax2.axhline(0.1, color="k", lw=0.6, ls=":")
     ax2.set_xlabel("step")
     ax2.set_ylabel("‖Δ‖_F / ‖WΓ_WWᵀ‖_F")
-    ax2.set_title("relative balance error (dashed: GD)")
+    ax2.set_title("balance error (thin: constant η; dashed: GD)")
     ax2.legend(fontsize=7)
 
     for key, color, label in (("sgd", "C0", "SGD"), ("gd", "C3", "GD")):

@@ -15,10 +15,16 @@ balanced factorisation (ratio 1) for every ``φ_x``. With Prop. 5.3 (``Tr ∇²L
     S_SGD = 4n Tr Σ_x^{1/2},   S_GD+WD ≈ 4n Tr Σ_x = 4n²,
     S_SGD / S_GD+WD = (sqrt(φ_x) + sqrt(2 − φ_x)) / 2 ≤ 1.
 
-So in this setting the theory says SGD is never sharper than the weight-decay solution:
-equally sharp at ``φ_x = 1`` and flatter everywhere else (by concavity of the square root).
-The paper's text ("for some data distributions SGD converges to a sharper solution") is not
-what its own formulas give here; we measure and report the ratio.
+So when only the input distribution varies, the theory says SGD is never sharper than the
+weight-decay solution: equally sharp at ``φ_x = 1`` and flatter everywhere else (by
+concavity of the square root). The paper's "for some data distributions SGD converges to a
+sharper solution" is the other case, run here too (``label_noise``): isotropic inputs
+``Σ_x = I`` and anisotropic label noise ``Σ_ε = diag(φ, …, 2 − φ, …)``. Then
+``Tr ∇²L = 2n(‖W‖_F² + ‖U‖_F²)``, which the balanced factorisation minimises among all
+factorisations of ``UW = I``, so SGD's unbalanced noise equilibrium is *sharper*.
+
+The paper's protocol (constant η) is run as well, at η and at η/2 (4× the steps), for the
+caption's "the systematic error ... decreases as we decrease η".
 
 Exact width reduction (as in Fig. 8): every update of ``W`` lies in the column space of
 ``Uᵀ`` and every update of ``U`` in the row space of ``Wᵀ``, so the rows of ``U`` and the
@@ -47,7 +53,6 @@ from noetherflow.experiments._base import (
     derive_seed,
     find_divergence,
     parallel_map,
-    save_figure,
 )
 from noetherflow.theory.ziyin2024 import (
     two_layer_balanced_solution,
@@ -56,6 +61,7 @@ from noetherflow.theory.ziyin2024 import (
     two_layer_sgd_solution,
     weight_decay_ridge,
 )
+from noetherflow.train import GeometricDecay, lr_sequence
 
 DESCRIPTION = (
     "Two-layer linear net: SGD's layer-norm ratio and sharpness follow Thm 5.2 / Prop 5.3 as "
@@ -63,6 +69,38 @@ DESCRIPTION = (
 )
 
 METHODS = ("sgd", "sgd_wd", "gd_wd")
+
+PAPER = (
+    "Fig. 3 (§5.2, Thm 5.2, Prop. 5.3; the setting of Fig. 8): SGD's layer balance "
+    "‖W‖²/‖U‖² is reached only for isotropic inputs (φ_x = 1) while GD + weight decay always "
+    "balances; 'for some data distributions SGD converges to a sharper solution, whereas it "
+    "converges to flatter solutions for other data distributions'; the systematic error "
+    "between experiment and theory is due to the finite learning rate and decreases as η "
+    "decreases."
+)
+PAPER_ORDER = 3.0
+NOTES = (
+    "History and deviations. (1) The paper's η = 0.1 diverges at n = 100 with the summed loss "
+    "of eq. 12; η = 0.04 is stable at every φ_x (quick: n = 20, η = 0.1). (2) GD + weight "
+    "decay uses γ = 5e-3 instead of the paper's 1e-4: at 1e-4 the imbalance decays by "
+    "(1 − 2ηγ)² per step and balance would take ~10⁶ steps; every stationary point is exactly "
+    "balanced whatever γ, the larger γ only shrinks the product (≤ 2.5%, included in the "
+    "theory). (3) The claimed runs anneal η (constant, then geometric decay to η/4 over the "
+    "second half; norms and sharpness averaged over the last 10%), chosen because the "
+    "constant-η equilibrium carries an O(η) bias (excess loss ≈ 9% of Tr Σ_ε, norms 2–4% low "
+    "at η = 0.04). The paper's protocol is now claimed first: constant η, averages over the "
+    "second half (sgd_norm_ratio_theory_constant_lr; threshold 0.1 as the annealed claim, "
+    "fixed before running; first measurement quick 0.103, failing narrowly), and the "
+    "caption's 'the error decreases as η decreases' at η and η/2 with 4× the steps "
+    "(gap_shrinks_with_lr_constant: ratio of the errors < 1, fixed before running; first "
+    "measurement quick 0.43, holding). (4) The sharpness statement: when only Σ_x varies, the "
+    "theory gives SGD never sharper than GD + WD (measured: flatter by up to 10%); the "
+    "paper's sharper case is anisotropic label noise with isotropic inputs, now run "
+    "(label_noise_sgd_sharper: S_SGD/S_balanced > 1 at every |φ_ε − 1| > 0.25; "
+    "label_noise_sharpness_theory: within 10% of Prop. 5.3; thresholds fixed before "
+    "running; first measurement quick: min ratio 1.003 (theory 1.010 at that φ_ε, 1.19 at "
+    "the ends), deviation 0.036). One seed (7–9 values of φ per claim)."
+)
 
 
 @dataclass(frozen=True)
@@ -129,6 +167,7 @@ class Config:
     init_w_scale: float = 1.0
     n_records: int = 100
     dtype: str = "float32"
+    burn_in_frac: float = 0.5
 
     @classmethod
     def quick(cls) -> Config:
@@ -142,6 +181,46 @@ class Config:
             steps=3000,
             gd_steps=3000,
         )
+
+
+def setup(cfg: Config) -> list[dict[str, str]]:
+    """Deviations from the paper's setup (Fig. 3 = the setting of Fig. 8), one row each."""
+    full = Config()
+    rows = [
+        {"quantity": "η", "paper": "0.1",
+         "ours": f"{cfg.lr:g} (and {cfg.lr / 2:g} for the gap-vs-η claim)",
+         "why": "η = 0.1 diverges with the summed loss of eq. 12 at n = 100"},
+        {"quantity": "schedule", "paper": "constant η",
+         "ours": f"constant (paper's protocol claims) and, separately, annealed: geometric decay "
+                 f"to {cfg.lr_final:g} over the last {cfg.decay_frac:.0%}",
+         "why": "the constant-η equilibrium carries an O(η) bias (labelled claims)"},
+        {"quantity": "GD + WD γ", "paper": "1e-4", "ours": f"{cfg.gd_weight_decay:g}",
+         "why": "at 1e-4 balance takes ~10⁶ steps; stationary points are balanced for any γ"},
+        {"quantity": "GD + WD η, steps", "paper": "not stated",
+         "ours": f"{cfg.gd_lr:g}, {cfg.gd_steps} (population gradient)",
+         "why": "4ηγ·steps = 6: the initial imbalance shrinks by e⁻⁶"},
+        {"quantity": "SGD + WD γ", "paper": "1e-4", "ours": f"{cfg.weight_decay:g}",
+         "why": "the paper's value"},
+        {"quantity": "sizes", "paper": "d_x = d_y = 100, d = 2000, S = 100",
+         "ours": f"d_x = d_y = {cfg.dim}, d = {cfg.hidden} (exactly reduced to 2n), "
+                 f"S = {cfg.batch_size}",
+         "why": "the paper's" if cfg.dim == full.dim else "quick mode"},
+        {"quantity": "steps", "paper": "not stated",
+         "ours": f"{cfg.steps} (η/2: {4 * cfg.steps})", "why": "relaxation ∝ η²"},
+        {"quantity": "label-noise case", "paper": "mentioned, not run",
+         "ours": "Σ_x = I, Σ_ε = diag(φ, …, 2 − φ, …), SGD annealed as the main runs",
+         "why": "the case where SGD is sharper than the balanced solution"},
+        {"quantity": "precision", "paper": "-", "ours": cfg.dtype,
+         "why": "matmul-bound; round-off far below the tolerances"},
+        {"quantity": "seeds", "paper": "one run", "ours": "one seed, one shared init",
+         "why": "each claim spans 7–9 values of φ"},
+    ]  # fmt: skip
+    if cfg != full:
+        rows.append({"quantity": "quick mode", "paper": "-",
+                     "ours": f"n = {cfg.dim}, width {cfg.hidden}, η = {cfg.lr:g}, "
+                             f"{len(cfg.phi_x)} values of φ",
+                     "why": "stable at a 2.5× larger η, so fewer steps"})  # fmt: skip
+    return rows
 
 
 # --------------------------------------------------------------------------------------
@@ -205,40 +284,65 @@ def reduced_init(cfg: Config, seed: int) -> tuple[Tensor, Tensor]:
 
 
 def lr_schedule(lr: float, lr_final: float, steps: int, decay_frac: float) -> np.ndarray:
-    """Constant ``lr``, then a geometric decay to ``lr_final`` over the last ``decay_frac``."""
-    lrs = np.full(steps, float(lr))
-    n_decay = round(decay_frac * steps)
-    if n_decay > 0:
-        lrs[steps - n_decay :] = np.geomspace(lr, lr_final, n_decay)
-    return lrs
+    """Constant ``lr``, then a geometric decay to ``lr_final`` over the last ``decay_frac``
+    (:class:`noetherflow.train.GeometricDecay`); shape ``[steps]``."""
+    return lr_sequence(GeometricDecay(steps, decay_frac=decay_frac, final_lr=lr_final), lr, steps)
 
 
-def _train(cfg: Config, seed: int, method: str) -> dict[str, np.ndarray]:
-    """Train one method at every φ_x; records ‖U‖², ‖W‖², ‖WΣ_x^{1/2}‖² and the loss."""
+VARIANTS = ("annealed", "constant", "constant_half", "label_noise")
+"""SGD runs: the claimed annealed one; the paper's protocol at η and at η/2 (4× the steps,
+as the charges relax ∝ η²); anisotropic label noise with isotropic inputs (annealed)."""
+
+
+def variant_plan(cfg: Config, method: str, variant: str) -> tuple[np.ndarray, float]:
+    """The learning rates of a run and the start of its averaging window (a step)."""
+    if method == "gd_wd":
+        return np.full(cfg.gd_steps, cfg.gd_lr), (1.0 - cfg.avg_frac) * cfg.gd_steps
+    if variant in ("annealed", "label_noise"):
+        return (
+            lr_schedule(cfg.lr, cfg.lr_final, cfg.steps, cfg.decay_frac),
+            (1.0 - cfg.avg_frac) * cfg.steps,
+        )
+    if variant == "constant":
+        return np.full(cfg.steps, cfg.lr), cfg.burn_in_frac * cfg.steps
+    if variant == "constant_half":
+        steps = 4 * cfg.steps
+        return np.full(steps, 0.5 * cfg.lr), cfg.burn_in_frac * steps
+    raise ValueError(f"unknown variant {variant!r}; expected one of {VARIANTS}")
+
+
+def _train(cfg: Config, seed: int, method: str, variant: str = "annealed") -> dict[str, np.ndarray]:
+    """Train one method at every φ at once; records ‖U‖², ‖W‖², the sharpness and the loss.
+
+    ``variant="label_noise"`` swaps the roles: Σ_x = I and Σ_ε = diag(φ, …, 2 − φ, …).
+    """
     dtype = getattr(torch, cfg.dtype)
     phis = cfg.phi_x
     R, n = len(phis), cfg.dim
-    sx = torch.tensor(np.stack([input_variances(p, n) for p in phis]), dtype=dtype)  # [R, n]
+    varied = torch.tensor(np.stack([input_variances(p, n) for p in phis]), dtype=dtype)
+    label = variant == "label_noise"
+    sx = torch.ones_like(varied) if label else varied  # [R, n]
+    se = varied if label else torch.ones_like(varied)
     U0, W0 = reduced_init(cfg, derive_seed(seed, "fig3", "init"))
     U = U0.to(dtype).expand(R, -1, -1).clone()
     W = W0.to(dtype).expand(R, -1, -1).clone()
     eye = torch.eye(n, dtype=dtype)
     full_batch = method == "gd_wd"
+    lrs, window_start = variant_plan(cfg, method, variant)
+    steps = len(lrs)
     if full_batch:
-        steps, gamma = cfg.gd_steps, cfg.gd_weight_decay
-        lrs = np.full(steps, cfg.gd_lr)
+        gamma = cfg.gd_weight_decay
     else:
-        steps = cfg.steps
         gamma = cfg.weight_decay if method == "sgd_wd" else 0.0
-        lrs = lr_schedule(cfg.lr, cfg.lr_final, steps, cfg.decay_frac)
     every = max(1, steps // cfg.n_records)
-    gen = torch.Generator().manual_seed(derive_seed(seed, "fig3", method))
+    key = ("fig3", method) if variant == "annealed" else ("fig3", method, variant)
+    gen = torch.Generator().manual_seed(derive_seed(seed, *key))
     sx_sqrt = sx.sqrt()[:, None, :]
+    se_sqrt = se.sqrt()[:, None, :]
     S = cfg.batch_size
 
     recs: dict[str, list[Tensor]] = {"u2": [], "w2": [], "sharpness": [], "loss": []}
     sigma_x = [torch.diag(sx[r]) for r in range(R)]
-    window_start = (1.0 - cfg.avg_frac) * steps
     nan = torch.full((R,), math.nan, dtype=torch.float64)
     rec_step: list[int] = []
 
@@ -252,7 +356,7 @@ def _train(cfg: Config, seed: int, method: str) -> dict[str, np.ndarray]:
             if t >= window_start
             else nan
         )
-        recs["loss"].append((A * A * sx[:, None, :]).sum(dim=(-2, -1)) + n)
+        recs["loss"].append((A * A * sx[:, None, :]).sum(dim=(-2, -1)) + se.sum(dim=-1))
 
     record(0)
     for t in range(steps):
@@ -261,7 +365,7 @@ def _train(cfg: Config, seed: int, method: str) -> dict[str, np.ndarray]:
             G = 2.0 * (U @ W - eye) * sx[:, None, :]  # ∇_P of E‖Px − y‖² at P = UW
         else:
             X = torch.randn((R, S, n), generator=gen, dtype=dtype) * sx_sqrt
-            E = torch.randn((R, S, n), generator=gen, dtype=dtype)
+            E = torch.randn((R, S, n), generator=gen, dtype=dtype) * se_sqrt
             res = X @ (U @ W - eye).transpose(-2, -1) - E  # r = UWx − y, [R, S, n]
             G = res.transpose(-2, -1) @ X * (2.0 / S)  # minibatch ∇_P
         gU = G @ W.transpose(-2, -1)
@@ -274,14 +378,37 @@ def _train(cfg: Config, seed: int, method: str) -> dict[str, np.ndarray]:
                 break
     out = {k: torch.stack(v, dim=1).double().numpy() for k, v in recs.items()}  # [R, T]
     out["step"] = np.asarray(rec_step)
+    out["window_start"] = np.asarray(window_start)
+    out["steps"] = np.asarray(steps)
     return out
 
 
+def _train_item(cfg: Config, seed: int, item: tuple[str, str]) -> dict[str, np.ndarray]:
+    return _train(cfg, seed, item[0], item[1])
+
+
+def label_noise_theory(cfg: Config, phi: float) -> dict[str, float]:
+    """Σ_x = I, Σ_ε = diag(φ, …, 2 − φ, …): Thm 5.2 / Prop 5.3 and the balanced solution."""
+    n = cfg.dim
+    sigma_x = torch.eye(n, dtype=torch.float64)
+    sigma_e = torch.diag(torch.tensor(input_variances(phi, n), dtype=torch.float64))
+    V = torch.eye(n, dtype=torch.float64)
+    sgd = two_layer_sgd_solution(V, sigma_x, sigma_e, hidden_dim=cfg.hidden)
+    bal = two_layer_balanced_solution(V, hidden_dim=cfg.hidden)
+    return {
+        "sgd_ratio": sgd.ratio,
+        "sgd_sharpness": two_layer_sgd_sharpness(
+            V, sigma_x, sigma_e, hidden_dim=cfg.hidden, reduction="sum"
+        ),
+        "balanced_sharpness": two_layer_hessian_trace(bal.U, bal.W, sigma_x),
+    }
+
+
 def _summarise(cfg: Config, method: str, tr: dict[str, np.ndarray]) -> dict[str, Any]:
-    """Average the records of the last ``avg_frac`` of the run; closed-form sharpness."""
-    steps = cfg.gd_steps if method == "gd_wd" else cfg.steps
+    """Average the records of the run's window; closed-form sharpness."""
+    steps = int(tr["steps"])
     step = tr["step"]
-    window = step >= (1.0 - cfg.avg_frac) * steps  # the same records as in _train
+    window = step >= float(tr["window_start"])  # the same records as in _train
     u2 = tr["u2"][:, window].mean(axis=1)
     w2 = tr["w2"][:, window].mean(axis=1)
     sharp = tr["sharpness"][:, window].mean(axis=1)
@@ -297,7 +424,7 @@ def _summarise(cfg: Config, method: str, tr: dict[str, np.ndarray]) -> dict[str,
         "sharpness": sharp,
         "u2": u2,
         "w2": w2,
-        "final_excess_loss": tr["loss"][:, -1] - n,
+        "final_excess_loss": tr["loss"][:, -1] - n,  # Tr Σ_ε = n in every variant
         "divergence": div,
         "ratio_traj": tr["w2"] / tr["u2"],
         "step": step,
@@ -308,9 +435,12 @@ def run(cfg: Config, seed: int, out_dir: Path) -> dict[str, Any]:
     """SGD, SGD + weight decay and GD + weight decay at every φ_x, from one init."""
     if cfg.dim % 2 or cfg.dim < 2:
         raise ValueError(f"dim={cfg.dim}; expected an even number ≥ 2 (two input halves).")
-    trains = parallel_map(functools.partial(_train, cfg, seed), METHODS)
-    res = {m: _summarise(cfg, m, tr) for m, tr in zip(METHODS, trains, strict=True)}
+    jobs = [(m, "annealed") for m in METHODS] + [("sgd", v) for v in VARIANTS[1:]]
+    trains = parallel_map(functools.partial(_train_item, cfg, seed), jobs)
+    summ = {j: _summarise(cfg, j[0], tr) for j, tr in zip(jobs, trains, strict=True)}
+    res = {m: summ[(m, "annealed")] for m in METHODS}
     th = [theory(cfg, p) for p in cfg.phi_x]
+    th_label = [label_noise_theory(cfg, p) for p in cfg.phi_x]
 
     def col(key: str) -> np.ndarray:
         return np.array([t[key] for t in th])
@@ -343,12 +473,21 @@ def run(cfg: Config, seed: int, out_dir: Path) -> dict[str, Any]:
         "sgd_ratio_traj": res["sgd"]["ratio_traj"],
         "gd_traj_step": res["gd_wd"]["step"],
         "gdwd_ratio_traj": res["gd_wd"]["ratio_traj"],
+        "constant_norm_ratio": summ[("sgd", "constant")]["ratio"],
+        "constant_half_norm_ratio": summ[("sgd", "constant_half")]["ratio"],
+        "constant_sharpness": summ[("sgd", "constant")]["sharpness"],
+        "label_noise_sgd_sharpness": summ[("sgd", "label_noise")]["sharpness"],
+        "label_noise_sgd_norm_ratio": summ[("sgd", "label_noise")]["ratio"],
+        "label_noise_theory_sharpness": np.array([t["sgd_sharpness"] for t in th_label]),
+        "label_noise_balanced_sharpness": np.array([t["balanced_sharpness"] for t in th_label]),
+        "label_noise_theory_norm_ratio": np.array([t["sgd_ratio"] for t in th_label]),
     }
     return {
         "series": series,
         "init_norm_sq": {"U": float((U0 * U0).sum()), "W": float((W0 * W0).sum())},
         "final_excess_loss": {m: res[m]["final_excess_loss"] for m in METHODS},
         "divergence": {m: res[m]["divergence"] for m in METHODS},
+        "variant_divergence": {v: summ[("sgd", v)]["divergence"] for v in VARIANTS[1:]},
     }
 
 
@@ -391,7 +530,77 @@ def _flat_sharp_summary(s: dict[str, Any], margin: float = 0.01) -> str:
     )
 
 
+def _gap(ratio: Any, theory_ratio: Any) -> float:
+    return _max_rel_dev(ratio, theory_ratio)
+
+
 def claims(results: dict[str, Any], cfg: Config) -> list[Claim]:
+    return _paper_protocol_claims(results, cfg) + _annealed_claims(results, cfg)
+
+
+def _paper_protocol_claims(results: dict[str, Any], cfg: Config) -> list[Claim]:
+    s = results["series"]
+    phis = np.asarray(s["phi_x"], dtype=float)
+    gap = _gap(s["constant_norm_ratio"], s["theory_norm_ratio"])
+    gap_half = _gap(s["constant_half_norm_ratio"], s["theory_norm_ratio"])
+    meas = np.asarray(s["label_noise_sgd_sharpness"], dtype=float)
+    bal = np.asarray(s["label_noise_balanced_sharpness"], dtype=float)
+    theo = np.asarray(s["label_noise_theory_sharpness"], dtype=float)
+    aniso = np.abs(phis - 1.0) > 0.25
+    sharper = meas / bal
+    label_dev = _max_rel_dev(meas, theo)
+    ratio_dev = _max_rel_dev(s["label_noise_sgd_norm_ratio"], s["label_noise_theory_norm_ratio"])
+    pairs = ", ".join(
+        f"φ_ε={p:g}: {m:.3f} (theory {t:.3f})"
+        for p, m, t in zip(phis, sharper, theo / bal, strict=True)
+    )
+    div = any(d["diverged"] for v in results["variant_divergence"].values() for d in v)
+    dnote = "; a run diverged" if div else ""
+    return [
+        Claim(
+            id="sgd_norm_ratio_theory_constant_lr",
+            statement="The paper's protocol (constant η): SGD's ‖W‖_F²/‖U‖_F², time-averaged "
+            "over the stationary window, is within 10% of Thm 5.2 at every φ_x (max "
+            "|measured/theory − 1|)",
+            value=gap,
+            op=Op.LT,
+            threshold=0.1,
+            note=f"η = {cfg.lr:g} constant, {cfg.steps} steps, window after "
+            f"{cfg.burn_in_frac:.0%}; one seed, {len(phis)} values of φ_x" + dnote,
+        ),
+        Claim(
+            id="gap_shrinks_with_lr_constant",
+            statement="Fig. 3's caption: the systematic error between experiment and theory "
+            "decreases as η decreases (constant η): error at η/2 (4× the steps) / error at η, "
+            "error = max over φ_x of |‖W‖²/‖U‖² / Thm 5.2 − 1|",
+            value=gap_half / gap if gap > 0 else float("nan"),
+            op=Op.LT,
+            threshold=1.0,
+            note=f"error {gap:.3g} at η = {cfg.lr:g}, {gap_half:.3g} at η = {cfg.lr / 2:g}" + dnote,
+        ),
+        Claim(
+            id="label_noise_sgd_sharper",
+            statement="With isotropic inputs and anisotropic label noise SGD ends sharper than "
+            "the balanced (weight-decay) solution: min over φ_ε with |φ_ε − 1| > 0.25 of "
+            "measured Tr ∇²L(SGD) / Tr ∇²L(balanced, closed form)",
+            value=float(np.min(sharper[aniso])) if aniso.any() else float("nan"),
+            op=Op.GT,
+            threshold=1.0,
+            note=f"S_SGD/S_balanced: {pairs}; annealed η as the main runs" + dnote,
+        ),
+        Claim(
+            id="label_noise_sharpness_theory",
+            statement="With anisotropic label noise, SGD's Tr ∇²L is within 10% of Prop. 5.3 "
+            "at the Thm 5.2 solution at every φ_ε (max |measured/theory − 1|)",
+            value=label_dev,
+            op=Op.LT,
+            threshold=0.1,
+            note=f"‖W‖²/‖U‖²: max |measured/theory − 1| = {ratio_dev:.3g}" + dnote,
+        ),
+    ]
+
+
+def _annealed_claims(results: dict[str, Any], cfg: Config) -> list[Claim]:
     s = results["series"]
     phis = np.asarray(s["phi_x"], dtype=float)
     lo, hi = float(phis.min()), float(phis.max())
@@ -405,8 +614,9 @@ def claims(results: dict[str, Any], cfg: Config) -> list[Claim]:
     return [
         Claim(
             id="sgd_norm_ratio_theory",
-            statement="The layer-norm ratio ‖W‖_F²/‖U‖_F² of every SGD run (with and without "
-            "weight decay 1e-4) is within 10% of Thm 5.2 (max over runs of |measured/theory − 1|)",
+            statement="Annealed η (ours, not the paper's protocol): the layer-norm ratio "
+            "‖W‖_F²/‖U‖_F² of every SGD run (with and without weight decay 1e-4) is within 10% "
+            "of Thm 5.2 (max over runs of |measured/theory − 1|)",
             value=max(dev_sgd, dev_sgdwd),
             op=Op.LT,
             threshold=0.1,
@@ -436,8 +646,9 @@ def claims(results: dict[str, Any], cfg: Config) -> list[Claim]:
         ),
         Claim(
             id="sharpness_theory",
-            statement="Tr ∇²L of every converged SGD run (with and without weight decay) is "
-            "within 10% of Prop. 5.3 at the Thm 5.2 solution (max |measured/theory − 1|)",
+            statement="Annealed η (ours): Tr ∇²L of every converged SGD run (with and without "
+            "weight decay) is within 10% of Prop. 5.3 at the Thm 5.2 solution (max "
+            "|measured/theory − 1|)",
             value=max(sh_sgd, sh_sgdwd),
             op=Op.LT,
             threshold=0.1,
@@ -447,66 +658,6 @@ def claims(results: dict[str, Any], cfg: Config) -> list[Claim]:
 
 
 def plot(results: dict[str, Any], cfg: Config, out_dir: Path) -> list[Path]:
-    from matplotlib.figure import Figure
+    from noetherflow.experiments._fig3_plot import plot_fig3
 
-    s = results["series"]
-    phis = np.asarray(s["phi_x"], dtype=float)
-    fine = np.linspace(phis.min(), phis.max(), 200)
-    fig = Figure(figsize=(16, 4.6))
-    ax1, ax2, ax3 = fig.subplots(1, 3)
-
-    ax1.plot(fine, 1.0 / np.sqrt(fine * (2.0 - fine)), "k-", lw=1, label="Thm 5.2")
-    ax1.plot(phis, s["sgd_norm_ratio"], "o", color="C0", label="SGD")
-    ax1.plot(phis, s["sgdwd_norm_ratio"], "x", color="C1", ms=8, label="SGD + WD 1e-4")
-    ax1.plot(phis, s["gdwd_norm_ratio"], "s", color="C2", mfc="none", label="GD + WD")
-    ax1.axhline(1.0, color="0.5", ls=":", lw=0.8)
-    ax1.set_xlabel("φ_x")
-    ax1.set_ylabel("‖W‖_F² / ‖U‖_F²")
-    ax1.set_title("layer balance")
-    ax1.legend(fontsize=8)
-
-    ax2.plot(phis, s["theory_sharpness"], "k-", lw=1, label="Prop 5.3 at Thm 5.2 (SGD)")
-    ax2.plot(phis, s["theory_gdwd_sharpness"], "k--", lw=1, label="balanced (GD + WD)")
-    ax2.plot(phis, s["sgd_sharpness"], "o", color="C0", label="SGD")
-    ax2.plot(phis, s["sgdwd_sharpness"], "x", color="C1", ms=8, label="SGD + WD 1e-4")
-    ax2.plot(phis, s["gdwd_sharpness"], "s", color="C2", mfc="none", label="GD + WD")
-    ax2.set_xlabel("φ_x")
-    ax2.set_ylabel("Tr ∇²L")
-    ax2.set_title("sharpness of the converged model")
-    ax2.legend(fontsize=8)
-
-    ax3.plot(fine, (np.sqrt(fine) + np.sqrt(2.0 - fine)) / 2.0, "k:", lw=1, label="theory, γ → 0")
-    ax3.plot(
-        phis,
-        s["theory_sharpness_ratio"],
-        "k-",
-        lw=1,
-        label=f"theory, GD γ = {cfg.gd_weight_decay:g}",
-    )
-    ax3.plot(phis, s["sharpness_ratio"], "o", color="C0", label="measured")
-    ax3.axhline(1.0, color="0.5", ls=":", lw=0.8)
-    ax3.set_xlabel("φ_x")
-    ax3.set_ylabel("S_SGD / S_GD+WD")
-    ax3.set_title("< 1: SGD flatter than the weight-decay solution")
-    ax3.legend(fontsize=8)
-    fig.tight_layout()
-    paths = [save_figure(fig, out_dir / "fig3.png")]
-
-    fig2 = Figure(figsize=(11, 4))
-    b1, b2 = fig2.subplots(1, 2)
-    traj = np.asarray(s["sgd_ratio_traj"], dtype=float)
-    gtraj = np.asarray(s["gdwd_ratio_traj"], dtype=float)
-    for i, p in enumerate(phis):
-        b1.semilogy(s["traj_step"], traj[i], color=f"C{i % 10}", label=f"φ_x = {p:g}")
-        b1.axhline(float(np.asarray(s["theory_norm_ratio"])[i]), color=f"C{i % 10}", ls=":")
-        b2.semilogy(s["gd_traj_step"], gtraj[i], color=f"C{i % 10}")
-    b1.set_xlabel("SGD step")
-    b1.set_ylabel("‖W‖_F² / ‖U‖_F²")
-    b1.set_title("SGD relaxes to Thm 5.2 (dotted)")
-    b1.legend(fontsize=7, ncol=2)
-    b2.axhline(1.0, color="k", ls=":")
-    b2.set_xlabel("GD step")
-    b2.set_title("GD + WD relaxes to balance")
-    fig2.tight_layout()
-    paths.append(save_figure(fig2, out_dir / "fig3_relaxation.png"))
-    return paths
+    return plot_fig3(results, cfg, out_dir)

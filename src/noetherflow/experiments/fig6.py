@@ -12,10 +12,35 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from noetherflow.experiments._base import Claim, Op
 from noetherflow.experiments._nonlinear import NonlinearConfig, heatmaps, run_nonlinear
 
 DESCRIPTION = "Two-layer tanh autoencoder: SGD's WΣ̄_xWᵀ matches UᵀΣ̄_εU (Thm 5.2), GD's does not."
+
+PAPER = (
+    "Fig. 6 (§5.4): the latent representations of a two-layer tanh net trained with SGD "
+    "agree with Thm 5.2, WΣ̄_xWᵀ ≈ UᵀΣ̄_εU (x ∈ R⁴⁰ isotropic, Var ε_1 = 5, 10⁴ iterations), "
+    "while under GD from the same init they are dissimilar."
+)
+PAPER_ORDER = 6.0
+NOTES = (
+    "Honest history (restored; an earlier docstring deleted it and claimed the settings were "
+    "fixed before looking). Tried and measured (relative Frobenius difference of WΣ̄_xWᵀ and "
+    "UᵀΣ̄_εU under SGD, threshold 0.3): hidden width 40 (= n): 1.3–1.6 (tanh's curvature "
+    "wins: W shrinks, U grows) → width 200; constant η = 0.02 (the paper's protocol): "
+    "0.45–0.47 → geometric decay to 0.002 over the second half; a 30k-step schedule decaying "
+    "to 5e-4: 0.41–0.44 (training longer moves away from the relation); GD first as a "
+    "large-batch limit (256 fresh samples per step; its residual noise-driven drift was not "
+    "negligible over 10⁴ steps) → deterministic GD on a whitened quadrature of the "
+    "population risk (a fixed noisy training set is memorised at width 200: held-out loss 68 "
+    "against the floor 44). With the final settings: full size 0.279 (seed 0), 0.295 (seed "
+    "1), passing narrowly; quick 0.315, failing. The constant-η claim (sgd_similar_constant_lr, "
+    "threshold 0.3 as the annealed claim, fixed before running) is the paper's protocol; it "
+    "averages the difference over 5 evenly spaced steps of the second half, over 3 seeds; "
+    "first measurement (quick): 0.448 (0.444–0.454), failing."
+)
 
 
 @dataclass(frozen=True)
@@ -23,20 +48,24 @@ class Config(NonlinearConfig):
     """Settings of the Fig. 6 experiment (paper §5.4; App. A.4 gives no further detail).
 
     The paper fixes the data (n = 40, ``Var ε_1 = 5``), the activation and the 10⁴
-    iterations of SGD or GD from the same init; everything else is ours, fixed before
-    looking at the claims:
+    iterations of SGD or GD from the same init; everything else is ours. Not all of it was
+    fixed before looking at the claim: the width, the schedule and the GD variant were
+    changed after measuring (the record is in ``NOTES`` and below).
 
     - Loss ``‖U tanh(Wx) − y‖²`` (sum over outputs, minibatch mean; eq. 12), no biases, no
       weight decay. Training in float32, evaluation in float64 (see ``_nonlinear``).
     - ``hidden=200`` (5n). The claim rests on the rotation symmetry of the *linear* net,
       which tanh breaks by its curvature; at width H each unit carries ‖w_j‖² ≈ n/H, so a
-      wide layer keeps the pre-activations in tanh's near-linear range.
+      wide layer keeps the pre-activations in tanh's near-linear range. Tried first: H = 40
+      (= n), where the curvature wins (W shrinks, U grows): relative difference 1.3–1.6.
     - ``init_scale=1``: fan-in normal ``W ~ N(0, 1/n)``, ``U ~ N(0, 1/H)``, the same for SGD
       and GD: ``WWᵀ`` and ``UᵀU`` of independent random matrices differ strongly, which GD
       keeps (it conserves ``WWᵀ − UᵀU`` up to tanh's curvature) and SGD forgets.
     - SGD: fresh minibatches of ``batch_size=16``, ``lr=0.02`` for the first half, then a
-      geometric decay to ``lr_final=0.002`` (the constant-η fluctuation floor of the
-      matrices is ~0.45). ``steps=10000`` as in the paper.
+      geometric decay to ``lr_final=0.002``. ``steps=10000`` as in the paper. Tried: a
+      constant η (the paper's protocol): 0.45–0.47 (now claimed, ``sgd_similar_constant_lr``);
+      a 30k-step schedule decaying to 5e-4: 0.41–0.44 (training longer moves *away* from
+      the relation: tanh's curvature takes over).
     - GD: *deterministic* gradient descent on the same population risk, ``gd_lr=0.02``
       (SGD's), ``gd_steps=10000``. The label noise integrates out of the population
       gradient exactly; the expectation over x is a fixed whitened quadrature of
@@ -51,11 +80,47 @@ class Config(NonlinearConfig):
     """
 
     activations: tuple[str, ...] = ("tanh",)
+    constant_seeds: int = 3
 
     @classmethod
     def quick(cls) -> Config:
         """Same net; 5000 SGD steps (decay over the last half); 1500 GD steps on 256 points."""
         return cls(steps=5000, gd_steps=1500, gd_points=256, n_eval=4000, n_records=50)
+
+
+def setup(cfg: Config) -> list[dict[str, str]]:
+    """Deviations from the paper's setup (§5.4, Fig. 6), one row each."""
+    full = Config()
+    rows = [
+        {"quantity": "hidden width", "paper": "not stated", "ours": f"{cfg.hidden}",
+         "why": "tanh's curvature breaks the symmetry less in a wide layer (H = 40 gave 1.3–1.6)"},
+        {"quantity": "η, schedule", "paper": "not stated (constant)",
+         "ours": f"{cfg.lr:g} constant (paper's protocol claim, {cfg.constant_seeds} seeds); "
+                 f"annealed run: geometric decay to {cfg.lr_final:g} over the last "
+                 f"{cfg.decay_frac:.0%}",
+         "why": "chosen after measuring 0.45–0.47 at constant η (annealed claim labelled)"},
+        {"quantity": "S", "paper": "not stated", "ours": f"{cfg.batch_size}, fresh samples",
+         "why": "online SGD on the data model"},
+        {"quantity": "GD", "paper": "GD, 10⁴ iterations",
+         "ours": f"deterministic GD on a {cfg.gd_points}-point whitened quadrature of the "
+                 f"population risk, η = {cfg.gd_lr:g}, {cfg.gd_steps} steps",
+         "why": "full-batch GD on a fixed noisy set memorises it at this width"},
+        {"quantity": "loss", "paper": "eq. 12", "ours": "‖U tanh(Wx) − y‖², minibatch mean, "
+         "no biases, no weight decay", "why": "-"},
+        {"quantity": "init", "paper": "the same init for SGD and GD",
+         "ours": f"fan-in normal × {cfg.init_scale:g}", "why": "-"},
+        {"quantity": "precision", "paper": "-", "ours": "training float32, evaluation float64",
+         "why": "2.6× faster; round-off far below the effects"},
+        {"quantity": "seeds", "paper": "one run",
+         "ours": f"annealed: 1 seed; constant η: {cfg.constant_seeds} seeds",
+         "why": "mean and spread in the constant-η claim"},
+    ]  # fmt: skip
+    if cfg != full:
+        rows.append({"quantity": "quick mode", "paper": "-",
+                     "ours": f"{cfg.steps} SGD steps, {cfg.gd_steps} GD steps on "
+                             f"{cfg.gd_points} points, {cfg.n_eval} evaluation samples",
+                     "why": "time; the quick annealed claim fails (0.315)"})  # fmt: skip
+    return rows
 
 
 def run(cfg: Config, seed: int, out_dir: Path) -> dict[str, Any]:
@@ -69,15 +134,31 @@ def run(cfg: Config, seed: int, out_dir: Path) -> dict[str, Any]:
     res["gd_over_sgd"] = gd / sgd
     res["gd_fit_gap"] = res["series"][f"gd_{act}"]["gd_fit_gap"]
     res["any_diverged"] = any(s["diverged"] for s in res["series"].values())
+    res["constant_rel_diff"] = res["constant"]["by_activation"][act]["rel_diff_sigma"]
     return res
 
 
 def claims(results: dict[str, Any], cfg: Config) -> list[Claim]:
     div = "SGD or GD diverged" if results["any_diverged"] else ""
+    const = np.asarray(results["constant_rel_diff"], dtype=float)
+    window = results["constant"]["window_steps"]
     return [
         Claim(
+            id="sgd_similar_constant_lr",
+            statement="The paper's protocol (constant η): under SGD the tanh net's WΣ̄_xWᵀ ≈ "
+            "UᵀΣ̄_εU (Thm 5.2, eq. 14): relative Frobenius difference, time-averaged over the "
+            "stationary window, mean over seeds",
+            value=float(const.mean()),
+            op=Op.LT,
+            threshold=0.3,
+            note=f"η = {cfg.lr:g} constant; averaged at steps {window}; mean {const.mean():.3g} "
+            f"over {const.size} seeds (min {const.min():.3g}, max {const.max():.3g})"
+            + ("; a constant-η run diverged" if results["constant"]["diverged"] else ""),
+        ),
+        Claim(
             id="sgd_similar",
-            statement="Under SGD the tanh net's WΣ̄_xWᵀ ≈ UᵀΣ̄_εU (Thm 5.2, eq. 14): relative "
+            statement="Annealed η (ours, not the paper's protocol): under SGD the tanh net's "
+            "WΣ̄_xWᵀ ≈ UᵀΣ̄_εU (Thm 5.2, eq. 14): relative "
             "Frobenius difference ‖A − B‖_F / (½(‖A‖_F + ‖B‖_F))",
             value=results["sgd_rel_diff"],
             op=Op.LT,

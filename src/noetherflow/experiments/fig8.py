@@ -28,6 +28,7 @@ import torch
 
 from noetherflow.experiments._base import Claim, Op, derive_seed, parallel_map, save_figure
 from noetherflow.experiments.fig2 import (
+    library_flow_check,
     measured_norm_ratio,
     predicted_norm_ratio,
     train_two_layer,
@@ -37,6 +38,29 @@ from noetherflow.experiments.fig2 import (
 DESCRIPTION = (
     "Matrix factorisation reaches the Thm 5.2 noise equilibrium for every learning rate, "
     "data dimension and batch size."
+)
+
+PAPER = (
+    "Fig. 8 (App. A.2–A.3): matrix factorisation converges to the noise equilibrium of "
+    "Thm 5.2 robustly across learning rates, data dimensions d_x = d_y and batch sizes "
+    "(x_{1:50} ~ N(0, φ_x), x_{51:100} ~ N(0, 2 − φ_x), Σ_ε = I; η = 0.1, S = 100, d = 2000)."
+)
+PAPER_ORDER = 8.0
+NOTES = (
+    "History. (1) The paper's η = 0.1 diverges with the summed loss of eq. 12 (it is η = 0.001 "
+    "of the output-averaged loss, ~100× slower to equilibrate): η = 0.01 is the centre, swept "
+    "over 0.005–0.02 (quick: 0.04, swept 0.03–0.08 at d = 20). (2) The annealed schedule (the "
+    "second half of each run decays geometrically to η/20) was chosen after measuring that at "
+    "constant η the instantaneous relative distance fluctuates at ~0.1 (η/S noise); annealed, "
+    "the worst setting ends at 0.063 (full) and 0.064 (quick). The docstring once stated 0.4/0.1 "
+    "for decay_frac/lr_final_factor while the config used 0.5/0.05 (the measured values); the "
+    "docstring now states the config. (3) The paper's protocol is now claimed first "
+    "(all_converge_constant_lr, threshold 0.1 as the annealed claim, fixed before running; "
+    "the issue had measured 0.08–0.17 for the instantaneous distance at constant η, so a "
+    "failure was possible). Time averages over the second half of each run, one seed per "
+    "setting. First measurement (quick): 0.172 (worst: S = 25; the 12 settings 0.048–0.172), "
+    "failing. (4) At the centre setting the library's rotation flow on the nn.Module is "
+    "checked against theory's Γ on the same fresh samples (library_flow_matches_theory)."
 )
 
 _DTYPE = torch.float64
@@ -61,11 +85,17 @@ class Config:
     - ``batch_sizes``: S ∈ {25, 50, 100, 200} (centre 100).
     - Steps: the relaxation time of the charges scales as S/(η² n), so every setting runs
       ``base_steps · (S/S₀)(η₀/η)²(n₀/n)`` steps (``base_steps=12000`` at the centre), and
-      over the last ``decay_frac=0.4`` of them the lr decays geometrically to
-      ``lr · lr_final_factor`` (0.1): at constant η the instantaneous Δ fluctuates at ~0.1
+      over the last ``decay_frac=0.5`` of them the lr decays geometrically to
+      ``lr · lr_final_factor`` (0.05): at constant η the instantaneous Δ fluctuates at ~0.1
       relative (η/S noise); the decay removes that fluctuation while the equilibrium is held.
+      (An earlier version of this docstring said 0.4 and 0.1; the values used, here and in
+      the measurements below, are those of the fields: 0.5 and 0.05.)
+    - The paper's protocol (constant η, no decay) runs too, for every setting and the same
+      number of steps; its claim averages the relative distance over the records after a
+      burn-in of ``burn_in_frac=0.5`` of the steps (one seed per setting: 12 settings).
     - Measured (seed 0): worst final relative distance 0.063 (full, S = 25; all others
       0.032–0.052) and 0.064 (quick); ‖W‖²/‖U‖² within 2.7% of the Thm 5.2 value.
+    - ``n_eval=4000`` fresh samples for the library's statistics at the centre setting.
     - ``init_scale=0.1`` × Xavier: a small init keeps the components of W outside U's row
       space (which only the noise removes, slowly) small at the wide width.
     """
@@ -84,12 +114,51 @@ class Config:
     min_steps_frac: float = 1.0
     init_scale: float = 0.1
     n_records: int = 200
+    burn_in_frac: float = 0.5
+    n_eval: int = 4000
 
     @classmethod
     def quick(cls) -> Config:
         """d = 20 (hidden 200): stability allows a 4× larger lr, so fewer, cheaper steps."""
         return cls(lr=0.04, dim=20, hidden=200, lrs=(0.03, 0.04, 0.06, 0.08),
                    dims=(12, 14, 17, 20), base_steps=4000)  # fmt: skip
+
+
+def setup(cfg: Config) -> list[dict[str, str]]:
+    """Deviations from the paper's setup (App. A.2, Fig. 8), one row each."""
+    full = Config()
+    rows = [
+        {"quantity": "η", "paper": "0.1 (sweep around it)",
+         "ours": f"{cfg.lr:g} (sweep {', '.join(f'{v:g}' for v in cfg.lrs)})",
+         "why": "η = 0.1 diverges with the summed loss of eq. 12"},
+        {"quantity": "schedule", "paper": "constant η",
+         "ours": f"constant (paper's protocol claim) and, separately, annealed: geometric decay to "
+                 f"{cfg.lr_final_factor:g}·η over the last {cfg.decay_frac:.0%}",
+         "why": "the annealed variant removes the η/S fluctuation (labelled claim)"},
+        {"quantity": "d_x = d_y", "paper": "100 (sweep)",
+         "ours": f"{cfg.dim} (sweep {', '.join(str(v) for v in cfg.dims)})",
+         "why": "the paper's sizes" if cfg.dim == full.dim else "quick mode"},
+        {"quantity": "hidden width", "paper": "2000", "ours": f"{cfg.hidden}, trained exactly in "
+         "the ≤ 2n-dimensional span of the init", "why": "the same dynamics at a fraction of "
+         "the cost"},
+        {"quantity": "steps", "paper": "not stated",
+         "ours": f"{cfg.base_steps} at the centre, scaled by (S/S₀)(η₀/η)²(n₀/n)",
+         "why": "the relaxation time of the charges scales so"},
+        {"quantity": "label noise", "paper": "y = x (text) / Σ_ε = I (caption)",
+         "ours": "y = x + ε, Σ_ε = I", "why": "the caption's setting; without noise Γ = 0"},
+        {"quantity": "φ_x", "paper": "not stated for Fig. 8", "ours": f"{cfg.phi_x:g}",
+         "why": "anisotropic, so the equilibrium is not the balanced solution"},
+        {"quantity": "init", "paper": "not stated", "ours": f"{cfg.init_scale:g} × Xavier",
+         "why": "keeps the part of W outside U's row space small at the wide width"},
+        {"quantity": "seeds", "paper": "one run per setting", "ours": "one seed per setting",
+         "why": "12 settings already replicate the claim"},
+    ]  # fmt: skip
+    if cfg != full:
+        rows.append({"quantity": "quick mode", "paper": "-",
+                     "ours": f"d = {cfg.dim}, width {cfg.hidden}, η = {cfg.lr:g}, "
+                             f"{cfg.base_steps} base steps",
+                     "why": "a smaller net allows a 4× larger stable η"})  # fmt: skip
+    return rows
 
 
 def settings(cfg: Config) -> list[tuple[str, float, float, int, int]]:
@@ -106,8 +175,8 @@ def n_steps(cfg: Config, lr: float, batch: int, dim: int) -> int:
     return math.ceil(cfg.base_steps * max(scale, cfg.min_steps_frac))
 
 
-def _run_setting(cfg: Config, seed: int, item: tuple[float, int, int]) -> dict[str, Any]:
-    lr, batch, dim = item
+def _run_setting(cfg: Config, seed: int, item: tuple[float, int, int, bool]) -> dict[str, Any]:
+    lr, batch, dim, constant = item
     U0, W0 = xavier_init(
         dim, cfg.hidden, dim, scale=cfg.init_scale, seed=derive_seed(seed, "init", dim)
     )
@@ -118,11 +187,21 @@ def _run_setting(cfg: Config, seed: int, item: tuple[float, int, int]) -> dict[s
     sx[:half] = cfg.phi_x
     se = torch.ones(1, dim, dtype=_DTYPE)
     steps = n_steps(cfg, lr, batch, dim)
+    # the annealed runs keep their seeds; the constant-η runs get their own streams
+    key = (lr, batch, dim) if not constant else (lr, batch, dim, "constant")
     res = train_two_layer(
         Ur, Wr, sx, se, lr=lr, batch_size=batch, steps=steps,
-        record_every=max(1, steps // cfg.n_records), seed=derive_seed(seed, "sgd", item),
-        lr_final=lr * cfg.lr_final_factor, decay_frac=cfg.decay_frac,
+        record_every=max(1, steps // cfg.n_records), seed=derive_seed(seed, "sgd", key),
+        lr_final=None if constant else lr * cfg.lr_final_factor, decay_frac=cfg.decay_frac,
     )  # fmt: skip
+    window = res.step >= cfg.burn_in_frac * steps
+    lib: dict[str, float] = {}
+    if not constant and (lr, batch, dim) == (cfg.lr, cfg.batch_size, cfg.dim):
+        # the centre setting: the library's rotation flow against theory's Γ (see fig2)
+        lib = library_flow_check(
+            res.U[0], res.W[0], sx, se[0], lr=lr, batch_size=batch, n_eval=cfg.n_eval,
+            seed=derive_seed(seed, "eval", key),
+        )  # fmt: skip
     ratio = float(measured_norm_ratio(res.U, res.W)[0])
     ratio_pred = float(predicted_norm_ratio(res.U, res.W, sx, se)[0])
     return {
@@ -130,30 +209,40 @@ def _run_setting(cfg: Config, seed: int, item: tuple[float, int, int]) -> dict[s
         "rel_err": res.rel_err[0],
         "loss_excess": res.loss[0] - dim,
         "final_rel_err": float(res.rel_err[0, -1]) if not res.diverged else math.inf,
+        "time_avg_rel_err": (
+            float(res.rel_err[0, window].mean()) if not res.diverged else math.inf
+        ),
         "ratio": ratio,
         "ratio_pred": ratio_pred,
         "steps": steps,
         "diverged": res.diverged,
+        "library": lib,
     }
 
 
 def run(cfg: Config, seed: int, out_dir: Path) -> dict[str, Any]:
     """One SGD run per setting of the three sweeps (in parallel when the harness allows)."""
     runs = settings(cfg)
-    items = list(dict.fromkeys((lr, batch, dim) for _, _, lr, batch, dim in runs))
+    base = list(dict.fromkeys((lr, batch, dim) for _, _, lr, batch, dim in runs))
+    items = [(*b, False) for b in base] + [(*b, True) for b in base]
     done = dict(zip(items, parallel_map(functools.partial(_run_setting, cfg, seed), items),
                     strict=True))  # fmt: skip
-    outs = [done[(lr, batch, dim)] for _, _, lr, batch, dim in runs]
+    outs = [done[(lr, batch, dim, False)] for _, _, lr, batch, dim in runs]
+    consts = [done[(lr, batch, dim, True)] for _, _, lr, batch, dim in runs]
     series: dict[str, Any] = {}
     table = []
-    for (panel, value, lr, batch, dim), o in zip(runs, outs, strict=True):
+    for (panel, value, lr, batch, dim), o, c in zip(runs, outs, consts, strict=True):
         key = f"{panel}={value:g}"
-        series[key] = {"step": o["step"], "rel_err": o["rel_err"], "loss_excess": o["loss_excess"]}
+        series[key] = {"step": o["step"], "rel_err": o["rel_err"], "loss_excess": o["loss_excess"],
+                       "constant_step": c["step"], "constant_rel_err": c["rel_err"]}  # fmt: skip
         table.append(
             {"panel": panel, "value": value, "lr": lr, "batch_size": batch, "dim": dim,
              "steps": o["steps"], "final_rel_err": o["final_rel_err"], "norm_ratio": o["ratio"],
-             "norm_ratio_pred": o["ratio_pred"], "diverged": o["diverged"]}
+             "norm_ratio_pred": o["ratio_pred"], "diverged": o["diverged"],
+             "constant_time_avg_rel_err": c["time_avg_rel_err"],
+             "constant_diverged": c["diverged"]}
         )  # fmt: skip
+    const_avg = np.array([r["constant_time_avg_rel_err"] for r in table])
     finals = np.array([r["final_rel_err"] for r in table])
     ratio_dev = np.array([abs(r["norm_ratio"] / r["norm_ratio_pred"] - 1.0) for r in table])
     return {
@@ -163,22 +252,55 @@ def run(cfg: Config, seed: int, out_dir: Path) -> dict[str, Any]:
         "worst_setting": table[int(np.argmax(finals))],
         "max_norm_ratio_rel_dev": float(np.max(ratio_dev)),
         "any_diverged": bool(any(r["diverged"] for r in table)),
+        "constant_worst_time_avg_rel_err": float(np.max(const_avg)),
+        "constant_worst_setting": table[int(np.argmax(const_avg))],
+        "constant_any_diverged": bool(any(r["constant_diverged"] for r in table)),
+        "library_centre": done[(cfg.lr, cfg.batch_size, cfg.dim, False)]["library"],
     }
 
 
 def claims(results: dict[str, Any], cfg: Config) -> list[Claim]:
     w = results["worst_setting"]
+    wc = results["constant_worst_setting"]
+    vals = sorted(r["constant_time_avg_rel_err"] for r in results["runs"])
     return [
         Claim(
+            id="all_converge_constant_lr",
+            statement="The paper's protocol (constant η): for every η, d and S of the sweep SGD "
+            "sits at the Thm 5.2 noise equilibrium: time average over the stationary window of "
+            "‖UᵀΓ_UU − WΓ_WWᵀ‖_F / ‖WΓ_WWᵀ‖_F, max over settings",
+            value=results["constant_worst_time_avg_rel_err"],
+            op=Op.LT,
+            threshold=0.1,
+            note=f"window: records after {cfg.burn_in_frac:.0%} of each run's steps; worst: "
+            f"{wc['panel']} = {wc['value']:g}; over the {len(vals)} settings (one seed each) "
+            f"{vals[0]:.3g}–{vals[-1]:.3g}"
+            + ("; a constant-η run diverged" if results["constant_any_diverged"] else ""),
+        ),
+        Claim(
+            id="library_flow_matches_theory",
+            statement="At the centre setting, the library's rotation flow (nf.collect_stats + "
+            "nf.noether_flow on the nn.Module at the end of SGD, fresh samples) equals the "
+            "oracle −(4η/S)Δ from theory's sample Γ (relative Frobenius difference, float64)",
+            value=results["library_centre"].get("flow_vs_theory", float("nan")),
+            op=Op.LT,
+            threshold=1e-8,
+            note="the library's balance error on the sample: "
+            f"{results['library_centre'].get('library_rel_err', float('nan')):.3g} "
+            f"({cfg.n_eval} samples)",
+        ),
+        Claim(
             id="all_converge",
-            statement="For every η, d and S of the sweep, SGD ends at the Thm 5.2 noise "
-            "equilibrium (max over settings of ‖UᵀΓ_UU − WΓ_WWᵀ‖_F / ‖WΓ_WWᵀ‖_F)",
+            statement="Annealed η (ours, not the paper's protocol: constant, then a geometric "
+            "decay to η/20 over the second half): for every η, d and S of the sweep, SGD ends at "
+            "the Thm 5.2 noise equilibrium (max over settings of ‖UᵀΓ_UU − WΓ_WWᵀ‖_F / "
+            "‖WΓ_WWᵀ‖_F)",
             value=results["worst_final_rel_err"],
             op=Op.LT,
             threshold=0.1,
             note=f"worst: {w['panel']} = {w['value']:g}; max |ratio/ratio_pred − 1| of "
             f"‖W‖²/‖U‖² = {results['max_norm_ratio_rel_dev']:.3g}",
-        )
+        ),
     ]
 
 
@@ -196,9 +318,12 @@ def plot(results: dict[str, Any], cfg: Config, out_dir: Path) -> list[Path]:
                 np.asarray(ser["step"]), np.asarray(ser["rel_err"]), color=f"C{k}",
                 label=f"{titles[panel].split()[-1]} = {r['value']:g}",
             )  # fmt: skip
+            if "constant_rel_err" in ser:
+                ax.semilogy(np.asarray(ser["constant_step"]), np.asarray(ser["constant_rel_err"]),
+                            color=f"C{k}", lw=0.6, alpha=0.5)  # fmt: skip
         ax.axhline(0.1, color="k", ls=":", lw=0.8)
         ax.set_xlabel("step")
-        ax.set_title(f"varying {titles[panel]}")
+        ax.set_title(f"varying {titles[panel]} (thin: constant η)")
         ax.legend(fontsize=8)
     axes[0].set_ylabel("‖UᵀΓ_UU − WΓ_WWᵀ‖_F / ‖WΓ_WWᵀ‖_F")
     fig.tight_layout()

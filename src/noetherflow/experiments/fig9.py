@@ -1,26 +1,59 @@
-"""Fig. 9 (App. A.4): the Thm 5.2 alignment in ReLU, leaky-ReLU and swish nets under SGD.
+"""Fig. 9 (App. A.4): ReLU, leaky-ReLU and swish nets under SGD — what balances and what does not.
 
 The Fig. 6 setting with other activations: ``f(x) = Uσ(Wx)`` autoencodes ``y = x + ε``,
 ``x ~ N(0, I_40)``, ``Var ε_1 = 5``; SGD and GD from the same init. The paper plots
 ``WΓ_WWᵀ`` and ``UᵀΓ_UU`` (eq. 13, ``Γ_W = E[‖r‖²xxᵀ]``, ``Γ_U = E[‖x‖²rrᵀ]``). For a
-nonlinear net those are not the noise-balanced quantities; the claim compares the
-two layers' gradient-noise matrices, which reduce to them for a linear net (see ``Config``
-and ``_nonlinear``). The paper shows SGD only; the issue asks the GD claim for Fig. 6 only,
-so GD's difference is recorded here as an observation (series and claim notes).
+nonlinear net those are not the noise-balanced quantities (see ``Config`` and
+``_nonlinear``). Claimed: the paper's Γ comparison (reported as measured: it fails at 0.3)
+and, for ReLU and leaky-ReLU, the exact per-neuron noise balance of their rescaling
+symmetry; the full hidden-space gradient-noise matrices, which do *not* balance (imbalance
+1.44 / 1.43 / 0.61), are reported in the notes and ``fig9_noise.png``, not claimed. The
+paper shows SGD only; GD's differences are recorded as observations.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from noetherflow.experiments._base import Claim, Op
 from noetherflow.experiments._nonlinear import NonlinearConfig, heatmaps, run_nonlinear
 
+_FIELDS = tuple(f.name for f in dataclasses.fields(NonlinearConfig) if f.name != "activations")
+
 DESCRIPTION = (
-    "ReLU / leaky-ReLU / swish autoencoders: under SGD the two layers' gradient noise "
-    "balances in hidden space (Thm 5.2's WΓ_WWᵀ = UᵀΓ_UU, generalised)."
+    "ReLU / leaky-ReLU / swish autoencoders under SGD: the exact per-neuron noise balance holds "
+    "(ReLU, leaky-ReLU); the paper's Γ matrices (eq. 13) agree only to ~0.5 and the full "
+    "hidden-space gradient noise does not balance."
+)
+
+PAPER = (
+    "Fig. 9 (App. A.4): with ReLU, leaky-ReLU and swish instead of tanh (otherwise the Fig. 6 "
+    "setting), SGD's WΓ_WWᵀ and UᵀΓ_UU (eq. 13) are strikingly similar."
+)
+PAPER_ORDER = 9.0
+NOTES = (
+    "What is measured (quick, seed 0, annealed η): the paper's Γ matrices (eq. 13) differ by "
+    "0.48–0.52 (relative Frobenius) under SGD against the 0.3 threshold — failing, reported "
+    "as measured (full size 0.43–0.46); GD's differ ~3× more. The exact statement for a "
+    "nonlinear net is the balance of the two layers' gradient noise in hidden space; for the "
+    "full matrices it does not hold (imbalance 1.44 ReLU, 1.43 leaky-ReLU, 0.61 swish), "
+    "because a nonlinear σ breaks the rotation symmetry. What the theory does cover exactly "
+    "is the per-neuron rescaling symmetry of ReLU and leaky-ReLU: its noise equilibrium is "
+    "the balance of the diagonals, measured 0.06–0.08 (issue #17) and now claimed "
+    "(sgd_neuron_balance_<act>). Its threshold 0.1 (the convention of the other balance "
+    "claims) was fixed knowing those numbers — not blind. An earlier one-line description "
+    "said the gradient noise balances in hidden space, the opposite of the measurement; it "
+    "now says what the claims say. The paper's protocol (constant η) is claimed for both "
+    "(ids with 'constant'), thresholds as the annealed ones, fixed before running; time "
+    "averages over 5 evenly spaced steps of the second half, one seed (three activations "
+    "per run). First measurement (quick, seed 0): per-neuron balance annealed 0.087 (ReLU), "
+    "0.079 (leaky) — holding; at constant η 0.144 and 0.132 — failing; Γ at constant η "
+    "0.70 / 0.69 / 0.56 — failing."
 )
 
 
@@ -40,17 +73,18 @@ class Config(NonlinearConfig):
     per-sample gradients are ``2r aᵀ`` with ``a = σ(Wx)`` and ``2(Uᵀr ⊙ σ')xᵀ``, so the
     paper's ``WΓ_WWᵀ`` (pre-activations, no σ') and ``UᵀΓ_UU`` (no σ') are the linear
     approximation of the balanced quantities; for ReLU the diagonals alone differ by the
-    fraction of active samples. The claim therefore measures the relative difference of
-    the two gradient-noise covariances (the ``noise`` matrices of ``_nonlinear``: Prop 5.1's
-    ``Σ_ũ``, ``Σ_w̃`` sums), which *is* eq. 13 for σ = identity. The paper's literal
-    matrices are recorded as ``rel_diff_gamma`` and in the claim note, and plotted (as in
-    the paper) in ``fig9.png``; the claimed ones in ``fig9_noise.png``.
+    fraction of active samples. The relative difference of the two gradient-noise
+    covariances (the ``noise`` matrices of ``_nonlinear``: Prop 5.1's ``Σ_ũ``, ``Σ_w̃``
+    sums), which *is* eq. 13 for σ = identity, is recorded (note, ``fig9_noise.png``) but
+    not claimed: it does not balance. The claims are the paper's literal matrices
+    (``rel_diff_gamma``, plotted as in the paper in ``fig9.png``) and the per-neuron balance
+    below.
 
     Caveat on what the theory covers: for a nonlinear σ the double rotation is not a
     symmetry, so nothing drives the full matrices to balance exactly. For ReLU and
     leaky-ReLU the per-neuron rescaling *is* exact, and its noise equilibrium is the
-    balance of the diagonals, recorded as ``rel_diff_noise_diag`` (note); swish has no
-    exact symmetry at all.
+    balance of the diagonals, ``rel_diff_noise_diag``, claimed for those two
+    (``sgd_neuron_balance_<act>``); swish has no exact symmetry at all.
     """
 
     activations: tuple[str, ...] = ("relu", "leaky_relu", "swish")
@@ -59,6 +93,34 @@ class Config(NonlinearConfig):
     def quick(cls) -> Config:
         """Same nets; 5000 SGD steps (decay over the last half); 1500 GD steps on 256 points."""
         return cls(steps=5000, gd_steps=1500, gd_points=256, n_eval=4000, n_records=50)
+
+
+RESCALING_EXACT = ("relu", "leaky_relu")
+"""Activations whose per-neuron rescaling is an exact symmetry (positively homogeneous)."""
+
+
+def setup(cfg: Config) -> list[dict[str, str]]:
+    """Deviations from the paper's setup: those of Fig. 6, plus the activations' details."""
+    from noetherflow.experiments import fig6
+
+    rows = [r for r in fig6.setup(fig6.Config(**{f: getattr(cfg, f) for f in _FIELDS}))
+            if r["quantity"] not in ("seeds", "quick mode")]  # fmt: skip
+    rows += [
+        {"quantity": "leaky-ReLU slope", "paper": "not stated", "ours": "0.01",
+         "why": "torch's default"},
+        {"quantity": "compared matrices", "paper": "WΓ_WWᵀ vs UᵀΓ_UU (eq. 13)",
+         "ours": "the same (claimed), plus the exact per-neuron noise balance (claimed, "
+                 "ReLU/leaky) and the full gradient-noise matrices (reported)",
+         "why": "eq. 13 is the balance of a linear net; σ breaks the rotation symmetry"},
+        {"quantity": "seeds", "paper": "one run", "ours": "one seed (annealed and constant η)",
+         "why": "three activations per run"},
+    ]  # fmt: skip
+    if cfg != Config():
+        rows.append({"quantity": "quick mode", "paper": "-",
+                     "ours": f"{cfg.steps} SGD steps, {cfg.gd_steps} GD steps on "
+                             f"{cfg.gd_points} points, {cfg.n_eval} evaluation samples",
+                     "why": "time"})  # fmt: skip
+    return rows
 
 
 def run(cfg: Config, seed: int, out_dir: Path) -> dict[str, Any]:
@@ -78,6 +140,17 @@ def run(cfg: Config, seed: int, out_dir: Path) -> dict[str, Any]:
         mode = key.split("_", 1)[0]
         res[key] = {a: s[f"{mode}_{a}"][field] for a in cfg.activations}
     res["any_diverged"] = any(v["diverged"] for v in s.values())
+    res["library_neuron_flow_vs_oracle"] = {
+        a: s[f"sgd_{a}"]["library_neuron_flow_vs_oracle"] for a in RESCALING_EXACT
+        if a in cfg.activations
+    }  # fmt: skip
+    res["library_rel_diff_diag"] = {
+        a: s[f"sgd_{a}"]["library_rel_diff_noise_diag"] for a in RESCALING_EXACT
+        if a in cfg.activations
+    }  # fmt: skip
+    by_act = res["constant"]["by_activation"]
+    res["constant_rel_diff_paper"] = {a: by_act[a]["rel_diff_gamma"] for a in cfg.activations}
+    res["constant_rel_diff_diag"] = {a: by_act[a]["rel_diff_noise_diag"] for a in cfg.activations}
     return res
 
 
@@ -99,13 +172,70 @@ def claims(results: dict[str, Any], cfg: Config) -> list[Claim]:
         out.append(
             Claim(
                 id=f"sgd_similar_{act}",
-                statement=f"Under SGD the {act} net's hidden-space matrices of Thm 5.2 agree, "
-                "WΓ_WWᵀ ≈ UᵀΓ_UU (eq. 13, the paper's matrices): relative Frobenius difference "
-                "‖A − B‖_F / (½(‖A‖_F + ‖B‖_F))",
+                statement=f"Annealed η (ours): under SGD the {act} net's hidden-space matrices "
+                "of Thm 5.2 agree, WΓ_WWᵀ ≈ UᵀΓ_UU (eq. 13, the paper's matrices): relative "
+                "Frobenius difference ‖A − B‖_F / (½(‖A‖_F + ‖B‖_F))",
                 value=paper[0],
                 op=Op.LT,
                 threshold=0.3,
                 note=note,
+            )
+        )
+        cp = float(np.mean(results["constant_rel_diff_paper"][act]))
+        cwin = results["constant"]["window_steps"]
+        cdiv = "; a constant-η run diverged" if results["constant"]["diverged"] else ""
+        out.append(
+            Claim(
+                id=f"sgd_similar_constant_lr_{act}",
+                statement=f"The paper's protocol (constant η): under SGD the {act} net's "
+                "WΓ_WWᵀ ≈ UᵀΓ_UU (eq. 13): relative Frobenius difference, time-averaged over "
+                "the stationary window",
+                value=cp,
+                op=Op.LT,
+                threshold=0.3,
+                note=f"η = {cfg.lr:g} constant, averaged at steps {cwin}" + cdiv,
+            )
+        )
+        if act in RESCALING_EXACT:
+            cd = float(np.mean(results["constant_rel_diff_diag"][act]))
+            out.append(
+                Claim(
+                    id=f"sgd_neuron_balance_{act}",
+                    statement=f"Annealed η (ours): under SGD the {act} net is at the noise "
+                    "equilibrium of its exact per-neuron rescaling symmetry: diag Cov[∇_Uᵀ∇_U] "
+                    "= diag Cov[∇_W∇_Wᵀ] (relative difference of the diagonals, vector norms)",
+                    value=diag[0],
+                    op=Op.LT,
+                    threshold=0.1,
+                    note=f"GD (not claimed): {diag[1]:.3g}",
+                )
+            )
+            out.append(
+                Claim(
+                    id=f"sgd_neuron_balance_constant_lr_{act}",
+                    statement=f"The paper's protocol (constant η): the {act} net's per-neuron "
+                    "noise balance, diag Cov[∇_Uᵀ∇_U] = diag Cov[∇_W∇_Wᵀ], time-averaged over "
+                    "the stationary window",
+                    value=cd,
+                    op=Op.LT,
+                    threshold=0.1,
+                    note=f"η = {cfg.lr:g} constant, averaged at steps {cwin}" + cdiv,
+                )
+            )
+    lib = results["library_neuron_flow_vs_oracle"]
+    if lib:
+        out.append(
+            Claim(
+                id="library_neuron_flow_matches",
+                statement="The library's per-neuron rescaling flow (nf.Rescaling, "
+                "nf.collect_stats, nf.noether_flow on the nn.Module at the end of SGD) equals "
+                "(η/S)(diag Cov[∇_W∇_Wᵀ] − diag Cov[∇_Uᵀ∇_U]) computed independently on the "
+                "same samples (max over ReLU, leaky-ReLU of the relative max-norm difference)",
+                value=max(lib.values()),
+                op=Op.LT,
+                threshold=1e-8,
+                note="the library's per-neuron imbalance: "
+                + ", ".join(f"{a} {v:.3g}" for a, v in results["library_rel_diff_diag"].items()),
             )
         )
     return out

@@ -33,16 +33,46 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from noetherflow.experiments._base import Claim, Op, derive_seed, find_divergence, save_figure
+from noetherflow.experiments._base import Claim, Op, derive_seed, find_divergence
+from noetherflow.experiments._deep_linear import library_chain_flow_check
 from noetherflow.theory.ziyin2024 import (
     deep_linear_intermediate_norm_sq,
     deep_linear_sgd_solution,
     paper_eq19_norm_sq,
 )
+from noetherflow.train import GeometricDecay, lr_sequence
 
 DESCRIPTION = (
     "Deep linear nets (Thm 5.4): SGD's intermediate layers are balanced, scaled-orthogonal; the "
     "chain solver reaches the closed form."
+)
+
+PAPER = (
+    "Thm 5.4 (§5.3, eqs. 17–19): at the global minimum of a deep linear net the noise "
+    "equilibrium makes every intermediate layer a rescaled orthogonal map of the learned "
+    "subspace with balanced norms Tr[Σ_i²] = (Tr S′)^{2/D} d^{1−2/D}, equal to the first "
+    "layer's Tr[Σ_1²] (eq. 19)."
+)
+PAPER_ORDER = 5.4
+NOTES = (
+    "The paper gives no synthetic setting for Thm 5.4 (its Fig. 5 is MNIST, see fig5); every "
+    "setting here is ours (see setup). Corrections: eq. 19 holds only when Tr Σ_x = Tr Σ_ε = "
+    "k; the general form is k·c² with c = (Tr S′/√(Tr Σ_x Tr Σ_ε))^{1/D} for the "
+    "intermediate layers and Tr Σ_x·c² for the first layer's Tr[Σ_1²] (theory module). The "
+    "data are chosen so that the two differ (26% at D = 3, 19% at D = 4 for the intermediate "
+    "layers; a factor ~2.4 for the first layer). History: (1) hidden width 5 instead of k "
+    "left init-dependent parts outside the learned subspace (+13% on ‖W_2‖²), so the width "
+    "is k. (2) At constant η = 0.05 the intermediate norms were measured +10–14% above the "
+    "prediction (O(η/S) bias), so the claimed run anneals (geometric decay to η/20 over the "
+    "last 90%); the paper's protocol is now claimed too (thm54_norms_constant_lr, threshold "
+    "0.1 as the annealed claim, fixed before running): quick 0.131, failing. (3) The printed "
+    "eq. 19 is claimed beside the corrected form at D = 3, where the two separate most "
+    "(quick: 0.176 from the printed value, 0.045 from the corrected one); at D = 4 the quick "
+    "run separated them only barely (6.7% vs 10.2%). (4) The first layer's Tr[Σ_1²]: "
+    "corrected 0.039, printed 1.43 (quick). Thresholds of the new claims (0.1) were fixed "
+    "before running. (5) At the end of SGD the library's rotation flows of every adjacent "
+    "pair (nf.noether_flow on the nn.Module) are checked against per-sample formulas written "
+    "out by hand (library_chain_flow_matches)."
 )
 
 _DTYPE = torch.float64
@@ -73,6 +103,11 @@ class Config:
       equilibrium carries an O(η/S) bias (measured +10–14% on the intermediate norms at
       η = 0.05); the slow decay lets SGD follow the equilibrium towards the small-η one of
       the theorem. ``steps=80000`` (the norms still drift by ~1% per 10⁴ steps at the end).
+    - The paper's protocol (constant η, no decay) runs as well, from other inits, at
+      ``lr`` for ``steps``; its norms are time averages over the records after a burn-in of
+      ``burn_in_frac=0.5`` of the steps.
+    - The printed eq. 19 is claimed (and expected to fail) at ``printed_depth=3``, where it
+      separates most from the general form (26%; 19% at D = 4, and the gap shrinks with D).
     - Prediction: the population ``V, Σ_x, Σ_ε`` (SGD samples the population). The
       prediction at each run's learned product is recorded too.
     - Chain solver: a depth-``D`` chain of ``nn.Linear(bias=False)`` at the Thm 5.4 solution,
@@ -105,6 +140,9 @@ class Config:
     n_records: int = 200
     n_design: int = 12
     solver_tol: float = 1e-12
+    burn_in_frac: float = 0.5
+    printed_depth: int = 3
+    n_eval: int = 4000
 
     @classmethod
     def quick(cls) -> Config:
@@ -114,6 +152,40 @@ class Config:
     @property
     def rank(self) -> int:
         return len(self.v_singular)
+
+
+def setup(cfg: Config) -> list[dict[str, str]]:
+    """Deviations from the paper's setting (Thm 5.4 has no synthetic experiment)."""
+    full = Config()
+    rows = [
+        {"quantity": "data", "paper": "none (Fig. 5 is MNIST)",
+         "ours": f"y = Vx + ε, d_x = {cfg.d_x}, d_y = {cfg.d_y}, rank V = {cfg.rank}; "
+                 f"Tr Σ_x = {sum(cfg.sx_eigs):g}, Tr Σ_ε = {sum(cfg.se_eigs):g}",
+         "why": "realisable, anisotropic, Tr Σ_x ≠ Tr Σ_ε ≠ k so eq. 19 and the general form "
+                "differ"},
+        {"quantity": "depth, width", "paper": "any D; d = rank V′",
+         "ours": f"D ∈ {list(cfg.depths)}, hidden width k = {cfg.rank}",
+         "why": "wider layers keep init-dependent parts the theorem does not cover"},
+        {"quantity": "η", "paper": "not stated (constant)",
+         "ours": f"{cfg.lr:g} constant (paper's protocol claim); annealed run: geometric decay "
+                 f"to {cfg.lr_final:g} over the last {cfg.decay_frac:.0%}",
+         "why": "the theorem is a small-η statement; constant η biases norms by O(η/S)"},
+        {"quantity": "S", "paper": "not stated", "ours": f"{cfg.batch_size}, fresh samples",
+         "why": "online SGD on the data model"},
+        {"quantity": "steps", "paper": "not stated", "ours": f"{cfg.steps}",
+         "why": "the norms settle (drift ~1% per 10⁴ steps at the end, full)"},
+        {"quantity": "loss", "paper": "‖W_D⋯W_1x − y‖² (eq. 16)", "ours": "the same, "
+         "minibatch mean, no weight decay", "why": "-"},
+        {"quantity": "seeds", "paper": "-",
+         "ours": f"{cfg.n_runs} inits per depth (annealed) and {cfg.n_runs} others (constant η)",
+         "why": "claims take the max over inits; per-run values in the note"},
+    ]  # fmt: skip
+    if cfg != full:
+        rows.append({"quantity": "quick mode", "paper": "-",
+                     "ours": f"{cfg.steps} steps, {cfg.n_runs} inits (full: {full.steps}, "
+                             f"{full.n_runs})",
+                     "why": "norms within ~5–8% instead of ~2–4%"})  # fmt: skip
+    return rows
 
 
 def _orthogonal(n: int, gen: torch.Generator) -> Tensor:
@@ -138,14 +210,14 @@ def problem(cfg: Config, seed: int) -> tuple[Tensor, Tensor, Tensor]:
     return V, 0.5 * (sx + sx.T), 0.5 * (se + se.T)
 
 
+def _sqrtm(m: Tensor) -> Tensor:
+    ev, evec = torch.linalg.eigh(m)
+    return (evec * ev.clamp_min(0).sqrt()) @ evec.T
+
+
 def trace_s_prime(V: Tensor, sx: Tensor, se: Tensor) -> float:
     """``Tr S′``: the nuclear norm of ``Σ_ε^{1/2}VΣ_x^{1/2}``."""
-
-    def sqrtm(m: Tensor) -> Tensor:
-        ev, evec = torch.linalg.eigh(m)
-        return (evec * ev.clamp_min(0).sqrt()) @ evec.T
-
-    return float(torch.linalg.svdvals(sqrtm(se) @ V @ sqrtm(sx)).sum())
+    return float(torch.linalg.svdvals(_sqrtm(se) @ V @ _sqrtm(sx)).sum())
 
 
 # --------------------------------------------------------------------------------------
@@ -154,9 +226,21 @@ def trace_s_prime(V: Tensor, sx: Tensor, se: Tensor) -> float:
 
 
 def train_deep_linear(
-    cfg: Config, V: Tensor, sx: Tensor, se: Tensor, depth: int, seed: int
+    cfg: Config,
+    V: Tensor,
+    sx: Tensor,
+    se: Tensor,
+    depth: int,
+    seed: int,
+    *,
+    constant: bool = False,
 ) -> dict[str, Any]:
-    """SGD on ``‖W_D⋯W_1x − y‖²`` for ``cfg.n_runs`` inits at once (float64)."""
+    """SGD on ``‖W_D⋯W_1x − y‖²`` for ``cfg.n_runs`` inits at once (float64).
+
+    The learning rate is ``cfg.lr`` throughout if ``constant``, else constant and then a
+    geometric decay to ``cfg.lr_final`` over the last ``cfg.decay_frac`` of the steps.
+    Records ``‖W_i‖_F²`` and ``‖W_1Σ_x^{1/2}‖_F²`` every ``steps // n_records`` steps.
+    """  # fmt: skip
     R, S, k = cfg.n_runs, cfg.batch_size, cfg.rank
     dims = [cfg.d_x] + [k] * (depth - 1) + [cfg.d_y]
     gen = torch.Generator().manual_seed(seed)
@@ -166,13 +250,22 @@ def train_deep_linear(
         for i in range(depth)
     ]
     lx, le = torch.linalg.cholesky(sx), torch.linalg.cholesky(se)
-    lrs = np.full(cfg.steps, cfg.lr)
-    n_decay = round(cfg.decay_frac * cfg.steps)
-    if n_decay > 0:
-        lrs[cfg.steps - n_decay :] = np.geomspace(cfg.lr, cfg.lr_final, n_decay)
+    sched = (
+        None
+        if constant
+        else GeometricDecay(cfg.steps, decay_frac=cfg.decay_frac, final_lr=cfg.lr_final)
+    )
+    lrs = lr_sequence(sched, cfg.lr, cfg.steps)
     every = max(1, cfg.steps // cfg.n_records)
+    sx_half = _sqrtm(sx)
+
+    def norms(ws: list[Tensor]) -> Tensor:
+        first = ws[0] @ sx_half
+        cols = [(w * w).sum(dim=(-2, -1)) for w in ws] + [(first * first).sum(dim=(-2, -1))]
+        return torch.stack(cols, dim=1)  # [R, D + 1]: ‖W_i‖², then ‖W_1Σ_x^{1/2}‖²
+
     rec_step: list[int] = [0]
-    rec_norms: list[Tensor] = [torch.stack([(w * w).sum(dim=(-2, -1)) for w in Ws], dim=1)]
+    rec_norms: list[Tensor] = [norms(Ws)]
     rec_loss: list[float] = []
     acc, n_acc, t, chunk = 0.0, 0, 0, 500
     diverged = False
@@ -198,7 +291,7 @@ def train_deep_linear(
             t += 1
             if t % every == 0 or t == cfg.steps:
                 rec_step.append(t)
-                rec_norms.append(torch.stack([(w * w).sum(dim=(-2, -1)) for w in Ws], dim=1))
+                rec_norms.append(norms(Ws))
                 rec_loss.append(acc / n_acc)
                 acc, n_acc = 0.0, 0
         if not all(bool(torch.isfinite(w).all()) for w in Ws):
@@ -211,7 +304,7 @@ def train_deep_linear(
         "weights": Ws,
         "product": prod,
         "step": np.asarray(rec_step),
-        "norms": torch.stack(rec_norms, dim=1).numpy(),  # [R, T, D]
+        "norms": torch.stack(rec_norms, dim=1).numpy(),  # [R, T, D + 1]
         "loss": np.asarray(rec_loss),
         "diverged": diverged or find_divergence(rec_loss).diverged,
     }
@@ -221,6 +314,11 @@ def _depth_result(
     cfg: Config, V: Tensor, sx: Tensor, se: Tensor, depth: int, seed: int
 ) -> dict[str, Any]:
     tr = train_deep_linear(cfg, V, sx, se, depth, derive_seed(seed, "thm54", "sgd", depth))
+    const = train_deep_linear(
+        cfg, V, sx, se, depth, derive_seed(seed, "thm54", "constant", depth), constant=True
+    )
+    window = const["step"] >= cfg.burn_in_frac * cfg.steps
+    const_avg = const["norms"][:, window, :].mean(axis=1)  # [R, D + 1]
     Ws: list[Tensor] = tr["weights"]
     k = cfg.rank
     sol = deep_linear_sgd_solution(V, sx, se, hidden_dims=[k] * (depth - 1))
@@ -235,7 +333,16 @@ def _depth_result(
         for r in range(cfg.n_runs)
     ]
     prod_err = (torch.linalg.matrix_norm(tr["product"] - V) / torch.linalg.matrix_norm(V)).numpy()
+    first = (Ws[0] @ _sqrtm(sx)).square().sum(dim=(-2, -1)).numpy()  # ‖W_1Σ_x^{1/2}‖², [R]
     return {
+        "measured_first_scaled_sq_norm": first,
+        "predicted_first_scaled_sq_norm": sol.scaled_first_norm_sq,
+        "first_rel_dev": np.abs(first / sol.scaled_first_norm_sq - 1.0),
+        "first_rel_dev_eq19": np.abs(first / eq19 - 1.0),
+        "constant_time_avg_sq_norms": const_avg[:, :depth],
+        "constant_intermediate_rel_dev": np.abs(const_avg[:, 1 : depth - 1] / pred - 1.0),
+        "constant_first_rel_dev": np.abs(const_avg[:, depth] / sol.scaled_first_norm_sq - 1.0),
+        "constant_diverged": bool(const["diverged"]),
         "measured_sq_norms": measured,
         "predicted_sq_norm": pred,
         "paper_eq19_sq_norm": eq19,
@@ -251,6 +358,16 @@ def _depth_result(
         "loss": tr["loss"],
         "noise_floor": float(torch.trace(se)),
         "diverged": bool(tr["diverged"]),
+        "library": library_chain_flow_check(
+            [w[0] for w in Ws],
+            V,
+            sx,
+            se,
+            lr=cfg.lr,
+            batch_size=cfg.batch_size,
+            n_eval=cfg.n_eval,
+            seed=derive_seed(seed, "thm54", "eval", depth),
+        ),
     }
 
 
@@ -394,7 +511,26 @@ def run(cfg: Config, seed: int, out_dir: Path) -> dict[str, Any]:
         "chain_max_gram_rel_err": max(c["gram_rel_err_after"] for c in chains),
         "chain_max_norm_rel_err": max(c["norm_rel_err_after"] for c in chains),
         "any_diverged": any(series[f"D{d}"]["diverged"] for d in cfg.depths),
-    }
+        "max_first_rel_dev": max(float(np.max(series[f"D{d}"]["first_rel_dev"]))
+                                 for d in cfg.depths),
+        "max_first_rel_dev_eq19": max(float(np.max(series[f"D{d}"]["first_rel_dev_eq19"]))
+                                      for d in cfg.depths),
+        "printed_depth_rel_dev_eq19": (
+            float(np.max(series[f"D{cfg.printed_depth}"]["intermediate_rel_dev_eq19"]))
+            if cfg.printed_depth in cfg.depths else float("nan")
+        ),
+        "constant_max_norm_rel_dev": max(
+            float(np.max(series[f"D{d}"]["constant_intermediate_rel_dev"])) for d in cfg.depths
+        ),
+        "constant_max_first_rel_dev": max(
+            float(np.max(series[f"D{d}"]["constant_first_rel_dev"])) for d in cfg.depths
+        ),
+        "constant_any_diverged": any(series[f"D{d}"]["constant_diverged"] for d in cfg.depths),
+        "library_flow_vs_oracle": max(series[f"D{d}"]["library"]["flow_vs_oracle"]
+                                      for d in cfg.depths),
+        "library_pair_imbalance": {d: series[f"D{d}"]["library"]["pair_imbalance"]
+                                   for d in cfg.depths},
+    }  # fmt: skip
 
 
 def claims(results: dict[str, Any], cfg: Config) -> list[Claim]:
@@ -406,17 +542,75 @@ def claims(results: dict[str, Any], cfg: Config) -> list[Claim]:
     )
     div = "; SGD diverged" if results["any_diverged"] else ""
     chains = results["chain_solver"]
+    pd = cfg.printed_depth
+    per_run = ", ".join(
+        f"D={d}: " + "/".join(f"{v:.3g}" for v in np.asarray(s[f"D{d}"]["intermediate_rel_dev"],
+                                                              dtype=float).max(axis=1))
+        for d in cfg.depths
+    )  # fmt: skip
+    cdiv = "; constant-η SGD diverged" if results["constant_any_diverged"] else ""
+    first_pred = ", ".join(
+        f"D={d}: Tr Σ_x c² = {s[f'D{d}']['predicted_first_scaled_sq_norm']:.4g}, printed "
+        f"{s[f'D{d}']['paper_eq19_sq_norm']:.4g}"
+        for d in cfg.depths
+    )
     return [
         Claim(
+            id="thm54_norms_constant_lr",
+            statement="The paper's protocol (constant η): every intermediate layer's ‖W_i‖_F², "
+            "time-averaged over the stationary window, is within 10% of Thm 5.4's k·c² "
+            "(corrected; max over depths, runs, layers of |average/prediction − 1|)",
+            value=results["constant_max_norm_rel_dev"],
+            op=Op.LT,
+            threshold=0.1,
+            note=f"η = {cfg.lr:g} constant, {cfg.n_runs} inits per depth, window: records after "
+            f"{cfg.burn_in_frac:.0%} of {cfg.steps} steps; first layer (‖W_1Σ_x^{{1/2}}‖²): "
+            f"{results['constant_max_first_rel_dev']:.3g}" + cdiv,
+        ),
+        Claim(
+            id="thm54_norms_printed_eq19",
+            statement=f"Against the printed eq. 19, (Tr S′)^{{2/D}} k^{{1−2/D}}: after SGD "
+            f"(annealed) at D = {pd}, every intermediate ‖W_i‖_F² is within 10% of it (max over "
+            "runs and layers of |‖W_i‖²/eq. 19 − 1|)",
+            value=results["printed_depth_rel_dev_eq19"],
+            op=Op.LT,
+            threshold=0.1,
+            note=f"printed {s[f'D{pd}']['paper_eq19_sq_norm']:.4g} vs corrected "
+            f"{s[f'D{pd}']['predicted_sq_norm']:.4g} at D = {pd} (Tr Σ_x = "
+            f"{results['trace_sigma_x']:.3g}, Tr Σ_ε = {results['trace_sigma_eps']:.3g}, k = "
+            f"{results['rank']}); the same run against the corrected form: "
+            f"{float(np.max(s[f'D{pd}']['intermediate_rel_dev'])):.3g}" + div,
+        ),
+        Claim(
+            id="thm54_first_layer_norm",
+            statement="Eq. 19's first-layer norm, corrected: after SGD (annealed), "
+            "Tr[Σ_1²] = ‖W_1Σ_x^{1/2}‖_F² is within 10% of Tr[Σ_x]·c² (max over depths and runs "
+            "of |measured/prediction − 1|)",
+            value=results["max_first_rel_dev"],
+            op=Op.LT,
+            threshold=0.1,
+            note=f"predictions {first_pred}" + div,
+        ),
+        Claim(
+            id="thm54_first_layer_printed_eq19",
+            statement="Eq. 19 as printed: Tr[Σ_1²] = ‖W_1Σ_x^{1/2}‖_F² equals the intermediate "
+            "layers' (Tr S′)^{2/D} k^{1−2/D}: after SGD (annealed), max over depths and runs of "
+            "|measured/eq. 19 − 1|",
+            value=results["max_first_rel_dev_eq19"],
+            op=Op.LT,
+            threshold=0.1,
+            note="holds only if Tr Σ_x = Tr Σ_ε = k, which these data avoid" + div,
+        ),
+        Claim(
             id="thm54_norms",
-            statement="After SGD, every intermediate layer's ‖W_i‖_F² is within 10% of Thm 5.4's "
-            "k·c², c = (Tr S′/√(TrΣ_x TrΣ_ε))^{1/D} (max over depths, runs, layers of "
-            "|‖W_i‖²/prediction − 1|)",
+            statement="Annealed η (ours, not the paper's protocol): after SGD, every intermediate "
+            "layer's ‖W_i‖_F² is within 10% of Thm 5.4's k·c², c = (Tr S′/√(TrΣ_x TrΣ_ε))^{1/D} "
+            "(max over depths, runs, layers of |‖W_i‖²/prediction − 1|)",
             value=results["max_norm_rel_dev"],
             op=Op.LT,
             threshold=0.1,
             note=f"predictions {preds}; against the printed eq. 19 the max deviation is "
-            f"{results['max_norm_rel_dev_eq19']:.3g}{div}",
+            f"{results['max_norm_rel_dev_eq19']:.3g}; per run (max over layers): {per_run}{div}",
         ),
         Claim(
             id="thm54_orthogonal",
@@ -427,6 +621,19 @@ def claims(results: dict[str, Any], cfg: Config) -> list[Claim]:
             op=Op.LT,
             threshold=0.1,
             note=div.lstrip("; "),
+        ),
+        Claim(
+            id="library_chain_flow_matches",
+            statement="At the end of SGD (run 1 per depth), the library's rotation flow of every "
+            "adjacent pair (nf.DoubleRotation, nf.collect_stats, nf.noether_flow on the "
+            "nn.Module, fresh samples) equals (η/S)(M_U − M_W) from per-sample gradients "
+            "written out by hand (max relative Frobenius difference, float64)",
+            value=results["library_flow_vs_oracle"],
+            op=Op.LT,
+            threshold=1e-8,
+            note="‖M_U − M_W‖/‖M_W‖ on the sample (max over pairs): "
+            + ", ".join(f"D={d}: {v:.3g}" for d, v in results["library_pair_imbalance"].items())
+            + f" ({cfg.n_eval} samples)",
         ),
         Claim(
             id="chain_solver_matches",
@@ -444,47 +651,6 @@ def claims(results: dict[str, Any], cfg: Config) -> list[Claim]:
 
 
 def plot(results: dict[str, Any], cfg: Config, out_dir: Path) -> list[Path]:
-    from matplotlib.figure import Figure
+    from noetherflow.experiments._thm54_plot import plot_thm54
 
-    s = results["series"]
-    n = len(cfg.depths)
-    fig = Figure(figsize=(5.2 * (n + 1), 4.4))
-    axes = fig.subplots(1, n + 1)
-    for ax, depth in zip(axes[:n], cfg.depths, strict=True):
-        d = s[f"D{depth}"]
-        steps = np.asarray(d["step"])
-        norms = np.asarray(d["norms_over_time"])  # [R, T, D]
-        pred_all = np.asarray(d["predicted_sq_norms_all_layers"])
-        for i in range(depth):
-            color = f"C{i}"
-            for r in range(norms.shape[0]):
-                ax.plot(steps, norms[r, :, i], color=color, lw=0.7, alpha=0.6,
-                        label=f"‖W_{i + 1}‖²" if r == 0 else None)  # fmt: skip
-            ax.axhline(pred_all[i], color=color, ls="--", lw=1.2)
-        ax.axhline(float(d["paper_eq19_sq_norm"]), color="k", ls=":", lw=1.2,
-                   label="printed eq. 19")  # fmt: skip
-        ax.set_xlabel("SGD step")
-        ax.set_ylabel("‖W_i‖_F²")
-        ax.set_title(f"D = {depth}: layer norms (dashed: Thm 5.4, general form)")
-        ax.legend(fontsize=7, ncol=2)
-    ax = axes[n]
-    width = 0.8 / n
-    for j, depth in enumerate(cfg.depths):
-        d = s[f"D{depth}"]
-        meas = np.asarray(d["measured_sq_norms"])
-        pred_all = np.asarray(d["predicted_sq_norms_all_layers"])
-        xpos = np.arange(depth) + j * width
-        ax.bar(xpos, meas.mean(axis=0), width=width * 0.9, color=f"C{j}", alpha=0.6,
-               yerr=meas.std(axis=0), label=f"SGD, D = {depth}")  # fmt: skip
-        ax.plot(xpos, pred_all, "k_", ms=14, mew=2)
-        ax.plot(xpos[1:-1], [float(d["paper_eq19_sq_norm"])] * (depth - 2), "r_", ms=14, mew=2)
-    ax.plot([], [], "k_", ms=14, mew=2, label="Thm 5.4 (general)")
-    ax.plot([], [], "r_", ms=14, mew=2, label="printed eq. 19")
-    ax.set_xticks(np.arange(max(cfg.depths)) + 0.4 * (1 - 1 / n))
-    ax.set_xticklabels([f"W_{i + 1}" for i in range(max(cfg.depths))])
-    ax.set_ylabel("final ‖W_i‖_F²")
-    chain_err = results["chain_max_gram_rel_err"]
-    ax.set_title(f"final norms; chain solver error {chain_err:.1e}")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    return [save_figure(fig, out_dir / "thm54.png")]
+    return plot_thm54(results, cfg, out_dir)

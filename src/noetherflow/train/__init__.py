@@ -3,15 +3,20 @@
 Let η, S, γ denote ``lr``, ``batch_size``, ``weight_decay``. All integrators work on any
 ``nn.Module`` with a per-sample loss whose batch value is the mean, add the penalty γ‖θ‖²
 to the loss (DESIGN §2), log through ``callback(step, model)`` and record divergence in
-their :class:`TrainResult` instead of raising.
+their :class:`TrainResult` instead of raising. SGD and GD also report every update with its
+gradient to ``on_update``, and SGD trains on a fixed data set or on a data stream
+(``sampler``).
 """
 
 from noetherflow.train.integrators import (
     Callback,
     GFMethod,
     LossFn,
+    Sampler,
     TrainingData,
     TrainResult,
+    UpdateHook,
+    UpdateInfo,
     gradient_noise,
     per_sample_gradients,
     run_gd,
@@ -23,6 +28,7 @@ from noetherflow.train.integrators import (
 from noetherflow.train.population import run_online_sgd, run_population_gd
 from noetherflow.train.schedules import (
     Constant,
+    GeometricDecay,
     LambdaSchedule,
     LinearWarmup,
     Schedule,
@@ -38,15 +44,19 @@ __all__ = [
     "Callback",
     "Constant",
     "GFMethod",
+    "GeometricDecay",
     "LambdaSchedule",
     "LinearWarmup",
     "LossFn",
     "Schedule",
     "ScheduleKind",
+    "Sampler",
     "ScheduleLike",
     "StepDecay",
     "TrainResult",
     "TrainingData",
+    "UpdateHook",
+    "UpdateInfo",
     "gradient_noise",
     "lr_sequence",
     "make_schedule",

@@ -12,6 +12,9 @@ Built-ins:
   k = ``warmup_steps`` (K) and stays there: η_k = η₀ + (η − η₀)·min(k/K, 1).
 * :class:`StepDecay` — η_k = η·γ_s^{#{m ∈ milestones : m ≤ k}} (γ_s = ``gamma``), as
   ``torch.optim.lr_scheduler.MultiStepLR``.
+* :class:`GeometricDecay` — η_k = η for the first K − m steps, then a geometric decay from η
+  to η_end over the last m = round(f·K) steps (K = ``steps``, f = ``decay_frac``, η_end =
+  ``final_lr``): the annealing several reproductions use after a constant phase.
 * :class:`LambdaSchedule` — η_k = η·f(k) for a user function f; a plain callable passed as
   ``schedule=`` is wrapped in it (multiplier semantics, as ``torch``'s ``LambdaLR``).
 
@@ -32,6 +35,7 @@ import numpy as np
 
 __all__ = [
     "Constant",
+    "GeometricDecay",
     "LambdaSchedule",
     "LinearWarmup",
     "Schedule",
@@ -133,6 +137,56 @@ class StepDecay(Schedule):
         return f"StepDecay(milestones={list(self.milestones)}, gamma={self.gamma})"
 
 
+class GeometricDecay(Schedule):
+    """Constant η, then a geometric decay to ``final_lr`` over the last ``decay_frac`` of a run.
+
+    Let K = ``steps``, m = round(f·K) with f = ``decay_frac``, and η_end = ``final_lr``.
+    η_k = η for k < K − m, and η_{K−m+j} = η·(η_end/η)^{j/(m−1)} for j = 0 … m − 1 (the
+    points of ``numpy.geomspace(η, η_end, m)``: the last update uses η_end); η_k = η_end for
+    k ≥ K. With m = 0 the schedule is constant.
+
+    Args:
+        steps: K ≥ 1, the length of the run.
+        decay_frac: f ∈ [0, 1].
+        final_lr: η_end > 0, the absolute rate of the last step.
+    """
+
+    def __init__(self, steps: int, *, decay_frac: float, final_lr: float) -> None:
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+            raise ValueError(f"GeometricDecay: steps={steps!r}, expected an int >= 1.")
+        if not math.isfinite(decay_frac) or not 0.0 <= decay_frac <= 1.0:
+            raise ValueError(
+                f"GeometricDecay: decay_frac={decay_frac!r}, expected a float in [0, 1] (the "
+                "fraction of the run over which the rate decays)."
+            )
+        if not math.isfinite(final_lr) or final_lr <= 0:
+            raise ValueError(
+                f"GeometricDecay: final_lr={final_lr!r}, expected a finite float > 0 (the "
+                "absolute learning rate of the last step)."
+            )
+        self.steps = steps
+        self.decay_frac = float(decay_frac)
+        self.final_lr = float(final_lr)
+        self.n_decay = round(self.decay_frac * steps)
+        self._table: tuple[float, np.ndarray] | None = None
+
+    def __call__(self, step: int, base_lr: float) -> float:
+        start = self.steps - self.n_decay
+        if self.n_decay == 0 or step < start:
+            return float(base_lr)
+        if step >= self.steps:
+            return self.final_lr
+        if self._table is None or self._table[0] != float(base_lr):
+            self._table = (float(base_lr), np.geomspace(base_lr, self.final_lr, self.n_decay))
+        return float(self._table[1][step - start])
+
+    def __repr__(self) -> str:
+        return (
+            f"GeometricDecay(steps={self.steps}, decay_frac={self.decay_frac}, "
+            f"final_lr={self.final_lr})"
+        )
+
+
 class LambdaSchedule(Schedule):
     """η_k = η·f(k) for a user function ``f(step) -> float`` (a multiplier, as LambdaLR)."""
 
@@ -156,6 +210,7 @@ class ScheduleKind(str, Enum):
     CONSTANT = "constant"
     WARMUP = "warmup"
     STEP = "step"
+    GEOMETRIC = "geometric"
 
 
 ScheduleLike: TypeAlias = Schedule | ScheduleKind | str | Callable[[int], float] | None
@@ -166,7 +221,8 @@ def make_schedule(kind: ScheduleKind | str, **kwargs: Any) -> Schedule:
     """Build a built-in schedule by name.
 
     ``"constant"`` takes no arguments; ``"warmup"`` takes ``warmup_steps`` and optionally
-    ``start_lr``; ``"step"`` takes ``milestones`` and optionally ``gamma``.
+    ``start_lr``; ``"step"`` takes ``milestones`` and optionally ``gamma``; ``"geometric"``
+    takes ``steps``, ``decay_frac`` and ``final_lr`` (:class:`GeometricDecay`).
     """
     try:
         k = ScheduleKind(kind)
@@ -181,6 +237,8 @@ def make_schedule(kind: ScheduleKind | str, **kwargs: Any) -> Schedule:
         return Constant()
     if k is ScheduleKind.WARMUP:
         return LinearWarmup(**kwargs)
+    if k is ScheduleKind.GEOMETRIC:
+        return GeometricDecay(**kwargs)
     return StepDecay(**kwargs)
 
 
