@@ -160,6 +160,12 @@ class TestCollectStatsLossCheck:
         for p, v in ref.mean.items():
             assert float((hk.mean[p] - v).norm() / v.norm()) < 1e-12
 
+    @pytest.mark.parametrize(("loss_red", "declared"), [("sum", "mean"), ("mean", "sum")])
+    def test_reduction_declared_wrongly_is_refused(self, loss_red: str, declared: str) -> None:
+        m, syms, x, y = _mlp()
+        with pytest.raises(nf.StatisticsError, match=f"reduction={loss_red!r}"):
+            nf.collect_stats(m, syms, nn.MSELoss(reduction=loss_red), x, y, reduction=declared)
+
     def test_float32_data_loss_passes(self) -> None:
         m, syms, x, y = _mlp()
         m = m.float()
