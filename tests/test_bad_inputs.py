@@ -118,6 +118,14 @@ class TestTeleportTrust:
         nf.teleport(m, sol)
         assert torch.equal(m[0].weight, after)
 
+    def test_parametrised_layer_is_refused(self) -> None:
+        # weight_norm: a hand-declared Rescaling used to accept the computed weight, and a
+        # teleport then moved the outputs (by 0.26 in the issue) or failed with a KeyError.
+        m, _, _, _ = _mlp()
+        nn.utils.parametrizations.weight_norm(m[0])
+        with pytest.raises(nf.SymmetryDefinitionError, match="parametrised weight"):
+            nf.SymmetrySet([nf.Rescaling(m[0], m[2])])
+
     def test_copy_moves_the_copy(self) -> None:
         m, _, sol, x = self._solved()
         before = {n: p.detach().clone() for n, p in m.named_parameters()}
