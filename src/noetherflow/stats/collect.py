@@ -232,6 +232,21 @@ def _raise_mean_gap(name: str, role: str, sc: float, gap: float) -> None:
     )
 
 
+def _forward(model: nn.Module, xs: tuple[Any, ...]) -> Any:
+    """``model(*xs)``; a torch dtype error on integer inputs becomes a clear StatisticsError."""
+    try:
+        return model(*xs)
+    except RuntimeError as e:
+        ints = [str(x.dtype) for x in xs if isinstance(x, Tensor) and not x.is_floating_point()]
+        if not ints or "dtype" not in str(e):
+            raise
+        raise StatisticsError(
+            f"The model's forward failed on inputs of dtype {ints} ({e}); expected inputs of "
+            "the dtype the model computes in, unless it takes indices (nn.Embedding). Convert "
+            "the batch, e.g. x.to(next(model.parameters()).dtype)."
+        ) from e
+
+
 def _check_reduction(loss_fn: Any, out: Any, targets: Any, red: Reduction) -> None:
     """Refuse a ``loss_fn`` whose reduction is not the declared one (sum declared as mean).
 
@@ -539,7 +554,7 @@ def collect_stats(
             level=lev,
             timeout=timeout,
         ) as cap:
-            out = model(*xs)
+            out = _forward(model, xs)
             loss = loss_fn(out, targets)
             params = syms.params()
             grads = torch.autograd.grad(loss, params, allow_unused=True)
