@@ -118,6 +118,14 @@ class TestTeleportTrust:
         nf.teleport(m, sol)
         assert torch.equal(m[0].weight, after)
 
+    def test_parametrised_layer_is_refused(self) -> None:
+        # weight_norm: a hand-declared Rescaling used to accept the computed weight, and a
+        # teleport then moved the outputs (by 0.26 in the issue) or failed with a KeyError.
+        m, _, _, _ = _mlp()
+        nn.utils.parametrizations.weight_norm(m[0])
+        with pytest.raises(nf.SymmetryDefinitionError, match="parametrised weight"):
+            nf.SymmetrySet([nf.Rescaling(m[0], m[2])])
+
     def test_copy_moves_the_copy(self) -> None:
         m, _, sol, x = self._solved()
         before = {n: p.detach().clone() for n, p in m.named_parameters()}
@@ -159,6 +167,12 @@ class TestCollectStatsLossCheck:
         hk = nf.collect_stats(m, syms, nn.MSELoss(reduction=reduction), x, y, reduction=reduction)
         for p, v in ref.mean.items():
             assert float((hk.mean[p] - v).norm() / v.norm()) < 1e-12
+
+    @pytest.mark.parametrize(("loss_red", "declared"), [("sum", "mean"), ("mean", "sum")])
+    def test_reduction_declared_wrongly_is_refused(self, loss_red: str, declared: str) -> None:
+        m, syms, x, y = _mlp()
+        with pytest.raises(nf.StatisticsError, match=f"reduction={loss_red!r}"):
+            nf.collect_stats(m, syms, nn.MSELoss(reduction=loss_red), x, y, reduction=declared)
 
     def test_float32_data_loss_passes(self) -> None:
         m, syms, x, y = _mlp()

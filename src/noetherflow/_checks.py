@@ -8,14 +8,16 @@ the fix, in one wording.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from enum import Enum
-from typing import TypeVar
+from typing import Any, TypeVar
 
 __all__ = [
     "check_finite_number",
     "check_nonnegative",
     "check_positive",
     "check_positive_int",
+    "check_stats_cover",
     "parse_enum",
 ]
 
@@ -77,6 +79,17 @@ def check_positive_int(value: object, name: str, meaning: str = "") -> int:
     if not math.isfinite(v) or not v.is_integer() or v < 1:
         raise bad
     return int(v)
+
+
+def check_stats_cover(params: Sequence[Any], mean: Mapping[Any, Any], who: str) -> None:
+    """Refuse statistics that lack some parameters of the symmetry set (another set's)."""
+    missing = [tuple(getattr(p, "shape", ())) for p in params if p not in mean]
+    if missing:
+        raise ValueError(
+            f"{who}: the statistics have no entry for {len(missing)} parameter(s) of the "
+            f"symmetry set (shapes {missing}); expected statistics collected for this set. "
+            "Call collect_stats(model, syms, ...) with the same SymmetrySet."
+        )
 
 
 def _of(meaning: str) -> str:

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from noetherflow._checks import check_stats_cover
 from noetherflow._deprecate import is_old_model_call, warn_model
 from noetherflow._divergence import is_finite
 from noetherflow._errors import NonFiniteGradientError, StatisticsError
@@ -110,6 +111,7 @@ class EquilibriumSolution:
 
 
 def _check_inputs(syms: SymmetrySet, stats: GradStats) -> None:
+    check_stats_cover(syms.params(), stats.mean, "solve_equilibrium")
     try:
         stats.check_finite()
     except NonFiniteGradientError as e:

@@ -18,7 +18,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from noetherflow._checks import check_finite_number
+from noetherflow._checks import check_finite_number, check_stats_cover
 from noetherflow._deprecate import is_old_model_call, warn_model
 from noetherflow.kernels import kernel_for
 from noetherflow.kernels.noise import NoiseModel, TimeModel, resolve_noise
@@ -91,6 +91,7 @@ def noether_flow(
             "noether_flow(syms, stats, noise): expected a SymmetrySet and GradStats, got "
             f"{type(syms).__name__} and {type(stats).__name__}."
         )
+    check_stats_cover(syms.params(), stats.mean, "noether_flow")
     if noise is not None and not isinstance(noise, NoiseModel):
         raise TypeError(
             f"noether_flow: noise is a {type(noise).__name__}; expected a NoiseModel, e.g. "

@@ -12,6 +12,7 @@ gradients).
 from __future__ import annotations
 
 import contextlib
+import math
 import weakref
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -229,6 +230,52 @@ def _raise_mean_gap(name: str, role: str, sc: float, gap: float) -> None:
         "weight decay as weight_decay=γ to the flow and solver (γ of γ‖θ‖²); pass "
         "check_loss=False to skip this check."
     )
+
+
+def _forward(model: nn.Module, xs: tuple[Any, ...]) -> Any:
+    """``model(*xs)``; a torch dtype error on integer inputs becomes a clear StatisticsError."""
+    try:
+        return model(*xs)
+    except RuntimeError as e:
+        ints = [str(x.dtype) for x in xs if isinstance(x, Tensor) and not x.is_floating_point()]
+        if not ints or "dtype" not in str(e):
+            raise
+        raise StatisticsError(
+            f"The model's forward failed on inputs of dtype {ints} ({e}); expected inputs of "
+            "the dtype the model computes in, unless it takes indices (nn.Embedding). Convert "
+            "the batch, e.g. x.to(next(model.parameters()).dtype)."
+        ) from e
+
+
+def _check_reduction(loss_fn: Any, out: Any, targets: Any, red: Reduction) -> None:
+    """Refuse a ``loss_fn`` whose reduction is not the declared one (sum declared as mean).
+
+    For a per-sample loss ℓ, ``loss_fn`` on samples {0, 1} is (ℓ₀+ℓ₁)/2 (mean) or ℓ₀+ℓ₁
+    (sum); three evaluations on the outputs (no forward pass) tell which. Skipped when the
+    outputs or targets are not batched tensors or ℓ₀ + ℓ₁ = 0 (cannot tell).
+    """
+    if not (isinstance(out, Tensor) and isinstance(targets, Tensor)):
+        return
+    if out.ndim == 0 or out.shape[0] < 2 or targets.ndim == 0 or targets.shape[0] != out.shape[0]:
+        return
+    with torch.no_grad():
+        o, t = out.detach(), targets.detach()
+        vals = [float(loss_fn(o[i:j], t[i:j])) for i, j in ((0, 1), (1, 2), (0, 2))]
+    l0, l1, l01 = vals
+    tot = l0 + l1
+    if not all(map(math.isfinite, vals)) or abs(tot) <= 1e-12 * (abs(l0) + abs(l1) + 1e-300):
+        return
+    want, other = (tot / 2, tot) if red is Reduction.MEAN else (tot, tot / 2)
+    tol = 1e-4 * abs(tot)
+    if abs(l01 - want) > tol and abs(l01 - other) <= tol:
+        declared = red.value
+        actual = "sum" if declared == "mean" else "mean"
+        raise StatisticsError(
+            f"loss_fn reduces the batch by {actual!r} but reduction={declared!r} was passed "
+            f"(loss_fn on two samples = {l01:.6g}; their {declared} = {want:.6g}, their "
+            f"{actual} = {other:.6g}). Pass reduction={actual!r}, or make loss_fn return the "
+            f"batch {declared}; pass check_loss=False to skip this check."
+        )
 
 
 _CHECKED_LOSSES: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -507,11 +554,14 @@ def collect_stats(
             level=lev,
             timeout=timeout,
         ) as cap:
-            loss = loss_fn(model(*xs), targets)
+            out = _forward(model, xs)
+            loss = loss_fn(out, targets)
             params = syms.params()
             grads = torch.autograd.grad(loss, params, allow_unused=True)
         n = xs[0].shape[0]
         check = check_loss and not _loss_checked(loss_fn)
+        if check:
+            _check_reduction(loss_fn, out, targets, red)
         cap.use_mean_gradients(
             {
                 p: (g.detach() / n if red is Reduction.SUM else g.detach())

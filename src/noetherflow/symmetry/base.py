@@ -72,6 +72,15 @@ def check_params(params: Sequence[nn.Parameter], who: str) -> None:
                 f"{who}: parameter {i} is a {type(p).__name__}, expected an nn.Parameter "
                 "(use e.g. model[0].weight)."
             )
+        if not p.is_leaf:  # e.g. the weight of a weight_norm / parametrize'd layer
+            raise SymmetryDefinitionError(
+                f"{who}: parameter {i} with shape {tuple(p.shape)} is computed from other "
+                "tensors (a parametrised weight, e.g. weight_norm), not an nn.Parameter; "
+                "SGD moves the underlying parameters, so this symmetry would not be one of "
+                "the trained parameters. Remove the parametrisation "
+                "(torch.nn.utils.parametrize.remove_parametrizations) or declare the "
+                "symmetry on the layer's own parameters."
+            )
         if not p.requires_grad:
             raise SymmetryDefinitionError(
                 f"{who}: parameter {i} with shape {tuple(p.shape)} is frozen "

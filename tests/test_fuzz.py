@@ -1,0 +1,288 @@
+"""Hypothesis fuzzing of the public API (issue #16).
+
+Every call either returns finite, correctly shaped results or raises one of the library's
+documented errors (``ValueError`` / ``TypeError`` and their ``noetherflow`` subclasses) whose
+message names the bad value: never a NaN result, a silent success on invalid input or a raw
+internal error (``IndexError``, ``KeyError``, ``RuntimeError`` from torch). Small models and
+few examples, so the file runs in well under a minute on two cores.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from torch import Tensor, nn
+
+import noetherflow as nf
+
+ALLOWED = (ValueError, TypeError)  # the library's errors all derive from ValueError
+FUZZ = settings(
+    max_examples=25,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+SPECIAL = [float("nan"), float("inf"), float("-inf"), 0.0, -1.0, -1e-3]
+
+
+def _model(d_in: int, hidden: int, d_out: int, dtype: torch.dtype, seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(d_in, hidden), nn.ReLU(), nn.Linear(hidden, d_out)).to(dtype)
+
+
+def _syms(m: nn.Module) -> nf.SymmetrySet:
+    return nf.SymmetrySet([nf.Rescaling(m[0], m[2], label="r")])
+
+
+def _finite(d: Any) -> bool:
+    vals = d.values() if isinstance(d, dict) else [d]
+    return all(bool(torch.isfinite(torch.as_tensor(v)).all()) for v in vals)
+
+
+def _fixed() -> tuple[nn.Module, nf.SymmetrySet, Any]:
+    m = _model(3, 4, 2, torch.float64)
+    syms = _syms(m)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(8, 3, generator=g, dtype=torch.float64)
+    y = torch.randn(8, 2, generator=g, dtype=torch.float64)
+    return m, syms, nf.collect_stats(m, syms, nn.MSELoss(), x, y)
+
+
+# -- collect_stats: shapes, dtypes, NaN/Inf in the batch -------------------------------------
+@FUZZ
+@given(
+    d_in=st.integers(1, 4),
+    hidden=st.integers(1, 5),
+    d_out=st.integers(1, 3),
+    n=st.integers(1, 6),
+    dtype=st.sampled_from([torch.float32, torch.float64]),
+    poison=st.sampled_from([None, float("nan"), float("inf")]),
+    where=st.sampled_from(["inputs", "targets"]),
+    estimator=st.sampled_from(["hooks", "reference"]),
+    reduction=st.sampled_from(["mean", "sum"]),
+)
+def test_collect_stats(
+    d_in: int,
+    hidden: int,
+    d_out: int,
+    n: int,
+    dtype: torch.dtype,
+    poison: float | None,
+    where: str,
+    estimator: str,
+    reduction: str,
+) -> None:
+    m = _model(d_in, hidden, d_out, dtype)
+    syms = _syms(m)
+    x, y = torch.randn(n, d_in, dtype=dtype), torch.randn(n, d_out, dtype=dtype)
+    if poison is not None:
+        (x if where == "inputs" else y)[0, 0] = poison
+    loss = nn.MSELoss(reduction=reduction)
+    try:
+        stats = nf.collect_stats(m, syms, loss, x, y, estimator=estimator, reduction=reduction)
+    except ALLOWED as e:
+        msg = str(e)
+        assert poison is not None or n == 1, f"valid input refused: {msg}"
+        if n == 1:  # checked first: Σ needs two samples
+            assert "batch of 1 sample" in msg, msg
+        else:
+            assert any(w in msg for w in ("NaN", "nan", "Inf", "inf", "finite")), msg
+        return
+    assert poison is None, "NaN/Inf in the batch gave statistics without an error"
+    for p in syms.params():
+        assert stats.mean[p].shape == p.shape
+        assert _finite(stats.mean[p])
+    q = nf.charges(syms)
+    assert set(q) == {"r"} and q["r"].shape == (hidden,) and _finite(q)
+
+
+@FUZZ
+@given(dtype=st.sampled_from([torch.int64, torch.int32, torch.bool]))
+def test_collect_stats_integer_inputs(dtype: torch.dtype) -> None:
+    # integer inputs to a float model: a clear error, not torch's matmul RuntimeError
+    # (integer *targets* are legitimate: class indices)
+    m = _model(3, 4, 2, torch.float64)
+    x, y = torch.randn(5, 3).mul(3).to(dtype), torch.randn(5, 2, dtype=torch.float64)
+    with pytest.raises(nf.StatisticsError, match=str(dtype).replace("torch.", "")):
+        nf.collect_stats(m, _syms(m), nn.MSELoss(), x, y)
+
+
+# -- hyper-parameters: lr, batch_size, weight_decay, time ------------------------------------
+def _invalid(lr: float, batch_size: Any, wd: float, time: str) -> str | None:
+    """The name of the first invalid hyper-parameter, or None."""
+    if not (math.isfinite(lr) and lr > 0):
+        return "lr="
+    if not (isinstance(batch_size, int) and batch_size >= 1):
+        return "batch_size="
+    if not (math.isfinite(wd) and wd >= 0):
+        return "weight_decay="
+    if time == "discrete" and lr * wd >= 1:
+        return "ηγ"
+    return None
+
+
+HYPER = {
+    "lr": st.one_of(st.sampled_from(SPECIAL), st.floats(1e-3, 2.0)),
+    "batch_size": st.one_of(st.sampled_from([0, -3, 2.5]), st.integers(1, 64)),
+    "wd": st.one_of(st.sampled_from(SPECIAL), st.floats(0.0, 2.0)),
+    "time": st.sampled_from(["continuous", "discrete"]),
+}
+
+
+@FUZZ
+@given(**HYPER)
+def test_flow_and_solver_hyperparameters(lr: float, batch_size: Any, wd: float, time: str) -> None:
+    _, syms, stats = _fixed()
+    bad = _invalid(lr, batch_size, wd, time)
+    kw = {"lr": lr, "batch_size": batch_size, "weight_decay": wd, "time": time}
+    for fn in (nf.noether_flow, nf.solve_equilibrium):
+        try:
+            out = fn(syms, stats, **kw)
+        except ALLOWED as e:
+            assert bad is not None, f"{fn.__name__} refused valid {kw}: {e}"
+            # the message names one of the bad values (the first one checked may differ)
+            names = ("lr=", "batch_size=", "weight_decay=", "ηγ", "κ", "kappa")
+            assert any(w in str(e) for w in names), str(e)
+            continue
+        assert bad is None, f"{fn.__name__} accepted {bad} in {kw}"
+        if fn is nf.noether_flow:
+            assert set(out) == {"r"} and out["r"].shape == (4,) and _finite(out)
+        else:
+            assert _finite(out.distance) and out.converged
+
+
+@FUZZ
+@given(
+    kappa=st.one_of(st.sampled_from(SPECIAL), st.floats(1e-3, 10.0)),
+    c_mean=st.one_of(st.sampled_from(SPECIAL), st.floats(0.0, 10.0)),
+    c_second=st.one_of(st.sampled_from(SPECIAL), st.floats(1e-3, 10.0)),
+)
+def test_noise_model(kappa: float, c_mean: float, c_second: float) -> None:
+    _, syms, stats = _fixed()
+    try:
+        noise = nf.NoiseModel(kappa, c_mean, c_second)
+    except ALLOWED as e:
+        assert any(w in str(e) for w in ("kappa", "κ", "c_mean", "c_second")), str(e)
+        assert (
+            not all(math.isfinite(v) for v in (kappa, c_mean, c_second))
+            or kappa < 0
+            or (c_second <= 0 or c_mean < 0)
+        ), f"valid NoiseModel refused: {e}"
+        return
+    assert all(math.isfinite(v) for v in (kappa, c_mean, c_second)), "non-finite accepted"
+    assert kappa >= 0, f"kappa={kappa} accepted"  # κ = 0: no weight decay, continuous time
+    try:
+        flow = nf.noether_flow(syms, stats, noise)
+    except ALLOWED as e:  # e.g. c_second = 0: no noise, the solver has nothing to balance
+        assert str(e)
+        return
+    assert _finite(flow)
+
+
+# -- mismatched symmetry sets ------------------------------------------------------------------
+@FUZZ
+@given(case=st.sampled_from(["other_model", "duplicate", "empty", "other_stats", "other_flow"]))
+def test_mismatched_symmetry_sets(case: str) -> None:
+    m, _, stats = _fixed()
+    other = _model(3, 4, 2, torch.float64, seed=1)
+    x, y = torch.randn(8, 3, dtype=torch.float64), torch.randn(8, 2, dtype=torch.float64)
+    with pytest.raises(ALLOWED) as err:
+        if case == "other_model":
+            nf.collect_stats(m, _syms(other), nn.MSELoss(), x, y)
+        elif case == "duplicate":
+            r = nf.Rescaling(m[0], m[2], label="r")
+            nf.SymmetrySet([r, r])
+        elif case == "empty":
+            nf.collect_stats(m, nf.SymmetrySet([]), nn.MSELoss(), x, y)
+        elif case == "other_flow":  # statistics of another set (was a raw KeyError)
+            nf.noether_flow(_syms(other), stats, lr=0.1, batch_size=8, weight_decay=1e-3)
+        else:
+            nf.solve_equilibrium(_syms(other), stats, lr=0.1, batch_size=8, weight_decay=1e-3)
+    if case.startswith("other_"):
+        assert "statistics" in str(err.value) or "symmetr" in str(err.value), str(err.value)
+    else:
+        assert str(err.value)
+
+
+# -- teleport keeps the function ---------------------------------------------------------------
+@FUZZ
+@given(
+    lr=st.floats(1e-3, 0.5),
+    batch_size=st.integers(1, 32),
+    wd=st.floats(0.0, 0.1),
+    seed=st.integers(0, 5),
+)
+def test_teleport_keeps_the_function(lr: float, batch_size: int, wd: float, seed: int) -> None:
+    m = _model(3, 4, 2, torch.float64, seed=seed)
+    syms = _syms(m)
+    x, y = torch.randn(8, 3, dtype=torch.float64), torch.randn(8, 2, dtype=torch.float64)
+    stats = nf.collect_stats(m, syms, nn.MSELoss(), x, y)
+    before = m(x).detach()
+    try:
+        sol = nf.solve_equilibrium(syms, stats, lr=lr, batch_size=batch_size, weight_decay=wd)
+    except ALLOWED as e:
+        assert str(e)
+        return
+    nf.teleport(m, sol)
+    after = m(x).detach()
+    assert torch.isfinite(after).all()
+    assert torch.allclose(after, before, rtol=1e-9, atol=1e-10)
+
+
+# -- verify -----------------------------------------------------------------------------------
+@FUZZ
+@given(
+    n=st.integers(1, 5),
+    poison=st.sampled_from([None, float("nan"), float("inf")]),
+    dtype=st.sampled_from([torch.float32, torch.float64]),
+)
+def test_verify(n: int, poison: float | None, dtype: torch.dtype) -> None:
+    m = _model(3, 4, 2, dtype)
+    syms = _syms(m)
+    x = torch.randn(n, 3, dtype=dtype)
+    if poison is not None:
+        x[0, 0] = poison
+    try:
+        res = syms.verify(m, x)
+    except ALLOWED as e:
+        assert poison is not None, f"true symmetry rejected: {e}"
+        assert "NaN" in str(e) or "finite" in str(e), str(e)
+        return
+    assert poison is None
+    assert all(r.verified and math.isfinite(r.rel_change) for r in res)
+
+
+# -- NoetherMonitor ----------------------------------------------------------------------------
+@settings(max_examples=12, deadline=None, derandomize=True)
+@given(
+    every=st.sampled_from([0, -1, 1, 2]),
+    lr=st.sampled_from([float("nan"), 0.0, -0.1, 0.1]),
+    batch_size=st.sampled_from([0, 8]),
+)
+def test_monitor(every: int, lr: float, batch_size: int) -> None:
+    m = _model(3, 4, 2, torch.float64)
+    syms = _syms(m)
+    x, y = torch.randn(8, 3, dtype=torch.float64), torch.randn(8, 2, dtype=torch.float64)
+    bad = every < 1 or not (lr > 0) or batch_size < 1
+    try:
+        mon = nf.NoetherMonitor(m, syms, every=every, lr=lr, batch_size=batch_size, progress=False)
+    except ALLOWED as e:
+        assert bad, f"valid monitor refused: {e}"
+        assert any(w in str(e) for w in ("every=", "lr=", "batch_size=")), str(e)
+        return
+    assert not bad, f"monitor accepted every={every}, lr={lr}, batch_size={batch_size}"
+    rows = []
+    for _ in range(2):
+        m.zero_grad(set_to_none=True)
+        with mon.track():
+            loss: Tensor = nn.functional.mse_loss(m(x), y)
+            loss.backward()
+        rows.append(mon.step(loss))
+    row = rows[0]
+    assert row is not None
+    assert torch.isfinite(torch.as_tensor(row["flow/r"])).all()
