@@ -120,8 +120,27 @@ def register_layer(cls: type[nn.Module], handler: LayerHandler, *, overwrite: bo
     _REGISTRY[cls] = handler
 
 
+# Layer classes of optional packages, registered on first sight by their qualified name so
+# that the package is never imported here: Hugging Face's Conv1D (GPT-2) is nn.Linear with
+# the weight stored [I, O] (y = x @ W + b).
+_LAZY: dict[str, LayerHandler] = {
+    "transformers.pytorch_utils.Conv1D": LayerHandler(linear_factors, transposed=True),
+}
+
+
+def _lazy_handler(cls: type[nn.Module]) -> LayerHandler | None:
+    h = _LAZY.get(f"{cls.__module__}.{cls.__qualname__}")
+    if h is not None:
+        register_layer(cls, h)
+    return h
+
+
 def registered_layers() -> list[type[nn.Module]]:
-    """The layer classes the hook estimator supports, in registration order."""
+    """The layer classes the hook estimator supports, in registration order.
+
+    Classes of optional packages (Hugging Face ``Conv1D``) are listed once a model using
+    them has been seen.
+    """
     return list(_REGISTRY)
 
 
@@ -133,6 +152,8 @@ def handler_for(module: nn.Module, name: str = "") -> LayerHandler | None:
             (e.g. a grouped convolution).
     """
     h = _REGISTRY.get(type(module))
+    if h is None:
+        h = _lazy_handler(type(module))
     if h is None:
         return None
     why = h.check(module) if h.check is not None else None
