@@ -144,3 +144,29 @@ def test_conv1d_is_registered_transposed() -> None:
     h = nf.stats.registry.handler_for(conv)
     assert h is not None and h.transposed and h.matrix
     assert T.pytorch_utils.Conv1D in nf.stats.registry.registered_layers()
+
+
+@pytest.mark.parametrize("t,i,o", [(3, 16, 12), (20, 4, 5)])
+def test_neuron_sums_gram_form_matches_per_sample_gradients(t: int, i: int, o: int) -> None:
+    """Per-neuron sums with a token axis: the Gram form (T small) and the chunked form agree
+    with sums of materialised per-sample gradients (float64)."""
+    from noetherflow.stats import layers as L
+
+    torch.manual_seed(3)
+    a, g = torch.randn(7, t, i, dtype=DT), torch.randn(7, t, o, dtype=DT)
+    assert L.gram_cheaper(t, i, o) == (t == 3)
+    ps = L.per_sample_weight(a, g, scale=2.0)  # [N, O, I]
+    full = ps.square().mean(0)
+    sums, b = L.neuron_sums(a, g, (0, 1), bias=True, scale=2.0)
+    assert rel(sums[0], full.sum(1)) < 1e-13 and rel(sums[1], full.sum(0)) < 1e-13
+    assert b is not None and rel(b, (2.0 * g.sum(1)).square().mean(0)) < 1e-13
+
+
+def test_neuron_level_gram_form_matches_reference() -> None:
+    torch.manual_seed(4)
+    m = nn.Sequential(nn.Linear(12, 16), nn.ReLU(), nn.Linear(16, 12)).to(DT)
+    syms = nf.SymmetrySet([nf.Rescaling(m[0], m[2])])
+    x, y = torch.randn(5, 3, 12, dtype=DT), torch.randn(5, 3, 12, dtype=DT)
+    h = nf.collect_stats(m, syms, nn.MSELoss(), x, y, level="neuron")
+    r = nf.collect_stats(m, syms, nn.MSELoss(), x, y, estimator="reference")
+    assert h.sq_axis and _compare(h, r) > 0
