@@ -36,6 +36,7 @@ from noetherflow.stats.core import (
     parse_reduction,
 )
 from noetherflow.stats.distributed import all_reduce_stats, is_distributed, unwrap_ddp
+from noetherflow.stats.fsdp import check_not_sharded
 from noetherflow.stats.microbatch import microbatch_grads
 from noetherflow.stats.reference import check_no_train_batchnorm, per_sample_grads
 from noetherflow.stats.registry import LayerHandler, handler_for, registered_layers
@@ -422,6 +423,7 @@ def capture(
     seconds (default :data:`noetherflow.stats.distributed.DEFAULT_TIMEOUT`).
     """
     check_no_train_batchnorm(model, "hooks")
+    check_not_sharded([*syms.params(), *model.parameters()], _names(model), "capture")
     cap = Capture(
         model,
         syms,
@@ -494,6 +496,7 @@ def collect_stats(
     est = parse_enum(Estimator, estimator, "estimator")
     if len(syms) == 0:
         raise StatisticsError("The symmetry set is empty; there are no statistics to collect.")
+    check_not_sharded([*syms.params(), *model.parameters()], _names(model), "collect_stats")
     xs = inputs if isinstance(inputs, tuple) else (inputs,)
     check_batch(xs[0].shape[0])
     _check_devices(model, syms, xs)
@@ -545,6 +548,10 @@ def collect_stats(
     if check_finite:
         st.check_finite()
     return st
+
+
+def _names(model: nn.Module) -> dict[int, str]:
+    return {id(p): n for n, p in model.named_parameters()}
 
 
 def _check_devices(model: nn.Module, syms: SymmetrySet, xs: tuple[Tensor, ...]) -> None:
