@@ -1,6 +1,6 @@
-"""Token models: hook statistics through Hugging Face ``Conv1D`` and fused projections
-(per-head slices of GPT-2's ``c_attn``, timm-style ``qkv``), against the torch.func
-reference in float64, at every statistics level."""
+"""Token models: hook statistics through Hugging Face ``Conv1D``, LayerNorm affines and
+fused projections (per-head slices of GPT-2's ``c_attn``, timm-style ``qkv``), against the
+torch.func reference in float64, at every statistics level."""
 
 from __future__ import annotations
 
@@ -82,13 +82,7 @@ def _setup(factory: Any) -> tuple[nn.Module, nf.SymmetrySet, Tensor, Tensor]:
     m = m.to(DT).eval()
     if x.is_floating_point():
         x = x.to(DT)
-    found = nf.find_symmetries(m, x)
-    # LayerNorm affine parameters are not a registered hook layer (estimator='hooks' refuses
-    # them by name); keep the symmetries acting on Linear/Conv1D weights and biases only
-    norms = {
-        id(p) for mod in m.modules() if isinstance(mod, nn.LayerNorm) for p in mod.parameters()
-    }
-    syms = nf.SymmetrySet([s for s in found if not any(id(p) in norms for p in s.params)])
+    syms = nf.find_symmetries(m, x)
     assert len(syms) > 0
     y = torch.randn(x.shape[0], x.shape[1], 3, dtype=DT)
     kinds = {type(s).__name__ for s in syms}
@@ -115,6 +109,9 @@ def _compare(h: nf.GradStats, r: nf.GradStats) -> int:
         checked += 1
     for s, d in h.dense.items():
         assert rel(d, r.dense[s]) < 1e-11
+        checked += 1
+    for p, v in h.samples.items():  # coupled sets keep per-sample gradients for the solver
+        assert rel(v, r.samples[p]) < 1e-11
         checked += 1
     return checked
 

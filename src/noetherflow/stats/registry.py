@@ -28,6 +28,7 @@ __all__ = [
     "LayerHandler",
     "conv_factors",
     "handler_for",
+    "layernorm_factors",
     "linear_factors",
     "register_layer",
     "registered_layers",
@@ -46,12 +47,16 @@ class LayerHandler:
         matrix: the weight (after transposition) is exactly the ``[O, I]`` factor matrix;
             False when it is a reshape of it (convolutions).
         check: optional ``check(module)`` → a reason the module is not supported, or None.
+        elementwise: the layer is ``y = w ⊙ a + b`` per feature (normalisation affines):
+            ``factors`` give ``a`` and ``g`` both ``[N, T, O]`` and sample n's weight
+            gradient is Σ_t g_{nto} a_{nto} (``[O]``, small: statistics reduce it directly).
     """
 
     factors: Factors
     transposed: bool = False
     matrix: bool = True
     check: Callable[[nn.Module], str | None] | None = None
+    elementwise: bool = False
 
     def to_param(self, t: Tensor, shape: tuple[int, ...] | list[int] | object) -> Tensor:
         """A weight statistic ``[..., O, I]`` in the parameter's layout ``[..., *shape]``."""
@@ -99,6 +104,17 @@ def conv_factors(m: nn.Module, a: Tensor, g: Tensor) -> tuple[Tensor, Tensor]:
         pd = (int(m.padding[0]), int(m.padding[1]))
     cols = F.unfold(a, ks, dilation=dl, padding=pd, stride=st)  # [N, I*k, T]
     return cols.transpose(1, 2), g.reshape(n, g.shape[1], -1).transpose(1, 2)
+
+
+def layernorm_factors(m: nn.Module, a: Tensor, g: Tensor) -> tuple[Tensor, Tensor]:
+    """Normalised input x̂ and output-gradient of a LayerNorm, both ``[N, T, O]``
+    (O = prod(normalized_shape)): the affine is ``y = γ ⊙ x̂ + β``."""
+    assert isinstance(m, nn.LayerNorm)
+    xhat = F.layer_norm(a, m.normalized_shape, eps=m.eps)
+    n, o = a.shape[0], 1
+    for d in m.normalized_shape:
+        o *= int(d)
+    return xhat.reshape(n, -1, o), g.reshape(n, -1, o)
 
 
 _REGISTRY: dict[type[nn.Module], LayerHandler] = {}
@@ -168,3 +184,4 @@ def handler_for(module: nn.Module, name: str = "") -> LayerHandler | None:
 register_layer(nn.Linear, LayerHandler(linear_factors))
 register_layer(nn.Conv1d, LayerHandler(conv_factors, matrix=False, check=_conv_check))
 register_layer(nn.Conv2d, LayerHandler(conv_factors, matrix=False, check=_conv_check))
+register_layer(nn.LayerNorm, LayerHandler(layernorm_factors, elementwise=True))
