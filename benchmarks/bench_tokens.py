@@ -1,8 +1,8 @@
 """Statistics cost on a token model (issue 15): GPT-2, 4 layers, width 256, 8 heads,
 batch 8 × 128 tokens, cross-entropy on next-token targets.
 
-The symmetries are those ``find_symmetries`` finds, less those acting on LayerNorm affine
-parameters (not a registered hook layer: ``estimator='hooks'`` refuses them by name). Plain
+The symmetries are those ``find_symmetries`` finds (per-head rotations of the fused
+``c_attn``, LayerNorm affine → ``c_attn``/``c_fc`` rescalings). Plain
 forward+backward and ``collect_stats`` (hooks, each level) run interleaved in blocks so that
 load on the machine hits both alike; the ratio of medians is printed, then the solve time.
 
@@ -76,7 +76,7 @@ def main() -> None:
     kinds: dict[str, int] = {}
     for s in syms:
         kinds[type(s).__name__] = kinds.get(type(s).__name__, 0) + 1
-    print(f"symmetries (hook-supported): {kinds}")
+    print(f"symmetries: {kinds}")
 
     def sync() -> None:
         if args.device.startswith("cuda"):
