@@ -37,6 +37,7 @@ from noetherflow.stats.core import (
     parse_reduction,
 )
 from noetherflow.stats.distributed import all_reduce_stats, is_distributed, unwrap_ddp
+from noetherflow.stats.fsdp import check_not_sharded
 from noetherflow.stats.microbatch import microbatch_grads
 from noetherflow.stats.reference import check_no_train_batchnorm, per_sample_grads
 from noetherflow.stats.registry import LayerHandler, handler_for, registered_layers
@@ -100,7 +101,9 @@ class _FactorSource(GradSource):
     def samples(self, p: nn.Parameter) -> Tensor:
         if p not in self._samples:
             rec, role, a, g = self._layer(p)
-            if role == "weight":
+            if role == "weight" and rec.handler.elementwise:
+                ps = (g * a).sum(1).mul_(self._sc).reshape(self.n, *p.shape)
+            elif role == "weight":
                 ps = rec.handler.to_param(
                     formulas.per_sample_weight(a, g, scale=self._sc), tuple(p.shape)
                 )
@@ -109,9 +112,13 @@ class _FactorSource(GradSource):
             self._samples[p] = ps
         return self._samples[p]
 
+    def _small(self, p: nn.Parameter) -> bool:
+        """Per-sample gradients of an elementwise layer are ``[N, O]``: reduce them directly."""
+        return self._owners[id(p)][0].handler.elementwise
+
     def mean(self, p: nn.Parameter) -> Tensor:
-        if p in self._samples:  # already materialised: reductions are cheaper than matmuls
-            return self._samples[p].mean(0)
+        if p in self._samples or self._small(p):  # reductions are cheaper than matmuls
+            return self.samples(p).mean(0)
         rec, role, a, g = self._layer(p)
         known = self._known.get(p)
         if known is not None:
@@ -127,8 +134,8 @@ class _FactorSource(GradSource):
         return formulas.bias_mean(g, scale=self._sc).reshape(p.shape)
 
     def sq(self, p: nn.Parameter) -> Tensor:
-        if p in self._samples:
-            return self._samples[p].square().mean(0)
+        if p in self._samples or self._small(p):
+            return self.samples(p).square().mean(0)
         rec, role, a, g = self._layer(p)
         if role == "weight":
             return rec.handler.to_param(formulas.weight_sq(a, g, scale=self._sc), tuple(p.shape))
@@ -149,7 +156,10 @@ class _FactorSource(GradSource):
             axes = want.get(w, ()) if isinstance(w, nn.Parameter) else ()
             has_b = isinstance(b, nn.Parameter) and b in want
             a, g = self._facs[id(mod)]
-            if h.matrix:
+            if h.elementwise:
+                wsum = {ax: axis_sum(self.sq(w), ax) for ax in axes}  # type: ignore[arg-type]
+                bs = self.sq(b) if has_b else None  # type: ignore[arg-type]
+            elif h.matrix:
                 fac = tuple(h.factor_axis(ax) for ax in axes)
                 ws, bs = formulas.neuron_sums(a, g, fac, bias=has_b, scale=self._sc)
                 wsum = {ax: ws[h.factor_axis(ax)] for ax in axes}
@@ -167,6 +177,10 @@ class _FactorSource(GradSource):
     def front_moment(self, p: nn.Parameter, axis: int, start: int, stop: int) -> Tensor:
         rec, role, a, g = self._layer(p)
         h = rec.handler
+        if h.elementwise:
+            v = self.samples(p)
+            f = v.movedim(axis + 1, 1)[:, start:stop].reshape(v.shape[0], stop - start, -1)
+            return torch.einsum("ndm,nem->de", f, f) / f.shape[0]
         if not h.matrix:
             raise UnsupportedLayerError(
                 f"estimator='hooks' computes rotation statistics for Linear-like layers only; "
@@ -469,6 +483,7 @@ def capture(
     seconds (default :data:`noetherflow.stats.distributed.DEFAULT_TIMEOUT`).
     """
     check_no_train_batchnorm(model, "hooks")
+    check_not_sharded([*syms.params(), *model.parameters()], _names(model), "capture")
     cap = Capture(
         model,
         syms,
@@ -541,6 +556,7 @@ def collect_stats(
     est = parse_enum(Estimator, estimator, "estimator")
     if len(syms) == 0:
         raise StatisticsError("The symmetry set is empty; there are no statistics to collect.")
+    check_not_sharded([*syms.params(), *model.parameters()], _names(model), "collect_stats")
     xs = inputs if isinstance(inputs, tuple) else (inputs,)
     check_batch(xs[0].shape[0])
     _check_devices(model, syms, xs)
@@ -595,6 +611,10 @@ def collect_stats(
     if check_finite:
         st.check_finite()
     return st
+
+
+def _names(model: nn.Module) -> dict[int, str]:
+    return {id(p): n for n, p in model.named_parameters()}
 
 
 def _check_devices(model: nn.Module, syms: SymmetrySet, xs: tuple[Tensor, ...]) -> None:

@@ -19,6 +19,7 @@ __all__ = [
     "bias_mean",
     "bias_sq",
     "col_moment",
+    "gram_cheaper",
     "row_moment",
     "weight_mean",
     "neuron_sums",
@@ -26,6 +27,13 @@ __all__ = [
 ]
 
 _CHUNK_ELEMS = 2**24  # per-sample gradient elements materialised at once with a token axis
+
+
+def gram_cheaper(t: int, i: int, o: int) -> bool:
+    """Whether per-neuron sums of a ``[N, T, I]``, ``[N, T, O]`` layer are cheaper in the
+    per-sample Gram form (about N·T²·(I+O) multiply-adds) than from materialised per-sample
+    gradients (about N·T·I·O): T·(I+O) < I·O."""
+    return t * (i + o) < i * o
 
 
 def weight_mean(a: Tensor, g: Tensor, *, scale: float = 1.0) -> Tensor:
@@ -74,13 +82,27 @@ def neuron_sums(
     Returns ``({0: [O], 1: [I]}, [O] or None)`` (the requested keys; the bias entry when
     ``bias``). Without tokens this is O(N·(O+I)): (1/N) Σ_n g_n² ‖a_n‖² per output,
     (1/N) Σ_n ‖g_n‖² a_n² per input and (1/N) Σ_n g_n² for the bias — the per-neuron sums a
-    rescaling flow needs. Each elementwise square is formed at most once per layer.
+    rescaling flow needs. Each elementwise square is formed at most once per layer. With tokens
+    the sums use the per-sample Gram form when :func:`gram_cheaper` says so (T small relative
+    to I·O/(I+O)), else the chunked per-sample gradients.
     """
     n = a.shape[0]
     c = scale * scale / n
-    if a.shape[1] != 1:
-        full = weight_sq(a, g, scale=scale)
-        return {ax: full.sum(1 - ax) for ax in axes}, bias_sq(g, scale=scale) if bias else None
+    t = a.shape[1]
+    if t != 1:
+        b_sq = bias_sq(g, scale=scale) if bias else None
+        if not gram_cheaper(t, a.shape[2], g.shape[2]):
+            full = weight_sq(a, g, scale=scale)
+            return {ax: full.sum(1 - ax) for ax in axes}, b_sq
+        # per-sample Gram form: Σ_i G_{oi}² = Σ_{t,s} g_{to} g_{so} (a_t·a_s), and alike per input
+        res = {}
+        if 0 in axes:
+            gram_a = torch.einsum("nti,nsi->nts", a, a).mul_(c)
+            res[0] = torch.einsum("nto,nts,nso->o", g, gram_a, g)
+        if 1 in axes:
+            gram_g = torch.einsum("nto,nso->nts", g, g).mul_(c)
+            res[1] = torch.einsum("nti,nts,nsi->i", a, gram_g, a)
+        return res, b_sq
     a0, g0 = a[:, 0], g[:, 0]
     g2 = g0.square() if (0 in axes or bias) else None
     a2 = a0.square() if 1 in axes else None

@@ -28,6 +28,7 @@ __all__ = [
     "LayerHandler",
     "conv_factors",
     "handler_for",
+    "layernorm_factors",
     "linear_factors",
     "register_layer",
     "registered_layers",
@@ -46,12 +47,16 @@ class LayerHandler:
         matrix: the weight (after transposition) is exactly the ``[O, I]`` factor matrix;
             False when it is a reshape of it (convolutions).
         check: optional ``check(module)`` → a reason the module is not supported, or None.
+        elementwise: the layer is ``y = w ⊙ a + b`` per feature (normalisation affines):
+            ``factors`` give ``a`` and ``g`` both ``[N, T, O]`` and sample n's weight
+            gradient is Σ_t g_{nto} a_{nto} (``[O]``, small: statistics reduce it directly).
     """
 
     factors: Factors
     transposed: bool = False
     matrix: bool = True
     check: Callable[[nn.Module], str | None] | None = None
+    elementwise: bool = False
 
     def to_param(self, t: Tensor, shape: tuple[int, ...] | list[int] | object) -> Tensor:
         """A weight statistic ``[..., O, I]`` in the parameter's layout ``[..., *shape]``."""
@@ -101,6 +106,17 @@ def conv_factors(m: nn.Module, a: Tensor, g: Tensor) -> tuple[Tensor, Tensor]:
     return cols.transpose(1, 2), g.reshape(n, g.shape[1], -1).transpose(1, 2)
 
 
+def layernorm_factors(m: nn.Module, a: Tensor, g: Tensor) -> tuple[Tensor, Tensor]:
+    """Normalised input x̂ and output-gradient of a LayerNorm, both ``[N, T, O]``
+    (O = prod(normalized_shape)): the affine is ``y = γ ⊙ x̂ + β``."""
+    assert isinstance(m, nn.LayerNorm)
+    xhat = F.layer_norm(a, m.normalized_shape, eps=m.eps)
+    n, o = a.shape[0], 1
+    for d in m.normalized_shape:
+        o *= int(d)
+    return xhat.reshape(n, -1, o), g.reshape(n, -1, o)
+
+
 _REGISTRY: dict[type[nn.Module], LayerHandler] = {}
 
 
@@ -120,8 +136,27 @@ def register_layer(cls: type[nn.Module], handler: LayerHandler, *, overwrite: bo
     _REGISTRY[cls] = handler
 
 
+# Layer classes of optional packages, registered on first sight by their qualified name so
+# that the package is never imported here: Hugging Face's Conv1D (GPT-2) is nn.Linear with
+# the weight stored [I, O] (y = x @ W + b).
+_LAZY: dict[str, LayerHandler] = {
+    "transformers.pytorch_utils.Conv1D": LayerHandler(linear_factors, transposed=True),
+}
+
+
+def _lazy_handler(cls: type[nn.Module]) -> LayerHandler | None:
+    h = _LAZY.get(f"{cls.__module__}.{cls.__qualname__}")
+    if h is not None:
+        register_layer(cls, h)
+    return h
+
+
 def registered_layers() -> list[type[nn.Module]]:
-    """The layer classes the hook estimator supports, in registration order."""
+    """The layer classes the hook estimator supports, in registration order.
+
+    Classes of optional packages (Hugging Face ``Conv1D``) are listed once a model using
+    them has been seen.
+    """
     return list(_REGISTRY)
 
 
@@ -133,6 +168,8 @@ def handler_for(module: nn.Module, name: str = "") -> LayerHandler | None:
             (e.g. a grouped convolution).
     """
     h = _REGISTRY.get(type(module))
+    if h is None:
+        h = _lazy_handler(type(module))
     if h is None:
         return None
     why = h.check(module) if h.check is not None else None
@@ -147,3 +184,4 @@ def handler_for(module: nn.Module, name: str = "") -> LayerHandler | None:
 register_layer(nn.Linear, LayerHandler(linear_factors))
 register_layer(nn.Conv1d, LayerHandler(conv_factors, matrix=False, check=_conv_check))
 register_layer(nn.Conv2d, LayerHandler(conv_factors, matrix=False, check=_conv_check))
+register_layer(nn.LayerNorm, LayerHandler(layernorm_factors, elementwise=True))
