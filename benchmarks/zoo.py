@@ -121,7 +121,7 @@ def _stats_and_solve(model: nn.Module, x: Any, syms: SymmetrySet, reps: int) -> 
         return f"n/a ({type(exc).__name__})", "n/a"
     try:
         t0 = time.perf_counter()
-        solve_equilibrium(model, syms, stats, lr=0.1, batch_size=n, weight_decay=1e-3)
+        solve_equilibrium(syms, stats, lr=0.1, batch_size=n, weight_decay=1e-3)
         solve = f"{time.perf_counter() - t0:.3f}"
     except Exception as exc:
         solve = f"n/a ({type(exc).__name__})"

@@ -103,7 +103,7 @@ def fig_charges() -> None:
     gen = torch.Generator().manual_seed(0)
     for label, (lr, s) in runs.items():
         model, syms = _net()
-        c0 = nf.charges(model, syms)["h1"].clone()
+        c0 = nf.charges(syms)["h1"].clone()
         ts, dev = [], []
         for k in range(int(t_end / lr)):
             if s is None:
@@ -118,7 +118,7 @@ def fig_charges() -> None:
                     p -= lr * p.grad
             if (k + 1) % max(1, int(0.2 / lr)) == 0:
                 ts.append((k + 1) * lr)
-                dev.append(float((nf.charges(model, syms)["h1"] - c0).norm()))
+                dev.append(float((nf.charges(syms)["h1"] - c0).norm()))
         ax.plot(ts, dev, label=label)
     ax.set(
         xlabel="time t = η · steps",
@@ -146,7 +146,7 @@ def fig_flow_factor() -> None:
     """Measured E[ΔC] of one SGD step (S = 1, exact average over the data) vs predictions."""
     model, syms, x, y = _trained()
     lr, loss_fn = 0.05, nn.CrossEntropyLoss()
-    c0 = nf.charges(model, syms)["h1"].clone()
+    c0 = nf.charges(syms)["h1"].clone()
     state = {k: v.clone() for k, v in model.state_dict().items()}
     measured = torch.zeros_like(c0)
     for i in range(x.shape[0]):  # S = 1 with replacement: the expectation is the data mean
@@ -156,12 +156,12 @@ def fig_flow_factor() -> None:
         with torch.no_grad():
             for p in model.parameters():
                 p -= lr * p.grad
-        measured += (nf.charges(model, syms)["h1"] - c0) / x.shape[0]
+        measured += (nf.charges(syms)["h1"] - c0) / x.shape[0]
     model.load_state_dict(state)
     st = nf.collect_stats(model, syms, loss_fn, x, y)
-    ours = lr * nf.noether_flow(model, syms, st, lr=lr, batch_size=1)["h1"]  # dt = η per step
+    ours = lr * nf.noether_flow(syms, st, lr=lr, batch_size=1)["h1"]  # dt = η per step
     paper = 0.5 * ours  # eq. (7): σ²Tr[ΣA] with σ² = η/(2S)
-    disc = nf.noether_flow(model, syms, st, lr=lr, batch_size=1, time="discrete")["h1"]
+    disc = nf.noether_flow(syms, st, lr=lr, batch_size=1, time="discrete")["h1"]
     fig, ax = plt.subplots(figsize=(4.4, 3.6))
     m = measured.numpy()
     lim = [min(m.min(), 0) * 1.1, m.max() * 1.1]
@@ -185,7 +185,7 @@ def fig_equilibrium() -> None:
     model, syms, x, y = _trained(100)
     loss_fn, hyper = nn.CrossEntropyLoss(), dict(lr=0.1, batch_size=16, weight_decay=1e-3)
     st = nf.collect_stats(model, syms, loss_fn, x, y)
-    sol = nf.solve_equilibrium(model, syms, st, **hyper)
+    sol = nf.solve_equilibrium(syms, st, **hyper)
     lam_star = sol.elements["h1"]
     neurons = [0, 3, 7, 11]
     lams = torch.linspace(-2.5, 2.5, 41, dtype=torch.float64)
@@ -199,9 +199,7 @@ def fig_equilibrium() -> None:
             b1.copy_(saved[1] * e)
             w2.copy_(saved[2] / e)
         model.zero_grad()
-        f = nf.noether_flow(model, syms, nf.collect_stats(model, syms, loss_fn, x, y), **hyper)[
-            "h1"
-        ]
+        f = nf.noether_flow(syms, nf.collect_stats(model, syms, loss_fn, x, y), **hyper)["h1"]
         for j in neurons:
             curves[j].append(float(f[j]))
     with torch.no_grad():
@@ -233,7 +231,7 @@ def fig_teleport() -> None:
         model, syms = _net((32, 16))
         if tele:
             st = nf.collect_stats(model, syms, loss_fn, x, y)
-            nf.teleport(model, nf.solve_equilibrium(model, syms, st, **hyper))
+            nf.teleport(model, nf.solve_equilibrium(syms, st, **hyper))
         opt = torch.optim.SGD(
             model.parameters(), lr=hyper["lr"], weight_decay=2 * hyper["weight_decay"]
         )
@@ -243,7 +241,7 @@ def fig_teleport() -> None:
             if k % 50 == 0:
                 model.zero_grad()
                 st = nf.collect_stats(model, syms, loss_fn, x, y)
-                sol = nf.solve_equilibrium(model, syms, st, **hyper)
+                sol = nf.solve_equilibrium(syms, st, **hyper)
                 steps.append(k)
                 dist.append(float(torch.cat([d.flatten() for d in sol.distance.values()]).median()))
                 model.zero_grad()

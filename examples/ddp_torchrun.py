@@ -129,7 +129,7 @@ def reference_flows(
     st = nf.collect_stats(
         model, syms, nn.CrossEntropyLoss(), torch.cat(xs), torch.cat(ys), all_reduce=False
     )
-    return nf.noether_flow(model, syms, st, lr=LR, batch_size=sum(sizes), weight_decay=WD)
+    return nf.noether_flow(syms, st, lr=LR, batch_size=sum(sizes), weight_decay=WD)
 
 
 def _gather_uneven(t: torch.Tensor, sizes: list[int]) -> list[torch.Tensor]:

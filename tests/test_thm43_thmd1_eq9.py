@@ -36,7 +36,7 @@ def test_generator_built_by_hand_is_the_library_symmetry(family: str) -> None:
     """θᵀAθ equals nf.charges, and e^{λA}θ equals sym.apply_ (both float64, exact)."""
     prob = _problem(family)
     th = _orbit.theta0(prob)
-    c = float(nf.charges(prob.model, prob.syms)[prob.syms.names[0]].reshape(-1)[0])
+    c = float(nf.charges(prob.syms)[prob.syms.names[0]].reshape(-1)[0])
     assert c == pytest.approx(float(th @ prob.A @ th), rel=1e-13, abs=1e-14)
     mu, q = torch.linalg.eigh(prob.A)
     expected = (q * torch.exp(0.7 * mu)) @ q.T @ th

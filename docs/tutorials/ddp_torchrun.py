@@ -73,9 +73,7 @@ def train(n_steps: int) -> float:
             st = nf.collect_stats(
                 model, syms, loss_fn, torch.cat(xs), torch.cat(ys), all_reduce=False
             )
-            reference = nf.noether_flow(
-                model, syms, st, lr=LR, batch_size=sum(LOCAL), weight_decay=WD
-            )
+            reference = nf.noether_flow(syms, st, lr=LR, batch_size=sum(LOCAL), weight_decay=WD)
             model.zero_grad()
         with mon.track():
             loss = loss_fn(ddp(x), y)

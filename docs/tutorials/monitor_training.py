@@ -77,7 +77,7 @@ def main(tiny: bool = False) -> float:
         )
         opt.step()
         opt.zero_grad()
-        after = nf.charges(model, syms)
+        after = nf.charges(syms)
         for name in syms.names:
             err = (after[name] - predicted[name]).abs().max() / after[name].abs().max()
             worst = max(worst, float(err))

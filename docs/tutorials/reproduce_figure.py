@@ -66,7 +66,7 @@ def by_hand(n_steps: int, out_dir: Path) -> tuple[float, float]:
         with torch.no_grad():
             model.theta -= lr * model.theta.grad
         model.theta.grad = None
-        c = nf.charges(model, syms)["norm"]  # C = ‖θ‖²
+        c = nf.charges(syms)["norm"]  # C = ‖θ‖²
         worst = max(worst, float((c - pred).abs().max() / c.abs().max()))
         norms.append(float(model.theta.detach().norm()))
         path.append(model.theta.detach().clone())

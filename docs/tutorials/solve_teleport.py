@@ -33,7 +33,7 @@ def relative_flow(
     flows: dict[str, torch.Tensor], model: nn.Module, syms: nf.SymmetrySet, hyper: dict[str, float]
 ) -> float:
     """max |flow| / max |4γC + ...|: the flow in units of its own decay term."""
-    c = nf.charges(model, syms)
+    c = nf.charges(syms)
     scale = max(float(c[n].abs().max()) for n in syms.names) * 4 * hyper["weight_decay"]
     return max(float(flows[n].abs().max()) for n in syms.names) / scale
 
@@ -64,8 +64,8 @@ def main(tiny: bool = False) -> float:
     hyper = dict(lr=0.1, batch_size=32, weight_decay=1e-3)  # η, S, γ of γ‖θ‖²
 
     stats = nf.collect_stats(model, syms, loss_fn, x, y)  # estimator="hooks", level="diag"
-    before = relative_flow(nf.noether_flow(model, syms, stats, **hyper), model, syms, hyper)
-    sol = nf.solve_equilibrium(model, syms, stats, **hyper)
+    before = relative_flow(nf.noether_flow(syms, stats, **hyper), model, syms, hyper)
+    sol = nf.solve_equilibrium(syms, stats, **hyper)
     print(sol)  # distances to the equilibrium, convergence, directions at infinity
 
     with torch.no_grad():
@@ -74,7 +74,7 @@ def main(tiny: bool = False) -> float:
     with torch.no_grad():
         change = float((model(x) - out0).abs().max() / out0.abs().max())
     stats = nf.collect_stats(model, syms, loss_fn, x, y)  # fresh statistics at the new θ
-    after = relative_flow(nf.noether_flow(model, syms, stats, **hyper), model, syms, hyper)
+    after = relative_flow(nf.noether_flow(syms, stats, **hyper), model, syms, hyper)
     print(f"relative flow {before:.3e} → {after:.3e}; relative output change {change:.1e}")
     handle.undo()  # exactly back to where we were
 
@@ -88,7 +88,7 @@ def main(tiny: bool = False) -> float:
     sc = nf.SymmetrySet([nf.ScaleInvariance([net[0].weight, net[0].bias], label="ln")])
     sc.verify(net, x, tolerance=1e-4)  # LayerNorm's eps makes it exact only up to ~eps/var
     st = nf.collect_stats(net, sc, loss_fn, x, y)
-    sol_inf = nf.solve_equilibrium(net, sc, st, lr=0.1, batch_size=32, weight_decay=0.0)
+    sol_inf = nf.solve_equilibrium(sc, st, lr=0.1, batch_size=32, weight_decay=0.0)
     for rep in sol_inf.at_infinity:
         print(f"at infinity: {rep.name}: {rep.reason}")
 

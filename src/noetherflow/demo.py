@@ -48,19 +48,15 @@ def run_demo(
     loss_fn = nn.CrossEntropyLoss()
     lr, batch_size, weight_decay = 0.1, 32, 1e-4
     stats = nf.collect_stats(model, syms, loss_fn, x, y, estimator="hooks")
-    charges = nf.charges(model, syms)
-    before = nf.noether_flow(
-        model, syms, stats, lr=lr, batch_size=batch_size, weight_decay=weight_decay
-    )
-    sol = nf.solve_equilibrium(
-        model, syms, stats, lr=lr, batch_size=batch_size, weight_decay=weight_decay
-    )
+    charges = nf.charges(syms)
+    before = nf.noether_flow(syms, stats, lr=lr, batch_size=batch_size, weight_decay=weight_decay)
+    sol = nf.solve_equilibrium(syms, stats, lr=lr, batch_size=batch_size, weight_decay=weight_decay)
     with torch.no_grad():
         out0 = model(x)
     nf.teleport(model, sol)
     after_stats = nf.collect_stats(model, syms, loss_fn, x, y, estimator="hooks")
     after = nf.noether_flow(
-        model, syms, after_stats, lr=lr, batch_size=batch_size, weight_decay=weight_decay
+        syms, after_stats, lr=lr, batch_size=batch_size, weight_decay=weight_decay
     )
     with torch.no_grad():
         change = float((model(x) - out0).abs().max())

@@ -86,7 +86,7 @@ def library_chain_flow_check(
          for i in range(len(layers) - 1)]
     )  # fmt: skip
     stats = nf.collect_stats(model, syms, _sq_loss, x, y)
-    flows = nf.noether_flow(model, syms, stats, lr=lr, batch_size=batch_size)
+    flows = nf.noether_flow(syms, stats, lr=lr, batch_size=batch_size)
     c = lr / batch_size
     norm = torch.linalg.matrix_norm
     errs, gaps = [], []

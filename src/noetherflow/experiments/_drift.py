@@ -117,13 +117,11 @@ class _Probe:
         scale[0] = math.sqrt(s)
         x = self.z * scale
         y = cfg.teacher_norm * x[:, :1] + cfg.noise_std * self.eps
-        c = float(nf.charges(self.model, self.syms)["neuron"][0])
+        c = float(nf.charges(self.syms)["neuron"][0])
         stats = nf.collect_stats(self.model, self.syms, self.loss_fn, x, y)
-        sol = nf.solve_equilibrium(
-            self.model, self.syms, stats, lr=cfg.lr, batch_size=cfg.batch_size
-        )
+        sol = nf.solve_equilibrium(self.syms, stats, lr=cfg.lr, batch_size=cfg.batch_size)
         handle = nf.teleport(self.model, sol)
-        c_star = float(nf.charges(self.model, self.syms)["neuron"][0])
+        c_star = float(nf.charges(self.syms)["neuron"][0])
         w_eq = self.first.weight.detach()
         u_eq = self.second.weight.detach()
         stats_eq = nf.collect_stats(self.model, self.syms, self.loss_fn, x, y)

@@ -366,7 +366,7 @@ def library_neuron_flow(
         return ((out - target) ** 2).sum(dim=-1).mean()
 
     stats = nf.collect_stats(model, syms, loss_fn, x, y)
-    flow = nf.noether_flow(model, syms, stats, lr=lr, batch_size=batch_size)["neurons"]
+    flow = nf.noether_flow(syms, stats, lr=lr, batch_size=batch_size)["neurons"]
     hm = hidden_matrices(U[None], W[None], [act], se, n_eval=n_eval, seed=seed)
     a = torch.diagonal(hm.u_noise[0])  # Σ_i Var[∇W_ji]
     b = torch.diagonal(hm.w_noise[0])  # Σ_o Var[∇U_oj]

@@ -327,11 +327,9 @@ def library_flow(
     """
     s = 1 if batch_size == GD else batch_size
     name = prob.syms.names[0]
-    c = float(nf.charges(prob.model, prob.syms)[name].reshape(-1)[0])
+    c = float(nf.charges(prob.syms)[name].reshape(-1)[0])
     wd = max(weight_decay, 0.0)
-    f = nf.noether_flow(
-        prob.model, prob.syms, stats, lr=lr, batch_size=s, weight_decay=wd, time=time
-    )[name]
+    f = nf.noether_flow(prob.syms, stats, lr=lr, batch_size=s, weight_decay=wd, time=time)[name]
     flow = float(f.reshape(-1)[0])
     if weight_decay < 0:
         flow -= noise_coefficients(time, lr, batch_size, weight_decay).kappa * c
@@ -372,7 +370,7 @@ def library_solve(
     """``λ*`` from ``nf.solve_equilibrium`` (±inf when reported at infinity), converged."""
     s = 1 if batch_size == GD else batch_size
     sol = nf.solve_equilibrium(
-        prob.model, prob.syms, stats, lr=lr, batch_size=s, weight_decay=weight_decay, time=time
+        prob.syms, stats, lr=lr, batch_size=s, weight_decay=weight_decay, time=time
     )
     name = prob.syms.names[0]
     if sol.at_infinity:

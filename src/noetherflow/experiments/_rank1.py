@@ -194,11 +194,11 @@ def library_checks(
         if not (np.all(np.isfinite(U_f)) and np.all(np.isfinite(W_f))):
             continue
         net, syms = torch_model(U_f, W_f)
-        c = float(nf.charges(net, syms)["neuron"][0])
+        c = float(nf.charges(syms)["neuron"][0])
         ref = float((W_f**2).sum() - (U_f**2).sum())
         charge_err.append(abs(c - ref) / max(abs(ref), 1e-300))
         stats = nf.collect_stats(net, syms, loss_fn, x, y)
-        sol = nf.solve_equilibrium(net, syms, stats, lr=cfg.lr_small, batch_size=cfg.batch_size)
+        sol = nf.solve_equilibrium(syms, stats, lr=cfg.lr_small, batch_size=cfg.batch_size)
         nf.teleport(net, sol)
         Ut = net[1].weight.detach().numpy()
         Wt = net[0].weight.detach().numpy()

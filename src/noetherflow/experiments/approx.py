@@ -277,7 +277,7 @@ def _library_quantities(cfg: Config, x: np.ndarray, y: np.ndarray) -> dict[str, 
 
     tr_a_star, _ = traces()
     sol = nf.solve_equilibrium(
-        model, syms, nf.collect_stats(model, syms, _loss_fn, xt, yt), lr=cfg.lr, batch_size=1
+        syms, nf.collect_stats(model, syms, _loss_fn, xt, yt), lr=cfg.lr, batch_size=1
     )
     nf.teleport(model, sol)
     w0, u0 = float(w_param.detach()[0, 0]), float(u_param.detach()[0, 0])

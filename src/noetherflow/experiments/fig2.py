@@ -293,7 +293,7 @@ def library_flow_check(
     y = x + torch.randn(n_eval, n, generator=gen, dtype=_DTYPE) * se.sqrt()
     model, syms = two_layer_module(U, W)
     stats = nf.collect_stats(model, syms, summed_sq_loss, x, y)
-    flow = nf.noether_flow(model, syms, stats, lr=lr, batch_size=batch_size)["rotation"]
+    flow = nf.noether_flow(syms, stats, lr=lr, batch_size=batch_size)["rotation"]
     with torch.no_grad():
         r = model(x) - y
     gw, gu = two_layer_noise_factors(x, r, time="continuous")

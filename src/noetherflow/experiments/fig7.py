@@ -230,7 +230,7 @@ def _train_one(cfg: Config, seed: int, net: str, method: str) -> dict[str, Any]:
 
     def callback(k: int, m: nn.Module) -> None:
         if pred:
-            ch = nf.charges(model, syms)
+            ch = nf.charges(syms)
             resid.append(max(float((abs(ch[n] - pred[n]) / ch[n]).max()) for n in ch))
             pred.clear()
         u2.append(float(model.u.detach().pow(2).sum()))

@@ -328,7 +328,7 @@ def run(cfg: Config, seed: int, out_dir: Path) -> dict[str, Any]:
     lib_err = []
     for u_k, w_k in ((u0, w0), (sgd["u"][-1], sgd["w"][-1]), (gd["u"][-1], gd["w"][-1])):
         net, syms = library_model(u_k, w_k)
-        charge = nf.charges(net, syms)["hidden"].numpy()
+        charge = nf.charges(syms)["hidden"].numpy()
         q = q_matrix(u_k, w_k)
         lib_err.append(float(np.abs(charge + q).max() / np.abs(q).max()))
 

@@ -294,7 +294,6 @@ def solver_equilibrium(
     model, syms = make_model(U, W)
     stats = nf.collect_stats(model, syms, loss_fn, prob["X"], prob["Y"])
     sol = nf.solve_equilibrium(
-        model,
         syms,
         stats,
         lr=cfg.lr,
@@ -326,7 +325,7 @@ def run_gd_checked(cfg: Config, prob: dict[str, Tensor], steps: int) -> dict[str
     model, syms = make_model(prob["U0"], prob["W0"])
     Wp, Up = weights(model)
     X, Y = prob["X"], prob["Y"]
-    c0 = nf.charges(model, syms)
+    c0 = nf.charges(syms)
     rec_steps, trace, resc0 = [0], [float(torch.trace(c0["rotation"]))], [float(c0["rescaling"][0])]
     acc = {"max_resid": 0.0, "max_change_rel": 0.0}
     pending: dict[str, Any] = {}
@@ -368,7 +367,7 @@ def run_gd_checked(cfg: Config, prob: dict[str, Tensor], steps: int) -> dict[str
     if steps > n1:
         run_gd(model, loss_fn, X, Y, lr=cfg.lr, steps=steps - n1, log_every=cfg.record_every,
                callback=lambda k, m: record(n1 + k, m) if k > 0 else None)  # fmt: skip
-    final = nf.charges(model, syms)
+    final = nf.charges(syms)
     with torch.no_grad():
         loss = float(loss_fn(model(X), Y))
     return {
@@ -417,7 +416,7 @@ def run_gf_checked(cfg: Config, prob: dict[str, Tensor]) -> dict[str, Any]:
         raise RuntimeError(f"gradient flow integration failed: {sol.message}")
     model, syms = make_model(prob["U0"], prob["W0"])
     Wp, Up = weights(model)
-    c0 = nf.charges(model, syms)
+    c0 = nf.charges(syms)
     scale = float(Up.detach().square().sum() + Wp.detach().square().sum())
     max_rel = 0.0
     trace, resc0 = [], []

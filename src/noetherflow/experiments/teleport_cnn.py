@@ -221,7 +221,6 @@ def stats_check(cfg: Config, seeds: Sequence[int]) -> dict[str, Any]:
                 micro_batch_size=cfg.micro_batch_size,
             )
             sol = nf.solve_equilibrium(
-                model,
                 syms,
                 st,
                 lr=max(cfg.lrs),

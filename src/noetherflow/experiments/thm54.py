@@ -449,8 +449,7 @@ def chain_solver_check(
     err_before = gram_err(before)
     t0 = time.perf_counter()
     stats = nf.collect_stats(model, syms, _sq_loss, x, y, estimator="reference")
-    sol = nf.solve_equilibrium(
-        model, syms, stats, lr=cfg.lr, batch_size=cfg.batch_size, weight_decay=0.0,
+    sol = nf.solve_equilibrium(syms, stats, lr=cfg.lr, batch_size=cfg.batch_size, weight_decay=0.0,
         time="continuous", tol=cfg.solver_tol,
     )  # fmt: skip
     nf.teleport(model, sol)

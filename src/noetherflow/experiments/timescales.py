@@ -282,9 +282,7 @@ class _Probe:
     def solve(self, lr: float, batch_size: int) -> Any:
         import noetherflow as nf
 
-        return nf.solve_equilibrium(
-            self.model, self.syms, self.stats(), lr=lr, batch_size=batch_size
-        )
+        return nf.solve_equilibrium(self.syms, self.stats(), lr=lr, batch_size=batch_size)
 
     def distance(self, u: float, w: np.ndarray, lr: float, batch_size: int) -> float:
         self.set(u, w)
