@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from noetherflow.kernels import diagonal as eq
@@ -103,6 +103,7 @@ def test_joint_diagonal_newton_zero_flow(seed: int, n1: int, n2: int, block: int
 
 @settings(max_examples=12, deadline=None)
 @given(st.integers(0, 10_000), st.floats(0.0, 14.0))
+@example(seed=0, cond=5.75)  # a loose backward-error stop once left a 2.9e-9 forward error
 def test_spd_solve_reaches_float64_backward_error(seed: int, cond: float) -> None:
     """The float32 factor with float64 refinement (or its fallback) solves to float64 round-off."""
     n = 300  # above the size where the float32 factor is tried
