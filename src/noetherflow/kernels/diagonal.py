@@ -305,11 +305,31 @@ def _spd_solve(h: Tensor, rhs: Tensor) -> Tensor:
 
 
 def _solve_diag(
-    prob: _DiagProblem, names: Mapping[Any, str], *, tol: float, max_iter: int
+    prob: _DiagProblem,
+    names: Mapping[Any, str],
+    *,
+    tol: float,
+    max_iter: int,
+    init: Tensor | None = None,
 ) -> tuple[Tensor, list[InfinityReport], float, bool, int]:
-    lam = torch.zeros(prob.n, dtype=torch.float64)
+    """Damped Newton on the convex F(λ) (paper eq. 9) over ``prob.n`` generators.
+
+    ``init`` ``[n]`` (float64) warm-starts the iteration, e.g. from the previous solution of a
+    slowly changing problem; generators with a one-sided F (equilibrium at infinity) start and
+    stay at 0 regardless. The convergence criteria are the same as from 0.
+    """
     sided = prob.one_sided()
     free = sided == 0
+    if init is None:
+        lam = torch.zeros(prob.n, dtype=torch.float64)
+    else:
+        if tuple(init.shape) != (prob.n,) or not bool(torch.isfinite(init).all()):
+            raise ValueError(
+                f"init has shape {tuple(init.shape)} (finite: {bool(torch.isfinite(init).all())});"
+                f" expected a finite vector of shape ({prob.n},), one entry per generator: pass"
+                " the λ of a previous solve of the same symmetries, or None"
+            )
+        lam = torch.where(free, init.to(torch.float64), 0.0)
     reports: list[InfinityReport] = []
     for s, off in prob.offsets.items():
         sl = sided[off : off + s.num_generators]
