@@ -459,7 +459,17 @@ class DiagonalKernel(Kernel[DiagonalSymmetry, DiagonalStats]):
     ) -> GroupSolve:
         """Newton on F(λ) over the generators of all ``syms`` jointly."""
         prob = _diag_problem(syms, values, stats, nm)
-        lam, reps, rel, ok, its = _solve_diag(prob, names, tol=opts.tol, max_iter=opts.max_iter)
+        init = None
+        if opts.init is not None:
+            init = torch.zeros(prob.n, dtype=torch.float64)
+            for ds in syms:
+                prev = opts.init.get(names[ds])
+                if prev is not None:
+                    off = prob.offsets[ds]
+                    init[off : off + ds.num_generators] = torch.as_tensor(prev).reshape(-1).cpu()
+        lam, reps, rel, ok, its = _solve_diag(
+            prob, names, tol=opts.tol, max_iter=opts.max_iter, init=init
+        )
         out = GroupSolve(reports=reps, progress=rel, converged=ok, iterations=its)
         for ds in syms:
             off = prob.offsets[ds]
