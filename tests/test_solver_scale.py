@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -40,3 +41,40 @@ def test_warm_started_solve_matches_cold_solve() -> None:
     # the exact solution as the start: nothing left to do
     again = nf.solve_equilibrium(syms, st2, init=ref, **kw)
     assert again.iterations == 1
+
+
+def test_monitor_warm_started_distance_matches_cold() -> None:
+    """The monitor warm-starts each solve from the last; the distances equal cold solves'."""
+    from noetherflow.monitor import NoetherMonitor
+
+    ce = nn.CrossEntropyLoss()
+    hist = []
+    for opts in ({}, {"init": None}):  # default (warm) and explicitly cold
+        torch.manual_seed(0)
+        m = nn.Sequential(nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, 3)).double()
+        syms = nf.SymmetrySet([nf.Rescaling(m[0], m[2], label="r")])
+        g = torch.Generator().manual_seed(1)
+        x = torch.randn(24, 4, generator=g, dtype=torch.float64)
+        y = torch.randint(0, 3, (24,), generator=g)
+        mon = NoetherMonitor(
+            m,
+            syms,
+            every=1,
+            lr=0.05,
+            batch_size=24,
+            weight_decay=1e-3,
+            progress=False,
+            solver_options=opts,
+        )
+        opt = torch.optim.SGD(m.parameters(), lr=0.05)
+        for _ in range(4):
+            with mon.track():
+                loss = ce(m(x), y)
+                loss.backward()
+            mon.step(loss)
+            opt.step()
+            opt.zero_grad()
+        assert mon._warm is not None and mon._warm.converged  # the next solve's start
+        hist.append(np.stack([np.asarray(r) for r in mon.history["distance/r"]]))
+    assert float(np.abs(hist[0]).max()) > 1e-3
+    np.testing.assert_allclose(hist[0], hist[1], rtol=1e-9, atol=1e-12)
