@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
 from torch import nn
@@ -21,7 +23,7 @@ def test_warm_started_solve_matches_cold_solve() -> None:
     m, x, y = _mlp(0)
     syms = nf.find_symmetries(m, x)
     lf = nn.MSELoss()
-    kw = {"lr": 0.05, "batch_size": 8, "weight_decay": 1e-2}
+    kw: dict[str, Any] = {"lr": 0.05, "batch_size": 8, "weight_decay": 1e-2}
     st = nf.collect_stats(m, syms, lf, x, y, estimator="reference")
     cold = nf.solve_equilibrium(syms, st, **kw)
     assert cold.converged and cold.max_distance() > 1e-3
