@@ -80,3 +80,18 @@ def test_monitor_warm_started_distance_matches_cold() -> None:
         hist.append(np.stack([np.asarray(r) for r in mon.history["distance/r"]]))
     assert float(np.abs(hist[0]).max()) > 1e-3
     np.testing.assert_allclose(hist[0], hist[1], rtol=1e-9, atol=1e-12)
+
+
+def test_bench_solver_tiny_runs() -> None:
+    """benchmarks/bench_solver.py keeps working; warm and cold give the same λ*."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_solver.py"
+    spec = importlib.util.spec_from_file_location("bench_solver", path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    res = mod.main(["--tiny", "--steps", "3"])
+    assert res["warm_iterations"] <= res["cold_iterations"]
+    assert res["max_abs_diff"] <= 1e-9
