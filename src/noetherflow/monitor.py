@@ -61,7 +61,7 @@ from noetherflow._history import (
 from noetherflow._hyperparams import HyperSource
 from noetherflow._optimizer_state import preserved
 from noetherflow._tracking import monitor_advice, refuse_accumulation
-from noetherflow.equilibrium import solve_equilibrium
+from noetherflow.equilibrium import EquilibriumSolution, solve_equilibrium
 from noetherflow.flow import charges, noether_flow
 from noetherflow.kernels import kernel_for
 from noetherflow.kernels.noise import NoiseModel
@@ -225,6 +225,7 @@ class NoetherMonitor:
         self.distance = distance
         self.distance_every = _multiple("distance_every", distance_every, self.every)
         self.solver_options = dict(solver_options or {})
+        self._warm: EquilibriumSolution | None = None  # last solve, the next one's start
         self.full_matrices = full_matrices
         self.sharpness: SharpnessOptions | None = (
             SharpnessOptions() if sharpness is True else (sharpness or None)
@@ -512,8 +513,11 @@ class NoetherMonitor:
             batch_size=self.batch_size,
             weight_decay=gamma,
             time=self.time,
-            **self.solver_options,
+            **{"init": self._warm, **self.solver_options},
         )
+        # Warm start of the next solve (same answer, fewer Newton iterations); a failed solve
+        # is not a good start.
+        self._warm = sol if sol.converged else None
         for name, _s in self.syms.items():
             key = self.keys[name]
             row[f"distance/{key}"] = _np(sol.distance[name]).reshape(self.schema[f"distance/{key}"])

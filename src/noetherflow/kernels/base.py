@@ -144,6 +144,7 @@ class SolveOptions:
     rtol_singular: float = 1e-10
     ridge: float | None = None
     coupled: bool = False
+    init: Mapping[str, Any] | None = None  # warm start: element per symmetry name
 
 
 @dataclass

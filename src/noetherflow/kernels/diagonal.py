@@ -252,6 +252,9 @@ def _diag_problem(
 
 
 _MIXED_MIN = 256  # below this size a float64 Cholesky costs less than the refinement
+_REFINE_MAX = 12  # float32-factor refinement steps before falling back to float64
+_U64 = 2.0**-53  # unit round-off of float64
+_REFINE_TOL = 16 * _U64  # correction size (relative, ∞-norm) at float64 round-off
 
 
 def _chol_solve(chol: Tensor, rhs: Tensor) -> Tensor:
@@ -264,22 +267,37 @@ def _spd_solve(h: Tensor, rhs: Tensor) -> Tensor:
     """Solve H x = rhs for the (damped, convex) Newton Hessian ``[n, n]`` in float64 accuracy.
 
     Large systems factor H in float32 (about 2.5× cheaper) and refine the solution with
-    float64 residuals until the backward error is at float64 round-off; a system the float32
-    factor cannot bring there falls back to a float64 Cholesky, and a numerically singular one
-    to least squares.
+    float64 residuals until the correction itself is at float64 round-off,
+    ``‖dx‖∞ ≤ 16·u·‖x‖∞`` (u = 2⁻⁵³, so the forward error, not only the backward error, is
+    float64-accurate: a small residual alone still allows a forward error of κ(H)·u·64).
+    A refinement whose correction stops shrinking by at least half per step has reached the
+    limiting accuracy of float64 residuals (kept if its backward error is at round-off) or
+    cannot contract with a float32 factor (then it falls back to a float64 Cholesky),
+    and a numerically singular system to least squares.
     """
     n = h.shape[0]
     if n >= _MIXED_MIN:
         chol32, info = torch.linalg.cholesky_ex(h.to(torch.float32))
         if int(info) == 0:
-            scale = float(h.abs().sum(1).max())
             x = _chol_solve(chol32, rhs.to(torch.float32)).to(torch.float64)
-            for _ in range(6):
-                r = rhs - h @ x
-                bound = 64 * 2.2e-16 * (scale * float(x.abs().max()) + float(rhs.abs().max()))
-                if float(r.abs().max()) <= bound:
+            prev = float("inf")
+            for _ in range(_REFINE_MAX):
+                dx = _chol_solve(chol32, (rhs - h @ x).to(torch.float32)).to(torch.float64)
+                x = x + dx
+                size = float(dx.abs().max())
+                if size <= _REFINE_TOL * float(x.abs().max()):
                     return x
-                x = x + _chol_solve(chol32, r.to(torch.float32)).to(torch.float64)
+                if not size <= 0.5 * prev:
+                    # Stagnation: the corrections are the round-off of the float64 residual
+                    # itself (limiting accuracy, Higham 2002 §12.1), as accurate as a float64
+                    # factor, when the residual is at round-off; else (or NaN) fall back.
+                    r = float((rhs - h @ x).abs().max())
+                    scale = float(h.abs().sum(1).max())
+                    bound = 64 * _U64 * (scale * float(x.abs().max()) + float(rhs.abs().max()))
+                    if r <= bound:
+                        return x
+                    break
+                prev = size
     chol, info = torch.linalg.cholesky_ex(h)
     if int(info) == 0:
         return _chol_solve(chol, rhs)
@@ -287,11 +305,31 @@ def _spd_solve(h: Tensor, rhs: Tensor) -> Tensor:
 
 
 def _solve_diag(
-    prob: _DiagProblem, names: Mapping[Any, str], *, tol: float, max_iter: int
+    prob: _DiagProblem,
+    names: Mapping[Any, str],
+    *,
+    tol: float,
+    max_iter: int,
+    init: Tensor | None = None,
 ) -> tuple[Tensor, list[InfinityReport], float, bool, int]:
-    lam = torch.zeros(prob.n, dtype=torch.float64)
+    """Damped Newton on the convex F(λ) (paper eq. 9) over ``prob.n`` generators.
+
+    ``init`` ``[n]`` (float64) warm-starts the iteration, e.g. from the previous solution of a
+    slowly changing problem; generators with a one-sided F (equilibrium at infinity) start and
+    stay at 0 regardless. The convergence criteria are the same as from 0.
+    """
     sided = prob.one_sided()
     free = sided == 0
+    if init is None:
+        lam = torch.zeros(prob.n, dtype=torch.float64)
+    else:
+        if tuple(init.shape) != (prob.n,) or not bool(torch.isfinite(init).all()):
+            raise ValueError(
+                f"init has shape {tuple(init.shape)} (finite: {bool(torch.isfinite(init).all())});"
+                f" expected a finite vector of shape ({prob.n},), one entry per generator: pass"
+                " the λ of a previous solve of the same symmetries, or None"
+            )
+        lam = torch.where(free, init.to(torch.float64), 0.0)
     reports: list[InfinityReport] = []
     for s, off in prob.offsets.items():
         sl = sided[off : off + s.num_generators]
@@ -421,7 +459,17 @@ class DiagonalKernel(Kernel[DiagonalSymmetry, DiagonalStats]):
     ) -> GroupSolve:
         """Newton on F(λ) over the generators of all ``syms`` jointly."""
         prob = _diag_problem(syms, values, stats, nm)
-        lam, reps, rel, ok, its = _solve_diag(prob, names, tol=opts.tol, max_iter=opts.max_iter)
+        init = None
+        if opts.init is not None:
+            init = torch.zeros(prob.n, dtype=torch.float64)
+            for ds in syms:
+                prev = opts.init.get(names[ds])
+                if prev is not None:
+                    off = prob.offsets[ds]
+                    init[off : off + ds.num_generators] = torch.as_tensor(prev).reshape(-1).cpu()
+        lam, reps, rel, ok, its = _solve_diag(
+            prob, names, tol=opts.tol, max_iter=opts.max_iter, init=init
+        )
         out = GroupSolve(reports=reps, progress=rel, converged=ok, iterations=its)
         for ds in syms:
             off = prob.offsets[ds]
