@@ -140,6 +140,8 @@ def solve_equilibrium(
     max_sweeps: int = 200,
     rtol_singular: float = 1e-10,
     ridge: float | None = None,
+    momentum: float | None = None,
+    nesterov: bool | None = None,
 ) -> EquilibriumSolution:
     """Solve for the noise equilibrium of every symmetry in ``syms`` (paper Thm 4.3, eq. 9).
 
@@ -157,6 +159,8 @@ def solve_equilibrium(
         rtol_singular: eigenvalues of X or Y below this fraction of the largest count as zero;
             those hidden directions have their equilibrium at infinity and are reported.
         ridge: add ``ridge·I`` to X and Y instead (explicit regularisation, reported).
+        momentum, nesterov: SGD with momentum β (keyword form; :meth:`NoiseModel.create`):
+            effective coefficients, exact when ⟨vᵀA∇L⟩ = 0; β = 0 is plain SGD exactly.
 
     Returns:
         An :class:`EquilibriumSolution`; apply it with :func:`noetherflow.teleport`.
@@ -187,6 +191,8 @@ def solve_equilibrium(
         weight_decay=weight_decay,
         time=time,
         who="solve_equilibrium",
+        momentum=momentum,
+        nesterov=nesterov,
     )
     for name, v in (("tol", tol), ("rtol_singular", rtol_singular)):
         if not (math.isfinite(float(v)) and float(v) >= 0):
