@@ -210,7 +210,13 @@ class NoetherMonitor:
             params=syms.params(),
         )
         lr0, gamma0 = self._hyper.current()
-        NoiseModel.create(lr=lr0, batch_size=batch_size, weight_decay=gamma0, time=time)
+        NoiseModel.create(
+            lr=lr0,
+            batch_size=batch_size,
+            weight_decay=gamma0,
+            time=time,
+            **self._hyper.momentum_kwargs(),
+        )
         bad = [f for f in formats if f not in _FORMATS]
         if bad:
             raise ValueError(
@@ -451,6 +457,7 @@ class NoetherMonitor:
                 weight_decay=gamma,
                 time=self.time,
                 charges=ch,
+                **self._hyper.momentum_kwargs(),
             )
             self._put(row, "flow", fl)
             if self.distance and i % self.distance_every == 0:
@@ -513,6 +520,7 @@ class NoetherMonitor:
             weight_decay=gamma,
             time=self.time,
             **self.solver_options,
+            **self._hyper.momentum_kwargs(),
         )
         for name, _s in self.syms.items():
             key = self.keys[name]
