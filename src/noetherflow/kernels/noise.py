@@ -21,7 +21,7 @@ coefficients above exactly. :meth:`NoiseModel.from_optimizer` reads them from a
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
@@ -71,12 +71,14 @@ class NoiseModel:
     kappa: float
     c_mean: float
     c_second: float
-    lr: float | None = None
-    batch_size: int | None = None
-    weight_decay: float | None = None
-    time: TimeModel | None = None
-    momentum: float | None = None
-    nesterov: bool | None = None
+    # the hyper-parameters it was built from, for reports; two models with the same
+    # coefficients are equal (they give the same flows and solutions)
+    lr: float | None = field(default=None, compare=False)
+    batch_size: int | None = field(default=None, compare=False)
+    weight_decay: float | None = field(default=None, compare=False)
+    time: TimeModel | None = field(default=None, compare=False)
+    momentum: float | None = field(default=None, compare=False)
+    nesterov: bool | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         for name in ("kappa", "c_mean", "c_second"):
