@@ -8,10 +8,13 @@
 * from an optimizer: ``optimizer=opt``; :meth:`HyperSource.current` reads the param groups
   every time it is called, so learning-rate schedules are followed.
 
-Supported optimizers: plain SGD (``torch.optim.SGD`` with ``momentum=0``, no Nesterov, not
-``maximize``). Its ``weight_decay=w`` adds w·θ to the gradient, i.e. the gradient of
-(w/2)‖θ‖²: γ = w/2. Momentum, Adam, AdamW and other optimizers change the noise model; they
-are refused with an error pointing to the optimizer issue (#18) that will add them.
+Supported optimizers: ``torch.optim.SGD`` (heavy-ball or Nesterov momentum β with
+dampening 0, not ``maximize``). Its ``weight_decay=w`` adds w·θ to the gradient, i.e. the
+gradient of (w/2)‖θ‖²: γ = w/2. Momentum enters the flows through
+:meth:`HyperSource.momentum_kwargs` (``NoiseModel.create(momentum=β, nesterov=...)``: the
+effective coefficients, exact for the stationary point when ⟨vᵀA∇L⟩ = 0). Adam, AdamW and
+other optimizers are refused here: their update is not a gradient step, so they have no
+(κ, c_mean, c_second) noise model (issue #18; ``noetherflow.optim`` has the AdamW analysis).
 
 Param groups: only the groups holding the watched parameters matter; they must agree on lr
 and weight decay (the flows have one η and one γ), otherwise the source refuses with the
@@ -23,6 +26,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -30,8 +34,9 @@ from torch import nn
 __all__ = ["HyperSource", "sgd_hyperparameters"]
 
 _LATER = (
-    "noetherflow's noise model covers plain SGD for now; momentum, Adam/AdamW and other "
-    "optimizers are planned in the optimizer issue (#18)"
+    "noetherflow's noise model covers SGD (with or without momentum); the update of Adam/AdamW "
+    "and other optimizers is not a gradient step, so there is no flow or equilibrium distance "
+    "for it (see noetherflow.optim for the AdamW analysis, issue #18)"
 )
 
 
@@ -40,8 +45,19 @@ def sgd_hyperparameters(
 ) -> tuple[float, float]:
     """(η, γ) of the param groups of ``optimizer`` that hold ``params``; γ = weight_decay / 2.
 
-    Raises ``ValueError`` naming ``owner`` when the optimizer is not plain SGD, when the
+    Raises ``ValueError`` naming ``owner`` when the optimizer is not SGD, when the
     parameters are not in the optimizer, or when their groups disagree on lr/weight decay.
+    """
+    lr, wd, _, _ = sgd_settings(optimizer, params, owner=owner)
+    return lr, wd
+
+
+def sgd_settings(
+    optimizer: torch.optim.Optimizer, params: Iterable[nn.Parameter], *, owner: str
+) -> tuple[float, float, float, bool]:
+    """(η, γ, β, nesterov) of the param groups holding ``params`` (:func:`sgd_hyperparameters`).
+
+    Also raises for dampening ≠ 0 and when the groups disagree on momentum or Nesterov.
     """
     inner = getattr(optimizer, "optimizer", None)  # TeleportingOptimizer, LightningOptimizer
     if not isinstance(optimizer, torch.optim.Optimizer) and isinstance(
@@ -69,21 +85,30 @@ def sgd_hyperparameters(
             "that trains this model."
         )
     for k, g in groups:
-        if g.get("momentum", 0.0) != 0.0 or g.get("nesterov", False):
+        if g.get("momentum", 0.0) != 0.0 and g.get("dampening", 0.0) != 0.0:
             raise ValueError(
                 f"{owner}(optimizer=...): param group {k} of the SGD has "
-                f"momentum={g.get('momentum')!r}, nesterov={g.get('nesterov')!r}; {_LATER}. Use "
-                "momentum=0, or pass lr=η/(1 − β) and weight_decay=γ explicitly."
+                f"dampening={g.get('dampening')!r}; expected 0 (the momentum noise model is "
+                "derived for PyTorch's dampening=0). Use dampening=0."
             )
         if g.get("maximize", False):
             raise ValueError(
                 f"{owner}(optimizer=...): param group {k} has maximize=True; expected gradient "
                 "descent (maximize=False)."
             )
-    values = {(float(g["lr"]), float(g.get("weight_decay", 0.0))) for _, g in groups}
+    values = {
+        (
+            float(g["lr"]),
+            float(g.get("weight_decay", 0.0)),
+            float(g.get("momentum", 0.0)),
+            bool(g.get("nesterov", False)),
+        )
+        for _, g in groups
+    }
     if len(values) > 1:
         seen = ", ".join(
             f"group {k}: lr={float(g['lr'])!r}, weight_decay={float(g.get('weight_decay', 0.0))!r}"
+            f", momentum={float(g.get('momentum', 0.0))!r}, nesterov={g.get('nesterov', False)!r}"
             for k, g in groups
         )
         raise ValueError(
@@ -91,8 +116,8 @@ def sgd_hyperparameters(
             f"hyper-parameters ({seen}); the flows have one η and one γ. Watch symmetries whose "
             "parameters share one group, or pass lr= and weight_decay= explicitly."
         )
-    lr, wd = values.pop()
-    return lr, wd / 2.0
+    lr, wd, beta, nesterov = values.pop()
+    return lr, wd / 2.0, beta, nesterov
 
 
 @dataclass
@@ -165,6 +190,13 @@ class HyperSource:
                 "torch.optim.SGD(weight_decay=w) is γ = w/2)."
             )
         return lr, gamma
+
+    def momentum_kwargs(self) -> dict[str, Any]:
+        """``momentum=β, nesterov=...`` for the flows/solver: the optimizer's, or plain SGD's."""
+        if self.optimizer is None:
+            return {"momentum": 0.0, "nesterov": False}
+        _, _, beta, nesterov = sgd_settings(self.optimizer, self.params, owner=self.owner)
+        return {"momentum": beta, "nesterov": nesterov}
 
     def set(self, name: str, value: float) -> None:
         """Set ``lr`` or ``weight_decay`` by hand (refused when they come from an optimizer)."""

@@ -143,6 +143,8 @@ def solve_equilibrium(
     rtol_singular: float = 1e-10,
     ridge: float | None = None,
     init: EquilibriumSolution | None = None,
+    momentum: float | None = None,
+    nesterov: bool | None = None,
 ) -> EquilibriumSolution:
     """Solve for the noise equilibrium of every symmetry in ``syms`` (paper Thm 4.3, eq. 9).
 
@@ -163,6 +165,8 @@ def solve_equilibrium(
         init: a previous solution of the same symmetry set (e.g. a few training steps ago):
             its diagonal λ warm-start the joint Newton solve (same convergence criteria, so the
             same answer, usually in fewer iterations); other families start from the identity.
+        momentum, nesterov: SGD with momentum β (keyword form; :meth:`NoiseModel.create`):
+            effective coefficients, exact when ⟨vᵀA∇L⟩ = 0; β = 0 is plain SGD exactly.
 
     Returns:
         An :class:`EquilibriumSolution`; apply it with :func:`noetherflow.teleport`.
@@ -193,6 +197,8 @@ def solve_equilibrium(
         weight_decay=weight_decay,
         time=time,
         who="solve_equilibrium",
+        momentum=momentum,
+        nesterov=nesterov,
     )
     for name, v in (("tol", tol), ("rtol_singular", rtol_singular)):
         if not (math.isfinite(float(v)) and float(v) >= 0):

@@ -71,6 +71,8 @@ def noether_flow(
     weight_decay: float | None = None,
     time: str | TimeModel | None = None,
     charges: Mapping[str, Tensor] | None = None,
+    momentum: float | None = None,
+    nesterov: bool | None = None,
 ) -> dict[str, Tensor]:
     """The noise-driven flow of every charge (eq. 7 in our convention; DESIGN §2).
 
@@ -78,7 +80,10 @@ def noether_flow(
     ``noether_flow(syms, stats, lr=η, batch_size=S, weight_decay=γ, time=...)``.
     ``time="continuous"`` gives dC/dt = −4γC + (η/S)Tr[ΣA]; ``time="discrete"`` gives the
     expected change per SGD step, −κC + η²Tr[A(∇L∇Lᵀ + Σ/S)]. Shapes follow :func:`charges`;
-    pass ``charges`` (from :func:`charges`) to reuse them instead of recomputing. The old
+    pass ``charges`` (from :func:`charges`) to reuse them instead of recomputing.
+    ``momentum=β`` (and ``nesterov``) use SGD-with-momentum's effective coefficients
+    (:meth:`NoiseModel.create`; exact for the stationary point when ⟨vᵀA∇L⟩ = 0, β = 0 is
+    plain SGD exactly). The old
     form ``noether_flow(model, syms, stats, ...)`` still works and warns.
     """
     args: tuple[Any, Any, Any] = (syms, stats, noise)
@@ -104,6 +109,8 @@ def noether_flow(
         weight_decay=weight_decay,
         time=time,
         who="noether_flow",
+        momentum=momentum,
+        nesterov=nesterov,
     )
     return {
         name: symmetry_flow(s, stats, nm, None if charges is None else charges[name])

@@ -65,6 +65,7 @@ from noetherflow.equilibrium import EquilibriumSolution, solve_equilibrium
 from noetherflow.flow import charges, noether_flow
 from noetherflow.kernels import kernel_for
 from noetherflow.kernels.noise import NoiseModel
+from noetherflow.optim.decompose import StepDecomposition, StepRecorder
 from noetherflow.plotting import plot_history
 from noetherflow.stats.collect import Capture, capture, collect_stats
 from noetherflow.stats.core import Estimator, GradStats, Reduction, parse_reduction
@@ -210,7 +211,13 @@ class NoetherMonitor:
             params=syms.params(),
         )
         lr0, gamma0 = self._hyper.current()
-        NoiseModel.create(lr=lr0, batch_size=batch_size, weight_decay=gamma0, time=time)
+        NoiseModel.create(
+            lr=lr0,
+            batch_size=batch_size,
+            weight_decay=gamma0,
+            time=time,
+            **self._hyper.momentum_kwargs(),
+        )
         bad = [f for f in formats if f not in _FORMATS]
         if bad:
             raise ValueError(
@@ -267,6 +274,7 @@ class NoetherMonitor:
         self._warned_untracked = False
         self.keys: dict[str, str] = symmetry_keys(syms.names)
         self.schema = self._schema()
+        self._decomp = _step_recorder(syms, optimizer)
         self.log_dir = Path(log_dir) if log_dir is not None else None
         self.formats = tuple(formats)
         self._out = Outputs()
@@ -452,6 +460,7 @@ class NoetherMonitor:
                 weight_decay=gamma,
                 time=self.time,
                 charges=ch,
+                **self._hyper.momentum_kwargs(),
             )
             self._put(row, "flow", fl)
             if self.distance and i % self.distance_every == 0:
@@ -514,6 +523,7 @@ class NoetherMonitor:
             weight_decay=gamma,
             time=self.time,
             **{"init": self._warm, **self.solver_options},
+            **self._hyper.momentum_kwargs(),
         )
         # Warm start of the next solve (same answer, fewer Newton iterations); a failed solve
         # is not a good start.
@@ -614,6 +624,17 @@ class NoetherMonitor:
             self._progress.stop()
             self._progress = None
         self._out.close()
+        if self._decomp is not None:
+            self._decomp.detach()
+
+    @property
+    def last_step(self) -> dict[str, StepDecomposition] | None:
+        """The exact decomposition of the last ``optimizer.step()`` (``optimizer=`` only).
+
+        Per symmetry: before + decay + drift (2θ_dᵀAΔ_r) + noise = the charge after the step
+        (:mod:`noetherflow.optim.decompose`); ``None`` before the first step.
+        """
+        return None if self._decomp is None else self._decomp.last
 
     def __enter__(self) -> NoetherMonitor:
         return self
@@ -664,3 +685,15 @@ def _multiple(name: str, value: int | None, every: int) -> int:
 
 def _np(t: Tensor) -> np.ndarray:
     return np.asarray(t.detach().to("cpu", torch.float64).numpy())
+
+
+def _step_recorder(syms: SymmetrySet, optimizer: Any) -> StepRecorder | None:
+    """A :class:`StepRecorder` attached to the (unwrapped) torch optimizer, if one is given."""
+    inner = getattr(optimizer, "optimizer", None)  # TeleportingOptimizer, LightningOptimizer
+    if not isinstance(optimizer, torch.optim.Optimizer) and isinstance(
+        inner, torch.optim.Optimizer
+    ):
+        optimizer = inner
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        return None
+    return StepRecorder(dict(syms.items()), optimizer).attach()

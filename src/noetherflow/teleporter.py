@@ -101,8 +101,9 @@ class EquilibriumTeleport:
         lr, batch_size, weight_decay: η, S, γ of the SGD whose equilibrium is sought. When
             ``lr`` is not given, η and γ are read from ``optimizer`` (or the optimizer that
             :meth:`wrap` or the Lightning callback attaches) at every teleport:
-            ``torch.optim.SGD(lr=η, weight_decay=w)`` with ``momentum=0`` is η, γ = w/2;
-            momentum and Adam-type optimizers are refused until the optimizer issue (#18).
+            ``torch.optim.SGD(lr=η, weight_decay=w, momentum=β, nesterov=...)`` is η, γ = w/2
+            and SGD-with-momentum's effective noise model (exact for the stationary point when
+            ⟨vᵀA∇L⟩ = 0); Adam-type optimizers are refused (no gradient-step noise model).
             With both ``lr`` and ``optimizer`` given, ``lr``/``weight_decay`` are the target
             (e.g. the peak learning rate a warmup has not reached yet) and the optimizer is
             used for its state only; ``weight_decay`` without ``lr`` is an error.
@@ -210,6 +211,9 @@ class EquilibriumTeleport:
     # -- hyper-parameters -------------------------------------------------------------------
     def hyperparameters(self) -> tuple[float, float]:
         """(η, γ) of the next teleport: the ``lr``/``weight_decay`` given, or the optimizer's."""
+        return self._source().current()
+
+    def _source(self) -> HyperSource:
         if self._lr_arg is not None:
             src = HyperSource.create(
                 "EquilibriumTeleport",
@@ -232,7 +236,7 @@ class EquilibriumTeleport:
                 "optimizer (optimizer=opt, tp.wrap(opt) or the Lightning callback) whose param "
                 "groups give η and γ."
             )
-        return src.current()
+        return src
 
     @property
     def lr(self) -> float:
@@ -287,6 +291,7 @@ class EquilibriumTeleport:
             weight_decay=gamma,
             time=self.time,
             **self.solver_kwargs,
+            **self._source().momentum_kwargs(),
         )
 
     def teleport(self, inputs: Any, targets: Any) -> EquilibriumSolution:

@@ -83,7 +83,7 @@ def library_moments(
         p.grad = None
     # The discrete flow at η = 1, γ = 0 is Tr[A((1 − 1/S)∇L∇Lᵀ + E[ggᵀ]/S)] = E[G | θ].
     (noise,) = nf.noether_flow(
-        m, syms, stats, lr=1.0, batch_size=batch_size, weight_decay=0.0, time="discrete"
+        syms, stats, lr=1.0, batch_size=batch_size, weight_decay=0.0, time="discrete"
     ).values()
     if v is None:
         return noise, torch.zeros_like(noise)

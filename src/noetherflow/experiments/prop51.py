@@ -327,7 +327,7 @@ def run(cfg: Config, seed: int, out_dir: Path) -> dict[str, Any]:
     # the library's charge of the double rotation is −Q, at init and at the end of SGD
     lib_err = []
     for u_k, w_k in ((u0, w0), (sgd["u"][-1], sgd["w"][-1]), (gd["u"][-1], gd["w"][-1])):
-        net, syms = library_model(u_k, w_k)
+        _net, syms = library_model(u_k, w_k)
         charge = nf.charges(syms)["hidden"].numpy()
         q = q_matrix(u_k, w_k)
         lib_err.append(float(np.abs(charge + q).max() / np.abs(q).max()))

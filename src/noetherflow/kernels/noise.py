@@ -11,18 +11,24 @@ model reduces to three coefficients (κ, c_mean, c_second):
 * discrete (one SGD step, a batch drawn with replacement):  κ = 4ηγ(1 − ηγ),
   M = η²(ḡḡᵀ + Σ/S).
 
-An optimizer other than plain SGD (e.g. momentum) enters as other effective coefficients:
-build them with :meth:`NoiseModel.from_coefficients`; the kernels and solvers read only
-(κ, c_mean, c_second).
+SGD with heavy-ball (or Nesterov) momentum β enters as effective coefficients
+(``create(..., momentum=β)``, :func:`noetherflow.optim.momentum_noise`): exact for the
+stationary point when ⟨vᵀA∇L⟩ = 0 (v the momentum displacement), β = 0 gives the plain-SGD
+coefficients above exactly. :meth:`NoiseModel.from_optimizer` reads them from a
+``torch.optim.SGD``, one model per param group. Any other effective coefficients:
+:meth:`NoiseModel.from_coefficients`; the kernels and solvers read only (κ, c_mean, c_second).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch import Tensor
+
+if TYPE_CHECKING:
+    import torch
 
 from noetherflow._checks import (
     check_finite_number,
@@ -65,10 +71,14 @@ class NoiseModel:
     kappa: float
     c_mean: float
     c_second: float
-    lr: float | None = None
-    batch_size: int | None = None
-    weight_decay: float | None = None
-    time: TimeModel | None = None
+    # the hyper-parameters it was built from, for reports; two models with the same
+    # coefficients are equal (they give the same flows and solutions)
+    lr: float | None = field(default=None, compare=False)
+    batch_size: int | None = field(default=None, compare=False)
+    weight_decay: float | None = field(default=None, compare=False)
+    time: TimeModel | None = field(default=None, compare=False)
+    momentum: float | None = field(default=None, compare=False)
+    nesterov: bool | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         for name in ("kappa", "c_mean", "c_second"):
@@ -91,8 +101,17 @@ class NoiseModel:
         batch_size: int,
         weight_decay: float = 0.0,
         time: str | TimeModel = "continuous",
+        momentum: float = 0.0,
+        nesterov: bool = False,
     ) -> NoiseModel:
         """Coefficients of the time model from η, S, γ (module docstring for the formulas).
+
+        ``momentum=β > 0`` (PyTorch's ``SGD(momentum=β, dampening=0, nesterov=...)``) gives
+        the effective coefficients of :func:`noetherflow.optim.momentum_noise`: discrete time
+        κ_eff with η_eff = η/(1 − β), exact for the stationary point when ⟨vᵀA∇L⟩ = 0 (else use
+        :func:`noetherflow.optim.stationary_moments` with the measured ⟨H⟩); continuous time
+        the η → 0 limit, SGF with η_eff per unit τ = steps·η_eff. β = 0 (and not Nesterov) gives
+        exactly the plain-SGD coefficients.
 
         Raises:
             ValueError: a non-finite or non-positive η, a batch size that is not a positive
@@ -109,6 +128,15 @@ class NoiseModel:
         )
         tm = parse_enum(TimeModel, time, "time", "'continuous' (SGF) or 'discrete' (SGD steps)")
         hyper: dict[str, Any] = {"lr": eta, "batch_size": s, "weight_decay": gam, "time": tm}
+        beta = check_finite_number(momentum, "momentum", "the momentum β of SGD")
+        if not 0 <= beta < 1:
+            raise ValueError(
+                f"momentum={momentum!r} must lie in [0, 1) (PyTorch's SGD momentum β); β ≥ 1 has "
+                "no stationary buffer and β < 0 is not heavy-ball momentum."
+            )
+        if beta > 0 or nesterov:
+            return cls._momentum(eta, s, gam, tm, beta, bool(nesterov))
+        hyper.update(momentum=0.0, nesterov=False)
         if tm is TimeModel.CONTINUOUS:
             # M = (η/S)·Σ = (η/S)(E[ggᵀ] − ḡḡᵀ)
             return cls(kappa=4 * gam, c_mean=-eta / s, c_second=eta / s, **hyper)
@@ -126,6 +154,85 @@ class NoiseModel:
             c_second=eta**2 / s,
             **hyper,
         )
+
+    @classmethod
+    def _momentum(
+        cls, eta: float, s: int, gam: float, tm: TimeModel, beta: float, nesterov: bool
+    ) -> NoiseModel:
+        """The effective model of SGD with momentum β (``create``'s ``momentum`` branch)."""
+        from noetherflow.optim.momentum import momentum_noise
+
+        if tm is TimeModel.DISCRETE and gam > 0 and eta * gam >= 1:
+            raise ValueError(
+                f"lr·weight_decay = {eta}·{gam} = {eta * gam:g} >= 1 in discrete time: the "
+                "decay step does not contract the parameters, so there is no noise "
+                "equilibrium; expected ηγ < 1. Lower lr or weight_decay."
+            )
+        eff = momentum_noise(
+            lr=eta,
+            batch_size=s,
+            weight_decay=gam,
+            momentum=beta,
+            nesterov=nesterov,
+            time=tm.value,
+        )
+        return cls(
+            kappa=eff.kappa,
+            c_mean=eff.c_mean,
+            c_second=eff.c_second,
+            lr=eta,
+            batch_size=s,
+            weight_decay=gam,
+            time=tm,
+            momentum=beta,
+            nesterov=nesterov,
+        )
+
+    @classmethod
+    def from_optimizer(
+        cls,
+        opt: torch.optim.Optimizer,
+        batch_size: int,
+        *,
+        time: str | TimeModel = "discrete",
+    ) -> list[NoiseModel]:
+        """One :class:`NoiseModel` per param group of a ``torch.optim.SGD`` (momentum allowed).
+
+        Reads each group's lr η, momentum β, nesterov and coupled ``weight_decay=λ``
+        (γ = λ/2 of γ‖θ‖²) via :func:`noetherflow.optim.from_optimizer` and returns
+        ``create(lr=η, batch_size=S, weight_decay=λ/2, momentum=β, nesterov=..., time=time)``.
+        Discrete time by default (the optimizer takes steps).
+
+        Raises:
+            ValueError: an Adam/AdamW optimizer (its update is not a gradient step, so it has
+                no (κ, c_mean, c_second) model; use ``noetherflow.optim.from_optimizer`` and
+                ``noetherflow.optim.adamw_equilibrium_charge``), dampening ≠ 0 or
+                maximize=True.
+            TypeError: an optimizer other than SGD, Adam or AdamW.
+        """
+        from noetherflow.optim.hyper import from_optimizer
+
+        tm = parse_enum(TimeModel, time, "time", "'continuous' (SGF) or 'discrete' (SGD steps)")
+        out = []
+        for g in from_optimizer(opt, batch_size, time=tm.value):
+            if g.kind != "sgd":
+                raise ValueError(
+                    f"param group {g.index} of {type(opt).__name__} is {g.kind}: its update is "
+                    "not a gradient step, so there is no NoiseModel (κ, c_mean, c_second) for "
+                    "it; expected torch.optim.SGD. Use noetherflow.optim.from_optimizer and "
+                    "noetherflow.optim.adamw_equilibrium_charge for Adam(W)."
+                )
+            out.append(
+                cls.create(
+                    lr=g.lr,
+                    batch_size=g.batch_size,
+                    weight_decay=g.weight_decay,
+                    time=tm,
+                    momentum=g.momentum,
+                    nesterov=g.nesterov,
+                )
+            )
+        return out
 
     @classmethod
     def from_coefficients(cls, *, kappa: float, c_mean: float, c_second: float) -> NoiseModel:
@@ -149,9 +256,18 @@ def resolve_noise(
     weight_decay: float | None,
     time: str | TimeModel | None,
     who: str,
+    momentum: float | None = None,
+    nesterov: bool | None = None,
 ) -> NoiseModel:
     """The :class:`NoiseModel` of a call that takes either ``noise`` or the keyword form."""
-    loose = {"lr": lr, "batch_size": batch_size, "weight_decay": weight_decay, "time": time}
+    loose = {
+        "lr": lr,
+        "batch_size": batch_size,
+        "weight_decay": weight_decay,
+        "time": time,
+        "momentum": momentum,
+        "nesterov": nesterov,
+    }
     given = [k for k, v in loose.items() if v is not None]
     if noise is not None:
         if not isinstance(noise, NoiseModel):
@@ -176,4 +292,6 @@ def resolve_noise(
         batch_size=batch_size,
         weight_decay=0.0 if weight_decay is None else weight_decay,
         time="continuous" if time is None else time,
+        momentum=0.0 if momentum is None else momentum,
+        nesterov=False if nesterov is None else nesterov,
     )

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -120,6 +121,30 @@ class StepRecorder:
         self._groups = [(g, kind) for g in optimizer.param_groups]
         self._snap: dict[nn.Parameter, Tensor] | None = None
         self._k: dict[nn.Parameter, float] = {}
+        self.last: dict[str, StepDecomposition] | None = None
+        self._handles: list[Any] = []
+
+    def attach(self) -> StepRecorder:
+        """Record every ``optimizer.step()`` through the optimizer's step hooks.
+
+        After each step, :attr:`last` holds its decomposition per symmetry. :meth:`detach`
+        removes the hooks. Returns ``self``.
+        """
+        if not self._handles:
+            self._handles = [
+                self.optimizer.register_step_pre_hook(lambda *_: self.before_step()),
+                self.optimizer.register_step_post_hook(lambda *_: self._record_last()),
+            ]
+        return self
+
+    def detach(self) -> None:
+        """Remove the hooks of :meth:`attach` (nothing happens if not attached)."""
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+    def _record_last(self) -> None:
+        self.last = self.after_step()
 
     def _shrinks(self) -> dict[nn.Parameter, float]:
         out: dict[nn.Parameter, float] = {}
