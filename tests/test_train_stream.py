@@ -105,7 +105,7 @@ def test_on_update_gives_the_applied_gradient_and_the_exact_identity() -> None:
 
     def callback(step: int, m: nn.Module) -> None:
         if step > 0:
-            after.append(nf.charges(m, syms)["rot"])
+            after.append(nf.charges(syms)["rot"])
 
     X_eval = torch.randn(16, 4, generator=torch.Generator().manual_seed(6), dtype=DT)
     run_sgd(

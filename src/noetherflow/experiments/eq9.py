@@ -183,7 +183,7 @@ def run_one(job: tuple[float, int], cfg: Config) -> dict[str, Any]:
         if step < cfg.burn_in:
             return None
         stats = nf.collect_stats(m, syms, loss_fn, X, Y)
-        ch = nf.charges(m, syms)
+        ch = nf.charges(syms)
         flow = functools.partial(
             nf.noether_flow, m, syms, stats, lr=cfg.lr, batch_size=cfg.batch_size, charges=ch
         )  # weight_decay = 0: the flow is the noise term alone
@@ -207,7 +207,7 @@ def run_one(job: tuple[float, int], cfg: Config) -> dict[str, Any]:
                 time="discrete",
             )
             handle = nf.teleport(m, sol)
-            c_star = float(nf.charges(m, syms)["scale"][0])
+            c_star = float(nf.charges(syms)["scale"][0])
             handle.undo()
             # scale invariance: both noise terms scale as 1/‖W‖², so C* = sqrt(C·T/κ)
             checks.append(

@@ -173,7 +173,7 @@ def _train(
 
     def record(step: int, m: nn.Module) -> None:
         path.append(model.theta.detach().numpy().copy())
-        charge.append(float(nf.charges(m, syms)["scale"].sum()))
+        charge.append(float(nf.charges(syms)["scale"].sum()))
 
     def on_update(info: UpdateInfo) -> None:
         g = info.grads[model.theta]

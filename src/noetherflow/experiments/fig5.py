@@ -260,7 +260,7 @@ def library_charge_check(ws: list[np.ndarray]) -> float:
                 for i, (a, b) in enumerate(itertools.pairwise(layers))
             ]
         )
-        ch = nf.charges(nn.Sequential(*layers), syms)
+        ch = nf.charges(syms)
         for i in range(len(ws) - 1):
             ref = float((ws[i + 1][r] ** 2).sum() - (ws[i][r] ** 2).sum())
             got = float(torch.trace(ch[str(i)]))

@@ -333,7 +333,7 @@ def run_gd_checked(cfg: Config, prob: dict[str, Tensor], steps: int) -> dict[str
     def check(step: int, m: nn.Module) -> None:
         with torch.no_grad():
             if pending:  # compare the state after the previous step with its prediction
-                after = nf.charges(m, syms)
+                after = nf.charges(syms)
                 scale = float(Up.square().sum() + Wp.square().sum())
                 for name in syms.names:
                     err = float((after[name] - pending["pred"][name]).abs().max())
@@ -346,7 +346,7 @@ def run_gd_checked(cfg: Config, prob: dict[str, Tensor], steps: int) -> dict[str
             if step < min(cfg.gd_check_steps, steps):
                 g_u, g_w, _, _ = batch_grads(Up, Wp, X, Y)
                 pred = nf.exact_step_charges(syms, {Wp: g_w, Up: g_u}, lr=cfg.lr)
-                pending.update(pred=pred, before=nf.charges(m, syms))
+                pending.update(pred=pred, before=nf.charges(syms))
 
     def record(step: int, m: nn.Module) -> None:
         if step > 0 and (step % cfg.record_every == 0 or step == steps):

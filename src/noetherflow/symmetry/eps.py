@@ -36,7 +36,7 @@ from noetherflow.equilibrium import EquilibriumSolution
 from noetherflow.symmetry._fx.capture import flat_outputs
 from noetherflow.symmetry._fx.layers import norm_spec
 from noetherflow.symmetry.scaling import ScaleInvariance
-from noetherflow.symmetry.set import _rebind, _to64
+from noetherflow.symmetry.set import _rebind, _to64, copy_mapping
 
 __all__ = ["EpsClip", "EpsReport", "clip_to_eps", "eps_interval"]
 
@@ -240,7 +240,7 @@ def _measurer(
             m64 = copy.deepcopy(model).to(torch.float64)
             base = _run(m64, args64, train, seed)
             m64 = copy.deepcopy(model).to(torch.float64)
-            mapping = {id(p): q for p, q in zip(model.parameters(), m64.parameters(), strict=True)}
+            mapping = copy_mapping(model, m64)
             mods = dict(zip(map(id, model.modules()), m64.modules(), strict=True))
             for i, el in steps:
                 s64 = _rebind(syms[i], mapping)

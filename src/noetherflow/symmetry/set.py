@@ -166,14 +166,13 @@ class SymmetrySet:
         x64 = _to64(inputs)
         y64 = _to64(targets)
 
-        def make_copy(zero_eps: bool) -> tuple[nn.Module, dict[int, nn.Parameter]]:
+        def make_copy(zero_eps: bool) -> tuple[nn.Module, dict[int, Any]]:
             m64 = copy.deepcopy(model).to(torch.float64)
             for m in m64.modules() if zero_eps else ():
                 spec = norm_spec(m)
                 if spec is not None:  # scale invariance is exact at eps → 0 only
                     setattr(m, spec.eps_attr, torch.finfo(torch.float64).tiny)
-            pairs = zip(model.parameters(), m64.parameters(), strict=True)
-            return m64, {id(p): q for p, q in pairs}
+            return m64, copy_mapping(model, m64)
 
         copies = [make_copy(False), make_copy(True)]
         states = [{k: v.clone() for k, v in m.state_dict().items()} for m, _ in copies]
@@ -313,7 +312,7 @@ def _to64(x: Any) -> Any:
     return x
 
 
-def rebind_symmetry(sym: Symmetry, mapping: dict[int, nn.Parameter]) -> Symmetry:
+def rebind_symmetry(sym: Symmetry, mapping: dict[int, Any]) -> Symmetry:
     """A copy of ``sym`` acting on the mapped parameters (``id(old) → new``: a model copy)."""
     memo: dict[int, Any] = {}
     for p in sym.params:
@@ -333,9 +332,25 @@ def rebind_symmetry(sym: Symmetry, mapping: dict[int, nn.Parameter]) -> Symmetry
 _rebind = rebind_symmetry
 
 
-def _module_view(mod: nn.Module, mapping: dict[int, nn.Parameter]) -> nn.Module:
+def copy_mapping(original: nn.Module, clone: nn.Module) -> dict[int, Any]:
+    """``id(tensor of original) → tensor of clone`` for parameters and buffers (a deep copy).
+
+    Buffers are included so a rebound symmetry that moves running statistics (ScaleInvariance
+    before a BatchNorm) moves the clone's, never the original's.
+    """
+    pairs = [
+        *zip(original.parameters(), clone.parameters(), strict=True),
+        *zip(original.buffers(), clone.buffers(), strict=True),
+    ]
+    return {id(a): b for a, b in pairs}
+
+
+def _module_view(mod: nn.Module, mapping: dict[int, Any]) -> nn.Module:
     view = copy.copy(mod)
     view._parameters = {
         k: (mapping.get(id(v), v) if v is not None else None) for k, v in mod._parameters.items()
+    }
+    view._buffers = {
+        k: (mapping.get(id(v), v) if v is not None else None) for k, v in mod._buffers.items()
     }
     return view

@@ -35,7 +35,7 @@ from noetherflow.symmetry._fx.capture import flat_outputs
 from noetherflow.symmetry._fx.layers import layer_spec, norm_spec
 from noetherflow.symmetry.base import DiagonalSymmetry, Symmetry
 from noetherflow.symmetry.rotation import DoubleRotation
-from noetherflow.symmetry.set import _rebind, _to64
+from noetherflow.symmetry.set import _rebind, _to64, copy_mapping
 
 __all__ = ["DEGENERATE", "Check", "Checker"]
 
@@ -133,9 +133,7 @@ class _Copy:
                     # BatchNorm refuses eps = 0 in training; the smallest positive float64
                     # is exactly 0 next to any non-degenerate variance.
                     setattr(m, spec.eps_attr, torch.finfo(torch.float64).tiny)
-        self.mapping = {
-            id(p): q for p, q in zip(model.parameters(), self.model.parameters(), strict=True)
-        }
+        self.mapping = copy_mapping(model, self.model)
         self.outputs: dict[str, list[Tensor]] = {}
         for name, m in self.model.named_modules():
             if _probed(m):
