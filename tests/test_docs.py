@@ -95,11 +95,16 @@ PAGES_WITH_OWN_TEST = {"getting-started.md"}  # run below with its training loop
 def test_page_code_blocks_run_as_written(
     page: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Every ```python block of a page runs on its own, as a reader would paste it."""
+    """Every ```python block of a page runs, in order, as a reader pasting the page would run it.
+
+    One namespace per page: a later block may use what an earlier block of the same page
+    defined (the page reads top to bottom), never anything from another page.
+    """
     monkeypatch.chdir(tmp_path)
     text = (DOCS / page).read_text(encoding="utf-8")
+    namespace: dict[str, object] = {"__name__": "__docs__"}
     for i, block in enumerate(re.findall(r"```python\n(.*?)```", text, re.S)):
-        exec(compile(block, f"{page}[block {i}]", "exec"), {"__name__": "__docs__"})
+        exec(compile(block, f"{page}[block {i}]", "exec"), namespace)
 
 
 def test_public_api_has_docstrings_and_reference_pages() -> None:

@@ -185,7 +185,7 @@ def run_one(job: tuple[float, int], cfg: Config) -> dict[str, Any]:
         stats = nf.collect_stats(m, syms, loss_fn, X, Y)
         ch = nf.charges(syms)
         flow = functools.partial(
-            nf.noether_flow, m, syms, stats, lr=cfg.lr, batch_size=cfg.batch_size, charges=ch
+            nf.noether_flow, syms, stats, lr=cfg.lr, batch_size=cfg.batch_size, charges=ch
         )  # weight_decay = 0: the flow is the noise term alone
         disc = flow(time="discrete")  # = η²Tr[A(ḡḡᵀ + Σ/S)]
         cont = flow(time="continuous")  # = (η/S)Tr[ΣA]
@@ -198,7 +198,6 @@ def run_one(job: tuple[float, int], cfg: Config) -> dict[str, Any]:
         }
         if step in solver_at:
             sol = nf.solve_equilibrium(
-                m,
                 syms,
                 stats,
                 lr=cfg.lr,
