@@ -64,8 +64,10 @@ def fingerprint(params: list[nn.Parameter]) -> tuple[tuple[float, float, float],
     with torch.no_grad():
         for p in params:
             x = p.detach().reshape(-1).to(torch.float64)
-            w = (torch.arange(x.numel(), device=x.device) % 13 + 1).to(torch.float64)
-            out.append((float(x.sum()), float(x.square().sum()), float((w * x).sum())))
+            w = torch.arange(1, 14, dtype=torch.float64, device=x.device)
+            body = x.numel() - x.numel() % 13  # w_k = k mod 13 + 1: columns of a [-1, 13] view
+            weighted = x[:body].view(-1, 13).sum(0) @ w + x[body:] @ w[: x.numel() - body]
+            out.append((float(x.sum()), float(x @ x), float(weighted)))
     return tuple(out)
 
 
@@ -172,7 +174,7 @@ def solve_equilibrium(
         solver: the linear systems of the joint diagonal Newton solve: ``"dense"`` (the
             Hessian over all generators, Cholesky: O(n²) memory, the reference), ``"cg"``
             (matrix-free preconditioned conjugate gradients on the block-sparse Hessian: memory
-            linear in the number of generators) or ``"auto"`` (dense up to 1024 free
+            linear in the number of generators) or ``"auto"`` (dense up to 512 free
             generators, else cg). Same stopping criterion, so the same λ* to ``tol``.
 
     Returns:
@@ -231,7 +233,7 @@ def solve_equilibrium(
         )
     params = syms.params()
     stamp = fingerprint(params)
-    values = {p: p.detach().to(torch.float64).clone() for p in params}
+    values = {p: p.detach().to(torch.float64, copy=True) for p in params}
     if coupled:
         samples = {p: stats.samples[p].to(torch.float64).clone() for p in params}
         cur = stats_from_samples(samples, syms, estimator=stats.estimator)
