@@ -148,6 +148,7 @@ def solve_equilibrium(
     init: EquilibriumSolution | None = None,
     momentum: float | None = None,
     nesterov: bool | None = None,
+    dampening: float | None = None,
     solver: str | NewtonMethod = "auto",
 ) -> EquilibriumSolution:
     """Solve for the noise equilibrium of every symmetry in ``syms`` (paper Thm 4.3, eq. 9).
@@ -169,8 +170,9 @@ def solve_equilibrium(
         init: a previous solution of the same symmetry set (e.g. a few training steps ago):
             its diagonal λ warm-start the joint Newton solve (same convergence criteria, so the
             same answer, usually in fewer iterations); other families start from the identity.
-        momentum, nesterov: SGD with momentum β (keyword form; :meth:`NoiseModel.create`):
-            effective coefficients, exact when ⟨vᵀA∇L⟩ = 0; β = 0 is plain SGD exactly.
+        momentum, nesterov, dampening: SGD with momentum β (keyword form;
+            :meth:`NoiseModel.create`): effective coefficients, exact when ⟨vᵀA∇L⟩ = 0;
+            β = 0 is plain SGD exactly.
         solver: the linear systems of the joint diagonal Newton solve: ``"dense"`` (the
             Hessian over all generators, Cholesky: O(n²) memory, the reference), ``"cg"``
             (matrix-free preconditioned conjugate gradients on the block-sparse Hessian: memory
@@ -208,6 +210,7 @@ def solve_equilibrium(
         who="solve_equilibrium",
         momentum=momentum,
         nesterov=nesterov,
+        dampening=dampening,
     )
     method = parse_enum(
         NewtonMethod,
