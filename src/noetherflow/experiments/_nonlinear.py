@@ -67,6 +67,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from noetherflow._divergence import all_finite, find_divergence
 from noetherflow.train import GeometricDecay, lr_sequence
 
 __all__ = [
@@ -275,7 +276,7 @@ def train(
                 mon()
                 acc = torch.zeros(R, dtype=_DTYPE)
                 n_acc = 0
-        if not bool(torch.isfinite(U).all() and torch.isfinite(W).all()):
+        if not bool(all_finite([U, W])):
             diverged = True
             break
     return Trained(
@@ -475,7 +476,7 @@ def run_constant(cfg: NonlinearConfig, seed: int, tag: str) -> dict[str, Any]:
     lists over seeds of the averaged ``rel_diff_<kind>`` and ``rel_diff_noise_diag``, and
     the window.
     """
-    from noetherflow.experiments._base import derive_seed, find_divergence
+    from noetherflow.experiments._base import derive_seed
 
     acts = list(cfg.activations)
     se = noise_variances(cfg.dim, cfg.noise_first)
@@ -514,7 +515,7 @@ def run_constant(cfg: NonlinearConfig, seed: int, tag: str) -> dict[str, Any]:
 
 def run_nonlinear(cfg: NonlinearConfig, seed: int, tag: str) -> dict[str, Any]:
     """SGD and GD from one init for every activation; the hidden matrices at the end."""
-    from noetherflow.experiments._base import derive_seed, find_divergence
+    from noetherflow.experiments._base import derive_seed
 
     acts = list(cfg.activations)
     se = noise_variances(cfg.dim, cfg.noise_first)

@@ -30,7 +30,8 @@ import torch
 from torch import Tensor, nn
 
 import noetherflow as nf
-from noetherflow.experiments._base import Claim, Op, derive_seed, find_divergence, save_figure
+from noetherflow._divergence import all_finite, find_divergence
+from noetherflow.experiments._base import Claim, Op, derive_seed, save_figure
 from noetherflow.theory.ziyin2024 import two_layer_noise_factors, two_layer_sgd_solution
 from noetherflow.train import GeometricDecay, lr_sequence
 
@@ -209,7 +210,7 @@ def train_two_layer(
             t += 1
             if t % record_every == 0 or t == steps or t <= dense_until:
                 record(t)
-        if not bool(torch.isfinite(U).all() and torch.isfinite(W).all()):
+        if not bool(all_finite([U, W])):
             diverged = True
             break
     return TrainResult(

@@ -47,11 +47,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from noetherflow._divergence import find_divergence, is_finite
 from noetherflow.experiments._base import (
     Claim,
     Op,
     derive_seed,
-    find_divergence,
     parallel_map,
 )
 from noetherflow.theory.ziyin2024 import (
@@ -374,7 +374,7 @@ def _train(cfg: Config, seed: int, method: str, variant: str = "annealed") -> di
         U, W = decay * U - eta * gU, decay * W - eta * gW
         if (t + 1) % every == 0 or t + 1 == steps:
             record(t + 1)
-            if not bool(torch.isfinite(recs["loss"][-1]).all()):
+            if not is_finite(recs["loss"][-1]):
                 break
     out = {k: torch.stack(v, dim=1).double().numpy() for k, v in recs.items()}  # [R, T]
     out["step"] = np.asarray(rec_step)

@@ -19,7 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from noetherflow.experiments._base import Claim, Op, derive_seed, find_divergence, save_figure
+from noetherflow._divergence import find_divergence
+from noetherflow.experiments._base import Claim, Op, derive_seed, save_figure
 from noetherflow.experiments._data import ImageData, load_image_data
 
 DESCRIPTION = (

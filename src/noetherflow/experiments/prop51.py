@@ -38,7 +38,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from noetherflow.experiments._base import Claim, Op, derive_seed, find_divergence, save_figure
+from noetherflow._divergence import find_divergence
+from noetherflow.experiments._base import Claim, Op, derive_seed, save_figure
 from noetherflow.theory.ziyin2024 import (
     rank_one_balance_decay_rate,
     rank_one_balance_factor,

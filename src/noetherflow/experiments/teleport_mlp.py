@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from noetherflow._divergence import diverged_mask
 from noetherflow.experiments._base import Claim, Op, derive_seed, parallel_map, save_figure
 
 DESCRIPTION = (
@@ -355,7 +356,7 @@ def train_stacked(
         per_run = F.cross_entropy(out.flatten(0, 1), yb.flatten(), reduction="none")
         per_run = per_run.reshape(yb.shape).mean(1)
         lv = per_run.detach().numpy()
-        bad = alive & (~np.isfinite(lv) | (lv > cfg.diverge_factor * init_train))
+        bad = alive & diverged_mask(lv, cfg.diverge_factor * init_train)
         for ri in np.nonzero(bad)[0]:
             diverged_at[int(ri)] = k
         alive &= ~bad

@@ -33,7 +33,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from noetherflow.experiments._base import Claim, Op, derive_seed, find_divergence
+from noetherflow._divergence import all_finite, find_divergence
+from noetherflow.experiments._base import Claim, Op, derive_seed
 from noetherflow.experiments._deep_linear import library_chain_flow_check
 from noetherflow.theory.ziyin2024 import (
     deep_linear_intermediate_norm_sq,
@@ -294,7 +295,7 @@ def train_deep_linear(
                 rec_norms.append(norms(Ws))
                 rec_loss.append(acc / n_acc)
                 acc, n_acc = 0.0, 0
-        if not all(bool(torch.isfinite(w).all()) for w in Ws):
+        if not bool(all_finite(Ws)):
             diverged = True
             break
     prod = Ws[0]
