@@ -5,10 +5,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 from torch.func import functional_call, grad_and_value, vmap
 
 from noetherflow._errors import StatisticsError
+from noetherflow._inputs import ModelInputs
 
 __all__ = ["per_sample_grads", "per_sample_grads_and_losses"]
 
@@ -26,28 +28,73 @@ def check_no_train_batchnorm(model: nn.Module, estimator: str) -> None:
             )
 
 
+def check_targets(targets: Any, n: int, estimator: str) -> None:
+    """``targets`` is a tensor with ``n`` samples on dim 0, or None (loss from the outputs)."""
+    if targets is None:
+        return
+    if not isinstance(targets, Tensor) or targets.ndim == 0 or targets.shape[0] != n:
+        got = tuple(targets.shape) if isinstance(targets, Tensor) else type(targets).__name__
+        raise StatisticsError(
+            f"estimator={estimator!r} splits the batch into samples, but targets is {got}; "
+            f"expected a tensor with the {n} samples of the inputs on dim 0, or None when "
+            "loss_fn computes the loss from the outputs alone (e.g. labels passed in the "
+            "keyword inputs and loss_fn=lambda out, _: out.loss)."
+        )
+
+
+def per_sample_grads(
+    model: nn.Module,
+    params: list[nn.Parameter],
+    loss_fn: Callable[[Any, Any], Tensor],
+    inputs: Any,
+    targets: Any,
+    *,
+    chunk_size: int | None = None,
+) -> dict[nn.Parameter, Tensor]:
+    """Per-sample gradients of ℓ_n = ``loss_fn(model(x_n), y_n)`` on a batch of one.
+
+    :func:`per_sample_grads_and_losses` without the losses (see there for ``inputs`` and
+    ``targets``). Returns one tensor ``[N, *p.shape]`` per parameter in ``params``. Works for
+    any model without cross-sample coupling (no BatchNorm in training mode).
+    """
+    grads, _ = per_sample_grads_and_losses(
+        model, params, loss_fn, inputs, targets, chunk_size=chunk_size
+    )
+    return grads
+
+
 def per_sample_grads_and_losses(
     model: nn.Module,
     params: list[nn.Parameter],
     loss_fn: Callable[[Any, Any], Tensor],
-    inputs: Tensor | tuple[Tensor, ...],
+    inputs: Any,
     targets: Any,
     *,
     chunk_size: int | None = None,
 ) -> tuple[dict[nn.Parameter, Tensor], Tensor]:
     """Per-sample gradients and losses of ℓ_n = ``loss_fn(model(x_n), y_n)`` (a batch of one).
 
-    The package's one per-sample reference (``torch.func``: ``functional_call`` +
-    ``vmap(grad_and_value)``): ``collect_stats(..., estimator="reference")`` and the SGF
-    integrator :func:`noetherflow.train.run_sgf` both use it. Parameters not in ``params``
+    The package's one per-sample reference: ``collect_stats(..., estimator="reference")``
+    and the SGF integrator (:func:`noetherflow.train.run_sgf`,
+    :func:`noetherflow.train.per_sample_gradients`) use it. Parameters not in ``params``
     and the buffers are held fixed.
+
+    ``inputs``: a tensor, a tuple of positional inputs or a dict of keyword inputs (see
+    :class:`noetherflow._inputs.ModelInputs`: tensors whose dim 0 is the batch size are split
+    into samples, others passed unchanged). Integer inputs (token ids) need no gradient.
+    ``targets``: a tensor with the samples on dim 0, or None (``loss_fn(outputs, None)``).
+    Random operations (dropout in training mode) draw independently for every sample, as in
+    a batched forward pass (``vmap(randomness="different")``). A model that branches on the
+    values of its inputs, which ``vmap`` cannot run (Hugging Face models given an
+    ``attention_mask`` check whether it masks anything), gets the same exact per-sample
+    gradients from a loop of N backward passes on batches of one.
 
     Args:
         model: any module without cross-sample coupling (no BatchNorm in training mode).
-        params: the parameters to differentiate (a subset of ``model.parameters()``).
+        params: the parameters to differentiate (parameters of ``model``).
         loss_fn: ``loss_fn(outputs, targets)`` → 0-dim loss of one sample.
-        inputs: the batch, samples along dim 0 (a tensor or a tuple of tensors).
-        targets: tensor with the batch on dim 0.
+        inputs: the batch (see above).
+        targets: the targets (see above).
         chunk_size: vmap chunk size (bounds the memory of the N gradient copies).
 
     Returns:
@@ -55,11 +102,10 @@ def per_sample_grads_and_losses(
         ``params``, and the per-sample losses, shape ``[N]``.
     """
     check_no_train_batchnorm(model, "reference")
-    if not isinstance(targets, Tensor):
-        raise StatisticsError(
-            f"targets is a {type(targets).__name__}; expected a tensor with the batch on dim 0."
-        )
-    names = {id(p): n for n, p in model.named_parameters()}
+    inp = ModelInputs.of(inputs, "collect_stats")
+    n = inp.batch_size("collect_stats")
+    check_targets(targets, n, "reference")
+    names = {id(p): k for k, p in model.named_parameters()}
     missing = [i for i, p in enumerate(params) if id(p) not in names]
     if missing:
         raise StatisticsError(
@@ -67,37 +113,66 @@ def per_sample_grads_and_losses(
             "model.parameters()."
         )
     wanted = {names[id(p)]: p for p in params}
-    others = {n: p.detach() for n, p in model.named_parameters() if n not in wanted}
+    others = {k: p.detach() for k, p in model.named_parameters() if k not in wanted}
     buffers = dict(model.named_buffers())
-    xs = inputs if isinstance(inputs, tuple) else (inputs,)
+    dims = inp.in_dims(n)
 
-    def one(pd: dict[str, Tensor], x: tuple[Tensor, ...], y: Tensor) -> Tensor:
-        xb = tuple(v.unsqueeze(0) for v in x)
-        out = functional_call(model, ({**pd, **others}, buffers), xb)
-        return loss_fn(out, y.unsqueeze(0))
+    def one(pd: dict[str, Tensor], args: tuple[Any, ...], kwargs: dict[str, Any], y: Any) -> Tensor:
+        xb = ModelInputs(args, kwargs).unsqueezed(dims)
+        yb = y.unsqueeze(0) if isinstance(y, Tensor) else y
+        out = functional_call(model, ({**pd, **others}, buffers), xb.args, xb.kwargs)
+        return loss_fn(out, yb)
 
     detached = {k: p.detach() for k, p in wanted.items()}
-    fn = vmap(grad_and_value(one), in_dims=(None, 0, 0), chunk_size=chunk_size)
-    g, losses = fn(detached, xs, targets)
+    in_dims = (None, dims[0], dims[1], None if targets is None else 0)
+    try:
+        g, losses = vmap(
+            grad_and_value(one), in_dims=in_dims, chunk_size=chunk_size, randomness="different"
+        )(detached, inp.args, inp.kwargs, targets)
+    except RuntimeError as exc:
+        hint = inp.dtype_hint(exc)
+        if hint is not None:
+            raise StatisticsError(f"collect_stats(estimator='reference'): {hint}") from exc
+        if not _data_dependent(exc):
+            raise
+        return _loop(model, params, loss_fn, inp, targets, n)
     return {p: g[k] for k, p in wanted.items()}, losses
 
 
-def per_sample_grads(
+def _data_dependent(exc: RuntimeError) -> bool:
+    """vmap's error for ``.item()``/``bool()`` on a batched tensor (data-dependent control flow)."""
+    msg = str(exc)
+    return "data-dependent control flow" in msg or "calling .item() on a Tensor" in msg
+
+
+def _loop(
     model: nn.Module,
     params: list[nn.Parameter],
     loss_fn: Callable[[Any, Any], Tensor],
-    inputs: Tensor | tuple[Tensor, ...],
+    inp: ModelInputs,
     targets: Any,
-    *,
-    chunk_size: int | None = None,
-) -> dict[nn.Parameter, Tensor]:
-    """Per-sample gradients of ℓ_n = ``loss_fn(model(x_n), y_n)`` on a batch of one.
-
-    Returns one tensor ``[N, *p.shape]`` per parameter in ``params``
-    (:func:`per_sample_grads_and_losses` without the losses). Works for any model without
-    cross-sample coupling (no BatchNorm in training mode).
-    """
-    grads, _ = per_sample_grads_and_losses(
-        model, params, loss_fn, inputs, targets, chunk_size=chunk_size
-    )
-    return grads
+    n: int,
+) -> tuple[dict[nn.Parameter, Tensor], Tensor]:
+    """Per-sample gradients ``[N, *p.shape]`` and losses ``[N]`` by one backward pass per
+    sample (buffers kept)."""
+    saved = [(b, b.detach().clone()) for b in model.buffers()]
+    rows: list[tuple[Tensor, ...]] = []
+    losses: list[Tensor] = []
+    try:
+        for i in range(n):
+            out = inp.slice(i, i + 1, n)(model)
+            loss = loss_fn(out, None if targets is None else targets[i : i + 1])
+            gs = torch.autograd.grad(loss, params, allow_unused=True)
+            losses.append(loss.detach())
+            rows.append(
+                tuple(
+                    torch.zeros_like(p) if g is None else g.detach()
+                    for p, g in zip(params, gs, strict=True)
+                )
+            )
+    finally:
+        with torch.no_grad():
+            for b, v in saved:
+                b.copy_(v)
+    grads = {p: torch.stack([r[j] for r in rows]) for j, p in enumerate(params)}
+    return grads, torch.stack(losses)
