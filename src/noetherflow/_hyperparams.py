@@ -9,8 +9,9 @@
   every time it is called, so learning-rate schedules are followed.
 
 Supported optimizers: ``torch.optim.SGD`` (heavy-ball or Nesterov momentum β with
-dampening 0, not ``maximize``). Its ``weight_decay=w`` adds w·θ to the gradient, i.e. the
-gradient of (w/2)‖θ‖²: γ = w/2. Momentum enters the flows through
+dampening 0, not ``maximize``); with ``adaptive=True`` (the monitor) also ``Adam`` and
+``AdamW``, whose settings :meth:`HyperSource.adam` reads. SGD's ``weight_decay=w`` adds w·θ
+to the gradient, i.e. the gradient of (w/2)‖θ‖²: γ = w/2. Momentum enters the flows through
 :meth:`HyperSource.momentum_kwargs` (``NoiseModel.create(momentum=β, nesterov=...)``: the
 effective coefficients, exact for the stationary point when ⟨vᵀA∇L⟩ = 0). Adam, AdamW and
 other optimizers are refused here: their update is not a gradient step, so they have no
@@ -31,13 +32,104 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["HyperSource", "sgd_hyperparameters"]
+__all__ = ["AdamSettings", "HyperSource", "adam_settings", "sgd_hyperparameters"]
 
 _LATER = (
     "noetherflow's noise model covers SGD (with or without momentum); the update of Adam/AdamW "
     "and other optimizers is not a gradient step, so there is no flow or equilibrium distance "
     "for it (see noetherflow.optim for the AdamW analysis, issue #18)"
 )
+
+
+def _unwrap(optimizer: Any) -> Any:
+    inner = getattr(optimizer, "optimizer", None)  # TeleportingOptimizer, LightningOptimizer
+    if not isinstance(optimizer, torch.optim.Optimizer) and isinstance(
+        inner, torch.optim.Optimizer
+    ):
+        return inner
+    return optimizer
+
+
+def is_adam(optimizer: Any) -> bool:
+    """Whether ``optimizer`` (unwrapped) is ``torch.optim.Adam`` or ``AdamW``."""
+    return isinstance(_unwrap(optimizer), torch.optim.Adam | torch.optim.AdamW)
+
+
+@dataclass(frozen=True)
+class AdamSettings:
+    """The settings of the Adam/AdamW param groups that hold the watched parameters.
+
+    Attributes:
+        kind: ``"adamw"`` (decoupled decay: ``AdamW``, or ``Adam(decoupled_weight_decay=True)``)
+            or ``"adam"`` (coupled L2 through the preconditioner).
+        lr, weight_decay: η and the optimizer's own λ (decoupled for ``"adamw"``).
+        beta1, beta2, eps, amsgrad: as in ``torch.optim.Adam``.
+    """
+
+    kind: str
+    lr: float
+    weight_decay: float
+    beta1: float
+    beta2: float
+    eps: float
+    amsgrad: bool
+
+
+def adam_settings(
+    optimizer: torch.optim.Optimizer, params: Iterable[nn.Parameter], *, owner: str
+) -> AdamSettings:
+    """:class:`AdamSettings` of the groups of an Adam/AdamW holding ``params`` (one setting)."""
+    optimizer = _unwrap(optimizer)
+    groups = _groups_of(optimizer, params, owner)
+    values = set()
+    for k, g in groups:
+        if g.get("maximize", False):
+            raise ValueError(
+                f"{owner}(optimizer=...): param group {k} has maximize=True; expected "
+                "minimisation (maximize=False)."
+            )
+        decoupled = isinstance(optimizer, torch.optim.AdamW) or bool(
+            g.get("decoupled_weight_decay", False)
+        )
+        b1, b2 = (float(b) for b in g["betas"])
+        values.add(
+            (
+                "adamw" if decoupled else "adam",
+                float(g["lr"]),
+                float(g.get("weight_decay", 0.0)),
+                b1,
+                b2,
+                float(g["eps"]),
+                bool(g.get("amsgrad", False)),
+            )
+        )
+    if len(values) > 1:
+        raise ValueError(
+            f"{owner}(optimizer=...): the watched parameters lie in param groups with different "
+            f"settings {sorted(values)}; a charge mixes its parameters, so the records need one "
+            "setting. Watch symmetries whose parameters share one group."
+        )
+    return AdamSettings(*values.pop())
+
+
+def _groups_of(
+    optimizer: torch.optim.Optimizer, params: Iterable[nn.Parameter], owner: str
+) -> list[tuple[int, dict[str, Any]]]:
+    """(index, group) of the param groups holding ``params``; raises if some are in none."""
+    wanted = {id(p) for p in params}
+    groups = [
+        (k, g)
+        for k, g in enumerate(optimizer.param_groups)
+        if wanted & {id(p) for p in g["params"]}
+    ]
+    found = {id(p) for _, g in groups for p in g["params"]} & wanted
+    if len(found) < len(wanted):
+        raise ValueError(
+            f"{owner}(optimizer=...): {len(wanted) - len(found)} of the {len(wanted)} parameters "
+            "the symmetries act on are not in the optimizer's param groups; pass the optimizer "
+            "that trains this model."
+        )
+    return groups
 
 
 def sgd_hyperparameters(
@@ -59,11 +151,7 @@ def sgd_settings(
 
     Also raises for dampening ≠ 0 and when the groups disagree on momentum or Nesterov.
     """
-    inner = getattr(optimizer, "optimizer", None)  # TeleportingOptimizer, LightningOptimizer
-    if not isinstance(optimizer, torch.optim.Optimizer) and isinstance(
-        inner, torch.optim.Optimizer
-    ):
-        optimizer = inner
+    optimizer = _unwrap(optimizer)
     name = type(optimizer).__name__
     if not isinstance(optimizer, torch.optim.SGD):
         raise ValueError(
@@ -71,19 +159,7 @@ def sgd_settings(
             "explicitly instead of optimizer= (for SGD with momentum β, the effective lr is "
             "η/(1 − β))."
         )
-    wanted = {id(p) for p in params}
-    groups = [
-        (k, g)
-        for k, g in enumerate(optimizer.param_groups)
-        if wanted & {id(p) for p in g["params"]}
-    ]
-    found = {id(p) for _, g in groups for p in g["params"]} & wanted
-    if len(found) < len(wanted):
-        raise ValueError(
-            f"{owner}(optimizer=...): {len(wanted) - len(found)} of the {len(wanted)} parameters "
-            "the symmetries act on are not in the optimizer's param groups; pass the optimizer "
-            "that trains this model."
-        )
+    groups = _groups_of(optimizer, params, owner)
     for k, g in groups:
         if g.get("momentum", 0.0) != 0.0 and g.get("dampening", 0.0) != 0.0:
             raise ValueError(
@@ -129,6 +205,8 @@ class HyperSource:
         lr, weight_decay: explicit η and γ (γ‖θ‖² convention); ``weight_decay`` defaults to 0.
         optimizer: read η, γ from its param groups instead (see :func:`sgd_hyperparameters`).
         params: the parameters whose groups are read.
+        adaptive: also accept ``Adam``/``AdamW`` (then :meth:`current` gives η and the
+            optimizer's own weight decay λ, and :meth:`adam` its settings).
     """
 
     owner: str
@@ -136,6 +214,7 @@ class HyperSource:
     weight_decay: float | None
     optimizer: torch.optim.Optimizer | None
     params: tuple[nn.Parameter, ...]
+    adaptive: bool = False
 
     @classmethod
     def create(
@@ -146,6 +225,7 @@ class HyperSource:
         weight_decay: float | None,
         optimizer: torch.optim.Optimizer | None,
         params: Iterable[nn.Parameter],
+        adaptive: bool = False,
     ) -> HyperSource:
         """Check that exactly one source is given; read the optimizer once to fail early."""
         if optimizer is not None:
@@ -166,7 +246,8 @@ class HyperSource:
                 f"{owner}: the learning rate is missing; pass optimizer=opt (η and γ are then "
                 "read from its param groups at every record) or lr=η (and weight_decay=γ)."
             )
-        src = cls(owner, lr, weight_decay, optimizer, tuple(params))
+        adam = adaptive and is_adam(optimizer)
+        src = cls(owner, lr, weight_decay, optimizer, tuple(params), adam)
         src.current()
         return src
 
@@ -175,9 +256,25 @@ class HyperSource:
         """Whether the values are read from an optimizer."""
         return self.optimizer is not None
 
+    @property
+    def kind(self) -> str:
+        """``"sgd"`` (explicit values or SGD), ``"adam"`` or ``"adamw"``."""
+        return self.adam().kind if self.adaptive else "sgd"
+
+    def adam(self) -> AdamSettings:
+        """The Adam/AdamW settings now (``adaptive`` sources of an Adam optimizer only)."""
+        assert self.adaptive and self.optimizer is not None
+        return adam_settings(self.optimizer, self.params, owner=self.owner)
+
     def current(self) -> tuple[float, float]:
-        """(η, γ) now: the explicit values, or those of the optimizer's param groups."""
-        if self.optimizer is not None:
+        """(η, γ) now: the explicit values, or those of the optimizer's param groups.
+
+        For an Adam/AdamW (``adaptive``): η and the optimizer's own weight decay λ.
+        """
+        if self.adaptive:
+            a = self.adam()
+            lr, gamma = a.lr, a.weight_decay
+        elif self.optimizer is not None:
             lr, gamma = sgd_hyperparameters(self.optimizer, self.params, owner=self.owner)
         else:
             assert self.lr is not None
@@ -195,6 +292,11 @@ class HyperSource:
         """``momentum=β, nesterov=...`` for the flows/solver: the optimizer's, or plain SGD's."""
         if self.optimizer is None:
             return {"momentum": 0.0, "nesterov": False}
+        if self.adaptive:
+            raise RuntimeError(
+                f"{self.owner}: an Adam/AdamW optimizer has no SGD noise model (no momentum "
+                "keywords); the flows and distances are not computed for it."
+            )
         _, _, beta, nesterov = sgd_settings(self.optimizer, self.params, owner=self.owner)
         return {"momentum": beta, "nesterov": nesterov}
 
