@@ -50,9 +50,10 @@ def _unwrap(optimizer: Any) -> Any:
     return optimizer
 
 
-def is_adam(optimizer: Any) -> bool:
-    """Whether ``optimizer`` (unwrapped) is ``torch.optim.Adam`` or ``AdamW``."""
-    return isinstance(_unwrap(optimizer), torch.optim.Adam | torch.optim.AdamW)
+def is_adaptive(optimizer: Any) -> bool:
+    """Whether ``optimizer`` (unwrapped) is a ``torch.optim`` optimizer other than ``SGD``."""
+    opt = _unwrap(optimizer)
+    return isinstance(opt, torch.optim.Optimizer) and not isinstance(opt, torch.optim.SGD)
 
 
 @dataclass(frozen=True)
@@ -60,8 +61,9 @@ class AdamSettings:
     """The settings of the Adam/AdamW param groups that hold the watched parameters.
 
     Attributes:
-        kind: ``"adamw"`` (decoupled decay: ``AdamW``, or ``Adam(decoupled_weight_decay=True)``)
-            or ``"adam"`` (coupled L2 through the preconditioner).
+        kind: ``"adamw"`` (decoupled decay: ``AdamW``, or ``Adam(decoupled_weight_decay=True)``),
+            ``"adam"`` (coupled L2 through the preconditioner), or ``"other"`` (any other
+            ``torch.optim`` optimizer: only lr and weight_decay are read, the rest is 0).
         lr, weight_decay: η and the optimizer's own λ (decoupled for ``"adamw"``).
         beta1, beta2, eps, amsgrad: as in ``torch.optim.Adam``.
     """
@@ -78,9 +80,10 @@ class AdamSettings:
 def adam_settings(
     optimizer: torch.optim.Optimizer, params: Iterable[nn.Parameter], *, owner: str
 ) -> AdamSettings:
-    """:class:`AdamSettings` of the groups of an Adam/AdamW holding ``params`` (one setting)."""
+    """:class:`AdamSettings` of the groups of an optimizer holding ``params`` (one setting)."""
     optimizer = _unwrap(optimizer)
     groups = _groups_of(optimizer, params, owner)
+    adam = isinstance(optimizer, torch.optim.Adam | torch.optim.AdamW)
     values = set()
     for k, g in groups:
         if g.get("maximize", False):
@@ -91,15 +94,15 @@ def adam_settings(
         decoupled = isinstance(optimizer, torch.optim.AdamW) or bool(
             g.get("decoupled_weight_decay", False)
         )
-        b1, b2 = (float(b) for b in g["betas"])
+        b1, b2 = (float(b) for b in g.get("betas", (0.0, 0.0)))
         values.add(
             (
-                "adamw" if decoupled else "adam",
+                ("adamw" if decoupled else "adam") if adam else "other",
                 float(g["lr"]),
                 float(g.get("weight_decay", 0.0)),
                 b1,
                 b2,
-                float(g["eps"]),
+                float(g.get("eps", 0.0)),
                 bool(g.get("amsgrad", False)),
             )
         )
@@ -205,8 +208,8 @@ class HyperSource:
         lr, weight_decay: explicit η and γ (γ‖θ‖² convention); ``weight_decay`` defaults to 0.
         optimizer: read η, γ from its param groups instead (see :func:`sgd_hyperparameters`).
         params: the parameters whose groups are read.
-        adaptive: also accept ``Adam``/``AdamW`` (then :meth:`current` gives η and the
-            optimizer's own weight decay λ, and :meth:`adam` its settings).
+        adaptive: also accept other optimizers than ``SGD`` (then :meth:`current` gives η and
+            the optimizer's own weight decay λ, and :meth:`adam` its settings).
     """
 
     owner: str
@@ -246,7 +249,7 @@ class HyperSource:
                 f"{owner}: the learning rate is missing; pass optimizer=opt (η and γ are then "
                 "read from its param groups at every record) or lr=η (and weight_decay=γ)."
             )
-        adam = adaptive and is_adam(optimizer)
+        adam = adaptive and is_adaptive(optimizer)
         src = cls(owner, lr, weight_decay, optimizer, tuple(params), adam)
         src.current()
         return src
@@ -258,11 +261,11 @@ class HyperSource:
 
     @property
     def kind(self) -> str:
-        """``"sgd"`` (explicit values or SGD), ``"adam"`` or ``"adamw"``."""
+        """``"sgd"`` (explicit values or SGD), ``"adam"``, ``"adamw"`` or ``"other"``."""
         return self.adam().kind if self.adaptive else "sgd"
 
     def adam(self) -> AdamSettings:
-        """The Adam/AdamW settings now (``adaptive`` sources of an Adam optimizer only)."""
+        """The optimizer's settings now (``adaptive`` sources of a non-SGD optimizer only)."""
         assert self.adaptive and self.optimizer is not None
         return adam_settings(self.optimizer, self.params, owner=self.owner)
 

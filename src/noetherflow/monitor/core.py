@@ -111,17 +111,18 @@ class NoetherMonitor:
         formats: which of ``"csv"``, ``"jsonl"`` to write.
         distance: record the distance to the equilibrium (``False``: no distance columns).
         distance_every: record it every this many steps (a multiple of ``every``; default
-            ``every``); in between the ``distance/*`` entries are NaN.
-        distance_mode: ``"track"`` (default): a full solve every ``solve_every`` steps and a
-            first-order update from it at the other distance records (exact to first order,
-            error estimated and bounded, see :mod:`noetherflow.monitor.first_order`;
-            ``distance_exact`` is 0 on those rows); ``"solve"``: a full solve every time.
+            10·``every``); in between the ``distance/*`` entries are NaN.
+        distance_mode: ``"track"`` (default): a full solve every ``solve_every`` steps and an
+            incremental solve from it at the other distance records (scaled chord steps
+            with the last full solve's factored Hessian, until the correction is at most
+            ``distance_tol``; ``distance_exact`` is 0 on those rows; see
+            :mod:`noetherflow.monitor.first_order`); ``"solve"``: a full solve every time.
         solve_every: steps between full solves in ``"track"`` mode (a multiple of
-            ``distance_every``; default 100·``distance_every``). A full solve also happens
-            when η or γ moved by more than 5% or the update's error estimate exceeds
-            ``distance_tol``.
-        distance_tol: largest estimated error of a first-order update, in units of λ
-            (0.01: 1% in the scale e^λ).
+            ``distance_every``; default 10·``distance_every``). A full solve also happens
+            when η or γ moved by more than 5%, or when the incremental solve does not
+            converge in 8 steps.
+        distance_tol: the chord correction (in units of λ, ‖δλ‖∞) at which the incremental
+            solve stops; the recorded λ is then that close to the full solve's.
         solver_options: extra keyword arguments of :func:`noetherflow.solve_equilibrium`.
         full_matrices: also record the ``[d, d]`` matrix charges and flows of rotations.
         sharpness: ``True`` or :class:`SharpnessOptions` to record the Hessian trace and top
@@ -162,7 +163,7 @@ class NoetherMonitor:
         distance_every: int | None = None,
         distance_mode: str | DistanceMode = "track",
         solve_every: int | None = None,
-        distance_tol: float = 0.01,
+        distance_tol: float = 1e-4,
         solver_options: Mapping[str, Any] | None = None,
         full_matrices: bool = False,
         sharpness: bool | SharpnessOptions = False,
@@ -207,7 +208,11 @@ class NoetherMonitor:
         self.batch_size, self.time = batch_size, time
         self.reduction = parse_reduction(reduction)
         self.distance = bool(distance) and self.sgd
-        self.distance_every = multiple("distance_every", distance_every, self.every)
+        self.distance_every = multiple(
+            "distance_every",
+            10 * self.every if distance_every is None else distance_every,
+            self.every,
+        )
         mode = parse_distance_mode(distance_mode)
         if not (float(distance_tol) >= 0):
             raise ValueError(f"distance_tol={distance_tol!r} must be a number >= 0.")
@@ -217,7 +222,7 @@ class NoetherMonitor:
             mode=mode,
             solve_every=multiple(
                 "solve_every",
-                100 * self.distance_every if solve_every is None else solve_every,
+                10 * self.distance_every if solve_every is None else solve_every,
                 self.distance_every,
             ),
             tol=float(distance_tol),
@@ -300,6 +305,11 @@ class NoetherMonitor:
     @lr.setter
     def lr(self, value: float) -> None:
         self._hyper.set("lr", value)
+
+    @property
+    def solve_every(self) -> int:
+        """Steps between full equilibrium solves (``distance_mode="track"``)."""
+        return self._distance.solve_every
 
     @property
     def weight_decay(self) -> float:
@@ -619,8 +629,9 @@ def _now() -> float:
 
 
 def _adaptive_notice(kind: str, distance: bool, adamw: list[str]) -> None:
-    """The one notice of a monitor built on an Adam/AdamW optimizer."""
+    """The one notice of a monitor built on an optimizer other than SGD."""
     what = "flows" + (" and distances to the noise equilibrium" if distance else "")
+    name = {"adamw": "AdamW", "adam": "Adam"}.get(kind, "an optimizer other than SGD")
     pred = (
         f" AdamW's random-walk equilibrium charge is recorded for the scale-invariant "
         f"symmetries {adamw} (adamw_charge/*, adamw_noise/*)."
@@ -628,10 +639,9 @@ def _adaptive_notice(kind: str, distance: bool, adamw: list[str]) -> None:
         else ""
     )
     warnings.warn(
-        f"NoetherMonitor with {'AdamW' if kind == 'adamw' else 'Adam'}: charges and the exact "
-        f"per-step decomposition (step_decay/drift/noise) are recorded, but no {what}: they are "
-        "the predictions of SGD's noise model, and an Adam update is not an SGD step."
-        f"{pred} See the docs' optimizer page.",
+        f"NoetherMonitor with {name}: charges and the exact per-step decomposition "
+        f"(step_decay/drift/noise) are recorded, but no {what}: they are predictions of SGD's "
+        f"noise model, and this update is not an SGD step.{pred} See the docs' optimizer page.",
         UserWarning,
         stacklevel=3,
     )

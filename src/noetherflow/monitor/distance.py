@@ -1,13 +1,14 @@
-"""The ``distance/*`` columns: when to solve in full, and the first-order update in between.
+"""The ``distance/*`` columns: when to solve in full, and the incremental solve in between.
 
 A full solve is :func:`noetherflow.solve_equilibrium`, warm-started from the last converged
 solution (same answer, fewer Newton iterations). With ``mode="track"`` (the default) a full
-solve happens at the first distance record, every ``solve_every`` steps after it, when η or
-γ moved by more than 5% since, and whenever the first-order update
-(:mod:`noetherflow.monitor.first_order`) estimates its own error above ``tol``; at the other
-distance records the update is used. It applies to sets of diagonal symmetries that share
-no parameter with a rotation or dense symmetry; other sets are solved in full at every
-distance record.
+solve happens at the first distance record, every ``solve_every`` steps after it, and when η
+or γ moved by more than 5% since; at the other distance records the scaled chord iterations
+of :func:`noetherflow.monitor.first_order.chord_solve` start from the last record's λ and
+run until the correction is at most ``tol`` (then the row says ``distance_exact = 0``), or
+fall back to a full solve when they do not get there in ``max_iter`` steps. This applies to
+sets of diagonal symmetries that share no parameter with a rotation or dense symmetry;
+other sets are solved in full at every distance record.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from noetherflow.equilibrium import EquilibriumSolution, InfinityReport, solve_e
 from noetherflow.kernels import kernel_for
 from noetherflow.kernels.diagonal import DiagonalKernel
 from noetherflow.kernels.noise import NoiseModel
-from noetherflow.monitor.first_order import ChordFactor, chord_step, diagonal_problem, factor
+from noetherflow.monitor.first_order import ChordFactor, chord_solve, diagonal_problem, factor
 from noetherflow.monitor.options import DistanceMode
 from noetherflow.stats.core import GradStats
 from noetherflow.symmetry.set import SymmetrySet
@@ -41,13 +42,15 @@ class DistanceResult:
         distance: per symmetry name, as :attr:`EquilibriumSolution.distance`.
         at_infinity: the reports of the full solve these distances come from.
         exact: ``True`` for a full solve, ``False`` for the first-order update.
-        estimate: the update's own error estimate 2ν̂·‖δ‖∞ (0 for a full solve).
+        correction: the last chord correction ‖δ‖∞ (0 for a full solve).
+        iterations: chord iterations (0 for a full solve).
     """
 
     distance: dict[str, Tensor]
     at_infinity: list[InfinityReport] = field(default_factory=list)
     exact: bool = True
-    estimate: float = 0.0
+    correction: float = 0.0
+    iterations: int = 0
 
 
 class DistanceTracker:
@@ -57,7 +60,8 @@ class DistanceTracker:
         syms: the symmetries.
         mode: :class:`DistanceMode` (``"track"`` or ``"solve"``).
         solve_every: steps between full solves in ``"track"`` mode.
-        tol: largest estimated error 2ν̂·‖δ‖∞ of a first-order update (in units of λ).
+        tol: the chord correction ‖δ‖∞ at which the incremental solve stops (units of λ).
+        max_iter: chord iterations before falling back to a full solve.
         solver_options: extra keyword arguments of :func:`noetherflow.solve_equilibrium`.
     """
 
@@ -69,9 +73,10 @@ class DistanceTracker:
         solve_every: int,
         tol: float,
         solver_options: Mapping[str, Any],
+        max_iter: int = 8,
     ) -> None:
         self.syms, self.mode = syms, mode
-        self.solve_every, self.tol = int(solve_every), float(tol)
+        self.solve_every, self.tol, self.max_iter = int(solve_every), float(tol), int(max_iter)
         self.solver_options = dict(solver_options)
         self.trackable = (
             mode is DistanceMode.TRACK
@@ -80,6 +85,7 @@ class DistanceTracker:
         )
         self.warm: EquilibriumSolution | None = None  # the last converged solve
         self._fac: ChordFactor | None = None
+        self._lam: Tensor | None = None  # the last record's λ (the next chord start)
         self._solved_at = -1
         self._hyper: tuple[float, float] = (0.0, 0.0)
         self._reports: list[InfinityReport] = []
@@ -111,19 +117,22 @@ class DistanceTracker:
         return {p: p.detach() for p in self.syms.params()}
 
     def _update(self, stats: GradStats, nm: NoiseModel) -> DistanceResult | None:
-        """The first-order update, or ``None`` when its estimated error is above ``tol``."""
+        """The incremental solve, or ``None`` when it does not converge (then: a full solve)."""
         assert self._fac is not None
         prob = diagonal_problem(list(self.syms.items()), self._values(), stats, nm)
-        lam, nu = chord_step(self._fac, prob)
-        delta = float((lam - self._fac.lam0.to(lam.device)).abs().max())
-        estimate = 2 * nu * delta
-        if not (estimate <= self.tol and bool(torch.isfinite(lam).all())):
+        lam, ok, its, size = chord_solve(
+            self._fac, prob, tol=self.tol, max_iter=self.max_iter, start=self._lam
+        )
+        if not ok:
             return None
+        self._lam = lam
         out = {}
         for name, s in self.syms.items():
             off, k = prob.offsets[name]
             out[name] = kernel_for(s).distance(s, lam[off : off + k].to(s.params[0].device))
-        return DistanceResult(out, list(self._reports), exact=False, estimate=estimate)
+        return DistanceResult(
+            out, list(self._reports), exact=False, correction=size, iterations=its
+        )
 
     def _solve(
         self, step: int, stats: GradStats, nm: NoiseModel, hyper: tuple[float, float], **kw: Any
@@ -137,10 +146,13 @@ class DistanceTracker:
         self._fac = None
         if self.trackable and sol.converged:
             self._fac = self._factor(sol, stats, nm)
+            self._lam = None if self._fac is None else self._fac.lam0
             self._solved_at, self._hyper, self._reports = step, hyper, list(sol.at_infinity)
         return DistanceResult(dict(sol.distance), list(sol.at_infinity), exact=True)
 
-    def _factor(self, sol: EquilibriumSolution, stats: GradStats, nm: NoiseModel) -> ChordFactor:
+    def _factor(
+        self, sol: EquilibriumSolution, stats: GradStats, nm: NoiseModel
+    ) -> ChordFactor | None:
         prob = diagonal_problem(list(self.syms.items()), self._values(), stats, nm)
         dev = stats.mean[self.syms.params()[0]].device
         lam0 = torch.zeros(prob.n, dtype=torch.float64, device=dev)
@@ -150,4 +162,6 @@ class DistanceTracker:
         for rep in sol.at_infinity:
             off, k = prob.offsets[rep.name]
             free[off : off + k] &= rep.direction.reshape(-1).to(dev) == 0
+        if not bool(free.any()):
+            return None  # everything at infinity: the full solve costs nothing anyway
         return factor(prob, lam0, free)

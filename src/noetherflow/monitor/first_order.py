@@ -48,7 +48,15 @@ from noetherflow.kernels.diagonal import DiagonalStats
 from noetherflow.kernels.noise import NoiseModel
 from noetherflow.stats.core import GradStats, axis_sum
 
-__all__ = ["DiagonalProblem", "chord_bound", "chord_step", "diagonal_problem"]
+__all__ = [
+    "ChordFactor",
+    "DiagonalProblem",
+    "chord_bound",
+    "chord_solve",
+    "chord_step",
+    "diagonal_problem",
+    "factor",
+]
 
 Term = tuple[int, int, int, float]  # (offset in λ, generators, block, sign)
 _DT = torch.float64
@@ -100,18 +108,31 @@ class DiagonalProblem:
 
     def gradient(self, lam: Tensor) -> Tensor:
         """∇F(λ) = −(flows at e^{λA}θ). ``lam`` ``[n]`` → ``[n]``; matrix–vector products only."""
+        return self.derivatives(lam)[0]
+
+    def derivatives(self, lam: Tensor) -> tuple[Tensor, Tensor]:
+        """∇F(λ) and Σ_k a_kj² ∇²_s F_k per generator j (the Hessian's diagonal), ``[n]`` each.
+
+        One pass of matrix–vector products over each weight: e^{−2(r_i + q_j)} factorises.
+        (The diagonal leaves out coordinates where one generator acts on both a row and a
+        column of the same weight; it only scales the chord steps, see :func:`chord_solve`.)
+        """
         grad = torch.zeros(self.n, dtype=_DT, device=lam.device)
+        diag = torch.zeros(self.n, dtype=_DT, device=lam.device)
         for g in self.grids:
             r, q = self._axes(lam, g)
-            er, eq = torch.exp(-2 * r), torch.exp(-2 * q)
-            d_row = -er * (g.m @ eq)  # row sums of −M e^{−2s}
-            d_col = -eq * (g.m.T @ er)
-            if g.c is not None:  # + row/column sums of κθ² e^{2s}
-                d_row = d_row + (g.c @ (1 / eq)) / er
-                d_col = d_col + (g.c.T @ (1 / er)) / eq
-            for (off, k, b, sg), d in [(t, d_row) for t in g.rows] + [(t, d_col) for t in g.cols]:
-                grad[off : off + k] += sg * _gather(d, k, b)
-        return grad
+            er, eq = torch.exp(-2 * r).to(g.m.dtype), torch.exp(-2 * q).to(g.m.dtype)
+            lo_row = (er * (g.m @ eq)).to(_DT)  # row sums of M e^{−2s}
+            lo_col = (eq * (g.m.T @ er)).to(_DT)
+            hi_row = hi_col = torch.zeros((), dtype=_DT, device=lam.device)
+            if g.c is not None:  # row/column sums of κθ² e^{2s}
+                hi_row = ((g.c @ (1 / eq)) / er).to(_DT)
+                hi_col = ((g.c.T @ (1 / er)) / eq).to(_DT)
+            for terms, lo, hi in ((g.rows, lo_row, hi_row), (g.cols, lo_col, hi_col)):
+                for off, k, b, sg in terms:
+                    grad[off : off + k] += sg * _gather(hi - lo, k, b)
+                    diag[off : off + k] += 2 * sg * sg * _gather(hi + lo, k, b)
+        return grad, diag
 
     def hessian(self, lam: Tensor) -> Tensor:
         """∇²F(λ) = Σ_k a_k a_kᵀ·2(M_kk e^{−2a_k·λ} + κθ_k² e^{2a_k·λ}). Has shape ``[n, n]``."""
@@ -119,9 +140,9 @@ class DiagonalProblem:
         for g in self.grids:
             r, q = self._axes(lam, g)
             e = torch.exp(-2 * (r[:, None] + q[None, :]))
-            w = 2 * g.m * e
+            w = 2 * g.m.to(_DT) * e
             if g.c is not None:
-                w = w + 2 * g.c / e
+                w = w + 2 * g.c.to(_DT) / e
             for axis, side in ((1, g.rows), (0, g.cols)):
                 wsum = w.sum(axis)
                 pos = torch.arange(wsum.shape[0], device=lam.device)
@@ -150,9 +171,10 @@ class DiagonalProblem:
 
 
 def _to_grid(v: Tensor) -> Tensor:
-    v = v.to(_DT)
     if v.dim() == 1:
         return v[:, None]
+    if v.dim() == 2:
+        return v
     return v.reshape(v.shape[0], v.shape[1], -1).sum(-1)
 
 
@@ -188,8 +210,10 @@ def diagonal_problem(
         mean = stats.mean[p]
         theta = values[p]
         if p in block.sq:
-            m = _to_grid(nm.diag(mean, block.sq[p])).clamp(min=0)
-            c = _to_grid(nm.kappa * theta.to(_DT).square()) if nm.kappa else None
+            # In the statistics' dtype: the matrix–vector products are the cost of a step.
+            m = torch.addcmul(nm.c_second * block.sq[p], mean, mean, value=nm.c_mean)
+            m = _to_grid(m.clamp_(min=0))
+            c = _to_grid(nm.kappa * theta.square()) if nm.kappa else None
             grids.append(_Grid(m, c, rows, cols))
             continue
         ax = 0 if rows else 1
@@ -215,41 +239,68 @@ class ChordFactor:
         lam0: λ₀ ``[n]`` (float64; zero on generators at infinity).
         free: which generators are solved for (``[n]`` bool; the others are at infinity).
         chol: the Cholesky factor of H₀ restricted to the free generators ``[f, f]``.
+        diag0: :meth:`DiagonalProblem.derivatives`' diagonal at λ₀ on the free generators.
     """
 
     lam0: Tensor
     free: Tensor
     chol: Tensor
+    diag0: Tensor
 
 
 def factor(prob: DiagonalProblem, lam0: Tensor, free: Tensor) -> ChordFactor:
-    """Factor H₀ = ∇²F₀(λ₀) on the free generators (a tiny ridge where it is singular)."""
+    """Factor H₀ = ∇²F₀(λ₀) on the free generators (the Newton solve's relative damping)."""
     idx = free.nonzero().squeeze(1)
     h = prob.hessian(lam0)[idx][:, idx]
-    # The same relative damping as the Newton solve: 1e-12 of the largest diagonal entry.
-    h.diagonal().add_(1e-12 * float(h.diagonal().abs().max().clamp_min(1e-300)) if len(idx) else 0)
+    if len(idx):
+        h.diagonal().add_(1e-12 * float(h.diagonal().abs().max().clamp_min(1e-300)))
     chol, info = torch.linalg.cholesky_ex(h)
     if int(info) != 0:
         raise StatisticsError(
             "The Hessian of F at the last solution is not positive definite; the first-order "
             "distance needs a full solve (distance_mode='solve')."
         )
-    return ChordFactor(lam0, free, chol)
+    return ChordFactor(lam0, free, chol, prob.derivatives(lam0)[1][idx])
+
+
+def chord_solve(
+    fac: ChordFactor,
+    prob: DiagonalProblem,
+    *,
+    tol: float,
+    max_iter: int,
+    start: Tensor | None = None,
+) -> tuple[Tensor, bool, int, float]:
+    """Scaled chord iterations on F from λ₀: (λ, converged, iterations, last correction).
+
+    Step k: λ ← λ − H̃⁻¹∇F(λ) with H̃ = S H₀ S, S = diag(√(d(λ)/d₀)) where d is the Hessian's
+    diagonal (:meth:`DiagonalProblem.derivatives`): H₀'s factor, rescaled so that its
+    diagonal follows the current one (generators whose curvature changed — neurons that
+    fire more or less often on this batch — are then no worse off than the others). The
+    first iterate is eq. (C1) with H̃ for H₀; the bound (C2) holds with ρ measured against
+    H̃. Stops when the correction ‖δ‖∞ ≤ ``tol`` (converged) or after ``max_iter`` steps.
+    ``start`` (default λ₀): where to begin, e.g. the last record's λ.
+    """
+    idx = fac.free.nonzero().squeeze(1)
+    lam = (fac.lam0 if start is None else start).to(device=fac.chol.device).clone()
+    size = math.inf
+    for it in range(1, max_iter + 1):
+        g, d = prob.derivatives(lam)
+        scale = (d[idx] / fac.diag0).clamp_min(1e-300).sqrt()
+        step = -torch.cholesky_solve((g[idx] / scale)[:, None], fac.chol)[:, 0] / scale
+        lam[idx] += step
+        size = float(step.abs().max()) if len(idx) else 0.0
+        if not math.isfinite(size):
+            return lam, False, it, size
+        if size <= tol:
+            return lam, True, it, size
+    return lam, False, max_iter, size
 
 
 def chord_step(fac: ChordFactor, prob: DiagonalProblem) -> tuple[Tensor, float]:
-    """Eq. (C1): λ₁ = λ₀ − H₀⁻¹∇F(λ₀) on the free generators, and ν̂ = max_k |a_k·(λ₁ − λ₀)|.
-
-    ``prob`` is F at the current record; returns λ₁ ``[n]`` and ν̂.
-    """
-    idx = fac.free.nonzero().squeeze(1)
-    lam0 = fac.lam0.to(device=fac.chol.device)
-    g = prob.gradient(lam0)[idx]
-    y = torch.linalg.solve_triangular(fac.chol, -g[:, None], upper=False)
-    step = torch.linalg.solve_triangular(fac.chol.T, y, upper=True)[:, 0]
-    delta = torch.zeros_like(lam0)
-    delta[idx] = step
-    return lam0 + delta, prob.max_exponent(delta)
+    """Eq. (C1) with H̃ (one step of :func:`chord_solve`) and ν̂ = max_k |a_k·(λ₁ − λ₀)|."""
+    lam, _, _, _ = chord_solve(fac, prob, tol=0.0, max_iter=1)
+    return lam, prob.max_exponent(lam - fac.lam0.to(lam.device))
 
 
 def chord_bound(nu: float, rho: float) -> float:
