@@ -541,6 +541,10 @@ class NoetherMonitor:
             "symmetries": self.syms.names,
             "keys": self.keys,
             "estimator": self.estimator.value,
+            "optimizer": self._hyper.kind if self._hyper.from_optimizer else None,
+            "distance_every": self.distance_every if self.distance else None,
+            "distance_mode": self._distance.mode.value if self.distance else None,
+            "solve_every": self.solve_every if self.distance else None,
             "schema": {k: list(v) for k, v in self.schema.items()},
             "world_size": torch.distributed.get_world_size() if is_distributed() else 1,
         }
@@ -602,7 +606,16 @@ class NoetherMonitor:
         self,
         path: str | os.PathLike[str] | None = None,
         *,
-        kinds: Sequence[str] = ("loss", "charge", "flow", "distance", "sharpness"),
+        kinds: Sequence[str] = (
+            "loss",
+            "charge",
+            "flow",
+            "distance",
+            "step_drift",
+            "step_noise",
+            "adamw_charge",
+            "sharpness",
+        ),
         max_lines: int = 8,
         top_k: int = 8,
     ) -> Any:
