@@ -65,8 +65,11 @@ def test_gradient_is_minus_the_flow_at_the_teleported_model() -> None:
         s2.apply_(lam[off : off + k])
     flows = nf.noether_flow(syms2, _stats(m2, syms2, x, y), NM)
     flat = torch.cat([flows[n].reshape(-1) for n in syms2.names])
-    grad, diag = prob.derivatives(lam)
+    grad, diag, _ = prob.derivatives(lam)
     assert float((grad + flat).abs().max()) <= 1e-12 * float(flat.abs().max())
+    e = torch.randn(prob.n, generator=torch.Generator().manual_seed(5), dtype=DT)
+    fd_value = (prob.derivatives(lam + 1e-5 * e)[2] - prob.derivatives(lam - 1e-5 * e)[2]) / 2e-5
+    assert abs(fd_value - float(grad @ e)) <= 1e-7 * float(grad.abs().sum() * e.abs().max())
     h, eps = prob.hessian(lam), 1e-5
     fd = torch.stack(
         [
@@ -201,3 +204,21 @@ def test_solve_mode_solves_every_time() -> None:
     assert (mon.history["distance_exact"] == 1).all()
     with pytest.raises(ValueError, match="distance_mode='chord'"):
         nf.NoetherMonitor(m, syms, lr=0.05, batch_size=8, distance_mode="chord")
+
+
+def test_one_sided_generators_match_the_solvers_report() -> None:
+    """Scale invariance without weight decay has its equilibrium at infinity (paper eq. 24):
+    the problem flags it like the joint solve, so the monitor hands such a change to a full
+    solve instead of chord steps that run off."""
+    torch.manual_seed(0)
+    lin, head = nn.Linear(4, 5).to(DT), nn.Linear(5, 2).to(DT)
+    m = nn.Sequential(lin, nn.LayerNorm(5, elementwise_affine=False).to(DT), head)
+    syms = nf.SymmetrySet([nf.ScaleInvariance([lin.weight, lin.bias], label="s")])
+    x, y = torch.randn(16, 4, dtype=DT), torch.randn(16, 2, dtype=DT)
+    st = nf.collect_stats(m, syms, F.mse_loss, x, y, estimator="reference")
+    for gamma, at_inf in ((0.0, True), (0.01, False)):
+        nm = NoiseModel.create(lr=0.05, batch_size=8, weight_decay=gamma)
+        sol = nf.solve_equilibrium(syms, st, nm)
+        prob = diagonal_problem(list(syms.items()), {p: p.detach() for p in syms.params()}, st, nm)
+        assert bool(prob.one_sided().all()) is at_inf
+        assert bool(sol.at_infinity) is at_inf

@@ -120,6 +120,8 @@ class DistanceTracker:
         """The incremental solve, or ``None`` when it does not converge (then: a full solve)."""
         assert self._fac is not None
         prob = diagonal_problem(list(self.syms.items()), self._values(), stats, nm)
+        if not torch.equal(prob.one_sided().to(self._fac.free.device), ~self._fac.free):
+            return None  # an equilibrium moved to or from infinity: the full solve reports it
         lam, ok, its, size = chord_solve(
             self._fac, prob, tol=self.tol, max_iter=self.max_iter, start=self._lam
         )

@@ -59,6 +59,7 @@ __all__ = [
 ]
 
 Term = tuple[int, int, int, float]  # (offset in λ, generators, block, sign)
+_S_MIN = 1e-3  # bounds of the chord steps' diagonal rescaling S (H̃ = S H₀ S)
 _DT = torch.float64
 
 
@@ -110,8 +111,8 @@ class DiagonalProblem:
         """∇F(λ) = −(flows at e^{λA}θ). ``lam`` ``[n]`` → ``[n]``; matrix–vector products only."""
         return self.derivatives(lam)[0]
 
-    def derivatives(self, lam: Tensor) -> tuple[Tensor, Tensor]:
-        """∇F(λ) and Σ_k a_kj² ∇²_s F_k per generator j (the Hessian's diagonal), ``[n]`` each.
+    def derivatives(self, lam: Tensor) -> tuple[Tensor, Tensor, float]:
+        """∇F(λ), Σ_k a_kj² ∇²_s F_k per generator j (the Hessian's diagonal) and F(λ).
 
         One pass of matrix–vector products over each weight: e^{−2(r_i + q_j)} factorises.
         (The diagonal leaves out coordinates where one generator acts on both a row and a
@@ -119,6 +120,7 @@ class DiagonalProblem:
         """
         grad = torch.zeros(self.n, dtype=_DT, device=lam.device)
         diag = torch.zeros(self.n, dtype=_DT, device=lam.device)
+        value = 0.0
         for g in self.grids:
             r, q = self._axes(lam, g)
             er, eq = torch.exp(-2 * r).to(g.m.dtype), torch.exp(-2 * q).to(g.m.dtype)
@@ -128,11 +130,12 @@ class DiagonalProblem:
             if g.c is not None:  # row/column sums of κθ² e^{2s}
                 hi_row = ((g.c @ (1 / eq)) / er).to(_DT)
                 hi_col = ((g.c.T @ (1 / er)) / eq).to(_DT)
+            value += 0.5 * float(lo_row.sum() + hi_row.sum())
             for terms, lo, hi in ((g.rows, lo_row, hi_row), (g.cols, lo_col, hi_col)):
                 for off, k, b, sg in terms:
                     grad[off : off + k] += sg * _gather(hi - lo, k, b)
                     diag[off : off + k] += 2 * sg * sg * _gather(hi + lo, k, b)
-        return grad, diag
+        return grad, diag, value
 
     def hessian(self, lam: Tensor) -> Tensor:
         """∇²F(λ) = Σ_k a_k a_kᵀ·2(M_kk e^{−2a_k·λ} + κθ_k² e^{2a_k·λ}). Has shape ``[n, n]``."""
@@ -158,6 +161,26 @@ class DiagonalProblem:
                     h[off1 : off1 + k1, off2 : off2 + k2] += blk
                     h[off2 : off2 + k2, off1 : off1 + k1] += blk.T
         return h
+
+    def one_sided(self) -> Tensor:
+        """Per generator: whether F has terms on one side only (``[n]`` bool).
+
+        Along such a generator F decreases without bound (the equilibrium is at infinity,
+        e.g. a neuron that never fired on this batch); the rule of the joint solve.
+        """
+        dev = self.grids[0].m.device if self.grids else None
+        up = torch.zeros(self.n, dtype=_DT, device=dev)
+        down = torch.zeros(self.n, dtype=_DT, device=dev)
+        for g in self.grids:
+            for axis, terms in ((1, g.rows), (0, g.cols)):
+                ms = g.m.sum(axis).to(_DT)
+                cs = g.c.sum(axis).to(_DT) if g.c is not None else torch.zeros_like(ms)
+                for off, k, b, sg in terms:
+                    mk, ck = abs(sg) * _gather(ms, k, b), abs(sg) * _gather(cs, k, b)
+                    up[off : off + k] += mk if sg > 0 else ck
+                    down[off : off + k] += ck if sg > 0 else mk
+        tiny = 1e-13 * (up + down)
+        return ((down <= tiny) & (up > 0)) | ((up <= tiny) & (down > 0))
 
     def max_exponent(self, delta: Tensor) -> float:
         """ν = max_k |a_k·δ| over the coordinates of F (``delta`` ``[n]``)."""
@@ -263,6 +286,11 @@ def factor(prob: DiagonalProblem, lam0: Tensor, free: Tensor) -> ChordFactor:
     return ChordFactor(lam0, free, chol, prob.derivatives(lam0)[1][idx])
 
 
+def _eps(prob: DiagonalProblem) -> float:
+    """Relative round-off of F's sums (the grids' dtype)."""
+    return max((16 * torch.finfo(g.m.dtype).eps for g in prob.grids), default=0.0)
+
+
 def chord_solve(
     fac: ChordFactor,
     prob: DiagonalProblem,
@@ -270,28 +298,44 @@ def chord_solve(
     tol: float,
     max_iter: int,
     start: Tensor | None = None,
+    search: bool = True,
 ) -> tuple[Tensor, bool, int, float]:
     """Scaled chord iterations on F from λ₀: (λ, converged, iterations, last correction).
 
-    Step k: λ ← λ − H̃⁻¹∇F(λ) with H̃ = S H₀ S, S = diag(√(d(λ)/d₀)) where d is the Hessian's
-    diagonal (:meth:`DiagonalProblem.derivatives`): H₀'s factor, rescaled so that its
-    diagonal follows the current one (generators whose curvature changed — neurons that
-    fire more or less often on this batch — are then no worse off than the others). The
-    first iterate is eq. (C1) with H̃ for H₀; the bound (C2) holds with ρ measured against
-    H̃. Stops when the correction ‖δ‖∞ ≤ ``tol`` (converged) or after ``max_iter`` steps.
-    ``start`` (default λ₀): where to begin, e.g. the last record's λ.
+    Step k: λ ← λ − H̃⁻¹∇F(λ) with H̃ = S H₀ S, S = diag(√(d(λ)/d₀)) (it gives up when S
+    leaves [10⁻³, 10³]) where d is the Hessian's diagonal (:meth:`DiagonalProblem.derivatives`):
+    H₀'s factor, rescaled so that its diagonal follows the current one (generators whose
+    curvature changed — neurons that fire more or less often on this batch — are then no
+    worse off than the others), and a backtracking line search on F shortens a step that
+    overshoots. The first iterate (a full step) is eq. (C1) with H̃ for H₀; the bound (C2)
+    holds with ρ measured against H̃. Stops when the correction ‖δ‖∞ ≤ ``tol`` (converged)
+    or after ``max_iter`` steps. ``start`` (default λ₀): where to begin, e.g. the last
+    record's λ; ``search=False`` takes full steps (no line search).
     """
     idx = fac.free.nonzero().squeeze(1)
     lam = (fac.lam0 if start is None else start).to(device=fac.chol.device).clone()
-    size = math.inf
+    g, d, f = prob.derivatives(lam)
+    size, eps = math.inf, _eps(prob)
     for it in range(1, max_iter + 1):
-        g, d = prob.derivatives(lam)
-        scale = (d[idx] / fac.diag0).clamp_min(1e-300).sqrt()
+        # A generator whose curvature moved by more than 10⁶ (a neuron that almost never
+        # fired on this batch) is beyond what a rescaled H₀ describes: give up (full solve).
+        scale = (d[idx] / fac.diag0).sqrt().nan_to_num(0.0)
+        if len(idx) and not bool(((scale >= _S_MIN) & (scale <= 1 / _S_MIN)).all()):
+            return lam, False, it, math.inf
         step = -torch.cholesky_solve((g[idx] / scale)[:, None], fac.chol)[:, 0] / scale
-        lam[idx] += step
-        size = float(step.abs().max()) if len(idx) else 0.0
-        if not math.isfinite(size):
-            return lam, False, it, size
+        slope = float(g[idx] @ step)
+        t = 1.0
+        while True:  # backtracking (Armijo) on F: a step that overshoots is shortened
+            trial = lam.clone()
+            trial[idx] += t * step
+            g2, d2, f2 = prob.derivatives(trial)
+            if not search or (math.isfinite(f2) and f2 <= f + 1e-4 * t * slope + eps * abs(f)):
+                break
+            t /= 2
+            if t < 1e-6:
+                return lam, False, it, math.inf
+        lam, g, d, f = trial, g2, d2, f2
+        size = t * float(step.abs().max()) if len(idx) else 0.0
         if size <= tol:
             return lam, True, it, size
     return lam, False, max_iter, size
@@ -299,7 +343,7 @@ def chord_solve(
 
 def chord_step(fac: ChordFactor, prob: DiagonalProblem) -> tuple[Tensor, float]:
     """Eq. (C1) with H̃ (one step of :func:`chord_solve`) and ν̂ = max_k |a_k·(λ₁ − λ₀)|."""
-    lam, _, _, _ = chord_solve(fac, prob, tol=0.0, max_iter=1)
+    lam, _, _, _ = chord_solve(fac, prob, tol=0.0, max_iter=1, search=False)
     return lam, prob.max_exponent(lam - fac.lam0.to(lam.device))
 
 
