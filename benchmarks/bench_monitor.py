@@ -14,7 +14,8 @@ Configurations (``--configs``):
   median incremental row) × the full solves per step that the run needed (at least
   1/solve_every) × steps per block. The headline ratio includes it.
 * ``no-distance`` — ``distance=False`` (charges and flows only).
-* ``solve`` — ``distance_mode="solve"``: a full warm-started solve at every record.
+* ``solve`` — ``distance_mode="solve"``: a full warm-started solve at every distance record.
+* ``every-record`` — ``distance_every=every``: the distance at every record (track mode).
 
     python benchmarks/bench_monitor.py                       # default and no-distance
     python benchmarks/bench_monitor.py --configs default,no-distance,solve --blocks 9
@@ -42,14 +43,16 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "default": {},
     "no-distance": {"distance": False},
     "solve": {"distance_mode": "solve"},
+    "every-record": {"distance_every": "every"},  # the distance at every record (track)
 }
 
 
-def build(device: str, seed: int = 0) -> tuple[nn.Sequential, nf.SymmetrySet]:
+def build(device: str, seed: int = 0, tiny: bool = False) -> tuple[nn.Sequential, nf.SymmetrySet]:
     torch.manual_seed(seed)
-    m = nn.Sequential(
-        nn.Linear(784, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 10)
-    ).to(device)
+    d, w = (20, 16) if tiny else (784, 1024)
+    m = nn.Sequential(nn.Linear(d, w), nn.ReLU(), nn.Linear(w, w), nn.ReLU(), nn.Linear(w, 10)).to(
+        device
+    )
     syms = nf.SymmetrySet(
         [nf.Rescaling(m[0], m[2], label="h1"), nf.Rescaling(m[2], m[4], label="h2")]
     )
@@ -92,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: default)")
     ap.add_argument("--max-ratio", type=float, default=1.10)
+    ap.add_argument("--tiny", action="store_true", help="toy sizes (smoke test)")
     args = ap.parse_args(argv)
     names = [c for c in args.configs.split(",") if c]
     bad = [c for c in names if c not in CONFIGS]
@@ -101,12 +105,12 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     dev = args.device
     g = torch.Generator().manual_seed(1)
-    x = torch.randn(args.steps, 256, 784, generator=g).to(dev)
+    x = torch.randn(args.steps, 256, 20 if args.tiny else 784, generator=g).to(dev)
     y = torch.randint(0, 10, (args.steps, 256), generator=g).to(dev)
     loss_fn = nn.CrossEntropyLoss()
     lr = 0.01
 
-    m_plain, _ = build(dev)
+    m_plain, _ = build(dev, tiny=args.tiny)
     opt_plain = torch.optim.SGD(m_plain.parameters(), lr=lr)
 
     def plain() -> float:
@@ -123,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     monitors: dict[str, NoetherMonitor] = {}
     blocks: dict[str, Callable[[], float]] = {"plain": plain}
     for name in names:
-        m, syms = build(dev)
+        m, syms = build(dev, tiny=args.tiny)
         opt = torch.optim.SGD(m.parameters(), lr=lr)
         mon = NoetherMonitor(
             m,
@@ -133,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
             batch_size=256,
             progress=False,
             tensorboard=False,
-            **CONFIGS[name],
+            **{k: args.every if v == "every" else v for k, v in CONFIGS[name].items()},
         )
         monitors[name] = mon
         blocks[name] = _monitored(mon, m, opt, x, y, loss_fn, args.steps, dev)
