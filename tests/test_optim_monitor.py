@@ -164,6 +164,8 @@ def test_recorded_decomposition_is_exact(name: str, tmp_path) -> None:  # type: 
                 assert np.abs(parts[1]).max() > 1e-6 * sc  # momentum/Adam: a real drift
         if not name.startswith("sgd"):
             assert not any(k.startswith(("flow/", "distance/")) for k in h)
+    labels = [ax.get_ylabel() for ax in mon.plot().axes]
+    assert {"charge", "step_drift", "step_noise"} <= set(labels)
     for fmt in ("history.csv", "history.jsonl"):
         back = nf.load_history(tmp_path / fmt)
         assert set(back) == set(h)
