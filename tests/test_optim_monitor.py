@@ -104,6 +104,10 @@ HIST_OPTS = {
         lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9, weight_decay=0.03),
         1 - 0.05 * 0.03,
     ),
+    "sgdm-damped": (
+        lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9, dampening=0.5, weight_decay=0.03),
+        1 - 0.05 * 0.5 * 0.03,
+    ),
     "adamw": (lambda ps: torch.optim.AdamW(ps, lr=0.01, weight_decay=0.1), 1 - 0.01 * 0.1),
     "adam": (lambda ps: torch.optim.Adam(ps, lr=0.01, weight_decay=0.1), 1.0),
     "rmsprop": (lambda ps: torch.optim.RMSprop(ps, lr=0.01, momentum=0.5), 1.0),

@@ -171,6 +171,14 @@ class StepRecorder:
         out: dict[nn.Parameter, float] = {}
         for group, kind in self._groups:
             k = _shrink_of(group, kind)
+            damp = float(group.get("dampening", 0.0)) if kind == "sgd" else 0.0
+            if damp and float(group.get("momentum", 0.0)) and group["params"]:
+                # SGD puts the decay term into the buffer with weight (1 − d), except on the
+                # buffer's first step (PyTorch starts it undampened).
+                first = self.optimizer.state.get(group["params"][0], {})
+                if first.get("momentum_buffer") is not None:
+                    lr, wd = float(group["lr"]), float(group.get("weight_decay", 0.0))
+                    k = 1.0 - lr * (1.0 - damp) * wd
             for p in group["params"]:
                 out[p] = k
         return out
