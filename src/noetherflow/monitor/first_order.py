@@ -262,13 +262,16 @@ class ChordFactor:
         lam0: λ₀ ``[n]`` (float64; zero on generators at infinity).
         free: which generators are solved for (``[n]`` bool; the others are at infinity).
         chol: the Cholesky factor of H₀ restricted to the free generators ``[f, f]``.
-        diag0: :meth:`DiagonalProblem.derivatives`' diagonal at λ₀ on the free generators.
+        diag0: the diagonal of the factored matrix on the free generators.
+        flat0: free generators without any term of F at the full solve (a dead neuron): their
+            row of H₀ is the damping alone.
     """
 
     lam0: Tensor
     free: Tensor
     chol: Tensor
     diag0: Tensor
+    flat0: Tensor
 
 
 def factor(prob: DiagonalProblem, lam0: Tensor, free: Tensor) -> ChordFactor:
@@ -283,7 +286,8 @@ def factor(prob: DiagonalProblem, lam0: Tensor, free: Tensor) -> ChordFactor:
             "The Hessian of F at the last solution is not positive definite; the first-order "
             "distance needs a full solve (distance_mode='solve')."
         )
-    return ChordFactor(lam0, free, chol, prob.derivatives(lam0)[1][idx])
+    flat0 = prob.derivatives(lam0)[1][idx] == 0
+    return ChordFactor(lam0, free, chol, chol.square().sum(1), flat0)
 
 
 def _eps(prob: DiagonalProblem) -> float:
@@ -303,7 +307,8 @@ def chord_solve(
     """Scaled chord iterations on F from λ₀: (λ, converged, iterations, last correction).
 
     Step k: λ ← λ − H̃⁻¹∇F(λ) with H̃ = S H₀ S, S = diag(√(d(λ)/d₀)) (it gives up when S
-    leaves [10⁻³, 10³]) where d is the Hessian's diagonal (:meth:`DiagonalProblem.derivatives`):
+    leaves [10⁻³, 10³]; generators with d = 0, flat, stay) where d is the Hessian's diagonal
+    (:meth:`DiagonalProblem.derivatives`):
     H₀'s factor, rescaled so that its diagonal follows the current one (generators whose
     curvature changed — neurons that fire more or less often on this batch — are then no
     worse off than the others), and a backtracking line search on F shortens a step that
@@ -317,11 +322,17 @@ def chord_solve(
     g, d, f = prob.derivatives(lam)
     size, eps = math.inf, _eps(prob)
     for it in range(1, max_iter + 1):
-        # A generator whose curvature moved by more than 10⁶ (a neuron that almost never
-        # fired on this batch) is beyond what a rescaled H₀ describes: give up (full solve).
-        scale = (d[idx] / fac.diag0).sqrt().nan_to_num(0.0)
-        if len(idx) and not bool(((scale >= _S_MIN) & (scale <= 1 / _S_MIN)).all()):
+        # A generator with no terms on this batch (a neuron that never fired: d = 0) has a
+        # flat F: it stays where it is (S = ∞ in effect), as in the Newton solve. One that had
+        # none at the full solve but has now gets H̃_jj = d_j (its row of H₀ is the damping
+        # alone). One whose curvature moved by more than 10⁶ is beyond what a rescaled H₀
+        # describes: give up (a full solve follows).
+        di, flat = d[idx], d[idx] == 0
+        scale = (di / fac.diag0).sqrt()
+        ok = flat | fac.flat0 | ((scale >= _S_MIN) & (scale <= 1 / _S_MIN))
+        if not bool(ok.all()):
             return lam, False, it, math.inf
+        scale = torch.where(flat, 1e100, scale)
         step = -torch.cholesky_solve((g[idx] / scale)[:, None], fac.chol)[:, 0] / scale
         slope = float(g[idx] @ step)
         t = 1.0
