@@ -6,7 +6,8 @@ solve happens at the first distance record, every ``solve_every`` steps after it
 or γ moved by more than 5% since; at the other distance records the scaled chord iterations
 of :func:`noetherflow.monitor.first_order.chord_solve` start from the last record's λ and
 run until the correction is at most ``tol`` (then the row says ``distance_exact = 0``), or
-fall back to a full solve when they do not get there in ``max_iter`` steps. This applies to
+fall back to a full solve when they do not get there in ``max_iter`` steps or when a
+generator's equilibrium moved to or from infinity (its F one-sided on this batch). This applies to
 sets of diagonal symmetries that share no parameter with a rotation or dense symmetry;
 other sets are solved in full at every distance record.
 """
