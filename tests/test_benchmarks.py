@@ -42,3 +42,14 @@ def test_bench_stats_quick_tiny_finite_ratios(bench: ModuleType) -> None:
 def test_bench_stats_memory_cell(bench: ModuleType) -> None:
     delta = bench.memory_cell("linear", "hooks", quick=True, tiny=True, threads=None)
     assert math.isfinite(delta) and delta >= 0
+
+
+def test_bench_monitor_tiny_runs() -> None:
+    """benchmarks/bench_monitor.py keeps working with every configuration (toy sizes)."""
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_monitor.py"
+    spec = importlib.util.spec_from_file_location("bench_monitor", path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    argv = ["--tiny", "--every", "2", "--steps", "20", "--blocks", "1", "--max-ratio", "1e9"]
+    assert mod.main([*argv, "--configs", "default,no-distance,solve,every-record"]) == 0

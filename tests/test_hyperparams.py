@@ -49,7 +49,10 @@ def test_monitor_reads_lr_and_half_weight_decay_and_follows_a_schedule() -> None
     w = 0.02
     opt = torch.optim.SGD(m.parameters(), lr=0.1, weight_decay=w)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
-    mon = nf.NoetherMonitor(m, syms, every=1, optimizer=opt, batch_size=8, progress=False)
+    mon = nf.NoetherMonitor(
+        m, syms, every=1, optimizer=opt, batch_size=8, progress=False, distance_every=1,
+        distance_mode="solve",
+    )  # fmt: skip
     lrs = []
     for _ in range(5):
         lrs.append(opt.param_groups[0]["lr"])
@@ -113,8 +116,6 @@ def test_missing_lr_is_an_early_error() -> None:
 @pytest.mark.parametrize(
     ("make", "match"),
     [
-        (lambda ps: torch.optim.Adam(ps, lr=1e-3), r"Adam.*#18"),
-        (lambda ps: torch.optim.AdamW(ps, lr=1e-3), r"AdamW.*#18"),
         (lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, dampening=1.0), r"dampening=1\.0"),
         (lambda ps: torch.optim.SGD(ps, lr=0.1, maximize=True), "maximize"),
     ],
@@ -123,6 +124,25 @@ def test_unsupported_optimizers_are_refused(make, match: str) -> None:
     m, syms, _, _ = problem()
     with pytest.raises(ValueError, match=match):
         nf.NoetherMonitor(m, syms, optimizer=make(m.parameters()), batch_size=8)
+    with pytest.raises(ValueError, match=match):
+        nf.EquilibriumTeleport(m, syms, F.mse_loss, optimizer=make(m.parameters()), batch_size=8)
+
+
+@pytest.mark.parametrize(
+    ("make", "match"),
+    [
+        (lambda ps: torch.optim.Adam(ps, lr=1e-3), r"Adam.*#18"),
+        (lambda ps: torch.optim.AdamW(ps, lr=1e-3), r"AdamW.*#18"),
+    ],
+)
+def test_adam_monitor_is_accepted_teleport_refused(make, match: str) -> None:
+    """The monitor takes Adam(W) (charges and step decomposition, said once); the teleport,
+    whose equilibrium is SGD's, refuses it."""
+    m, syms, _, _ = problem()
+    with pytest.warns(UserWarning, match="no flows and distances"):
+        mon = nf.NoetherMonitor(m, syms, optimizer=make(m.parameters()), batch_size=8)
+    assert not any(k.startswith(("flow/", "distance/")) for k in mon.schema)
+    mon.close()
     with pytest.raises(ValueError, match=match):
         nf.EquilibriumTeleport(m, syms, F.mse_loss, optimizer=make(m.parameters()), batch_size=8)
 
@@ -150,8 +170,9 @@ def test_momentum_sgd_uses_the_momentum_noise_model(nesterov: bool, dampening: f
         dampening=dampening,
     )
     mon = nf.NoetherMonitor(
-        m, syms, every=1, optimizer=opt, batch_size=8, progress=False, time="discrete"
-    )
+        m, syms, every=1, optimizer=opt, batch_size=8, progress=False, time="discrete",
+        distance_every=1, distance_mode="solve",
+    )  # fmt: skip
     kw = {"lr": 0.05, "batch_size": 8, "weight_decay": w / 2, "time": "discrete"}
     mkw = {"momentum": beta, "nesterov": nesterov, "dampening": dampening}
     for _ in range(3):

@@ -35,7 +35,7 @@ def test_batchnorm_cnn_in_training_mode_runs_50_steps_with_microbatch() -> None:
     opt = torch.optim.SGD(m.parameters(), lr=0.05, weight_decay=1e-3)
     mon = nf.NoetherMonitor(
         m, syms, every=5, optimizer=opt, batch_size=16, estimator="microbatch",
-        micro_batch_size=4, loss_fn=F.cross_entropy, progress=False,
+        micro_batch_size=4, loss_fn=F.cross_entropy, progress=False, distance_every=5,
     )  # fmt: skip
     bn = m[1]
     for step in range(50):

@@ -73,7 +73,9 @@ def test_history_keys_are_ascii_and_names_stay_for_display(tmp_path: Path) -> No
 
 def test_on_record_gets_flat_ascii_floats() -> None:
     m, syms, x, y = detected()
-    mon = nf.NoetherMonitor(m, syms, every=2, lr=0.05, batch_size=24, progress=False)
+    mon = nf.NoetherMonitor(
+        m, syms, every=2, distance_every=2, lr=0.05, batch_size=24, progress=False
+    )
     got: list[dict[str, float]] = []
     mon.on_record(got.append)
     train(mon, m, x, y, 4)

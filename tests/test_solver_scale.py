@@ -67,6 +67,8 @@ def test_monitor_warm_started_distance_matches_cold() -> None:
             weight_decay=1e-3,
             progress=False,
             solver_options=opts,
+            distance_every=1,
+            distance_mode="solve",
         )
         opt = torch.optim.SGD(m.parameters(), lr=0.05)
         for _ in range(4):
@@ -76,7 +78,8 @@ def test_monitor_warm_started_distance_matches_cold() -> None:
             mon.step(loss)
             opt.step()
             opt.zero_grad()
-        assert mon._warm is not None and mon._warm.converged  # the next solve's start
+        warm = mon._distance.warm
+        assert warm is not None and warm.converged  # the next solve's start
         hist.append(np.stack([np.asarray(r) for r in mon.history["distance/r"]]))
     assert float(np.abs(hist[0]).max()) > 1e-3
     np.testing.assert_allclose(hist[0], hist[1], rtol=1e-9, atol=1e-12)

@@ -9,8 +9,9 @@
   every time it is called, so learning-rate schedules are followed.
 
 Supported optimizers: ``torch.optim.SGD`` (heavy-ball or Nesterov momentum β, any
-dampening d < 1, not ``maximize``). Its ``weight_decay=w`` adds w·θ to the gradient, i.e. the
-gradient of (w/2)‖θ‖²: γ = w/2. Momentum enters the flows through
+dampening d < 1, not ``maximize``); with ``adaptive=True`` (the monitor) also any other
+optimizer, whose settings :meth:`HyperSource.adam` reads. SGD's ``weight_decay=w`` adds w·θ
+to the gradient, i.e. the gradient of (w/2)‖θ‖²: γ = w/2. Momentum enters the flows through
 :meth:`HyperSource.momentum_kwargs` (``NoiseModel.create(momentum=β, nesterov=...,
 dampening=d)``: the
 effective coefficients, exact for the stationary point when ⟨vᵀA∇L⟩ = 0). Adam, AdamW and
@@ -32,13 +33,107 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["HyperSource", "sgd_hyperparameters"]
+__all__ = ["AdamSettings", "HyperSource", "adam_settings", "sgd_hyperparameters"]
 
 _LATER = (
     "noetherflow's noise model covers SGD (with or without momentum); the update of Adam/AdamW "
     "and other optimizers is not a gradient step, so there is no flow or equilibrium distance "
     "for it (see noetherflow.optim for the AdamW analysis, issue #18)"
 )
+
+
+def _unwrap(optimizer: Any) -> Any:
+    inner = getattr(optimizer, "optimizer", None)  # TeleportingOptimizer, LightningOptimizer
+    if not isinstance(optimizer, torch.optim.Optimizer) and isinstance(
+        inner, torch.optim.Optimizer
+    ):
+        return inner
+    return optimizer
+
+
+def is_adaptive(optimizer: Any) -> bool:
+    """Whether ``optimizer`` (unwrapped) is a ``torch.optim`` optimizer other than ``SGD``."""
+    opt = _unwrap(optimizer)
+    return isinstance(opt, torch.optim.Optimizer) and not isinstance(opt, torch.optim.SGD)
+
+
+@dataclass(frozen=True)
+class AdamSettings:
+    """The settings of the Adam/AdamW param groups that hold the watched parameters.
+
+    Attributes:
+        kind: ``"adamw"`` (decoupled decay: ``AdamW``, or ``Adam(decoupled_weight_decay=True)``),
+            ``"adam"`` (coupled L2 through the preconditioner), or ``"other"`` (any other
+            ``torch.optim`` optimizer: only lr and weight_decay are read, the rest is 0).
+        lr, weight_decay: η and the optimizer's own λ (decoupled for ``"adamw"``).
+        beta1, beta2, eps, amsgrad: as in ``torch.optim.Adam``.
+    """
+
+    kind: str
+    lr: float
+    weight_decay: float
+    beta1: float
+    beta2: float
+    eps: float
+    amsgrad: bool
+
+
+def adam_settings(
+    optimizer: torch.optim.Optimizer, params: Iterable[nn.Parameter], *, owner: str
+) -> AdamSettings:
+    """:class:`AdamSettings` of the groups of an optimizer holding ``params`` (one setting)."""
+    optimizer = _unwrap(optimizer)
+    groups = _groups_of(optimizer, params, owner)
+    adam = isinstance(optimizer, torch.optim.Adam | torch.optim.AdamW)
+    values = set()
+    for k, g in groups:
+        if g.get("maximize", False):
+            raise ValueError(
+                f"{owner}(optimizer=...): param group {k} has maximize=True; expected "
+                "minimisation (maximize=False)."
+            )
+        decoupled = isinstance(optimizer, torch.optim.AdamW) or bool(
+            g.get("decoupled_weight_decay", False)
+        )
+        b1, b2 = (float(b) for b in g.get("betas", (0.0, 0.0)))
+        values.add(
+            (
+                ("adamw" if decoupled else "adam") if adam else "other",
+                float(g["lr"]),
+                float(g.get("weight_decay", 0.0)),
+                b1,
+                b2,
+                float(g.get("eps", 0.0)),
+                bool(g.get("amsgrad", False)),
+            )
+        )
+    if len(values) > 1:
+        raise ValueError(
+            f"{owner}(optimizer=...): the watched parameters lie in param groups with different "
+            f"settings {sorted(values)}; a charge mixes its parameters, so the records need one "
+            "setting. Watch symmetries whose parameters share one group."
+        )
+    return AdamSettings(*values.pop())
+
+
+def _groups_of(
+    optimizer: torch.optim.Optimizer, params: Iterable[nn.Parameter], owner: str
+) -> list[tuple[int, dict[str, Any]]]:
+    """(index, group) of the param groups holding ``params``; raises if some are in none."""
+    wanted = {id(p) for p in params}
+    groups = [
+        (k, g)
+        for k, g in enumerate(optimizer.param_groups)
+        if wanted & {id(p) for p in g["params"]}
+    ]
+    found = {id(p) for _, g in groups for p in g["params"]} & wanted
+    if len(found) < len(wanted):
+        raise ValueError(
+            f"{owner}(optimizer=...): {len(wanted) - len(found)} of the {len(wanted)} parameters "
+            "the symmetries act on are not in the optimizer's param groups; pass the optimizer "
+            "that trains this model."
+        )
+    return groups
 
 
 def sgd_hyperparameters(
@@ -61,11 +156,7 @@ def sgd_settings(
     d is the dampening (0 without momentum, where PyTorch ignores it). Also raises for
     dampening ≥ 1 and when the groups disagree on momentum, Nesterov or dampening.
     """
-    inner = getattr(optimizer, "optimizer", None)  # TeleportingOptimizer, LightningOptimizer
-    if not isinstance(optimizer, torch.optim.Optimizer) and isinstance(
-        inner, torch.optim.Optimizer
-    ):
-        optimizer = inner
+    optimizer = _unwrap(optimizer)
     name = type(optimizer).__name__
     if not isinstance(optimizer, torch.optim.SGD):
         raise ValueError(
@@ -73,19 +164,7 @@ def sgd_settings(
             "explicitly instead of optimizer= (for SGD with momentum β, the effective lr is "
             "η/(1 − β))."
         )
-    wanted = {id(p) for p in params}
-    groups = [
-        (k, g)
-        for k, g in enumerate(optimizer.param_groups)
-        if wanted & {id(p) for p in g["params"]}
-    ]
-    found = {id(p) for _, g in groups for p in g["params"]} & wanted
-    if len(found) < len(wanted):
-        raise ValueError(
-            f"{owner}(optimizer=...): {len(wanted) - len(found)} of the {len(wanted)} parameters "
-            "the symmetries act on are not in the optimizer's param groups; pass the optimizer "
-            "that trains this model."
-        )
+    groups = _groups_of(optimizer, params, owner)
 
     def damp(g: dict[str, Any]) -> float:  # PyTorch ignores dampening without momentum
         return float(g.get("dampening", 0.0)) if float(g.get("momentum", 0.0)) != 0.0 else 0.0
@@ -137,6 +216,8 @@ class HyperSource:
         lr, weight_decay: explicit η and γ (γ‖θ‖² convention); ``weight_decay`` defaults to 0.
         optimizer: read η, γ from its param groups instead (see :func:`sgd_hyperparameters`).
         params: the parameters whose groups are read.
+        adaptive: also accept other optimizers than ``SGD`` (then :meth:`current` gives η and
+            the optimizer's own weight decay λ, and :meth:`adam` its settings).
     """
 
     owner: str
@@ -144,6 +225,7 @@ class HyperSource:
     weight_decay: float | None
     optimizer: torch.optim.Optimizer | None
     params: tuple[nn.Parameter, ...]
+    adaptive: bool = False
 
     @classmethod
     def create(
@@ -154,6 +236,7 @@ class HyperSource:
         weight_decay: float | None,
         optimizer: torch.optim.Optimizer | None,
         params: Iterable[nn.Parameter],
+        adaptive: bool = False,
     ) -> HyperSource:
         """Check that exactly one source is given; read the optimizer once to fail early."""
         if optimizer is not None:
@@ -174,7 +257,8 @@ class HyperSource:
                 f"{owner}: the learning rate is missing; pass optimizer=opt (η and γ are then "
                 "read from its param groups at every record) or lr=η (and weight_decay=γ)."
             )
-        src = cls(owner, lr, weight_decay, optimizer, tuple(params))
+        adam = adaptive and is_adaptive(optimizer)
+        src = cls(owner, lr, weight_decay, optimizer, tuple(params), adam)
         src.current()
         return src
 
@@ -183,9 +267,25 @@ class HyperSource:
         """Whether the values are read from an optimizer."""
         return self.optimizer is not None
 
+    @property
+    def kind(self) -> str:
+        """``"sgd"`` (explicit values or SGD), ``"adam"``, ``"adamw"`` or ``"other"``."""
+        return self.adam().kind if self.adaptive else "sgd"
+
+    def adam(self) -> AdamSettings:
+        """The optimizer's settings now (``adaptive`` sources of a non-SGD optimizer only)."""
+        assert self.adaptive and self.optimizer is not None
+        return adam_settings(self.optimizer, self.params, owner=self.owner)
+
     def current(self) -> tuple[float, float]:
-        """(η, γ) now: the explicit values, or those of the optimizer's param groups."""
-        if self.optimizer is not None:
+        """(η, γ) now: the explicit values, or those of the optimizer's param groups.
+
+        For an Adam/AdamW (``adaptive``): η and the optimizer's own weight decay λ.
+        """
+        if self.adaptive:
+            a = self.adam()
+            lr, gamma = a.lr, a.weight_decay
+        elif self.optimizer is not None:
             lr, gamma = sgd_hyperparameters(self.optimizer, self.params, owner=self.owner)
         else:
             assert self.lr is not None
@@ -204,6 +304,11 @@ class HyperSource:
         plain SGD's."""
         if self.optimizer is None:
             return {"momentum": 0.0, "nesterov": False, "dampening": 0.0}
+        if self.adaptive:
+            raise RuntimeError(
+                f"{self.owner}: an Adam/AdamW optimizer has no SGD noise model (no momentum "
+                "keywords); the flows and distances are not computed for it."
+            )
         _, _, beta, nesterov, d = sgd_settings(self.optimizer, self.params, owner=self.owner)
         return {"momentum": beta, "nesterov": nesterov, "dampening": d}
 

@@ -85,13 +85,17 @@ def plot_history(
         handles: list[Any] = []
         others: list[Any] = []
         for j, (label, y, band) in enumerate(lines):
+            # Only the records that measured it (e.g. distances every distance_every steps),
+            # joined: NaN rows in between would leave isolated points undrawn.
+            ok = np.isfinite(y)
             if j in named:
-                (line,) = ax.plot(steps, y, lw=1.2, label=label)
+                (line,) = ax.plot(steps[ok], y[ok], lw=1.2, label=label)
                 handles.append(line)
                 if band is not None:
-                    ax.fill_between(steps, *band, alpha=0.2, color=line.get_color())
+                    lo, hi = band
+                    ax.fill_between(steps[ok], lo[ok], hi[ok], alpha=0.2, color=line.get_color())
             else:
-                (line,) = ax.plot(steps, y, lw=0.6, color="0.6", alpha=0.5, zorder=1)
+                (line,) = ax.plot(steps[ok], y[ok], lw=0.6, color="0.6", alpha=0.5, zorder=1)
                 if not others:
                     line.set_label(f"others ({len(lines) - len(named)})")
                     others.append(line)

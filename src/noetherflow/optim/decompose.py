@@ -20,7 +20,7 @@ included (then xᵀAy is the symmetrised matrix form).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -92,11 +92,23 @@ def decompose_step(
 
 
 def _shrink_of(group: Mapping[str, object], kind: str) -> float:
+    """The decay factor k of one param group: a shrink θ → kθ inside the step, else 1."""
     lr = float(group["lr"])  # type: ignore[arg-type]
     wd = float(group.get("weight_decay", 0.0))  # type: ignore[arg-type]
-    if kind == "adam":
-        return 1.0
-    return 1.0 - lr * wd
+    if kind == "sgd" or kind == "adamw":
+        return 1.0 - lr * wd
+    if kind == "adam" and bool(group.get("decoupled_weight_decay", False)):
+        return 1.0 - lr * wd
+    return 1.0  # coupled L2 through a preconditioner, or another optimizer: all in the rest
+
+
+def _kind(optimizer: torch.optim.Optimizer) -> str:
+    from noetherflow.optim.hyper import optimizer_kind
+
+    try:
+        return optimizer_kind(optimizer)
+    except TypeError:
+        return "other"
 
 
 class StepRecorder:
@@ -104,35 +116,43 @@ class StepRecorder:
 
     Call :meth:`before_step` just before ``optimizer.step()`` and :meth:`after_step` right
     after; it reads the decay factor of each parameter from the optimizer's param groups
-    (``SGD``: k = 1 − lr·weight_decay, coupled L2 applied to θ in this step; ``AdamW``:
-    k = 1 − lr·weight_decay; ``Adam`` with weight decay: k = 1, its L2 term passes through
-    the preconditioner and is part of the rest). Example::
+    (``SGD``: k = 1 − lr·weight_decay, coupled L2 applied to θ in this step; ``AdamW`` and
+    ``Adam(decoupled_weight_decay=True)``: k = 1 − lr·weight_decay; ``Adam`` with weight
+    decay: k = 1, its L2 term passes through the preconditioner and is part of the rest; any
+    other ``torch.optim`` optimizer: k = 1, its whole update is the rest). The decomposition
+    is exact for every optimizer; only the split of decay from the rest depends on k.
+    Example::
 
         rec = StepRecorder(syms, opt)
         loss.backward(); rec.before_step(); opt.step(); parts = rec.after_step()
     """
 
     def __init__(self, syms: Mapping[str, Symmetry], optimizer: torch.optim.Optimizer) -> None:
-        from noetherflow.optim.hyper import optimizer_kind
-
         self.syms = dict(syms)
         self.optimizer = optimizer
-        kind = optimizer_kind(optimizer)
+        kind = _kind(optimizer)
         self._groups = [(g, kind) for g in optimizer.param_groups]
         self._snap: dict[nn.Parameter, Tensor] | None = None
         self._k: dict[nn.Parameter, float] = {}
         self.last: dict[str, StepDecomposition] | None = None
         self._handles: list[Any] = []
 
-    def attach(self) -> StepRecorder:
-        """Record every ``optimizer.step()`` through the optimizer's step hooks.
+    def attach(self, when: Callable[[], bool] | None = None) -> StepRecorder:
+        """Record ``optimizer.step()`` through the optimizer's step hooks.
 
-        After each step, :attr:`last` holds its decomposition per symmetry. :meth:`detach`
-        removes the hooks. Returns ``self``.
+        After each recorded step, :attr:`last` holds its decomposition per symmetry. With
+        ``when``, only the steps for which ``when()`` is true at the start of the step are
+        recorded (a snapshot of the parameters costs a copy of them). :meth:`detach` removes
+        the hooks. Returns ``self``.
         """
+
+        def pre(*_: Any) -> None:
+            if when is None or when():
+                self.before_step()
+
         if not self._handles:
             self._handles = [
-                self.optimizer.register_step_pre_hook(lambda *_: self.before_step()),
+                self.optimizer.register_step_pre_hook(pre),
                 self.optimizer.register_step_post_hook(lambda *_: self._record_last()),
             ]
         return self
@@ -144,12 +164,21 @@ class StepRecorder:
         self._handles = []
 
     def _record_last(self) -> None:
-        self.last = self.after_step()
+        if self._snap is not None:
+            self.last = self.after_step()
 
     def _shrinks(self) -> dict[nn.Parameter, float]:
         out: dict[nn.Parameter, float] = {}
         for group, kind in self._groups:
             k = _shrink_of(group, kind)
+            damp = float(group.get("dampening", 0.0)) if kind == "sgd" else 0.0
+            if damp and float(group.get("momentum", 0.0)) and group["params"]:
+                # SGD puts the decay term into the buffer with weight (1 − d), except on the
+                # buffer's first step (PyTorch starts it undampened).
+                first = self.optimizer.state.get(group["params"][0], {})
+                if first.get("momentum_buffer") is not None:
+                    lr, wd = float(group["lr"]), float(group.get("weight_decay", 0.0))
+                    k = 1.0 - lr * (1.0 - damp) * wd
             for p in group["params"]:
                 out[p] = k
         return out

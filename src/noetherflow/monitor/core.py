@@ -1,25 +1,4 @@
-"""Watch Noether charges, their noise-driven flows and the distance to the noise equilibrium.
-
-:class:`NoetherMonitor` rides on the caller's own forward/backward pass (``nf.capture``, or
-another estimator): on a record step (every ``every`` steps) it collects the gradient
-statistics of the batch, and :meth:`NoetherMonitor.step` turns them into a row. Keys use the
-symmetry's ASCII key ``<sym>`` (:func:`symmetry_key`):
-
-* ``loss`` (the global-batch mean under DDP), ``lr`` and ``weight_decay`` (the η, γ used);
-* ``charge/<sym>`` — C = θᵀAθ per generator (eq. 6); a rotation's ``[d, d]`` matrix charge is
-  logged as its Frobenius norm, the matrix itself as ``charge_matrix/<sym>`` on request;
-* ``flow/<sym>`` — the flow −κC + Tr[A·M] of :func:`noetherflow.noether_flow` (same shapes);
-* ``distance/<sym>`` — the distance to the noise equilibrium of
-  :func:`noetherflow.solve_equilibrium`: |λ*| per generator (diagonal), ‖log P‖_F (rotation),
-  |λ*| (dense); ``inf`` at infinity, with the number of such directions in
-  ``at_infinity/<sym>``;
-* ``sharpness/trace``, ``sharpness/trace_se``, ``sharpness/top_eigenvalue`` — optional;
-* ``step``, ``time`` (seconds since the start) and ``monitor_time`` (this row's overhead).
-
-Between record steps nothing is attached and ``step`` only counts. Rows go to
-``history.csv``/``history.jsonl`` (append-only, rank 0), TensorBoard, ``on_record``
-callbacks and a progress bar in terminals (:mod:`noetherflow._history`); :func:`load_history`
-reads the files back to the dict of :attr:`NoetherMonitor.history`.
+"""The training-loop API of the monitor: :class:`NoetherMonitor` (see :mod:`noetherflow.monitor`).
 
 Under ``torch.distributed`` the statistics (and the loss) are all-reduced to those of the
 global batch; every rank must call ``track``/``step`` together. Call ``step`` *before*
@@ -33,7 +12,6 @@ import os
 import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -50,22 +28,27 @@ from noetherflow._history import (
     JsonlSink,
     Outputs,
     TensorBoardSink,
-    flat_record,
-    load_history,
     open_tensorboard,
     stack_rows,
-    symmetry_key,
     symmetry_keys,
     write_meta,
 )
 from noetherflow._hyperparams import HyperSource
 from noetherflow._optimizer_state import preserved
 from noetherflow._tracking import monitor_advice, refuse_accumulation
-from noetherflow.equilibrium import EquilibriumSolution, solve_equilibrium
 from noetherflow.flow import charges, noether_flow
-from noetherflow.kernels import kernel_for
 from noetherflow.kernels.noise import NoiseModel
-from noetherflow.optim.decompose import StepDecomposition, StepRecorder
+from noetherflow.monitor.distance import DistanceTracker
+from noetherflow.monitor.options import (
+    DistanceMode,
+    SharpnessOptions,
+    multiple,
+    parse_distance_mode,
+)
+from noetherflow.monitor.rows import put_distance, put_values
+from noetherflow.monitor.schema import build_schema
+from noetherflow.monitor.steps import StepLog
+from noetherflow.optim.decompose import StepDecomposition
 from noetherflow.plotting import plot_history
 from noetherflow.stats.collect import Capture, capture, collect_stats
 from noetherflow.stats.core import Estimator, GradStats, Reduction, parse_reduction
@@ -78,37 +61,9 @@ from noetherflow.stats.distributed import (
 from noetherflow.stats.reference import check_no_train_batchnorm
 from noetherflow.symmetry.set import SymmetrySet
 
-__all__ = [
-    "NoetherMonitor",
-    "SharpnessOptions",
-    "flat_record",
-    "load_history",
-    "plot_history",
-    "symmetry_key",
-]
+__all__ = ["NoetherMonitor"]
 
 _FORMATS = FORMATS
-
-
-@dataclass(frozen=True)
-class SharpnessOptions:
-    """Sharpness measured by the monitor (see :func:`noetherflow.sharpness.sharpness`).
-
-    Attributes:
-        n_samples: Rademacher vectors of the Hutchinson trace.
-        max_iter, tol: power iteration budget and relative tolerance on the eigenvalue.
-        seed: seed of the random vectors (the same at every record: common random numbers).
-        every: measure every this many steps (a multiple of the monitor's ``every``);
-            ``None`` measures at every record.
-        method: ``"auto"``, ``"fwd-rev"`` or ``"rev-rev"`` Hessian-vector products.
-    """
-
-    n_samples: int = 10
-    max_iter: int = 20
-    tol: float = 1e-3
-    seed: int = 0
-    every: int | None = None
-    method: str = "auto"
 
 
 class NoetherMonitor:
@@ -142,15 +97,32 @@ class NoetherMonitor:
         every: record every this many calls of :meth:`step`, starting with the first.
         lr, batch_size, weight_decay, time: η, S, γ and the time model of the flows.
         optimizer: read η and γ from this optimizer's param groups at every record instead of
-            ``lr``/``weight_decay`` (plain SGD for now; passing both is an error).
+            ``lr``/``weight_decay`` (passing both is an error). ``SGD`` (with or without
+            momentum) gets flows and distances; ``Adam``/``AdamW`` get charges, the step
+            decomposition and, for AdamW on scale-invariant symmetries, the random-walk
+            prediction ``adamw_charge/*`` (their update is not an SGD step: no flow or
+            distance, said once when the monitor is built). With any optimizer the exact
+            decomposition of the step before each record is recorded (``step_*``,
+            :attr:`last_step`).
         reduction: whether the training loss is the batch ``"mean"`` or ``"sum"``.
         log_dir: directory for ``history.csv``/``history.jsonl``/``monitor.json`` (and
             TensorBoard); ``None`` keeps the history in memory only. Existing history files
             there are replaced.
         formats: which of ``"csv"``, ``"jsonl"`` to write.
-        distance: solve for the equilibrium distance (``False`` skips the solve).
-        distance_every: solve every this many steps (a multiple of ``every``; default
-            ``every``); in between the ``distance/*`` entries are NaN.
+        distance: record the distance to the equilibrium (``False``: no distance columns).
+        distance_every: record it every this many steps (a multiple of ``every``; default
+            10·``every``); in between the ``distance/*`` entries are NaN.
+        distance_mode: ``"track"`` (default): a full solve every ``solve_every`` steps and an
+            incremental solve from it at the other distance records (scaled chord steps
+            with the last full solve's factored Hessian, until the correction is at most
+            ``distance_tol``; ``distance_exact`` is 0 on those rows; see
+            :mod:`noetherflow.monitor.first_order`); ``"solve"``: a full solve every time.
+        solve_every: steps between full solves in ``"track"`` mode (a multiple of
+            ``distance_every``; default 10·``distance_every``). A full solve also happens
+            when η or γ moved by more than 5%, or when the incremental solve does not
+            converge in 8 steps.
+        distance_tol: the chord correction (in units of λ, ‖δλ‖∞) at which the incremental
+            solve stops; the recorded λ is then that close to the full solve's.
         solver_options: extra keyword arguments of :func:`noetherflow.solve_equilibrium`.
         full_matrices: also record the ``[d, d]`` matrix charges and flows of rotations.
         sharpness: ``True`` or :class:`SharpnessOptions` to record the Hessian trace and top
@@ -189,6 +161,9 @@ class NoetherMonitor:
         formats: Sequence[str] = _FORMATS,
         distance: bool = True,
         distance_every: int | None = None,
+        distance_mode: str | DistanceMode = "track",
+        solve_every: int | None = None,
+        distance_tol: float = 1e-4,
         solver_options: Mapping[str, Any] | None = None,
         full_matrices: bool = False,
         sharpness: bool | SharpnessOptions = False,
@@ -209,15 +184,18 @@ class NoetherMonitor:
             weight_decay=weight_decay,
             optimizer=optimizer,
             params=syms.params(),
+            adaptive=True,
         )
         lr0, gamma0 = self._hyper.current()
-        NoiseModel.create(
-            lr=lr0,
-            batch_size=batch_size,
-            weight_decay=gamma0,
-            time=time,
-            **self._hyper.momentum_kwargs(),
-        )
+        self.sgd = not self._hyper.adaptive  # flows and distances need SGD's noise model
+        if self.sgd:
+            NoiseModel.create(
+                lr=lr0,
+                batch_size=batch_size,
+                weight_decay=gamma0,
+                time=time,
+                **self._hyper.momentum_kwargs(),
+            )
         bad = [f for f in formats if f not in _FORMATS]
         if bad:
             raise ValueError(
@@ -229,16 +207,33 @@ class NoetherMonitor:
         self.every = int(every)
         self.batch_size, self.time = batch_size, time
         self.reduction = parse_reduction(reduction)
-        self.distance = distance
-        self.distance_every = _multiple("distance_every", distance_every, self.every)
+        self.distance = bool(distance) and self.sgd
+        self.distance_every = multiple(
+            "distance_every",
+            10 * self.every if distance_every is None else distance_every,
+            self.every,
+        )
+        mode = parse_distance_mode(distance_mode)
+        if not (float(distance_tol) >= 0):
+            raise ValueError(f"distance_tol={distance_tol!r} must be a number >= 0.")
         self.solver_options = dict(solver_options or {})
-        self._warm: EquilibriumSolution | None = None  # last solve, the next one's start
+        self._distance = DistanceTracker(
+            syms,
+            mode=mode,
+            solve_every=multiple(
+                "solve_every",
+                10 * self.distance_every if solve_every is None else solve_every,
+                self.distance_every,
+            ),
+            tol=float(distance_tol),
+            solver_options=self.solver_options,
+        )
         self.full_matrices = full_matrices
         self.sharpness: SharpnessOptions | None = (
             SharpnessOptions() if sharpness is True else (sharpness or None)
         )
         if self.sharpness is not None:
-            _multiple("sharpness.every", self.sharpness.every, self.every)
+            multiple("sharpness.every", self.sharpness.every, self.every)
             if loss_fn is None:
                 raise ValueError(
                     "sharpness needs loss_fn: pass NoetherMonitor(..., loss_fn=loss_fn) (and "
@@ -273,8 +268,22 @@ class NoetherMonitor:
         self._t0 = _now()
         self._warned_untracked = False
         self.keys: dict[str, str] = symmetry_keys(syms.names)
-        self.schema = self._schema()
-        self._decomp = _step_recorder(syms, optimizer)
+        adamw = self.sgd is False and self._hyper.kind == "adamw"
+        self._steps = StepLog(
+            syms, self.keys, optimizer, self.due, self._hyper.adam if adamw else None
+        )
+        self.schema = build_schema(
+            syms,
+            self.keys,
+            full_matrices=full_matrices,
+            flows=self.sgd,
+            distance=self.distance,
+            sharpness=self.sharpness is not None,
+            steps=self._steps.active,
+            adamw=self._steps.adamw_names,
+        )
+        if not self.sgd:
+            _adaptive_notice(self._hyper.kind, bool(distance), self._steps.adamw_names)
         self.log_dir = Path(log_dir) if log_dir is not None else None
         self.formats = tuple(formats)
         self._out = Outputs()
@@ -287,35 +296,6 @@ class NoetherMonitor:
         if self.is_writer and (progress if progress is not None else is_terminal()):
             self._progress = ProgressDisplay(total)
 
-    # -- schema ---------------------------------------------------------------------------
-    def _schema(self) -> dict[str, tuple[int, ...]]:
-        """Every recorded key and the shape of its value (fixed for the whole run)."""
-        sch: dict[str, tuple[int, ...]] = {
-            "step": (),
-            "time": (),
-            "monitor_time": (),
-            "loss": (),
-            "lr": (),
-            "weight_decay": (),
-        }
-        ch = charges(self.syms)
-        for name, s in self.syms.items():
-            shape, key = tuple(ch[name].shape), self.keys[name]
-            matrix = kernel_for(s).matrix_valued
-            for kind in ("charge", "flow"):
-                sch[f"{kind}/{key}"] = () if matrix else shape
-                if matrix and self.full_matrices:
-                    sch[f"{kind}_matrix/{key}"] = shape
-        if self.distance:
-            for name, s in self.syms.items():
-                key = self.keys[name]
-                sch[f"distance/{key}"] = kernel_for(s).distance_shape(s)
-                sch[f"at_infinity/{key}"] = ()
-        if self.sharpness is not None:
-            for k in ("trace", "trace_se", "top_eigenvalue"):
-                sch[f"sharpness/{k}"] = ()
-        return sch
-
     # -- hyper-parameters -----------------------------------------------------------------
     @property
     def lr(self) -> float:
@@ -325,6 +305,11 @@ class NoetherMonitor:
     @lr.setter
     def lr(self, value: float) -> None:
         self._hyper.set("lr", value)
+
+    @property
+    def solve_every(self) -> int:
+        """Steps between full equilibrium solves (``distance_mode="track"``)."""
+        return self._distance.solve_every
 
     @property
     def weight_decay(self) -> float:
@@ -352,7 +337,7 @@ class NoetherMonitor:
         passes inside one ``track``) is refused with an error naming it; see the docs for
         the two ways to monitor an accumulating loop.
         """
-        if not self.due() or self.estimator is not Estimator.HOOKS:
+        if not self.due() or self.estimator is not Estimator.HOOKS or not self.sgd:
             return contextlib.nullcontext()
         return self._tracking()
 
@@ -424,7 +409,9 @@ class NoetherMonitor:
         row["step"] = np.asarray(i, dtype=np.int64)
         stats: GradStats | None = None
         n_local = 1
-        if self.estimator is not Estimator.HOOKS:
+        if not self.sgd:
+            pass  # Adam/AdamW: no noise model, so no statistics are needed
+        elif self.estimator is not Estimator.HOOKS:
             stats = self._batch_stats(inputs, targets)
         elif self._cap is not None:
             stats = self._cap.stats
@@ -432,7 +419,7 @@ class NoetherMonitor:
             n_local = stats.n
             if self.all_reduce:
                 all_reduce_stats(stats)
-        elif not self._warned_untracked:
+        elif self.sgd and not self._warned_untracked:
             self._warned_untracked = True
             warnings.warn(
                 f"NoetherMonitor: step {i} is a record step but no forward/backward ran inside "
@@ -450,21 +437,18 @@ class NoetherMonitor:
         lr, gamma = self._hyper.current()
         row["lr"], row["weight_decay"] = np.asarray(lr), np.asarray(gamma)
         ch = charges(self.syms)
-        self._put(row, "charge", ch)
+        put_values(row, "charge", ch, self.syms, self.keys, self.schema)
+        self._steps.put(row, self.schema)
         if stats is not None:
-            fl = noether_flow(
-                self.syms,
-                stats,
-                lr=lr,
-                batch_size=self.batch_size,
-                weight_decay=gamma,
-                time=self.time,
-                charges=ch,
-                **self._hyper.momentum_kwargs(),
-            )
-            self._put(row, "flow", fl)
-            if self.distance and i % self.distance_every == 0:
-                self._put_distance(row, stats, lr, gamma)
+            noise = self._noise_kwargs(lr, gamma)
+            fl = noether_flow(self.syms, stats, NoiseModel.create(**noise), charges=ch)
+            put_values(row, "flow", fl, self.syms, self.keys, self.schema)
+            if self.distance and i % self.distance_every == 0 and stats.all_finite():
+                # (NaN statistics, a divergence: the distances stay NaN)
+                res = self._distance.measure(
+                    i, stats, NoiseModel.create(**noise), (lr, gamma), **noise
+                )
+                put_distance(row, res, self.syms, self.keys, self.schema)
         sh = self.sharpness
         if sh is not None and i % (sh.every or self.every) == 0:
             self._put_sharpness(row, sh, inputs, targets)
@@ -499,44 +483,14 @@ class NoetherMonitor:
     def _level_at(self, i: int) -> str:
         return "solve" if self.distance and i % self.distance_every == 0 else "neuron"
 
-    def _put(self, row: dict[str, np.ndarray], kind: str, vals: Mapping[str, Tensor]) -> None:
-        for name, s in self.syms.items():
-            v, key = vals[name].detach(), self.keys[name]
-            k = kernel_for(s)
-            if k.matrix_valued:  # e.g. a rotation: the norm of the matrix charge/flow
-                row[f"{kind}/{key}"] = _np(k.record(v))
-                if self.full_matrices:
-                    row[f"{kind}_matrix/{key}"] = _np(v)
-            else:
-                row[f"{kind}/{key}"] = _np(v).reshape(self.schema[f"{kind}/{key}"])
-
-    def _put_distance(
-        self, row: dict[str, np.ndarray], stats: GradStats, lr: float, gamma: float
-    ) -> None:
-        if not stats.all_finite():
-            return  # NaN statistics (divergence): leave the distances NaN
-        sol = solve_equilibrium(
-            self.syms,
-            stats,
-            lr=lr,
-            batch_size=self.batch_size,
-            weight_decay=gamma,
-            time=self.time,
-            **{"init": self._warm, **self.solver_options},
+    def _noise_kwargs(self, lr: float, gamma: float) -> dict[str, Any]:
+        return {
+            "lr": lr,
+            "batch_size": self.batch_size,
+            "weight_decay": gamma,
+            "time": self.time,
             **self._hyper.momentum_kwargs(),
-        )
-        # Warm start of the next solve (same answer, fewer Newton iterations); a failed solve
-        # is not a good start.
-        self._warm = sol if sol.converged else None
-        for name, _s in self.syms.items():
-            key = self.keys[name]
-            row[f"distance/{key}"] = _np(sol.distance[name]).reshape(self.schema[f"distance/{key}"])
-            row[f"at_infinity/{key}"] = np.asarray(0.0)
-        for rep in sol.at_infinity:  # each family's kernel marks its part at infinity
-            key = self.keys[rep.name]
-            d, count = kernel_for(self.syms[rep.name]).mark_infinity(sol.distance[rep.name], rep)
-            row[f"distance/{key}"] = _np(d).reshape(self.schema[f"distance/{key}"])
-            row[f"at_infinity/{key}"] = np.asarray(float(count))
+        }
 
     def _put_sharpness(
         self, row: dict[str, np.ndarray], sh: SharpnessOptions, inputs: Any, targets: Any
@@ -587,6 +541,10 @@ class NoetherMonitor:
             "symmetries": self.syms.names,
             "keys": self.keys,
             "estimator": self.estimator.value,
+            "optimizer": self._hyper.kind if self._hyper.from_optimizer else None,
+            "distance_every": self.distance_every if self.distance else None,
+            "distance_mode": self._distance.mode.value if self.distance else None,
+            "solve_every": self.solve_every if self.distance else None,
             "schema": {k: list(v) for k, v in self.schema.items()},
             "world_size": torch.distributed.get_world_size() if is_distributed() else 1,
         }
@@ -624,17 +582,19 @@ class NoetherMonitor:
             self._progress.stop()
             self._progress = None
         self._out.close()
-        if self._decomp is not None:
-            self._decomp.detach()
+        self._steps.close()
 
     @property
     def last_step(self) -> dict[str, StepDecomposition] | None:
-        """The exact decomposition of the last ``optimizer.step()`` (``optimizer=`` only).
+        """The exact decomposition of the last recorded ``optimizer.step()`` (``optimizer=``).
 
-        Per symmetry: before + decay + drift (2θ_dᵀAΔ_r) + noise = the charge after the step
-        (:mod:`noetherflow.optim.decompose`); ``None`` before the first step.
+        The steps recorded are those that lead to a record step (with ``every=1``, every
+        step). Per symmetry: before + decay + drift (2θ_dᵀAΔ_r) + noise = the charge after the
+        step (:mod:`noetherflow.optim.decompose`); ``None`` before the first such step. The
+        parts are written into the next row as ``step_decay/*``, ``step_drift/*``,
+        ``step_noise/*``.
         """
-        return None if self._decomp is None else self._decomp.last
+        return self._steps.last
 
     def __enter__(self) -> NoetherMonitor:
         return self
@@ -646,7 +606,16 @@ class NoetherMonitor:
         self,
         path: str | os.PathLike[str] | None = None,
         *,
-        kinds: Sequence[str] = ("loss", "charge", "flow", "distance", "sharpness"),
+        kinds: Sequence[str] = (
+            "loss",
+            "charge",
+            "flow",
+            "distance",
+            "step_drift",
+            "step_noise",
+            "adamw_charge",
+            "sharpness",
+        ),
         max_lines: int = 8,
         top_k: int = 8,
     ) -> Any:
@@ -672,28 +641,20 @@ def _now() -> float:
     return time.perf_counter()
 
 
-def _multiple(name: str, value: int | None, every: int) -> int:
-    if value is None:
-        return every
-    if int(value) != value or value < 1 or value % every:
-        raise ValueError(
-            f"{name}={value!r} must be a positive multiple of every={every} (records happen "
-            "only every `every` steps)."
-        )
-    return int(value)
-
-
-def _np(t: Tensor) -> np.ndarray:
-    return np.asarray(t.detach().to("cpu", torch.float64).numpy())
-
-
-def _step_recorder(syms: SymmetrySet, optimizer: Any) -> StepRecorder | None:
-    """A :class:`StepRecorder` attached to the (unwrapped) torch optimizer, if one is given."""
-    inner = getattr(optimizer, "optimizer", None)  # TeleportingOptimizer, LightningOptimizer
-    if not isinstance(optimizer, torch.optim.Optimizer) and isinstance(
-        inner, torch.optim.Optimizer
-    ):
-        optimizer = inner
-    if not isinstance(optimizer, torch.optim.Optimizer):
-        return None
-    return StepRecorder(dict(syms.items()), optimizer).attach()
+def _adaptive_notice(kind: str, distance: bool, adamw: list[str]) -> None:
+    """The one notice of a monitor built on an optimizer other than SGD."""
+    what = "flows" + (" and distances to the noise equilibrium" if distance else "")
+    name = {"adamw": "AdamW", "adam": "Adam"}.get(kind, "an optimizer other than SGD")
+    pred = (
+        f" AdamW's random-walk equilibrium charge is recorded for the scale-invariant "
+        f"symmetries {adamw} (adamw_charge/*, adamw_noise/*)."
+        if adamw
+        else ""
+    )
+    warnings.warn(
+        f"NoetherMonitor with {name}: charges and the exact per-step decomposition "
+        f"(step_decay/drift/noise) are recorded, but no {what}: they are predictions of SGD's "
+        f"noise model, and this update is not an SGD step.{pred} See the docs' optimizer page.",
+        UserWarning,
+        stacklevel=3,
+    )

@@ -1,0 +1,170 @@
+"""The ``distance/*`` columns: when to solve in full, and the incremental solve in between.
+
+A full solve is :func:`noetherflow.solve_equilibrium`, warm-started from the last converged
+solution (same answer, fewer Newton iterations). With ``mode="track"`` (the default) a full
+solve happens at the first distance record, every ``solve_every`` steps after it, and when η
+or γ moved by more than 5% since; at the other distance records the scaled chord iterations
+of :func:`noetherflow.monitor.first_order.chord_solve` start from the last record's λ and
+run until the correction is at most ``tol`` (then the row says ``distance_exact = 0``), or
+fall back to a full solve when they do not get there in ``max_iter`` steps or when a
+generator's equilibrium moved to or from infinity (its F one-sided on this batch). This applies to
+sets of diagonal symmetries that share no parameter with a rotation or dense symmetry;
+other sets are solved in full at every distance record.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from noetherflow.equilibrium import EquilibriumSolution, InfinityReport, solve_equilibrium
+from noetherflow.kernels import kernel_for
+from noetherflow.kernels.diagonal import DiagonalKernel
+from noetherflow.kernels.noise import NoiseModel
+from noetherflow.monitor.first_order import ChordFactor, chord_solve, diagonal_problem, factor
+from noetherflow.monitor.options import DistanceMode
+from noetherflow.stats.core import GradStats
+from noetherflow.symmetry.set import SymmetrySet
+
+__all__ = ["DistanceResult", "DistanceTracker"]
+
+_HYPER_RTOL = 0.05  # relative change of η or γ that calls for a full solve
+
+
+@dataclass
+class DistanceResult:
+    """One record's distances.
+
+    Attributes:
+        distance: per symmetry name, as :attr:`EquilibriumSolution.distance`.
+        at_infinity: the reports of the full solve these distances come from.
+        exact: ``True`` for a full solve, ``False`` for the first-order update.
+        correction: the last chord correction ‖δ‖∞ (0 for a full solve).
+        iterations: chord iterations (0 for a full solve).
+    """
+
+    distance: dict[str, Tensor]
+    at_infinity: list[InfinityReport] = field(default_factory=list)
+    exact: bool = True
+    correction: float = 0.0
+    iterations: int = 0
+
+
+class DistanceTracker:
+    """Distances to the noise equilibrium at the monitor's distance records.
+
+    Args:
+        syms: the symmetries.
+        mode: :class:`DistanceMode` (``"track"`` or ``"solve"``).
+        solve_every: steps between full solves in ``"track"`` mode.
+        tol: the chord correction ‖δ‖∞ at which the incremental solve stops (units of λ).
+        max_iter: chord iterations before falling back to a full solve.
+        solver_options: extra keyword arguments of :func:`noetherflow.solve_equilibrium`.
+    """
+
+    def __init__(
+        self,
+        syms: SymmetrySet,
+        *,
+        mode: DistanceMode,
+        solve_every: int,
+        tol: float,
+        solver_options: Mapping[str, Any],
+        max_iter: int = 8,
+    ) -> None:
+        self.syms, self.mode = syms, mode
+        self.solve_every, self.tol, self.max_iter = int(solve_every), float(tol), int(max_iter)
+        self.solver_options = dict(solver_options)
+        self.trackable = (
+            mode is DistanceMode.TRACK
+            and not syms.coupled_groups()
+            and all(isinstance(kernel_for(s), DiagonalKernel) for s in syms)
+        )
+        self.warm: EquilibriumSolution | None = None  # the last converged solve
+        self._fac: ChordFactor | None = None
+        self._lam: Tensor | None = None  # the last record's λ (the next chord start)
+        self._solved_at = -1
+        self._hyper: tuple[float, float] = (0.0, 0.0)
+        self._reports: list[InfinityReport] = []
+        self.solves = 0
+
+    def measure(
+        self, step: int, stats: GradStats, nm: NoiseModel, hyper: tuple[float, float], **kw: Any
+    ) -> DistanceResult:
+        """The distances at ``step`` from this record's statistics.
+
+        ``kw`` are the noise keywords of :func:`noetherflow.solve_equilibrium` (η, S, γ, time,
+        momentum); ``nm`` is the same noise model; ``hyper`` is (η, γ).
+        """
+        if self._fac is not None and not self._due(step, hyper):
+            res = self._update(stats, nm)
+            if res is not None:
+                return res
+        return self._solve(step, stats, nm, hyper, **kw)
+
+    def _due(self, step: int, hyper: tuple[float, float]) -> bool:
+        if step - self._solved_at >= self.solve_every:
+            return True
+        return any(
+            abs(new - old) > _HYPER_RTOL * abs(old)
+            for new, old in zip(hyper, self._hyper, strict=True)
+        )
+
+    def _values(self) -> dict[Any, Tensor]:
+        return {p: p.detach() for p in self.syms.params()}
+
+    def _update(self, stats: GradStats, nm: NoiseModel) -> DistanceResult | None:
+        """The incremental solve, or ``None`` when it does not converge (then: a full solve)."""
+        assert self._fac is not None
+        prob = diagonal_problem(list(self.syms.items()), self._values(), stats, nm)
+        if not torch.equal(prob.one_sided().to(self._fac.free.device), ~self._fac.free):
+            return None  # an equilibrium moved to or from infinity: the full solve reports it
+        lam, ok, its, size = chord_solve(
+            self._fac, prob, tol=self.tol, max_iter=self.max_iter, start=self._lam
+        )
+        if not ok:
+            return None
+        self._lam = lam
+        out = {}
+        for name, s in self.syms.items():
+            off, k = prob.offsets[name]
+            out[name] = kernel_for(s).distance(s, lam[off : off + k].to(s.params[0].device))
+        return DistanceResult(
+            out, list(self._reports), exact=False, correction=size, iterations=its
+        )
+
+    def _solve(
+        self, step: int, stats: GradStats, nm: NoiseModel, hyper: tuple[float, float], **kw: Any
+    ) -> DistanceResult:
+        sol = solve_equilibrium(
+            self.syms, stats, **{"init": self.warm, **self.solver_options}, **kw
+        )
+        self.solves += 1
+        # Warm start of the next solve; a failed solve is not a good start.
+        self.warm = sol if sol.converged else None
+        self._fac = None
+        if self.trackable and sol.converged:
+            self._fac = self._factor(sol, stats, nm)
+            self._lam = None if self._fac is None else self._fac.lam0
+            self._solved_at, self._hyper, self._reports = step, hyper, list(sol.at_infinity)
+        return DistanceResult(dict(sol.distance), list(sol.at_infinity), exact=True)
+
+    def _factor(
+        self, sol: EquilibriumSolution, stats: GradStats, nm: NoiseModel
+    ) -> ChordFactor | None:
+        prob = diagonal_problem(list(self.syms.items()), self._values(), stats, nm)
+        dev = stats.mean[self.syms.params()[0]].device
+        lam0 = torch.zeros(prob.n, dtype=torch.float64, device=dev)
+        free = torch.ones(prob.n, dtype=torch.bool, device=dev)
+        for name, (off, k) in prob.offsets.items():
+            lam0[off : off + k] = torch.as_tensor(sol.elements[name]).reshape(-1).to(lam0)
+        for rep in sol.at_infinity:
+            off, k = prob.offsets[rep.name]
+            free[off : off + k] &= rep.direction.reshape(-1).to(dev) == 0
+        if not bool(free.any()):
+            return None  # everything at infinity: the full solve costs nothing anyway
+        return factor(prob, lam0, free)

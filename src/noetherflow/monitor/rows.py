@@ -1,0 +1,66 @@
+"""Filling one row: charge-shaped values, distances, conversion to numpy."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from noetherflow.kernels import kernel_for
+from noetherflow.monitor.distance import DistanceResult
+from noetherflow.symmetry.set import SymmetrySet
+
+__all__ = ["put_distance", "put_values", "to_numpy"]
+
+Row = dict[str, np.ndarray]
+
+
+def to_numpy(t: Tensor) -> np.ndarray:
+    """A tensor as a float64 numpy array on the CPU."""
+    return np.asarray(t.detach().to("cpu", torch.float64).numpy())
+
+
+def put_values(
+    row: Row,
+    kind: str,
+    vals: Mapping[str, Tensor],
+    syms: SymmetrySet,
+    keys: Mapping[str, str],
+    schema: Mapping[str, tuple[int, ...]],
+) -> None:
+    """Charge-shaped ``vals`` (per symmetry name) into ``row`` as ``<kind>/<key>``.
+
+    Matrix-valued families (rotations) are written as the kernel's record (the Frobenius
+    norm), and as ``<kind>_matrix/<key>`` too when the schema has that key.
+    """
+    for name, s in syms.items():
+        v, key = vals[name].detach(), keys[name]
+        k = kernel_for(s)
+        if k.matrix_valued:
+            row[f"{kind}/{key}"] = to_numpy(k.record(v))
+            if f"{kind}_matrix/{key}" in schema:
+                row[f"{kind}_matrix/{key}"] = to_numpy(v)
+        else:
+            row[f"{kind}/{key}"] = to_numpy(v).reshape(schema[f"{kind}/{key}"])
+
+
+def put_distance(
+    row: Row,
+    res: DistanceResult,
+    syms: SymmetrySet,
+    keys: Mapping[str, str],
+    schema: Mapping[str, tuple[int, ...]],
+) -> None:
+    """``distance/<key>``, ``at_infinity/<key>`` and ``distance_exact`` from ``res``."""
+    for name in syms.names:
+        key = keys[name]
+        row[f"distance/{key}"] = to_numpy(res.distance[name]).reshape(schema[f"distance/{key}"])
+        row[f"at_infinity/{key}"] = np.asarray(0.0)
+    for rep in res.at_infinity:  # each family's kernel marks its part at infinity
+        key = keys[rep.name]
+        d, count = kernel_for(syms[rep.name]).mark_infinity(res.distance[rep.name], rep)
+        row[f"distance/{key}"] = to_numpy(d).reshape(schema[f"distance/{key}"])
+        row[f"at_infinity/{key}"] = np.asarray(float(count))
+    row["distance_exact"] = np.asarray(1.0 if res.exact else 0.0)

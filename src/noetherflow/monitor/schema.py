@@ -1,0 +1,61 @@
+"""Which keys a monitor records and the shape of each (fixed for the whole run)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from noetherflow.flow import charges
+from noetherflow.kernels import kernel_for
+from noetherflow.symmetry.set import SymmetrySet
+
+__all__ = ["STEP_PARTS", "build_schema"]
+
+STEP_PARTS = ("decay", "drift", "noise")  # keys step_<part>/<sym> (optim.decompose)
+
+
+def build_schema(
+    syms: SymmetrySet,
+    keys: Mapping[str, str],
+    *,
+    full_matrices: bool,
+    flows: bool,
+    distance: bool,
+    sharpness: bool,
+    steps: bool,
+    adamw: Sequence[str] = (),
+) -> dict[str, tuple[int, ...]]:
+    """``key → shape`` of every recorded entry (see :mod:`noetherflow.monitor`).
+
+    ``flows``: flow columns; ``distance``: distance columns; ``steps``: the step
+    decomposition; ``adamw``: names of the symmetries with AdamW's prediction.
+    """
+    sch: dict[str, tuple[int, ...]] = {
+        "step": (),
+        "time": (),
+        "monitor_time": (),
+        "loss": (),
+        "lr": (),
+        "weight_decay": (),
+    }
+    ch = charges(syms)
+    kinds = ["charge"] + (["flow"] if flows else []) + [f"step_{p}" for p in STEP_PARTS if steps]
+    for kind in kinds:
+        for name, s in syms.items():
+            shape, key = tuple(ch[name].shape), keys[name]
+            matrix = kernel_for(s).matrix_valued
+            sch[f"{kind}/{key}"] = () if matrix else shape
+            if matrix and full_matrices:
+                sch[f"{kind}_matrix/{key}"] = shape
+    if distance:
+        for name, s in syms.items():
+            key = keys[name]
+            sch[f"distance/{key}"] = kernel_for(s).distance_shape(s)
+            sch[f"at_infinity/{key}"] = ()
+        sch["distance_exact"] = ()
+    for name in adamw:
+        for kind in ("adamw_noise", "adamw_charge"):
+            sch[f"{kind}/{keys[name]}"] = tuple(ch[name].shape)
+    if sharpness:
+        for k in ("trace", "trace_se", "top_eigenvalue"):
+            sch[f"sharpness/{k}"] = ()
+    return sch
