@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from torch import nn
 
@@ -101,7 +101,7 @@ def test_cg_matches_dense_on_random_chains(
     assert info["method"] == "cg" and info["cg_iterations"]
     assert ref[3] and got[3] and ref[2] <= 1e-12 and got[2] <= 1e-12
     assert not ref[1] and not got[1]
-    assert float(ref[0].abs().max()) > 1e-3  # a real move, not the identity
+    assume(float(ref[0].abs().max()) > 1e-3)  # compare real moves, not the identity
     assert _agree(got[0], ref[0])
 
 
