@@ -149,7 +149,7 @@ class StatsBlock:
                     yield what, v
 
     def second_moment_params(self) -> set[int]:
-        """ids of parameters each of whose coordinates enters a second moment of this block.
+        """The ids of parameters each of whose coordinates enters a second moment of this block.
 
         A non-finite per-sample gradient makes its square non-finite too, so the mean of such
         a parameter needs no separate finiteness pass. Default: none.

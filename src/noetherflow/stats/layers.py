@@ -30,9 +30,11 @@ _CHUNK_ELEMS = 2**24  # per-sample gradient elements materialised at once with a
 
 
 def gram_cheaper(t: int, i: int, o: int) -> bool:
-    """Whether per-neuron sums of a ``[N, T, I]``, ``[N, T, O]`` layer are cheaper in the
-    per-sample Gram form (about N·T²·(I+O) multiply-adds) than from materialised per-sample
-    gradients (about N·T·I·O): T·(I+O) < I·O."""
+    """Whether the per-sample Gram form is the cheaper one: T·(I+O) < I·O.
+
+    Per-neuron sums of a ``[N, T, I]``, ``[N, T, O]`` layer cost about N·T²·(I+O)
+    multiply-adds in the Gram form and about N·T·I·O from materialised per-sample gradients.
+    """
     return t * (i + o) < i * o
 
 

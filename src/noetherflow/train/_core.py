@@ -1,5 +1,7 @@
-"""Plumbing shared by the integrators: data and result containers, the logged history,
-argument checks, per-sample gradients and the discrete loop (:func:`_run_discrete`).
+"""Plumbing shared by the integrators.
+
+Data and result containers, the logged history, argument checks, per-sample gradients and
+the discrete loop (:func:`_run_discrete`).
 
 Notation as in :mod:`noetherflow.train.integrators`.
 """
@@ -495,8 +497,11 @@ def _run_discrete(
     notes: list[str],
     config: dict[str, Any],
 ) -> TrainResult:
-    """Run ``steps`` updates. ``prepare_step(k, η_k)`` evaluates at θ_k and returns the loss
-    to check, a closure applying the update, and extra tensors (gradients) to check."""
+    """Run ``steps`` updates.
+
+    ``prepare_step(k, η_k)`` evaluates at θ_k and returns the loss to check, a closure
+    applying the update, and extra tensors (gradients) to check.
+    """
     history = _History()
     tracker = DivergenceTracker()
     time = 0.0

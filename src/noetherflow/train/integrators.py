@@ -376,7 +376,13 @@ def run_sgf(
     one ``torch.randn`` of M normals.
 
     Args:
-        model, loss_fn, X, Y, schedule, callback, log_every: as in :func:`run_sgd`.
+        model: as in :func:`run_sgd`.
+        loss_fn: as in :func:`run_sgd`.
+        X: as in :func:`run_sgd`.
+        Y: as in :func:`run_sgd`.
+        schedule: as in :func:`run_sgd`.
+        callback: as in :func:`run_sgd`.
+        log_every: as in :func:`run_sgd`.
         lr: η > 0 (also the Euler–Maruyama step dt).
         batch_size: S ≥ 1; sets the noise temperature σ² = η/(2S).
         steps: number of Euler–Maruyama steps (≥ 0).

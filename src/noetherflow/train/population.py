@@ -230,8 +230,13 @@ def run_population_gd(
 
     Args:
         population_loss: ``population_loss(model)`` → 0-dim L(θ), differentiable.
-        model, lr, steps, weight_decay, schedule, callback, log_every: as in
-            :func:`run_online_sgd`.
+        model: as in :func:`run_online_sgd`.
+        lr: as in :func:`run_online_sgd`.
+        steps: as in :func:`run_online_sgd`.
+        weight_decay: as in :func:`run_online_sgd`.
+        schedule: as in :func:`run_online_sgd`.
+        callback: as in :func:`run_online_sgd`.
+        log_every: as in :func:`run_online_sgd`.
 
     Returns:
         A :class:`~noetherflow.train.TrainResult`; its history's ``loss`` is L(θ_k) at logged
