@@ -65,9 +65,7 @@ def test_examples_are_doctests() -> None:
 
 
 @pytest.mark.parametrize("name", WITH_EXAMPLES)
-def test_docstring_examples_run(
-    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_docstring_examples_run(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     if name in EXTRAS:
         pytest.importorskip(EXTRAS[name])
     monkeypatch.chdir(tmp_path)
