@@ -162,7 +162,7 @@ class GradStats:
     """Sufficient statistics of the per-sample gradients g_n = ∇ℓ_n over a batch of N samples.
 
     Every entry is an average over samples (1/N Σ_n), so that ∇L = ``mean`` and the
-    covariance is Σ = E[g gᵀ] − ḡḡᵀ (sampling with replacement; DESIGN §2).
+    covariance is Σ = E[g gᵀ] − ḡḡᵀ (sampling with replacement; docs/concepts/flow.md).
 
     Attributes:
         n: number of samples N.

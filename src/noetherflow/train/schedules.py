@@ -3,7 +3,8 @@
 Let η denote ``lr`` (the *base* learning rate given to :func:`~noetherflow.train.run_sgd`
 and friends) and η_k the learning rate used for the update θ_k → θ_{k+1}, k = 0, 1, ….
 A schedule maps (k, η) to η_k. The SGD/SGF clock advances by η_k per step, so the time
-reported after k steps is t_k = Σ_{j<k} η_j (DESIGN §2: t = η·steps for a constant η).
+reported after k steps is t_k = Σ_{j<k} η_j (docs/concepts/flow.md: t = η·steps
+for a constant η).
 
 Built-ins:
 
