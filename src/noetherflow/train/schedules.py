@@ -58,7 +58,6 @@ class Schedule(ABC):
 
     @abstractmethod
     def __call__(self, step: int, base_lr: float) -> float:
-        """η_k of step ``step`` for the base rate η (see the class docstring)."""
         """Return η_k for step ``step`` (k ≥ 0) given the base learning rate η."""
 
 
