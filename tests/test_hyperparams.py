@@ -115,7 +115,7 @@ def test_missing_lr_is_an_early_error() -> None:
     [
         (lambda ps: torch.optim.Adam(ps, lr=1e-3), r"Adam.*#18"),
         (lambda ps: torch.optim.AdamW(ps, lr=1e-3), r"AdamW.*#18"),
-        (lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, dampening=0.5), "dampening"),
+        (lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, dampening=1.0), r"dampening=1\.0"),
         (lambda ps: torch.optim.SGD(ps, lr=0.1, maximize=True), "maximize"),
     ],
 )
@@ -133,19 +133,27 @@ def test_momentum_zero_is_accepted() -> None:
     assert nf.NoetherMonitor(m, syms, optimizer=opt, batch_size=8).lr == 0.1
 
 
-@pytest.mark.parametrize("nesterov", [False, True])
-def test_momentum_sgd_uses_the_momentum_noise_model(nesterov: bool) -> None:
-    """SGD(momentum=β): flows, distances and teleports use NoiseModel.create(momentum=β)."""
+@pytest.mark.parametrize(("nesterov", "dampening"), [(False, 0.0), (True, 0.0), (False, 0.3)])
+def test_momentum_sgd_uses_the_momentum_noise_model(nesterov: bool, dampening: float) -> None:
+    """SGD(momentum=β, nesterov, dampening): flows, distances and teleports use
+    NoiseModel.create(momentum=β, nesterov=..., dampening=d)."""
     m, syms, x, y = problem()
     m.double()
     x, y = x.double(), y.double()
     w, beta = 0.02, 0.9
-    opt = torch.optim.SGD(m.parameters(), lr=0.05, weight_decay=w, momentum=beta, nesterov=nesterov)
+    opt = torch.optim.SGD(
+        m.parameters(),
+        lr=0.05,
+        weight_decay=w,
+        momentum=beta,
+        nesterov=nesterov,
+        dampening=dampening,
+    )
     mon = nf.NoetherMonitor(
         m, syms, every=1, optimizer=opt, batch_size=8, progress=False, time="discrete"
     )
     kw = {"lr": 0.05, "batch_size": 8, "weight_decay": w / 2, "time": "discrete"}
-    mkw = {"momentum": beta, "nesterov": nesterov}
+    mkw = {"momentum": beta, "nesterov": nesterov, "dampening": dampening}
     for _ in range(3):
         opt.zero_grad(set_to_none=True)
         with mon.track():

@@ -108,7 +108,19 @@ def test_from_optimizer_refuses_adam(cls: type[torch.optim.Optimizer]) -> None:
         nf.NoiseModel.from_optimizer(opt, 8)
 
 
-def test_from_optimizer_refuses_dampening() -> None:
-    opt = torch.optim.SGD(_params(), lr=0.1, momentum=0.9, dampening=0.1)
-    with pytest.raises(ValueError, match="dampening"):
-        nf.NoiseModel.from_optimizer(opt, 8)
+def test_from_optimizer_dampening_is_the_heavy_ball_with_scaled_lr() -> None:
+    """SGD(dampening=d) is the heavy ball with η(1 − d) (exact after the first step);
+    dampening ≥ 1 is refused with the value; without momentum PyTorch ignores it."""
+    opt = torch.optim.SGD(_params(), lr=0.1, momentum=0.9, dampening=0.25, weight_decay=2e-3)
+    (got,) = nf.NoiseModel.from_optimizer(opt, 8)
+    want = nf.NoiseModel.create(
+        lr=0.075, batch_size=8, weight_decay=1e-3, time="discrete", momentum=0.9
+    )
+    assert _coeffs(got) == pytest.approx(_coeffs(want), rel=1e-14)
+    assert (got.lr, got.dampening) == (0.1, 0.25)
+    plain = torch.optim.SGD(_params(), lr=0.1, dampening=0.5)  # no momentum: ignored
+    (nm,) = nf.NoiseModel.from_optimizer(plain, 8)
+    assert _coeffs(nm) == _coeffs(nf.NoiseModel.create(lr=0.1, batch_size=8, time="discrete"))
+    bad = torch.optim.SGD(_params(), lr=0.1, momentum=0.9, dampening=1.0)
+    with pytest.raises(ValueError, match=r"param group 0: dampening=1\.0 must lie in \[0, 1\)"):
+        nf.NoiseModel.from_optimizer(bad, 8)

@@ -170,8 +170,12 @@ def test_from_optimizer_adam_and_adamw() -> None:
 
 def test_from_optimizer_refuses_clearly() -> None:
     m, _, _, _ = _setup(0)
-    with pytest.raises(ValueError, match=r"dampening=0\.1 is not supported"):
-        from_optimizer(torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9, dampening=0.1), 4)
+    with pytest.raises(ValueError, match=r"param group 0: dampening=1\.0 must lie in \[0, 1\)"):
+        from_optimizer(torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9, dampening=1.0), 4)
+    g = from_optimizer(torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9, dampening=0.5), 4)
+    assert g[0].dampening == 0.5 and g[0].noise == momentum_noise(
+        lr=0.1, batch_size=4, momentum=0.9, dampening=0.5
+    )
     with pytest.raises(ValueError, match="maximize=True"):
         from_optimizer(torch.optim.SGD(m.parameters(), lr=0.1, maximize=True), 4)
     with pytest.raises(TypeError, match="RMSprop is not supported"):

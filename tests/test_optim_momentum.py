@@ -127,22 +127,21 @@ def test_exact_one_step_map_on_a_relu_mlp(nesterov: bool) -> None:
             c, b, e = s.charge_of(th), bilinear_charge(s, th, v), s.charge_of(v)
             gq, hq = s.charge_of(g), bilinear_charge(s, v, g)
             scale = max(float(t.abs().max()) for t in (c, b, e, eta**2 * gq))
-            pred[name] = (
-                momentum_step_moments(c, b, e, gq, hq, st),
-                scale,
-                (1 - lam * eta) * c + beta * b,
-            )
+            # heavy ball: C' − B' = (1 − 2ηγ)C + βB; Nesterov: θ' − (1 + β)v' = θ − βv, so
+            # C' − 2(1 + β)B' + (1 + β)²E' = C − 2βB + β²E
+            inv = (1 - lam * eta) * c + beta * b if not nesterov else c - 2 * beta * b + beta**2 * e
+            pred[name] = (momentum_step_moments(c, b, e, gq, hq, st), scale, inv)
         opt.step()
         for name, s in syms.items():
             th = {p: p.detach() for p in s.params}
             v = {p: -eta * opt.state[p]["momentum_buffer"] for p in s.params}
             got = (s.charge_of(th), bilinear_charge(s, th, v), s.charge_of(v))
-            moments, scale, cb = pred[name]
+            moments, scale, inv = pred[name]
             for pr, gt in zip(moments, got, strict=True):
                 worst = max(worst, float((pr - gt).abs().max()) / scale)
-            if not nesterov:  # C' − B' = (1 − 2ηγ)C + βB, exactly and step by step
-                err = (got[0] - got[1] - cb).abs().max() / scale
-                assert float(err) < 1e-12
+            c2, b2, e2 = got  # the linear invariant, exactly and step by step
+            lhs = c2 - b2 if not nesterov else c2 - 2 * (1 + beta) * b2 + (1 + beta) ** 2 * e2
+            assert float((lhs - inv).abs().max() / scale) < 1e-12
     assert worst < 1e-12
 
 

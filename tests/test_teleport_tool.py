@@ -171,6 +171,16 @@ def test_schedule_and_wrapper() -> None:
 
 
 def test_lightning_callback_with_stand_in(monkeypatch: pytest.MonkeyPatch) -> None:
+    import noetherflow.integrations as integrations
+
+    # The integration module imported under the stand-in subclasses the fake Callback: keep it
+    # out of sys.modules (and off the package) after this test, or a later real Lightning run
+    # would get a callback without Lightning's methods.
+    mod = "noetherflow.integrations.lightning"
+    monkeypatch.setitem(sys.modules, mod, sys.modules.get(mod))  # restored afterwards
+    del sys.modules[mod]
+    monkeypatch.setattr(integrations, "lightning", None, raising=False)
+    monkeypatch.delattr(integrations, "lightning")
     fake = types.ModuleType("lightning.pytorch.callbacks")
     fake.Callback = type("Callback", (), {})  # type: ignore[attr-defined]
     for name in ("lightning", "lightning.pytorch"):

@@ -8,10 +8,11 @@
 * from an optimizer: ``optimizer=opt``; :meth:`HyperSource.current` reads the param groups
   every time it is called, so learning-rate schedules are followed.
 
-Supported optimizers: ``torch.optim.SGD`` (heavy-ball or Nesterov momentum β with
-dampening 0, not ``maximize``). Its ``weight_decay=w`` adds w·θ to the gradient, i.e. the
+Supported optimizers: ``torch.optim.SGD`` (heavy-ball or Nesterov momentum β, any
+dampening d < 1, not ``maximize``). Its ``weight_decay=w`` adds w·θ to the gradient, i.e. the
 gradient of (w/2)‖θ‖²: γ = w/2. Momentum enters the flows through
-:meth:`HyperSource.momentum_kwargs` (``NoiseModel.create(momentum=β, nesterov=...)``: the
+:meth:`HyperSource.momentum_kwargs` (``NoiseModel.create(momentum=β, nesterov=...,
+dampening=d)``: the
 effective coefficients, exact for the stationary point when ⟨vᵀA∇L⟩ = 0). Adam, AdamW and
 other optimizers are refused here: their update is not a gradient step, so they have no
 (κ, c_mean, c_second) noise model (issue #18; ``noetherflow.optim`` has the AdamW analysis).
@@ -48,16 +49,17 @@ def sgd_hyperparameters(
     Raises ``ValueError`` naming ``owner`` when the optimizer is not SGD, when the
     parameters are not in the optimizer, or when their groups disagree on lr/weight decay.
     """
-    lr, wd, _, _ = sgd_settings(optimizer, params, owner=owner)
+    lr, wd, _, _, _ = sgd_settings(optimizer, params, owner=owner)
     return lr, wd
 
 
 def sgd_settings(
     optimizer: torch.optim.Optimizer, params: Iterable[nn.Parameter], *, owner: str
-) -> tuple[float, float, float, bool]:
-    """(η, γ, β, nesterov) of the param groups holding ``params`` (:func:`sgd_hyperparameters`).
+) -> tuple[float, float, float, bool, float]:
+    """(η, γ, β, nesterov, d) of the param groups holding ``params`` (:func:`sgd_hyperparameters`).
 
-    Also raises for dampening ≠ 0 and when the groups disagree on momentum or Nesterov.
+    d is the dampening (0 without momentum, where PyTorch ignores it). Also raises for
+    dampening ≥ 1 and when the groups disagree on momentum, Nesterov or dampening.
     """
     inner = getattr(optimizer, "optimizer", None)  # TeleportingOptimizer, LightningOptimizer
     if not isinstance(optimizer, torch.optim.Optimizer) and isinstance(
@@ -84,12 +86,16 @@ def sgd_settings(
             "the symmetries act on are not in the optimizer's param groups; pass the optimizer "
             "that trains this model."
         )
+
+    def damp(g: dict[str, Any]) -> float:  # PyTorch ignores dampening without momentum
+        return float(g.get("dampening", 0.0)) if float(g.get("momentum", 0.0)) != 0.0 else 0.0
+
     for k, g in groups:
-        if g.get("momentum", 0.0) != 0.0 and g.get("dampening", 0.0) != 0.0:
+        if not 0.0 <= damp(g) < 1.0:
             raise ValueError(
                 f"{owner}(optimizer=...): param group {k} of the SGD has "
-                f"dampening={g.get('dampening')!r}; expected 0 (the momentum noise model is "
-                "derived for PyTorch's dampening=0). Use dampening=0."
+                f"dampening={g.get('dampening')!r}; expected 0 <= dampening < 1 (with d = 1 "
+                "the buffer never takes a gradient after the first step). Lower dampening."
             )
         if g.get("maximize", False):
             raise ValueError(
@@ -102,6 +108,7 @@ def sgd_settings(
             float(g.get("weight_decay", 0.0)),
             float(g.get("momentum", 0.0)),
             bool(g.get("nesterov", False)),
+            damp(g),
         )
         for _, g in groups
     }
@@ -109,6 +116,7 @@ def sgd_settings(
         seen = ", ".join(
             f"group {k}: lr={float(g['lr'])!r}, weight_decay={float(g.get('weight_decay', 0.0))!r}"
             f", momentum={float(g.get('momentum', 0.0))!r}, nesterov={g.get('nesterov', False)!r}"
+            f", dampening={damp(g)!r}"
             for k, g in groups
         )
         raise ValueError(
@@ -116,8 +124,8 @@ def sgd_settings(
             f"hyper-parameters ({seen}); the flows have one η and one γ. Watch symmetries whose "
             "parameters share one group, or pass lr= and weight_decay= explicitly."
         )
-    lr, wd, beta, nesterov = values.pop()
-    return lr, wd / 2.0, beta, nesterov
+    lr, wd, beta, nesterov, d = values.pop()
+    return lr, wd / 2.0, beta, nesterov, d
 
 
 @dataclass
@@ -192,11 +200,12 @@ class HyperSource:
         return lr, gamma
 
     def momentum_kwargs(self) -> dict[str, Any]:
-        """``momentum=β, nesterov=...`` for the flows/solver: the optimizer's, or plain SGD's."""
+        """``momentum=β, nesterov=..., dampening=d`` for the flows/solver: the optimizer's, or
+        plain SGD's."""
         if self.optimizer is None:
-            return {"momentum": 0.0, "nesterov": False}
-        _, _, beta, nesterov = sgd_settings(self.optimizer, self.params, owner=self.owner)
-        return {"momentum": beta, "nesterov": nesterov}
+            return {"momentum": 0.0, "nesterov": False, "dampening": 0.0}
+        _, _, beta, nesterov, d = sgd_settings(self.optimizer, self.params, owner=self.owner)
+        return {"momentum": beta, "nesterov": nesterov, "dampening": d}
 
     def set(self, name: str, value: float) -> None:
         """Set ``lr`` or ``weight_decay`` by hand (refused when they come from an optimizer)."""

@@ -2,8 +2,14 @@
 
 A teleport T moves θ → Tθ. Gradient-like state (SGD momentum, Adam's first moment, ``.grad``)
 is a cotangent: the gradient at Tθ is T^{-T}∇ℓ(θ) (paper eqs. 34–37), so it is transported
-with the same group element (``Symmetry.transport_grads_``), which keeps the optimizer's
-trajectory exactly equivalent for SGD with momentum. Adam's second moments are averages of
+with the same group element (``Symmetry.transport_grads_``). The SGD momentum buffer is
+b = Σ_k β^k(∇ℓ(θ_{t−k}) + λθ_{t−k}); T^{-T} maps its gradient part to the gradients at the
+transported points Tθ_{t−k} (its decay part would move like θ; the two laws agree when T is
+orthogonal). For an orthogonal T (T^{-T} = T) the transport keeps the SGD-with-momentum
+trajectory exactly equivariant, θ_t ↦ Tθ_t (tested); for any other T no transport can:
+even plain SGD gives Tθ − ηT^{-T}∇ℓ ≠ T(θ − η∇ℓ) — SGD's path depends on the point of the
+orbit, which is what the noise equilibrium is about. For the diagonal families the
+cotangent transport keeps the cross term θᵀA·b unchanged. Adam's second moments are averages of
 squared gradients: under a diagonal element each coordinate's g² scales by e^{−2a·λ}, so they
 are transformed exactly; under a rotation or a dense generator they do not transform
 covariantly (the square of a rotated vector is not the rotated square), so the whole

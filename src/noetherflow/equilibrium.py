@@ -145,6 +145,7 @@ def solve_equilibrium(
     init: EquilibriumSolution | None = None,
     momentum: float | None = None,
     nesterov: bool | None = None,
+    dampening: float | None = None,
 ) -> EquilibriumSolution:
     """Solve for the noise equilibrium of every symmetry in ``syms`` (paper Thm 4.3, eq. 9).
 
@@ -165,8 +166,9 @@ def solve_equilibrium(
         init: a previous solution of the same symmetry set (e.g. a few training steps ago):
             its diagonal λ warm-start the joint Newton solve (same convergence criteria, so the
             same answer, usually in fewer iterations); other families start from the identity.
-        momentum, nesterov: SGD with momentum β (keyword form; :meth:`NoiseModel.create`):
-            effective coefficients, exact when ⟨vᵀA∇L⟩ = 0; β = 0 is plain SGD exactly.
+        momentum, nesterov, dampening: SGD with momentum β (keyword form;
+            :meth:`NoiseModel.create`): effective coefficients, exact when ⟨vᵀA∇L⟩ = 0;
+            β = 0 is plain SGD exactly.
 
     Returns:
         An :class:`EquilibriumSolution`; apply it with :func:`noetherflow.teleport`.
@@ -199,6 +201,7 @@ def solve_equilibrium(
         who="solve_equilibrium",
         momentum=momentum,
         nesterov=nesterov,
+        dampening=dampening,
     )
     for name, v in (("tol", tol), ("rtol_singular", rtol_singular)):
         if not (math.isfinite(float(v)) and float(v) >= 0):

@@ -73,6 +73,7 @@ def noether_flow(
     charges: Mapping[str, Tensor] | None = None,
     momentum: float | None = None,
     nesterov: bool | None = None,
+    dampening: float | None = None,
 ) -> dict[str, Tensor]:
     """The noise-driven flow of every charge (eq. 7 in our convention, docs/concepts/flow.md).
 
@@ -81,9 +82,9 @@ def noether_flow(
     ``time="continuous"`` gives dC/dt = −4γC + (η/S)Tr[ΣA]; ``time="discrete"`` gives the
     expected change per SGD step, −κC + η²Tr[A(∇L∇Lᵀ + Σ/S)]. Shapes follow :func:`charges`;
     pass ``charges`` (from :func:`charges`) to reuse them instead of recomputing.
-    ``momentum=β`` (and ``nesterov``) use SGD-with-momentum's effective coefficients
-    (:meth:`NoiseModel.create`; exact for the stationary point when ⟨vᵀA∇L⟩ = 0, β = 0 is
-    plain SGD exactly). The old
+    ``momentum=β`` (and ``nesterov``, ``dampening``) use SGD-with-momentum's effective
+    coefficients (:meth:`NoiseModel.create`; exact for the stationary point when
+    ⟨vᵀA∇L⟩ = 0, β = 0 is plain SGD exactly). The old
     form ``noether_flow(model, syms, stats, ...)`` still works and warns.
     """
     args: tuple[Any, Any, Any] = (syms, stats, noise)
@@ -111,6 +112,7 @@ def noether_flow(
         who="noether_flow",
         momentum=momentum,
         nesterov=nesterov,
+        dampening=dampening,
     )
     return {
         name: symmetry_flow(s, stats, nm, None if charges is None else charges[name])

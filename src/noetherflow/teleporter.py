@@ -101,9 +101,10 @@ class EquilibriumTeleport:
         lr, batch_size, weight_decay: η, S, γ of the SGD whose equilibrium is sought. When
             ``lr`` is not given, η and γ are read from ``optimizer`` (or the optimizer that
             :meth:`wrap` or the Lightning callback attaches) at every teleport:
-            ``torch.optim.SGD(lr=η, weight_decay=w, momentum=β, nesterov=...)`` is η, γ = w/2
-            and SGD-with-momentum's effective noise model (exact for the stationary point when
-            ⟨vᵀA∇L⟩ = 0); Adam-type optimizers are refused (no gradient-step noise model).
+            ``torch.optim.SGD(lr=η, weight_decay=w, momentum=β, nesterov=..., dampening=d)``
+            is η, γ = w/2 and SGD-with-momentum's effective noise model (exact for the
+            stationary point when ⟨vᵀA∇L⟩ = 0); Adam-type optimizers are refused (no
+            gradient-step noise model).
             With both ``lr`` and ``optimizer`` given, ``lr``/``weight_decay`` are the target
             (e.g. the peak learning rate a warmup has not reached yet) and the optimizer is
             used for its state only; ``weight_decay`` without ``lr`` is an error.

@@ -11,8 +11,9 @@ model reduces to three coefficients (κ, c_mean, c_second):
 * discrete (one SGD step, a batch drawn with replacement):  κ = 4ηγ(1 − ηγ),
   M = η²(ḡḡᵀ + Σ/S).
 
-SGD with heavy-ball (or Nesterov) momentum β enters as effective coefficients
-(``create(..., momentum=β)``, :func:`noetherflow.optim.momentum_noise`): exact for the
+SGD with heavy-ball (or Nesterov) momentum β, and dampening d (the heavy ball with η(1 − d)),
+enters as effective coefficients (``create(..., momentum=β, nesterov=..., dampening=d)``,
+:func:`noetherflow.optim.momentum_noise`): exact for the
 stationary point when ⟨vᵀA∇L⟩ = 0 (v the momentum displacement), β = 0 gives the plain-SGD
 coefficients above exactly. :meth:`NoiseModel.from_optimizer` reads them from a
 ``torch.optim.SGD``, one model per param group. Any other effective coefficients:
@@ -79,6 +80,7 @@ class NoiseModel:
     time: TimeModel | None = field(default=None, compare=False)
     momentum: float | None = field(default=None, compare=False)
     nesterov: bool | None = field(default=None, compare=False)
+    dampening: float | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         for name in ("kappa", "c_mean", "c_second"):
@@ -103,15 +105,17 @@ class NoiseModel:
         time: str | TimeModel = "continuous",
         momentum: float = 0.0,
         nesterov: bool = False,
+        dampening: float = 0.0,
     ) -> NoiseModel:
         """Coefficients of the time model from η, S, γ (module docstring for the formulas).
 
-        ``momentum=β > 0`` (PyTorch's ``SGD(momentum=β, dampening=0, nesterov=...)``) gives
+        ``momentum=β > 0`` (PyTorch's ``SGD(momentum=β, dampening=d, nesterov=...)``) gives
         the effective coefficients of :func:`noetherflow.optim.momentum_noise`: discrete time
         κ_eff with η_eff = η/(1 − β), exact for the stationary point when ⟨vᵀA∇L⟩ = 0 (else use
         :func:`noetherflow.optim.stationary_moments` with the measured ⟨H⟩); continuous time
         the η → 0 limit, SGF with η_eff per unit τ = steps·η_eff. β = 0 (and not Nesterov) gives
-        exactly the plain-SGD coefficients.
+        exactly the plain-SGD coefficients. ``dampening=d`` (heavy ball only, as in PyTorch) is
+        the heavy ball with η(1 − d), exactly; ignored without momentum, as in PyTorch.
 
         Raises:
             ValueError: a non-finite or non-positive η, a batch size that is not a positive
@@ -134,9 +138,10 @@ class NoiseModel:
                 f"momentum={momentum!r} must lie in [0, 1) (PyTorch's SGD momentum β); β ≥ 1 has "
                 "no stationary buffer and β < 0 is not heavy-ball momentum."
             )
+        damp = check_finite_number(dampening, "dampening", "the dampening d of SGD")
         if beta > 0 or nesterov:
-            return cls._momentum(eta, s, gam, tm, beta, bool(nesterov))
-        hyper.update(momentum=0.0, nesterov=False)
+            return cls._momentum(eta, s, gam, tm, beta, bool(nesterov), damp if beta > 0 else 0.0)
+        hyper.update(momentum=0.0, nesterov=False, dampening=0.0)
         if tm is TimeModel.CONTINUOUS:
             # M = (η/S)·Σ = (η/S)(E[ggᵀ] − ḡḡᵀ)
             return cls(kappa=4 * gam, c_mean=-eta / s, c_second=eta / s, **hyper)
@@ -157,7 +162,14 @@ class NoiseModel:
 
     @classmethod
     def _momentum(
-        cls, eta: float, s: int, gam: float, tm: TimeModel, beta: float, nesterov: bool
+        cls,
+        eta: float,
+        s: int,
+        gam: float,
+        tm: TimeModel,
+        beta: float,
+        nesterov: bool,
+        dampening: float = 0.0,
     ) -> NoiseModel:
         """The effective model of SGD with momentum β (``create``'s ``momentum`` branch)."""
         from noetherflow.optim.momentum import momentum_noise
@@ -175,6 +187,7 @@ class NoiseModel:
             momentum=beta,
             nesterov=nesterov,
             time=tm.value,
+            dampening=dampening,
         )
         return cls(
             kappa=eff.kappa,
@@ -186,6 +199,7 @@ class NoiseModel:
             time=tm,
             momentum=beta,
             nesterov=nesterov,
+            dampening=dampening,
         )
 
     @classmethod
@@ -198,15 +212,16 @@ class NoiseModel:
     ) -> list[NoiseModel]:
         """One :class:`NoiseModel` per param group of a ``torch.optim.SGD`` (momentum allowed).
 
-        Reads each group's lr η, momentum β, nesterov and coupled ``weight_decay=λ``
-        (γ = λ/2 of γ‖θ‖²) via :func:`noetherflow.optim.from_optimizer` and returns
-        ``create(lr=η, batch_size=S, weight_decay=λ/2, momentum=β, nesterov=..., time=time)``.
+        Reads each group's lr η, momentum β, nesterov, dampening d and coupled
+        ``weight_decay=λ`` (γ = λ/2 of γ‖θ‖²) via :func:`noetherflow.optim.from_optimizer` and
+        returns ``create(lr=η, batch_size=S, weight_decay=λ/2, momentum=β, nesterov=...,
+        dampening=d, time=time)``.
         Discrete time by default (the optimizer takes steps).
 
         Raises:
             ValueError: an Adam/AdamW optimizer (its update is not a gradient step, so it has
                 no (κ, c_mean, c_second) model; use ``noetherflow.optim.from_optimizer`` and
-                ``noetherflow.optim.adamw_equilibrium_charge``), dampening ≠ 0 or
+                ``noetherflow.optim.adamw_equilibrium_charge``), dampening ≥ 1 or
                 maximize=True.
             TypeError: an optimizer other than SGD, Adam or AdamW.
         """
@@ -230,6 +245,7 @@ class NoiseModel:
                     time=tm,
                     momentum=g.momentum,
                     nesterov=g.nesterov,
+                    dampening=g.dampening,
                 )
             )
         return out
@@ -258,6 +274,7 @@ def resolve_noise(
     who: str,
     momentum: float | None = None,
     nesterov: bool | None = None,
+    dampening: float | None = None,
 ) -> NoiseModel:
     """The :class:`NoiseModel` of a call that takes either ``noise`` or the keyword form."""
     loose = {
@@ -267,6 +284,7 @@ def resolve_noise(
         "time": time,
         "momentum": momentum,
         "nesterov": nesterov,
+        "dampening": dampening,
     }
     given = [k for k, v in loose.items() if v is not None]
     if noise is not None:
@@ -294,4 +312,5 @@ def resolve_noise(
         time="continuous" if time is None else time,
         momentum=0.0 if momentum is None else momentum,
         nesterov=False if nesterov is None else nesterov,
+        dampening=0.0 if dampening is None else dampening,
     )

@@ -1,9 +1,9 @@
 """Noether charges under the optimizers people use: SGD with momentum, Adam, AdamW.
 
-Beyond the paper (issue #18). ``momentum``: the exact map of (C, B, E) for heavy-ball and
-Nesterov SGD and its stationary point; ``decompose``: the exact per-step decomposition of
-any update; ``hyper``: noise descriptions read from a ``torch.optim`` optimizer; ``adam``:
-the stationary condition and random-walk equilibrium of Adam(W).
+Beyond the paper (issue #18). ``momentum``: the exact map of (C, B, E) for heavy-ball (any
+dampening) and Nesterov SGD and its stationary point; ``decompose``: the exact per-step
+decomposition of any update; ``hyper``: noise descriptions read from a ``torch.optim``
+optimizer; ``adam``: the stationary condition and random-walk equilibrium of Adam(W).
 """
 
 from noetherflow.optim.adam import (
@@ -25,7 +25,9 @@ from noetherflow.optim.momentum import (
     moment_map,
     momentum_noise,
     momentum_step_moments,
+    stationary_closed_form,
     stationary_moments,
+    update_charge,
 )
 
 __all__ = [
@@ -46,5 +48,7 @@ __all__ = [
     "momentum_step_moments",
     "optimizer_kind",
     "rotational_equilibrium_norm",
+    "stationary_closed_form",
     "stationary_moments",
+    "update_charge",
 ]

@@ -45,6 +45,8 @@ class GroupNoise:
         index: the param group's index.
         kind: ``"sgd"``, ``"adam"`` or ``"adamw"``.
         lr, momentum, nesterov: η, β (β₁ for Adam), Nesterov.
+        dampening: SGD's dampening d (0 without momentum, where PyTorch ignores it); the
+            noise model is then the heavy ball with η(1 − d).
         weight_decay: γ of γ‖θ‖² (SGD's coupled λ/2); 0 for Adam(W).
         decoupled_decay: AdamW's λ (θ ← (1 − ηλ)θ); 0 otherwise.
         coupled_l2: Adam's coupled λ (through the preconditioner); 0 otherwise.
@@ -67,6 +69,7 @@ class GroupNoise:
     eps: float | None
     noise: EffectiveNoise | None
     params: tuple[nn.Parameter, ...] = field(repr=False)
+    dampening: float = 0.0
 
     def settings(self) -> tuple[object, ...]:
         """Every setting that shapes the noise (for comparing groups)."""
@@ -75,6 +78,7 @@ class GroupNoise:
             self.lr,
             self.momentum,
             self.nesterov,
+            self.dampening,
             self.weight_decay,
             self.decoupled_decay,
             self.coupled_l2,
@@ -92,23 +96,22 @@ def _group(i: int, g: dict, kind: str, batch_size: int, time: str) -> GroupNoise
     lr = float(g["lr"])
     wd = float(g.get("weight_decay", 0.0))
     if kind == "sgd":
-        damp = float(g.get("dampening", 0.0))
-        if damp != 0:
-            raise ValueError(
-                f"param group {i}: dampening={damp} is not supported; expected 0 (the heavy-ball "
-                "map is derived for PyTorch's dampening=0). Use dampening=0, or rescale lr by "
-                "(1 − dampening) yourself (exact after the first step)."
-            )
         mom = float(g.get("momentum", 0.0))
         nest = bool(g.get("nesterov", False))
-        noise = momentum_noise(
-            lr=lr,
-            batch_size=batch_size,
-            weight_decay=wd / 2,
-            momentum=mom,
-            nesterov=nest,
-            time=time,
-        )
+        # PyTorch ignores dampening without momentum (no buffer)
+        damp = float(g.get("dampening", 0.0)) if mom != 0 else 0.0
+        try:
+            noise = momentum_noise(
+                lr=lr,
+                batch_size=batch_size,
+                weight_decay=wd / 2,
+                momentum=mom,
+                nesterov=nest,
+                time=time,
+                dampening=damp,
+            )
+        except ValueError as e:
+            raise ValueError(f"param group {i}: {e}") from None
         return GroupNoise(
             i,
             kind,
@@ -123,6 +126,7 @@ def _group(i: int, g: dict, kind: str, batch_size: int, time: str) -> GroupNoise
             None,
             noise,
             tuple(g["params"]),
+            damp,
         )
     b1, b2 = (float(b) for b in g["betas"])
     decoupled = kind == "adamw" or bool(g.get("decoupled_weight_decay", False))
@@ -150,9 +154,9 @@ def from_optimizer(
 
     Let η, β, λ denote a group's ``lr``, ``momentum`` and ``weight_decay``. ``SGD`` gives
     γ = λ/2 and the effective noise model of :func:`~noetherflow.optim.momentum.momentum_noise`
-    (β = 0: today's ``NoiseModel.create``); ``AdamW`` (or ``Adam(decoupled_weight_decay=
-    True)``) gives its decoupled λ; ``Adam`` its coupled L2. Raises for dampening ≠ 0,
-    maximize=True, or another optimizer.
+    (β = 0: today's ``NoiseModel.create``; dampening d: the heavy ball with η(1 − d));
+    ``AdamW`` (or ``Adam(decoupled_weight_decay=True)``) gives its decoupled λ; ``Adam`` its
+    coupled L2. Raises for maximize=True, dampening ≥ 1, or another optimizer.
     """
     if int(batch_size) != batch_size or batch_size < 1:
         raise ValueError(

@@ -1,18 +1,21 @@
 """The noise equilibrium of SGD with momentum (beyond the paper; DESIGN §2.1b, issue #18).
 
-Let η, β, γ, S denote ``lr``, ``momentum``, ``weight_decay`` (γ‖θ‖² in the loss; PyTorch's
-coupled ``SGD(weight_decay=λ)`` is γ = λ/2) and ``batch_size``. PyTorch's
-``SGD(momentum=β, dampening=0)`` keeps a buffer b; with the displacement v = −η·b it reads
+Let η, β, d, γ, S denote ``lr``, ``momentum``, ``dampening``, ``weight_decay`` (γ‖θ‖² in the
+loss; PyTorch's coupled ``SGD(weight_decay=λ)`` is γ = λ/2) and ``batch_size``. PyTorch's
+``SGD(momentum=β, dampening=d)`` keeps a buffer b ← βb + (1 − d)(g + 2γθ); with the
+displacement v = −η·b it reads
 
-    heavy ball:  v' = βv − η(g + 2γθ),   θ' = θ + v'
-    Nesterov:    v' = βv − η(g + 2γθ),   θ' = θ + βv' − η(g + 2γθ)
+    heavy ball:  v' = βv − η(1 − d)(g + 2γθ),   θ' = θ + v'
+    Nesterov:    v' = βv − η(g + 2γθ),          θ' = θ + βv' − η(g + 2γθ)
 
-(g the minibatch gradient of the data loss; PyTorch's first step sets b = g + 2γθ, i.e.
-v = 0 before it). Both are one linear step of (θ, v):
+(g the minibatch gradient of the data loss). PyTorch refuses Nesterov with d ≠ 0, and so do
+we. Its first step sets b = g + 2γθ, undamped (i.e. v = 0 before it and no factor 1 − d), so
+with d ≠ 0 the map below holds from the second step on. Both are one linear step of (θ, v):
 
     θ' = p θ + q v + r g,    v' = s θ + t v + u g                          (1)
 
-heavy ball (p, q, r, s, t, u) = (1 − 2ηγ, β, −η, −2ηγ, β, −η); Nesterov
+heavy ball (p, q, r, s, t, u) = (1 − 2a, β, −η(1 − d), −2a, β, −η(1 − d)) with
+a = η(1 − d)γ — dampening is *exactly* heavy ball with learning rate η(1 − d); Nesterov
 (1 − 2ηγ(1 + β), β², −η(1 + β), −2ηγ, β, −η).
 
 **The exact one-step map.** For a symmetry generator A (θᵀA g = 0 for every minibatch
@@ -24,7 +27,9 @@ buffer term E = vᵀAv, (1) gives *exactly* (no expectation)
     E' = s²C + 2st B + t²E + u² G + 2tu H
 
 with G = gᵀAg and H = vᵀAg. For the heavy ball this is DESIGN §2.1b's map. The relations
-hold entrywise for a rotation's matrix charge (every entry is a bilinear form).
+hold entrywise for a rotation's matrix charge (every entry is a bilinear form). The update
+Δθ = θ' − θ has the charge ΔθᵀAΔθ = (p − 1)²C + 2(p − 1)qB + q²E + r²G + 2qrH
+(:func:`update_charge`; for a scale-invariant layer, the squared angular update ×C).
 
 **Expectation.** Over the batch (drawn with replacement, independent of the past),
 E[G] = Tr[A(∇L∇Lᵀ + Σ/S)] and E[H] = vᵀA∇L. H vanishes only where ∇L = 0 along A (noise
@@ -32,19 +37,34 @@ dominated); otherwise it is the correlation of the buffer with the mean gradient
 
 **Stationary point.** Averaging (2) over a stationary run gives (I − T)x = 𝐠⟨G⟩ + 𝐡⟨H⟩ for
 x = (⟨C⟩, ⟨B⟩, ⟨E⟩): exact for time averages, whatever the noise. For the heavy ball,
-with a = ηγ,
+with a = ηγ (η → η(1 − d) under dampening),
 
     C* = (1 + β)(η²⟨G⟩ − 2βη⟨H⟩) / (4a(1 − β)(1 + β − a))                   (3)
     B* = 2a C*/(1 + β),    E* = 4a C*/(1 + β)                               (4)
 
-(4) holds step by step too: C' − B' = (1 − 2ηγ)C + βB exactly, for every family. β = 0
-gives C* = η²⟨G⟩/κ with κ = 4ηγ(1 − ηγ): §2's discrete result.
+(4) holds step by step too: C' − B' = (1 − 2a)C + βB exactly, for every family. β = 0
+gives C* = η²⟨G⟩/κ with κ = 4ηγ(1 − ηγ): §2's discrete result. For Nesterov, with
+D = (1 − β + 2aβ)(1 + β − a − 2aβ),
+
+    C* = η[η(1 + β + 2aβ + 4aβ²)⟨G⟩ − 2β²(1 + β)⟨H⟩] / (4aD)                 (3N)
+    E* = η[η⟨G⟩ − 2β(1 − a)⟨H⟩] / D,    B* = (1 + 2β)E*/2                   (4N)
+
+and step by step θ' − (1 + β)v' = θ − βv, so C' − 2(1 + β)B' + (1 + β)²E' = C − 2βB + β²E
+exactly. Nesterov's update is not v' (it adds the fresh gradient once more): where ⟨H⟩ = 0,
+
+    ⟨ΔθᵀAΔθ⟩/C* = 4a(1 + 2β − 2β³ + 2aβ(1 + β)(1 + 2β)) / (1 + β + 2aβ + 4aβ²)      (5N)
+
+against the heavy ball's 4a/(1 + β) (any ⟨H⟩): at small a and the same η_eff, a
+scale-invariant layer's squared angular update is larger by a factor (1 + 2β − 2β³): 1.75
+at β = 0.5, 1.34 at β = 0.9. :func:`stationary_closed_form` evaluates (3)–(4N);
+:func:`stationary_moments` solves the 3 × 3 system for any coefficients (the two agree to
+round-off, tested).
 
 **Effective coefficients.** Where ⟨H⟩ = 0, (3) has today's form κ_eff·C = Tr[A·M] with
-M = η_eff²(∇L∇Lᵀ(1 − 1/S) + E[ggᵀ]/S), η_eff = η/(1 − β), and
+M = η_eff²(∇L∇Lᵀ(1 − 1/S) + E[ggᵀ]/S), η_eff = η(1 − d)/(1 − β) (Nesterov: η/(1 − β)), and
 
-    heavy ball: κ_eff = 4ηγ(1 + β − ηγ) / ((1 − β)(1 + β))
-    Nesterov:   κ_eff = 4ηγ(1 − β + 2βa)(1 + β − a − 2βa) / ((1 − β)²(1 + β + 2βa + 4β²a))
+    heavy ball: κ_eff = 4a(1 + β − a) / ((1 − β)(1 + β)),  a = η(1 − d)γ
+    Nesterov:   κ_eff = 4a(1 − β + 2βa)(1 + β − a − 2βa) / ((1 − β)²(1 + β + 2βa + 4β²a))
 
 (scaled by 1/(1 − β)² so that κ_eff ≈ the per-step decay of C once the buffer has relaxed;
 the scale does not move the equilibrium). β = 0 gives today's discrete (κ, η²(1 − 1/S), η²/S)
@@ -53,8 +73,9 @@ batches) and use :func:`stationary_moments`.
 
 **Continuous limit.** η → 0 at fixed β < 1 (the buffer relaxes in ~1/(1 − β) steps, fast
 against the 1/(ηγ) steps of the charge): in the time τ = (steps)·η_eff the charge obeys
-SGF with learning rate η_eff: dC/dτ = −4γC + (η_eff/S)Tr[ΣA]. Both variants have the same
-limit. It is not defined when β → 1 with η(1 − β)⁻¹ fixed (the buffer is then slow too).
+SGF with learning rate η_eff: dC/dτ = −4γC + (η_eff/S)Tr[ΣA]. Both variants (and any
+dampening) have the same limit. It is not defined when β → 1 with η(1 − β)⁻¹ fixed (the
+buffer is then slow too).
 """
 
 from __future__ import annotations
@@ -75,11 +96,15 @@ __all__ = [
     "moment_map",
     "momentum_noise",
     "momentum_step_moments",
+    "stationary_closed_form",
     "stationary_moments",
+    "update_charge",
 ]
 
 
-def _check(lr: float, momentum: float, weight_decay: float) -> None:
+def _check(
+    lr: float, momentum: float, weight_decay: float, dampening: float = 0.0, nesterov: bool = False
+) -> None:
     if not (lr > 0 and math.isfinite(lr)):
         raise ValueError(f"lr={lr!r} must be a positive finite learning rate η.")
     if not 0 <= momentum < 1:
@@ -91,11 +116,22 @@ def _check(lr: float, momentum: float, weight_decay: float) -> None:
             f"weight_decay={weight_decay!r} must be >= 0 (γ of γ‖θ‖²; PyTorch's coupled "
             "SGD(weight_decay=λ) is γ = λ/2)."
         )
+    if not 0 <= dampening < 1:
+        raise ValueError(
+            f"dampening={dampening!r} must lie in [0, 1) (PyTorch's SGD dampening d: the buffer "
+            "takes (1 − d)·gradient); d = 1 never moves the parameters after the first step."
+        )
+    if nesterov and dampening != 0:
+        raise ValueError(
+            f"nesterov=True with dampening={dampening!r}: PyTorch's SGD refuses Nesterov "
+            "momentum with dampening (it requires dampening=0), so there is no such optimizer "
+            "to model; expected dampening=0 with nesterov=True."
+        )
 
 
 @dataclass(frozen=True)
 class MomentumStep:
-    """The coefficients of eq. (1): θ' = pθ + qv + rg, v' = sθ + tv + ug."""
+    """The coefficients of eq. (1): θ' = pθ + qv + rg, v' = sθ + tv + ug (v = −η·buffer)."""
 
     p: float
     q: float
@@ -107,19 +143,34 @@ class MomentumStep:
     momentum: float
     weight_decay: float
     nesterov: bool = False
+    dampening: float = 0.0
 
     @classmethod
     def create(
-        cls, *, lr: float, momentum: float, weight_decay: float = 0.0, nesterov: bool = False
+        cls,
+        *,
+        lr: float,
+        momentum: float,
+        weight_decay: float = 0.0,
+        nesterov: bool = False,
+        dampening: float = 0.0,
     ) -> MomentumStep:
-        """PyTorch's ``SGD(lr, momentum, dampening=0, weight_decay=2γ, nesterov)``."""
-        _check(lr, momentum, weight_decay)
-        eta, b, gam = float(lr), float(momentum), float(weight_decay)
+        """PyTorch's ``SGD(lr, momentum, dampening, weight_decay=2γ, nesterov)``.
+
+        With ``dampening=d`` (heavy ball only, as in PyTorch) the step is the heavy ball with
+        learning rate η(1 − d), exactly, from the second step on (module docstring). Without
+        momentum PyTorch keeps no buffer and ignores dampening; so does this (d is set to 0).
+        """
+        _check(lr, momentum, weight_decay, dampening, nesterov)
+        eta, b, gam, d = float(lr), float(momentum), float(weight_decay), float(dampening)
+        d = d if b > 0 else 0.0
         if nesterov:
             p, q, r = 1 - 2 * eta * gam * (1 + b), b * b, -eta * (1 + b)
+            s, u = -2 * eta * gam, -eta
         else:
-            p, q, r = 1 - 2 * eta * gam, b, -eta
-        return cls(p, q, r, -2 * eta * gam, b, -eta, eta, b, gam, bool(nesterov))
+            e = eta * (1 - d)
+            p, q, r, s, u = 1 - 2 * e * gam, b, -e, -2 * e * gam, -e
+        return cls(p, q, r, s, b, u, eta, b, gam, bool(nesterov), d)
 
 
 def moment_map(step: MomentumStep) -> tuple[Tensor, Tensor, Tensor]:
@@ -150,6 +201,49 @@ def momentum_step_moments(
     b2 = p * s * c + (p * t + q * s) * b + q * t * e + r * u * g + (q * u + r * t) * h
     e2 = s * s * c + 2 * s * t * b + t * t * e + u * u * g + 2 * t * u * h
     return c2, b2, e2
+
+
+def update_charge(
+    c: Tensor, b: Tensor, e: Tensor, g: Tensor, h: Tensor, step: MomentumStep
+) -> Tensor:
+    """ΔθᵀAΔθ of the update Δθ = θ' − θ (module docstring), exact. The charge's shape.
+
+    Pass the realised G = gᵀAg and H = vᵀAg, or (for a stationary run) the stationary moments
+    and ⟨G⟩, ⟨H⟩. For a scale-invariant layer, ``update_charge(...) / c`` is the squared angular
+    update ‖Δθ‖²/‖θ‖² (heavy ball at stationarity: 4a/(1 + β), eq. 4; Nesterov: eq. 5N).
+    """
+    pm, q, r = step.p - 1, step.q, step.r
+    return pm * pm * c + 2 * pm * q * b + q * q * e + r * r * g + 2 * q * r * h
+
+
+def stationary_closed_form(
+    g: Tensor | float, h: Tensor | float, step: MomentumStep
+) -> tuple[Tensor, Tensor, Tensor]:
+    """(C*, B*, E*) by the closed forms (3)–(4) (heavy ball, any dampening) or (3N)–(4N)
+    (Nesterov). Same inputs and shapes as :func:`stationary_moments`, which solves the linear
+    system instead; the two agree to round-off. Needs γ > 0.
+    """
+    if step.weight_decay <= 0:
+        raise ValueError(
+            f"weight_decay={step.weight_decay!r}: the closed forms (3)–(4N) need γ > 0 (no "
+            "stationary point without weight decay); use momentum_noise(...) with the orbit "
+            "solver."
+        )
+    gt = torch.as_tensor(g, dtype=torch.float64)
+    ht = torch.as_tensor(h, dtype=torch.float64)
+    beta, gam = step.momentum, step.weight_decay
+    if step.nesterov:
+        eta = step.lr
+        a = eta * gam
+        den = (1 - beta + 2 * a * beta) * (1 + beta - a - 2 * a * beta)
+        lead = 1 + beta + 2 * a * beta + 4 * a * beta * beta
+        c = eta * (eta * lead * gt - 2 * beta * beta * (1 + beta) * ht) / (4 * a * den)
+        e = eta * (eta * gt - 2 * beta * (1 - a) * ht) / den
+        return c, (1 + 2 * beta) * e / 2, e
+    eta = step.lr * (1 - step.dampening)
+    a = eta * gam
+    c = (1 + beta) * (eta**2 * gt - 2 * beta * eta * ht) / (4 * a * (1 - beta) * (1 + beta - a))
+    return c, 2 * a * c / (1 + beta), 4 * a * c / (1 + beta)
 
 
 def stationary_moments(
@@ -207,20 +301,24 @@ def momentum_noise(
     momentum: float = 0.0,
     nesterov: bool = False,
     time: str = "discrete",
+    dampening: float = 0.0,
 ) -> EffectiveNoise:
     """Effective (κ_eff, c_mean, c_second) of SGD with momentum (module docstring).
 
     ``time="discrete"``: κ_eff as in the module docstring, c_mean = η_eff²(1 − 1/S),
-    c_second = η_eff²/S, η_eff = η/(1 − β); exact for the stationary point when ⟨vᵀA∇L⟩ = 0.
-    ``time="continuous"``: the η → 0 limit, SGF with η_eff (κ = 4γ, c = ∓η_eff/S), per unit
-    τ = steps·η_eff. β = 0 gives ``NoiseModel.create(...)`` exactly.
+    c_second = η_eff²/S, η_eff = η(1 − d)/(1 − β); exact for the stationary point when
+    ⟨vᵀA∇L⟩ = 0. ``time="continuous"``: the η → 0 limit, SGF with η_eff (κ = 4γ,
+    c = ∓η_eff/S), per unit τ = steps·η_eff. β = 0 gives ``NoiseModel.create(...)`` exactly.
+    ``dampening=d`` (heavy ball only, as in PyTorch) is the heavy ball with η(1 − d).
     """
-    _check(lr, momentum, weight_decay)
+    _check(lr, momentum, weight_decay, dampening, nesterov)
     if int(batch_size) != batch_size or batch_size < 1:
         raise ValueError(
             f"batch_size={batch_size!r} must be a positive integer S (the SGD batch size)."
         )
     eta, b, gam, s = float(lr), float(momentum), float(weight_decay), float(batch_size)
+    if b > 0:  # PyTorch ignores dampening without momentum (there is no buffer)
+        eta *= 1 - float(dampening)
     when = "⟨vᵀA∇L⟩ = 0 (e.g. ∇L = 0 along A: noise dominated)" if b > 0 else "always"
     eff = eta / (1 - b)
     if time == "continuous":
