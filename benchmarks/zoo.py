@@ -1,24 +1,31 @@
-"""Zoo benchmark: symmetry detection, coverage and teleport on small real architectures.
+"""Zoo benchmark: detection, statistics, solve and teleport on small real architectures.
 
 ```
-python benchmarks/zoo.py [--markdown] [--reps N]
+OMP_NUM_THREADS=1 python benchmarks/zoo.py [--reps N] [--only NAME ...] [--large-gpt2]
 ```
 
 For each model of ``tests/real_models.py`` (GPT-2, BERT, Llama, ViT, ResNet, ConvNeXt from
-Hugging Face ``transformers`` with tiny configs; PyTorch's transformer layers; a fused-qkv
-attention; a ReLU6 block), in eval mode (BatchNorm models also in train mode):
+Hugging Face ``transformers`` with tiny configs, random init; PyTorch's transformer layers; a
+fused-qkv attention; a ReLU6 block), in eval mode (BatchNorm models also in train mode):
 
 * ``params``: trainable parameters; ``rescaling / scale / rotation``: symmetries found;
 * ``covered``: share of the parameters (coordinates) acted on by some symmetry;
 * ``detect s``: median wall time of ``find_symmetries`` over ``--reps`` runs;
-* ``stats ×``: median ``collect_stats(estimator="reference")`` time over the median plain
-  forward+backward (loss: mean square of the outputs against random targets), ``solve s``:
-  time of ``solve_equilibrium``; "n/a" with the exception when a step does not run on that
-  model (the reference estimator refuses BatchNorm in training mode, whose per-sample
-  gradients are not defined);
-* ``Δ eval / Δ train``: relative change of the outputs (float64) after teleporting with a
-  random group element of size 0.5 for every symmetry, scale invariances clipped to the eps
-  tolerance 1e-6 by ``noetherflow.symmetry.eps.clip_to_eps``.
+* ``stats ×``: median ``collect_stats`` time over the median plain forward+backward (the two
+  interleaved, ``--reps`` repetitions after one warm-up; loss: mean square of the outputs
+  against random targets), with the estimator used: ``hooks`` where it runs, else
+  ``reference`` (torch.func), else ``microbatch`` (micro-batches of 2: BatchNorm in training
+  mode);
+* ``solve s``: one ``solve_equilibrium`` (η = 0.1, S = batch, γ = 1e-3, continuous time);
+* ``Δ eval / Δ train``: relative change of the outputs (float64) after teleporting a float64
+  copy to its solved equilibrium, scale invariances clipped to the eps tolerance 1e-6
+  (``clip_to_eps``), in eval and train mode;
+* ``flows after/before``: ‖all flows‖ at the teleported point over ‖all flows‖ before (same
+  batch, estimator and hyper-parameters; float64). Clipped scale invariances and directions
+  at infinity keep part of their flow.
+
+``--large-gpt2`` also times ``find_symmetries`` once on ``GPT2Model(GPT2Config())`` (12
+layers, width 768, 12 heads, random init) on 2 × 16 tokens.
 """
 
 from __future__ import annotations
@@ -39,8 +46,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 import real_models as RM
 
-from noetherflow import collect_stats, find_symmetries
-from noetherflow.equilibrium import EquilibriumSolution, solve_equilibrium
+from noetherflow import collect_stats, find_symmetries, noether_flow
+from noetherflow.equilibrium import solve_equilibrium
 from noetherflow.symmetry._fx.capture import flat_outputs
 from noetherflow.symmetry.coverage import covered_mask
 from noetherflow.symmetry.eps import clip_to_eps
@@ -48,6 +55,8 @@ from noetherflow.symmetry.set import SymmetrySet
 from noetherflow.teleport import teleport
 
 BN_MODELS = ("resnet", "relu6_block")
+ESTIMATORS = ("hooks", "reference", "microbatch")
+HYPER = {"lr": 0.1, "weight_decay": 1e-3}
 
 
 def _to64(x: Any) -> Any:
@@ -56,11 +65,15 @@ def _to64(x: Any) -> Any:
     return x.to(torch.float64) if x.is_floating_point() else x
 
 
-def _out(model: nn.Module, args: tuple[Any, ...], train: bool) -> Tensor:
-    model.train(train)
+def _args(x: Any) -> tuple[Any, ...]:
+    return x if isinstance(x, tuple) else (x,)
+
+
+def _out(model: nn.Module, x: Any, train: bool) -> Tensor:
+    m = copy.deepcopy(model).train(train)  # train-mode BatchNorm moves its running statistics
     with torch.no_grad(), torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
-        return flat_outputs(model(*args))
+        return flat_outputs(m(*_args(x)))
 
 
 def _covered(model: nn.Module, syms: SymmetrySet) -> float:
@@ -76,110 +89,163 @@ def _covered(model: nn.Module, syms: SymmetrySet) -> float:
     return covered / max(total, 1)
 
 
-def _teleport_change(model: nn.Module, x: Any, train: bool) -> tuple[float, float]:
+class _Problem:
+    """A model, its batch and random targets; the loss is the mean square of the outputs."""
+
+    def __init__(self, model: nn.Module, x: Any) -> None:
+        self.model, self.x = model, x
+        out = flat_outputs(model(*_args(x)))
+        self.n = int(_args(x)[0].shape[0])
+        gen = torch.Generator().manual_seed(0)
+        self.y = torch.randn(self.n, out.numel() // self.n, generator=gen, dtype=out.dtype)
+
+    def loss(self, out: Any, t: Tensor) -> Tensor:
+        return (flat_outputs(out).reshape(t.shape) - t).square().mean()
+
+    def stats(self, syms: SymmetrySet, estimator: str) -> Any:
+        mb = 2 if estimator == "microbatch" else 1
+        return collect_stats(
+            self.model, syms, self.loss, self.x, self.y, estimator=estimator, micro_batch_size=mb
+        )
+
+    def estimator(self, syms: SymmetrySet) -> str:
+        errors = []
+        for est in ESTIMATORS:
+            try:
+                self.stats(syms, est)
+                return est
+            except Exception as exc:  # the next estimator; the table names the one used
+                errors.append(f"{est}: {type(exc).__name__}")
+        raise RuntimeError("; ".join(errors))
+
+    def plain(self) -> None:
+        self.model.zero_grad()
+        self.loss(self.model(*_args(self.x)), self.y).backward()
+
+
+def _timed(fn: Any) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def _stats_ratio(prob: _Problem, syms: SymmetrySet, est: str, reps: int) -> float:
+    plain, stats = [], []
+    for _ in range(reps + 1):  # interleaved; the first repetition warms up and is dropped
+        plain.append(_timed(prob.plain))
+        stats.append(_timed(lambda: prob.stats(syms, est)))
+    return statistics.median(stats[1:]) / statistics.median(plain[1:])
+
+
+def _flow_norm(syms: SymmetrySet, stats: Any, n: int) -> float:
+    fl = noether_flow(syms, stats, batch_size=n, **HYPER)
+    return float(torch.cat([v.reshape(-1) for v in fl.values()]).norm())
+
+
+def _teleport64(model: nn.Module, x: Any, train: bool, est: str) -> dict[str, float]:
+    """Solve and teleport a float64 copy; output changes and the flow ratio."""
     m64 = copy.deepcopy(model).to(torch.float64).train(train)
     x64 = _to64(x)
-    args = x64 if isinstance(x64, tuple) else (x64,)
     syms = find_symmetries(m64, x64)
-    gen = torch.Generator().manual_seed(0)
-    sol = EquilibriumSolution(
-        syms=syms,
-        steps=[(i, s.random_element(0.5, gen)) for i, s in enumerate(syms)],
-        elements={},
-        distance={},
-    )
+    prob = _Problem(m64, x64)
+    before_stats = prob.stats(syms, est)
+    sol = solve_equilibrium(syms, before_stats, batch_size=prob.n, **HYPER)
     sol, _ = clip_to_eps(m64, sol, x64, tolerance=1e-6)
-    before = {t: _out(copy.deepcopy(m64), args, t) for t in (False, True)}
+    outs = {t: _out(m64, x64, t) for t in (False, True)}
+    flow_before = _flow_norm(syms, before_stats, prob.n)
     teleport(m64, sol)
-    return tuple(  # type: ignore[return-value]
-        float((_out(copy.deepcopy(m64), args, t) - before[t]).norm() / before[t].norm())
-        for t in (False, True)
-    )
+    res = {
+        f"d_{'train' if t else 'eval'}": float((_out(m64, x64, t) - o).norm() / o.norm())
+        for t, o in outs.items()
+    }
+    res["flows"] = _flow_norm(syms, prob.stats(syms, est), prob.n) / flow_before
+    return res
 
 
-def _stats_and_solve(model: nn.Module, x: Any, syms: SymmetrySet, reps: int) -> tuple[str, str]:
-    args = x if isinstance(x, tuple) else (x,)
-    out = flat_outputs(model(*args))
-    n = (args[0].shape[0]) if isinstance(args[0], Tensor) else 1
-    y = torch.randn(n, out.numel() // n)
-
-    def loss_fn(o: Any, t: Tensor) -> Tensor:
-        return (flat_outputs(o).reshape(t.shape) - t).square().mean()
-
-    try:
-        plain_t, stats_t = [], []
-        for _ in range(reps + 1):  # the first repetition warms up and is dropped
-            t0 = time.perf_counter()
-            model.zero_grad()
-            loss_fn(model(*args), y).backward()
-            plain_t.append(time.perf_counter() - t0)
-            t0 = time.perf_counter()
-            stats = collect_stats(model, syms, loss_fn, x, y, estimator="reference")
-            stats_t.append(time.perf_counter() - t0)
-        ratio = statistics.median(stats_t[1:]) / statistics.median(plain_t[1:])
-    except Exception as exc:  # report, do not hide: the table says why
-        return f"n/a ({type(exc).__name__})", "n/a"
-    try:
-        t0 = time.perf_counter()
-        solve_equilibrium(syms, stats, lr=0.1, batch_size=n, weight_decay=1e-3)
-        solve = f"{time.perf_counter() - t0:.3f}"
-    except Exception as exc:
-        solve = f"n/a ({type(exc).__name__})"
-    return f"{ratio:.1f}", solve
-
-
-def run(reps: int) -> list[dict[str, Any]]:
+def run(reps: int, only: list[str] | None = None) -> list[dict[str, Any]]:
     rows = []
     for name, factory in RM.MODELS.items():
+        if only and name not in only:
+            continue
         for train in (False, True) if name in BN_MODELS else (False,):
             torch.manual_seed(0)
             model, x = factory()
             model.train(train)
-            times = []
+            times, syms = [], SymmetrySet()
             for _ in range(reps):
                 t0 = time.perf_counter()
                 syms = find_symmetries(model, x)
                 times.append(time.perf_counter() - t0)
-            fam = {f: sum(1 for s in syms if s.family.value == f) for f in ("rescaling", "scale")}
-            fam["rotation"] = sum(1 for s in syms if s.family.value == "rotation")
-            stats, solve = _stats_and_solve(model, x, syms, reps)
-            d_eval, d_train = _teleport_change(model, x, train)
-            rows.append(
-                {
-                    "model": f"{name} ({'train' if train else 'eval'})",
-                    "params": sum(p.numel() for p in model.parameters() if p.requires_grad),
-                    **fam,
-                    "covered": _covered(model, syms),
-                    "detect_s": statistics.median(times),
-                    "stats_x": stats,
-                    "solve_s": solve,
-                    "d_eval": d_eval,
-                    "d_train": d_train,
-                }
-            )
+            row: dict[str, Any] = {
+                "model": f"{name} ({'train' if train else 'eval'})",
+                "params": sum(p.numel() for p in model.parameters() if p.requires_grad),
+                **{f: sum(s.family.value == f for s in syms) for f in ("rescaling", "scale")},
+                "rotation": sum(s.family.value == "rotation" for s in syms),
+                "covered": _covered(model, syms),
+                "detect_s": statistics.median(times),
+            }
+            prob = _Problem(model, x)
+            try:
+                est = prob.estimator(syms)
+                row["stats"] = f"{_stats_ratio(prob, syms, est, reps):.1f} ({est})"
+                stats = prob.stats(syms, est)
+                t0 = time.perf_counter()
+                sol = solve_equilibrium(syms, stats, batch_size=prob.n, **HYPER)
+                row["solve"] = f"{time.perf_counter() - t0:.3f}" + ("" if sol.converged else "*")
+                row.update(_teleport64(model, x, train, est))
+            except Exception as exc:  # report, do not hide: the table says why
+                row["stats"] = f"n/a ({type(exc).__name__}: {str(exc)[:60]})"
+            rows.append(row)
+            print(_line(row), flush=True)
     return rows
+
+
+def _line(r: dict[str, Any]) -> str:
+    def g(k: str, fmt: str) -> str:
+        v = r.get(k)
+        return "n/a" if v is None else format(v, fmt)
+
+    return (
+        f"| {r['model']} | {r['params']:,} | {r['rescaling']} | {r['scale']} | {r['rotation']} | "
+        f"{r['covered']:.0%} | {r['detect_s']:.3f} | {r['stats']} | {r.get('solve', 'n/a')} | "
+        f"{g('d_eval', '.1e')} | {g('d_train', '.1e')} | {g('flows', '.1e')} |"
+    )
+
+
+HEAD = (
+    "| model | params | rescaling | scale | rotation | covered | detect s | stats × plain "
+    "(estimator) | solve s | Δ eval | Δ train | flows after/before |\n"
+    "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+)
+
+
+def large_gpt2() -> tuple[float, int, int]:
+    """Seconds of one ``find_symmetries`` on GPT-2 small (random init), symmetries, params."""
+    import transformers as T
+
+    torch.manual_seed(0)
+    model = T.GPT2Model(T.GPT2Config()).eval()
+    ids = torch.randint(0, 50257, (2, 16))
+    t0 = time.perf_counter()
+    syms = find_symmetries(model, ids)
+    return time.perf_counter() - t0, len(syms), sum(p.numel() for p in model.parameters())
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--reps", type=int, default=3, help="detection repetitions (median)")
-    ap.add_argument("--markdown", action="store_true", help="print a Markdown table")
+    ap.add_argument("--reps", type=int, default=3, help="timing repetitions (median)")
+    ap.add_argument("--only", nargs="*", help="model names of tests/real_models.py")
+    ap.add_argument("--large-gpt2", action="store_true", help="also time detection on GPT-2 small")
     args = ap.parse_args(argv)
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s)")
+    print(HEAD)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        rows = run(args.reps)
-    head = (
-        "| model | params | rescaling | scale | rotation | covered | detect s | stats × | "
-        "solve s | Δ eval | Δ train |"
-    )
-    print(head)
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for r in rows:
-        print(
-            f"| {r['model']} | {r['params']:,} | {r['rescaling']} | {r['scale']} | "
-            f"{r['rotation']} | {r['covered']:.0%} | {r['detect_s']:.3f} | {r['stats_x']} | "
-            f"{r['solve_s']} | {r['d_eval']:.1e} | {r['d_train']:.1e} |"
-        )
+        run(args.reps, args.only)
+        if args.large_gpt2:
+            secs, k, n = large_gpt2()
+            print(f"GPT-2 12 layers, width 768, 12 heads ({n:,} params): {k} symmetries, "
+                  f"find_symmetries {secs:.1f} s")  # fmt: skip
     return 0
 
 

@@ -474,7 +474,7 @@ class NoetherMonitor:
 
     def _batch_stats(self, inputs: Any, targets: Any) -> GradStats:
         """Statistics of the given batch with a non-hook estimator (``.grad``, buffers kept)."""
-        if inputs is None or targets is None:
+        if inputs is None:  # targets may be None: labels inside a dict of keyword inputs
             raise ValueError(
                 f"NoetherMonitor(estimator={self.estimator.value!r}) computes the statistics "
                 f"from the batch: call mon.step(loss, inputs=x, targets=y) (step {self._step - 1} "

@@ -54,7 +54,20 @@ from noetherflow.teleport import teleport
 
 __all__ = ["EquilibriumTeleport", "TeleportRecord", "TeleportingOptimizer"]
 
-Batch = tuple[Any, Any]
+# (inputs, targets), or a dict of keyword inputs whose loss needs no targets (a Hugging Face
+# batch with labels): statistics on model(**batch), loss_fn(outputs, None)
+Batch = tuple[Any, Any] | Mapping[str, Any]
+
+
+def _split(batch: Batch) -> tuple[Any, Any]:
+    if isinstance(batch, Mapping):
+        return batch, None
+    if isinstance(batch, tuple | list) and len(batch) == 2:
+        return batch[0], batch[1]
+    raise TypeError(
+        f"TeleportingOptimizer: a batch is a {type(batch).__name__}; expected (inputs, targets) "
+        "or a dict of keyword inputs (model(**batch), loss_fn(outputs, None))."
+    )
 
 
 @dataclass(frozen=True)
@@ -257,7 +270,7 @@ class EquilibriumTeleport:
             return self.at_start
         return self.every is not None and k % self.every == 0
 
-    def maybe_teleport(self, inputs: Any, targets: Any) -> EquilibriumSolution | None:
+    def maybe_teleport(self, inputs: Any, targets: Any = None) -> EquilibriumSolution | None:
         """Call once per training step, before the forward pass; teleports when due."""
         out = self.teleport(inputs, targets) if self.due() else None
         self.steps_seen += 1
@@ -269,8 +282,13 @@ class EquilibriumTeleport:
         return sum(r.seconds for r in self.history)
 
     # -- the teleport -----------------------------------------------------------------------
-    def solve(self, inputs: Any, targets: Any) -> EquilibriumSolution:
-        """Statistics on the batch and the equilibrium; the model is not moved."""
+    def solve(self, inputs: Any, targets: Any = None) -> EquilibriumSolution:
+        """Statistics on the batch and the equilibrium; the model is not moved.
+
+        ``inputs``/``targets`` as in :func:`~noetherflow.collect_stats`: a tensor, a tuple or
+        a dict of keyword inputs; targets None when ``loss_fn`` needs none (labels inside a
+        Hugging Face batch: ``tp.solve(batch)`` with ``loss_fn=lambda out, _: out.loss``).
+        """
         lr, gamma = self.hyperparameters()
         with preserved(self.model):
             stats = collect_stats(
@@ -295,7 +313,7 @@ class EquilibriumTeleport:
             **self._source().momentum_kwargs(),
         )
 
-    def teleport(self, inputs: Any, targets: Any) -> EquilibriumSolution:
+    def teleport(self, inputs: Any, targets: Any = None) -> EquilibriumSolution:
         """Teleport now (whatever the schedule): solve, move, transport ``.grad`` and state."""
         t0 = time.perf_counter()
         sol = self.solve(inputs, targets)
@@ -332,7 +350,9 @@ class EquilibriumTeleport:
         self.optimizer = optimizer
         return TeleportingOptimizer(optimizer, self, batches=batches)
 
-    def lightning_callback(self, *, split_batch: Callable[[Any], Batch] | None = None) -> Any:
+    def lightning_callback(
+        self, *, split_batch: Callable[[Any], tuple[Any, Any]] | None = None
+    ) -> Any:
         """A Lightning ``Callback`` teleporting in ``on_train_batch_start`` (before forward).
 
         Lightning (``lightning`` 2.x or ``pytorch_lightning``) is imported here, not before;
@@ -348,7 +368,9 @@ class TeleportingOptimizer:
     """Wraps a ``torch.optim.Optimizer``: ``step()`` teleports when due, then steps.
 
     The batch for the statistics is ``step(batch=(x, y))`` or, when not given, the next item
-    of ``batches`` (an iterable, cycled, or a callable). The gradients already in ``.grad``
+    of ``batches`` (an iterable, cycled, or a callable). A batch that is a dict is passed as
+    keyword inputs with no targets (``model(**batch)``, ``loss_fn(outputs, None)``: a
+    Hugging Face batch holding its ``labels``). The gradients already in ``.grad``
     were computed at the old point and are transported with the teleport, so the step that
     follows is the step SGD would take from the teleported point. Other attributes
     (``param_groups``, ``state``, ``zero_grad``, ``state_dict`` …) are the wrapped
@@ -383,7 +405,7 @@ class TeleportingOptimizer:
                         "call step(batch=(x, y)) or wrap(optimizer, batches=loader)."
                     )
                 batch = self._source()
-            tp.teleport(*batch)
+            tp.teleport(*_split(batch))
         tp.steps_seen += 1
         return self.optimizer.step(closure)
 

@@ -24,6 +24,7 @@ from torch import Tensor, nn
 
 from noetherflow._checks import parse_enum
 from noetherflow._errors import StatisticsError, UnsupportedLayerError
+from noetherflow._inputs import ModelInputs
 from noetherflow.kernels.base import GradSource, assemble
 from noetherflow.stats import layers as formulas
 from noetherflow.stats.core import (
@@ -246,19 +247,36 @@ def _raise_mean_gap(name: str, role: str, sc: float, gap: float) -> None:
     )
 
 
-def _forward(model: nn.Module, xs: tuple[Any, ...]) -> Any:
-    """``model(*xs)``; a torch dtype error on integer inputs becomes a clear StatisticsError."""
+def _forward(model: nn.Module, inp: ModelInputs) -> Any:
+    """``model(*args, **kwargs)``; a torch dtype error on the inputs becomes a StatisticsError."""
     try:
-        return model(*xs)
+        return inp(model)
     except RuntimeError as e:
-        ints = [str(x.dtype) for x in xs if isinstance(x, Tensor) and not x.is_floating_point()]
-        if not ints or "dtype" not in str(e):
+        hint = inp.dtype_hint(e)
+        if hint is None:
             raise
-        raise StatisticsError(
-            f"The model's forward failed on inputs of dtype {ints} ({e}); expected inputs of "
-            "the dtype the model computes in, unless it takes indices (nn.Embedding). Convert "
-            "the batch, e.g. x.to(next(model.parameters()).dtype)."
-        ) from e
+        raise StatisticsError(f"The model's forward failed ({e}): {hint}") from e
+
+
+def _guard_loss(
+    loss_fn: Callable[[Any, Any], Tensor], targets: Any
+) -> Callable[[Any, Any], Tensor]:
+    """``loss_fn``; with ``targets=None``, its failure becomes an error saying what to pass."""
+    if targets is not None:
+        return loss_fn
+
+    def call(out: Any, y: Any) -> Tensor:
+        try:
+            return loss_fn(out, y)
+        except (TypeError, AttributeError, IndexError) as exc:
+            raise StatisticsError(
+                f"loss_fn(outputs, None) failed with {type(exc).__name__}: {exc}. targets=None "
+                "means that loss_fn computes the loss from the outputs alone (e.g. "
+                "loss_fn=lambda out, _: out.loss with labels among the keyword inputs); "
+                "otherwise pass the targets."
+            ) from exc
+
+    return call
 
 
 def _check_reduction(loss_fn: Any, out: Any, targets: Any, red: Reduction) -> None:
@@ -519,8 +537,8 @@ def collect_stats(
     model: nn.Module,
     syms: SymmetrySet,
     loss_fn: Callable[[Any, Any], Tensor],
-    inputs: Tensor | tuple[Tensor, ...],
-    targets: Tensor,
+    inputs: Any,
+    targets: Any,
     *,
     reduction: str | Reduction = "mean",
     estimator: str | Estimator = "hooks",
@@ -541,8 +559,15 @@ def collect_stats(
         syms: the symmetries whose statistics are needed.
         loss_fn: ``loss_fn(outputs, targets)`` → batch mean (``reduction='mean'``) or sum
             of per-sample losses. Only the data loss: pass weight decay to the flow/solver.
-        inputs: the batch's inputs, samples along dim 0 (a tuple for several inputs).
-        targets: the batch's targets, samples along dim 0.
+        inputs: the batch, samples along dim 0: a tensor, a tuple of positional inputs, or a
+            dict of keyword inputs (``model(**inputs)``, e.g. a Hugging Face batch
+            ``{"input_ids": ids, "attention_mask": mask}``). Integer inputs (token ids) are
+            fine with every estimator. ``'reference'``/``'microbatch'`` split every tensor
+            whose dim 0 is the batch size (that of the first input tensor) and pass tensors
+            with dim 0 of length 1 and non-tensors unchanged to every sample.
+        targets: the targets, samples along dim 0, passed as ``loss_fn(outputs, targets)``;
+            or None when the loss comes from the outputs alone (labels among the keyword
+            inputs, ``loss_fn=lambda out, _: out.loss``).
         reduction: ``'mean'`` or ``'sum'``, how ``loss_fn`` combines the per-sample losses.
         estimator: ``'hooks'`` (fast, registered layer types), ``'reference'`` (torch.func,
             exact, any model without BatchNorm in training mode), ``'microbatch'`` (any model).
@@ -574,9 +599,10 @@ def collect_stats(
     if len(syms) == 0:
         raise StatisticsError("The symmetry set is empty; there are no statistics to collect.")
     check_not_sharded([*syms.params(), *model.parameters()], _names(model), "collect_stats")
-    xs = inputs if isinstance(inputs, tuple) else (inputs,)
-    check_batch(xs[0].shape[0])
-    _check_devices(model, syms, xs)
+    inp = ModelInputs.of(inputs, "collect_stats")
+    n = inp.batch_size("collect_stats", split=est is not Estimator.HOOKS)
+    check_batch(n)
+    _check_devices(model, syms, inp.tensors())
     if est is Estimator.HOOKS:
         with capture(
             model,
@@ -587,11 +613,10 @@ def collect_stats(
             level=lev,
             timeout=timeout,
         ) as cap:
-            out = _forward(model, xs)
-            loss = loss_fn(out, targets)
+            out = _forward(model, inp)
+            loss = _guard_loss(loss_fn, targets)(out, targets)
             params = syms.params()
             grads = torch.autograd.grad(loss, params, allow_unused=True)
-        n = xs[0].shape[0]
         check = check_loss and not _loss_checked(loss_fn)
         if check:
             _check_reduction(loss_fn, out, targets, red)
@@ -609,13 +634,15 @@ def collect_stats(
         return st
     params = syms.params()
     if est is Estimator.REFERENCE:
-        samples = per_sample_grads(model, params, loss_fn, inputs, targets, chunk_size=chunk_size)
+        samples = per_sample_grads(
+            model, params, _guard_loss(loss_fn, targets), inp, targets, chunk_size=chunk_size
+        )
     else:
         samples = microbatch_grads(
             model,
             params,
-            loss_fn,
-            inputs,
+            _guard_loss(loss_fn, targets),
+            inp,
             targets,
             micro_batch_size=micro_batch_size,
             reduction=red.value,
@@ -634,7 +661,7 @@ def _names(model: nn.Module) -> dict[int, str]:
     return {id(p): n for n, p in model.named_parameters()}
 
 
-def _check_devices(model: nn.Module, syms: SymmetrySet, xs: tuple[Tensor, ...]) -> None:
+def _check_devices(model: nn.Module, syms: SymmetrySet, xs: list[Tensor]) -> None:
     ps = syms.params()
     devs = {p.device for p in ps} | {x.device for x in xs if isinstance(x, Tensor)}
     if len(devs) > 1:

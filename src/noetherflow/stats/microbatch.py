@@ -9,6 +9,8 @@ import torch
 from torch import Tensor, nn
 
 from noetherflow._errors import StatisticsError
+from noetherflow._inputs import ModelInputs
+from noetherflow.stats.reference import check_targets
 
 __all__ = ["microbatch_grads"]
 
@@ -17,8 +19,8 @@ def microbatch_grads(
     model: nn.Module,
     params: list[nn.Parameter],
     loss_fn: Callable[[Any, Any], Tensor],
-    inputs: Tensor | tuple[Tensor, ...],
-    targets: Tensor,
+    inputs: Any,
+    targets: Any,
     *,
     micro_batch_size: int = 1,
     reduction: str = "mean",
@@ -30,9 +32,15 @@ def microbatch_grads(
     per-sample Σ (Cov(ĝ) = Σ/m for independent samples). With m = 1 the p_j are exactly the
     per-sample gradients. Under BatchNorm in training mode the micro-batch is the sample unit
     and the estimate includes its coupling; running statistics are restored afterwards.
+
+    ``inputs``: a tensor, a tuple of positional inputs or a dict of keyword inputs (tensors
+    whose dim 0 is the batch size are sliced, others passed unchanged; see
+    :class:`noetherflow._inputs.ModelInputs`); ``targets``: a tensor with the samples on dim 0,
+    or None (``loss_fn(outputs, None)``, e.g. labels among the keyword inputs).
     """
-    xs = inputs if isinstance(inputs, tuple) else (inputs,)
-    n = xs[0].shape[0]
+    inp = ModelInputs.of(inputs, "collect_stats")
+    n = inp.batch_size("collect_stats")
+    check_targets(targets, n, "microbatch")
     m = micro_batch_size
     if m < 1 or n % m != 0 or n // m < 2:
         raise StatisticsError(
@@ -50,8 +58,14 @@ def microbatch_grads(
     grads: list[tuple[Tensor, ...]] = []
     try:
         for s in range(0, n, m):
-            out = model(*(x[s : s + m] for x in xs))
-            loss = loss_fn(out, targets[s : s + m])
+            try:
+                out = inp.slice(s, s + m, n)(model)
+            except RuntimeError as exc:
+                hint = inp.dtype_hint(exc)
+                if hint is None:
+                    raise
+                raise StatisticsError(f"collect_stats(estimator='microbatch'): {hint}") from exc
+            loss = loss_fn(out, None if targets is None else targets[s : s + m])
             if reduction == "sum":
                 loss = loss / m
             grads.append(torch.autograd.grad(loss, params, allow_unused=True))

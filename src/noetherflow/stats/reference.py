@@ -5,10 +5,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 
 from noetherflow._errors import StatisticsError
+from noetherflow._inputs import ModelInputs
 
 __all__ = ["per_sample_grads"]
 
@@ -26,35 +28,106 @@ def check_no_train_batchnorm(model: nn.Module, estimator: str) -> None:
             )
 
 
+def check_targets(targets: Any, n: int, estimator: str) -> None:
+    """``targets`` is a tensor with ``n`` samples on dim 0, or None (loss from the outputs)."""
+    if targets is None:
+        return
+    if not isinstance(targets, Tensor) or targets.ndim == 0 or targets.shape[0] != n:
+        got = tuple(targets.shape) if isinstance(targets, Tensor) else type(targets).__name__
+        raise StatisticsError(
+            f"estimator={estimator!r} splits the batch into samples, but targets is {got}; "
+            f"expected a tensor with the {n} samples of the inputs on dim 0, or None when "
+            "loss_fn computes the loss from the outputs alone (e.g. labels passed in the "
+            "keyword inputs and loss_fn=lambda out, _: out.loss)."
+        )
+
+
 def per_sample_grads(
     model: nn.Module,
     params: list[nn.Parameter],
     loss_fn: Callable[[Any, Any], Tensor],
-    inputs: Tensor | tuple[Tensor, ...],
+    inputs: Any,
     targets: Any,
     *,
     chunk_size: int | None = None,
 ) -> dict[nn.Parameter, Tensor]:
     """Per-sample gradients of ℓ_n = ``loss_fn(model(x_n), y_n)`` on a batch of one.
 
+    ``inputs``: a tensor, a tuple of positional inputs or a dict of keyword inputs (see
+    :class:`noetherflow._inputs.ModelInputs`: tensors whose dim 0 is the batch size are split
+    into samples, others passed unchanged). Integer inputs (token ids) need no gradient.
+    ``targets``: a tensor with the samples on dim 0, or None (``loss_fn(outputs, None)``).
+    Random operations (dropout in training mode) draw independently for every sample, as in
+    a batched forward pass (``vmap(randomness="different")``). A model that branches on the
+    values of its inputs, which ``vmap`` cannot run (Hugging Face models given an
+    ``attention_mask`` check whether it masks anything), gets the same exact per-sample
+    gradients from a loop of N backward passes on batches of one.
+
     Returns one tensor ``[N, *p.shape]`` per parameter in ``params``. Works for any model
     without cross-sample coupling (no BatchNorm in training mode).
     """
     check_no_train_batchnorm(model, "reference")
-    names = {id(p): n for n, p in model.named_parameters()}
+    inp = ModelInputs.of(inputs, "collect_stats")
+    n = inp.batch_size("collect_stats")
+    check_targets(targets, n, "reference")
+    names = {id(p): k for k, p in model.named_parameters()}
     wanted = {names[id(p)]: p for p in params}
-    others = {n: p.detach() for n, p in model.named_parameters() if n not in wanted}
+    others = {k: p.detach() for k, p in model.named_parameters() if k not in wanted}
     buffers = dict(model.named_buffers())
-    xs = inputs if isinstance(inputs, tuple) else (inputs,)
+    dims = inp.in_dims(n)
 
-    def one(pd: dict[str, Tensor], x: tuple[Tensor, ...], y: Any) -> Tensor:
-        xb = tuple(v.unsqueeze(0) for v in x)
+    def one(pd: dict[str, Tensor], args: tuple[Any, ...], kwargs: dict[str, Any], y: Any) -> Tensor:
+        xb = ModelInputs(args, kwargs).unsqueezed(dims)
         yb = y.unsqueeze(0) if isinstance(y, Tensor) else y
-        out = functional_call(model, ({**pd, **others}, buffers), xb)
+        out = functional_call(model, ({**pd, **others}, buffers), xb.args, xb.kwargs)
         return loss_fn(out, yb)
 
     detached = {k: p.detach() for k, p in wanted.items()}
-    g = vmap(grad(one), in_dims=(None, 0, 0), chunk_size=chunk_size)(detached, xs, targets)
-    if not isinstance(targets, Tensor):  # pragma: no cover - defensive
-        raise StatisticsError("targets must be a tensor with the batch on dim 0.")
+    in_dims = (None, dims[0], dims[1], None if targets is None else 0)
+    try:
+        g = vmap(grad(one), in_dims=in_dims, chunk_size=chunk_size, randomness="different")(
+            detached, inp.args, inp.kwargs, targets
+        )
+    except RuntimeError as exc:
+        hint = inp.dtype_hint(exc)
+        if hint is not None:
+            raise StatisticsError(f"collect_stats(estimator='reference'): {hint}") from exc
+        if not _data_dependent(exc):
+            raise
+        return _loop(model, params, loss_fn, inp, targets, n)
     return {p: g[k] for k, p in wanted.items()}
+
+
+def _data_dependent(exc: RuntimeError) -> bool:
+    """Whether ``exc`` is vmap's error for ``.item()``/``bool()`` on a batched tensor."""
+    msg = str(exc)
+    return "data-dependent control flow" in msg or "calling .item() on a Tensor" in msg
+
+
+def _loop(
+    model: nn.Module,
+    params: list[nn.Parameter],
+    loss_fn: Callable[[Any, Any], Tensor],
+    inp: ModelInputs,
+    targets: Any,
+    n: int,
+) -> dict[nn.Parameter, Tensor]:
+    """Per-sample gradients ``[N, *p.shape]`` by one backward pass per sample (buffers kept)."""
+    saved = [(b, b.detach().clone()) for b in model.buffers()]
+    rows: list[tuple[Tensor, ...]] = []
+    try:
+        for i in range(n):
+            out = inp.slice(i, i + 1, n)(model)
+            loss = loss_fn(out, None if targets is None else targets[i : i + 1])
+            gs = torch.autograd.grad(loss, params, allow_unused=True)
+            rows.append(
+                tuple(
+                    torch.zeros_like(p) if g is None else g.detach()
+                    for p, g in zip(params, gs, strict=True)
+                )
+            )
+    finally:
+        with torch.no_grad():
+            for b, v in saved:
+                b.copy_(v)
+    return {p: torch.stack([r[j] for r in rows]) for j, p in enumerate(params)}

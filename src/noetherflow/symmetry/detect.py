@@ -32,6 +32,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from noetherflow._inputs import ModelInputs
 from noetherflow.symmetry._fx import engine as pat
 from noetherflow.symmetry._fx.capture import capture
 from noetherflow.symmetry._fx.check import Checker
@@ -45,18 +46,6 @@ __all__ = ["DetectionError", "find_symmetries", "symmetry_signature"]
 
 class DetectionError(ValueError):
     """The model cannot be run on the example inputs (wrong shape, wrong type, …)."""
-
-
-def _as_args(example_inputs: Any) -> tuple[Any, ...]:
-    if isinstance(example_inputs, tuple):
-        return example_inputs
-    return (example_inputs,)
-
-
-def _shapes(args: tuple[Any, ...]) -> str:
-    return ", ".join(
-        str(tuple(a.shape)) if isinstance(a, Tensor) else type(a).__name__ for a in args
-    )
 
 
 class _Isolated:
@@ -82,20 +71,23 @@ class _Isolated:
                 b.copy_(v)
 
 
-def _run_failed(model: nn.Module, args: tuple[Any, ...], exc: Exception) -> DetectionError:
+def _run_failed(model: nn.Module, inp: ModelInputs, exc: Exception) -> DetectionError:
     layers = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
     first = next((m for m in model.modules() if isinstance(m, layers)), None)
     hint = ""
     first_line = (str(exc).strip().splitlines() or [""])[0]
-    if isinstance(first, nn.Linear):
+    dtype = inp.dtype_hint(exc)
+    if dtype is not None:
+        hint = f" Here {dtype}"
+    elif isinstance(first, nn.Linear):
         hint = f" The first Linear layer expects {first.in_features} input features."
     elif first is not None:
         hint = f" The first conv layer expects {first.in_channels} input channels."
     return DetectionError(
         f"find_symmetries: running {type(model).__name__} on example inputs of shape "
-        f"{_shapes(args)} failed with {type(exc).__name__}: {first_line}. Expected inputs the "
+        f"{inp.describe()} failed with {type(exc).__name__}: {first_line}. Expected inputs the "
         f"model accepts, e.g. a small batch.{hint} Pass example_inputs with the model's input "
-        "shape (a tuple for several positional inputs)."
+        "shape (a tuple for several positional inputs, a dict for keyword inputs)."
     )
 
 
@@ -114,7 +106,10 @@ def find_symmetries(
     Args:
         model: any ``nn.Module``; its current mode matters (BatchNorm's scale invariance
             exists in training mode only, dropout breaks rotations in training mode).
-        example_inputs: a tensor or a tuple of positional inputs, e.g. a small batch.
+        example_inputs: a small batch: a tensor, a tuple of positional inputs, or a dict of
+            keyword inputs (``model(**example_inputs)``, e.g. a Hugging Face batch
+            ``{"input_ids": ids, "attention_mask": mask}``; a model taking one dict as its
+            only positional input gets ``(batch,)``).
         loss_fn, targets: compare ``loss_fn(model(x), targets)`` instead of the outputs.
         tolerance: largest accepted relative change under a random group element (float64).
         scale: size of the random group element (λ in [−scale, scale] per generator for
@@ -128,6 +123,7 @@ def find_symmetries(
 
     Raises:
         DetectionError: the model does not run on ``example_inputs``.
+        TypeError: ``example_inputs`` is None or a dict with non-string keys.
 
     Example:
         >>> import torch, noetherflow as nf
@@ -142,10 +138,10 @@ def find_symmetries(
         )
     if not tolerance > 0:
         raise ValueError(f"find_symmetries: tolerance must be > 0, got {tolerance}.")
-    args = _as_args(example_inputs)
+    inp = ModelInputs.of(example_inputs, "find_symmetries")
     names = {id(p): n for n, p in model.named_parameters()}
     cap = capture(
-        model, args, lambda: _Isolated(model, seed), lambda exc: _run_failed(model, args, exc)
+        model, inp, lambda: _Isolated(model, seed), lambda exc: _run_failed(model, inp, exc)
     )
     infos, notes = cap.infos, cap.notes
     traced = cap.method != "per module"
@@ -167,7 +163,7 @@ def find_symmetries(
         notes=notes,
         unsupported=dict(ledger.unsupported),
     )
-    checker = Checker(model, args, loss_fn, targets, seed, _Isolated) if proposals else None
+    checker = Checker(model, inp, loss_fn, targets, seed, _Isolated) if proposals else None
     gen = torch.Generator().manual_seed(seed)
     found: list[tuple[int, str, Symmetry, VerifyResult]] = []
     labels: set[str] = set()

@@ -32,6 +32,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from noetherflow._inputs import ModelInputs
 from noetherflow.equilibrium import EquilibriumSolution
 from noetherflow.symmetry._fx.capture import flat_outputs
 from noetherflow.symmetry._fx.layers import norm_spec
@@ -113,11 +114,11 @@ def _norm_variance(norm: nn.Module, x: Tensor, per_channel: bool, train: bool) -
     return v.min().reshape(1)
 
 
-def _run(model: nn.Module, args: tuple[Any, ...], train: bool, seed: int) -> Tensor:
+def _run(model: nn.Module, inp: ModelInputs, train: bool, seed: int) -> Tensor:
     model.train(train)
     with torch.random.fork_rng(devices=[]), torch.no_grad():
         torch.manual_seed(seed)
-        return flat_outputs(model(*args))
+        return flat_outputs(inp(model))
 
 
 def _rel(a: Tensor, b: Tensor) -> float:
@@ -138,7 +139,8 @@ def clip_to_eps(
     Args:
         model: the model ``solution`` was solved for (not modified).
         solution: from :func:`noetherflow.solve_equilibrium`.
-        inputs: example inputs (a tensor or a tuple of positional inputs).
+        inputs: example inputs (a tensor, a tuple of positional inputs or a dict of keyword
+            inputs, as in :func:`noetherflow.find_symmetries`).
         tolerance: largest accepted relative change of the outputs, train and eval mode.
         seed: seeds any dropout in the measuring forward passes.
         max_halvings: how often the scale-invariance steps may be halved after clipping.
@@ -151,7 +153,7 @@ def clip_to_eps(
     """
     if not 0 < tolerance < 1:
         raise ValueError(f"clip_to_eps: tolerance must be in (0, 1), got {tolerance}.")
-    args = inputs if isinstance(inputs, tuple) else (inputs,)
+    args = ModelInputs.of(inputs, "clip_to_eps")
     syms, names = solution.syms, solution.syms.names
     bounds: dict[int, tuple[Tensor, Tensor]] = {}
     seen: dict[int, list[Tensor]] = {}
@@ -229,10 +231,10 @@ def _qualname(model: nn.Module, target: nn.Module) -> str:
 
 
 def _measurer(
-    model: nn.Module, args: tuple[Any, ...], seed: int
+    model: nn.Module, args: ModelInputs, seed: int
 ) -> Callable[[Any, list[tuple[int, Any]]], tuple[float, float]]:
     """Relative output change of applying ``steps`` on float64 copies, train and eval mode."""
-    args64 = _to64(args)
+    args64 = args.map(_to64)
 
     def measure(syms: Any, steps: list[tuple[int, Any]]) -> tuple[float, float]:
         out = []

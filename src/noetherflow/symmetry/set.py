@@ -11,6 +11,7 @@ import torch
 from torch import Tensor, nn
 
 from noetherflow._errors import SymmetryDefinitionError, SymmetryNotPresentError
+from noetherflow._inputs import ModelInputs
 from noetherflow.symmetry.base import DiagonalSymmetry, Symmetry, unique_params
 
 if TYPE_CHECKING:
@@ -155,7 +156,9 @@ class SymmetrySet:
 
         Each symmetry is applied alone with a random group element of size ``scale`` to a
         float64 copy of the model; the relative change of the outputs (or of the loss, when
-        ``loss_fn`` is given) must stay below ``tolerance`` (default 1e-9).
+        ``loss_fn`` is given) must stay below ``tolerance`` (default 1e-9). ``inputs`` is a
+        tensor, a tuple of positional inputs or a dict of keyword inputs, as in
+        :func:`noetherflow.find_symmetries`.
 
         Raises:
             SymmetryNotPresentError: when ``strict`` and a symmetry changes the outputs.
@@ -163,7 +166,7 @@ class SymmetrySet:
         from noetherflow.symmetry._fx.layers import norm_spec
 
         tol = 1e-9 if tolerance is None else tolerance
-        x64 = _to64(inputs)
+        x64 = ModelInputs.of(inputs, "verify").map(_to64)
         y64 = _to64(targets)
 
         def make_copy(zero_eps: bool) -> tuple[nn.Module, dict[int, Any]]:
@@ -183,7 +186,7 @@ class SymmetrySet:
             # the same RNG state in every pass: train-mode dropout draws the same masks
             with torch.no_grad(), torch.random.fork_rng(devices=[]):
                 torch.manual_seed(seed)
-                out = m64(x64)
+                out = x64(m64)
                 return loss_fn(out, y64).reshape(1) if loss_fn is not None else _as_outputs(out)
 
         gen = torch.Generator().manual_seed(seed)
@@ -191,7 +194,7 @@ class SymmetrySet:
         if not bool(torch.isfinite(bases[0]).all()):
             bad_in = any(
                 isinstance(t, Tensor) and t.is_floating_point() and not bool(t.isfinite().all())
-                for t in (x64 if isinstance(x64, tuple | list) else (x64,))
+                for t in x64.tensors()
             )
             raise ValueError(
                 "verify: the inputs contain NaN or Inf; expected finite inputs. Pass a finite "

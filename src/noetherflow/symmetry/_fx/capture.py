@@ -19,6 +19,7 @@ understand (:func:`is_leaf`), including Hugging Face's ``Conv1D`` and ``*RMSNorm
 
 from __future__ import annotations
 
+import inspect
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -30,6 +31,7 @@ from torch import Tensor, fx, nn
 from torch.fx._symbolic_trace import _orig_module_call, _orig_module_getattr
 from torch.fx.proxy import Attribute
 
+from noetherflow._inputs import ModelInputs
 from noetherflow.symmetry._fx.engine import ROTARY_FUNCTIONS, GraphInfo
 from noetherflow.symmetry._fx.layers import is_known_module
 
@@ -272,37 +274,58 @@ class Capture:
         return not self.not_analysed
 
 
+def _positional(model: nn.Module, inp: ModelInputs) -> tuple[Any, ...] | None:
+    """``inp`` as positional arguments of ``model.forward`` (defaults filled in), else None.
+
+    The placeholders of a symbolically traced graph are the parameters of ``forward`` in
+    order; keyword inputs are bound to them by name. None when that is not possible
+    (keyword-only parameters, ``**kwargs``, an unknown name): the graph is then traced on the
+    inputs instead.
+    """
+    if not inp.kwargs:
+        return inp.args
+    try:
+        bound = inspect.signature(model.forward).bind(*inp.args, **inp.kwargs)
+    except (TypeError, ValueError):
+        return None
+    bound.apply_defaults()
+    return None if bound.kwargs else tuple(bound.args)
+
+
 def capture(
     model: nn.Module,
-    args: tuple[Any, ...],
+    inp: ModelInputs,
     isolated: Callable[[], Any],
     run_failed: Callable[[Exception], Exception],
 ) -> Capture:
-    """Graphs with recorded values for ``model(*args)``.
+    """Graphs with recorded values for ``model(*inp.args, **inp.kwargs)``.
 
     ``isolated()`` returns a context manager that restores RNG state and buffers;
-    ``run_failed(exc)`` builds the error raised when the model does not run on ``args``.
+    ``run_failed(exc)`` builds the error raised when the model does not run on ``inp``.
     """
     sym_why = ""
+    pos = _positional(model, inp)
     try:
-        gm = _symbolic(model)
+        gm = _symbolic(model) if pos is not None else None
     except Exception as exc:
         gm, sym_why = None, _why(exc)
-    if gm is not None:
+    if pos is None:
+        sym_why = "keyword inputs that are not positional parameters of forward"
+    if gm is not None and pos is not None:
         try:
             with isolated(), torch.no_grad():
-                values = _record(gm, args)
+                values = _record(gm, pos)
             return Capture([GraphInfo(gm, values)], "symbolic")
         except Exception as exc:
             try:
                 with isolated():
-                    model(*args)
+                    inp(model)
             except Exception as exc2:
                 raise run_failed(exc2) from exc2
             sym_why = _why(exc)
     try:
         with isolated():
-            gm = _concrete(model, args, {})
+            gm = _concrete(model, inp.args, inp.kwargs)
         with isolated(), torch.no_grad():
             values = _record(gm, ())
         note = (
@@ -312,12 +335,12 @@ def capture(
         return Capture([GraphInfo(gm, values)], "concrete", [note])
     except Exception as exc:
         concrete_why = _why(exc)
-    return _per_module(model, args, isolated, run_failed, sym_why, concrete_why)
+    return _per_module(model, inp, isolated, run_failed, sym_why, concrete_why)
 
 
 def _per_module(
     model: nn.Module,
-    args: tuple[Any, ...],
+    inp: ModelInputs,
     isolated: Callable[[], Any],
     run_failed: Callable[[Exception], Exception],
     sym_why: str,
@@ -337,7 +360,7 @@ def _per_module(
             handles.append(m.register_forward_pre_hook(hook, with_kwargs=True))
     try:
         with isolated(), torch.no_grad():
-            model(*args)
+            inp(model)
     except Exception as exc:
         raise run_failed(exc) from exc
     finally:

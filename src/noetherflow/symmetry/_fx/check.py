@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from noetherflow._inputs import ModelInputs
 from noetherflow.symmetry._fx.capture import flat_outputs
 from noetherflow.symmetry._fx.layers import layer_spec, norm_spec
 from noetherflow.symmetry.base import DiagonalSymmetry, Symmetry
@@ -154,14 +155,14 @@ class Checker:
     def __init__(
         self,
         model: nn.Module,
-        args: tuple[Any, ...],
+        inp: ModelInputs,
         loss_fn: Callable[[Any, Any], Tensor] | None,
         targets: Any,
         seed: int,
         isolated: Callable[[nn.Module, int], Any],
     ) -> None:
         self.copies = [_Copy(model, zero_eps=False), _Copy(model, zero_eps=True)]
-        self.args = _to64(args)
+        self.inp = inp.map(_to64)
         self.targets = _to64(targets)
         self.loss_fn = loss_fn
         self.seed = seed
@@ -171,7 +172,7 @@ class Checker:
     def _signal(self, c: _Copy) -> dict[str, Tensor]:
         c.outputs = {}
         with self.isolated(c.model, self.seed), _functional_eps(c.zero_eps):
-            out = c.model(*self.args)
+            out = self.inp(c.model)
             main = (
                 self.loss_fn(out, self.targets).reshape(1)
                 if self.loss_fn is not None
