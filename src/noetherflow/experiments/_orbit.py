@@ -194,6 +194,10 @@ def per_sample_flat(prob: Problem, theta: Tensor, X: Tensor, Y: Tensor) -> Tenso
     """Per-sample gradients w.r.t. the flat ``θ`` (the parameters ``A`` acts on). ``[N, P]``.
 
     ``torch.func`` on a functional call; differentiable in ``theta`` (forward-over-reverse).
+    Deliberately not the package's reference (:mod:`noetherflow.stats.reference`): the
+    oracle must be differentiable in θ (:func:`ift_derivative`), which the reference (it
+    detaches the parameters) is not, and it must stay independent of the library, whose
+    statistics for the rotation family come from that reference.
     """
     names = {id(p): n for n, p in prob.model.named_parameters()}
     keys = [names[id(p)] for p in prob.params]

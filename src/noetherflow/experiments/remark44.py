@@ -57,7 +57,8 @@ import torch
 from torch import Tensor, nn
 
 import noetherflow as nf
-from noetherflow.experiments._base import Claim, Op, derive_seed, find_divergence, save_figure
+from noetherflow._divergence import find_divergence, is_finite
+from noetherflow.experiments._base import Claim, Op, derive_seed, save_figure
 from noetherflow.train import run_gd
 
 DESCRIPTION = (
@@ -245,7 +246,7 @@ def run_stochastic(
     for k in range(steps + 1):
         if k % cfg.record_every == 0 or k == steps:
             C = charge_matrix(U, W)
-            if not bool(torch.isfinite(C).all()):
+            if not is_finite(C):
                 diverged_at = k
                 break
             rec_steps.append(k)

@@ -31,11 +31,11 @@ from typing import Any
 
 import numpy as np
 
+from noetherflow._divergence import find_divergence
 from noetherflow.experiments._base import (
     Claim,
     Op,
     derive_seed,
-    find_divergence,
     save_figure,
 )
 from noetherflow.experiments._drift import DriftConfig, simulate_drift, summarise_drift

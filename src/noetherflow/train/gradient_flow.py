@@ -15,6 +15,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from noetherflow._divergence import DivergenceTracker, all_finite
 from noetherflow.train._core import (
     Callback,
     LossFn,
@@ -31,7 +32,6 @@ from noetherflow.train._core import (
     _prepare,
     _run_discrete,
 )
-from noetherflow.train._divergence import DivergenceTracker, all_finite
 
 __all__ = ["GFMethod", "run_gf"]
 

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from noetherflow.train._divergence import DivergenceTracker, all_finite
+from noetherflow._divergence import DivergenceTracker, all_finite
 from noetherflow.train.integrators import Callback, LossFn, TrainResult
 from noetherflow.train.schedules import ScheduleLike, resolve_schedule
 
