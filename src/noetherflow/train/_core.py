@@ -337,8 +337,10 @@ def per_sample_gradients(
 def _per_sample_grads_and_losses(
     model: nn.Module, loss_fn: LossFn, X: Tensor, Y: Tensor, *, chunk_size: int | None
 ) -> tuple[dict[str, Tensor], Tensor]:
-    """The package's one per-sample reference (:mod:`noetherflow.stats.reference`), keyed by
-    the names of the trainable parameters; losses have shape ``[N]``."""
+    """The package's one per-sample reference (:mod:`noetherflow.stats.reference`).
+
+    Keyed by the names of the trainable parameters; losses have shape ``[N]``.
+    """
     names, params = _trainable(model)
     grads, losses = per_sample_grads_and_losses(
         model,
