@@ -1,4 +1,4 @@
-"""Solve for the noise equilibrium (paper Thm 4.3, eq. 9; DESIGN §2.1): the sweep driver.
+"""Solve for the noise equilibrium (paper Thm 4.3, eq. 9): the sweep driver.
 
 Each family's solve step lives in its kernel (:mod:`noetherflow.kernels`):
 
@@ -161,6 +161,14 @@ def solve_equilibrium(
     ``solve_equilibrium(model, syms, stats, ...)`` still works and warns.
 
     Args:
+        syms: the symmetries to solve for.
+        stats: their gradient statistics (:func:`noetherflow.collect_stats`) at the current θ.
+        noise: a :class:`NoiseModel`; or give ``lr``, ``batch_size``, ``weight_decay``,
+            ``time`` (and ``momentum``, ``nesterov``) instead.
+        lr: η (keyword form; :meth:`NoiseModel.create`).
+        batch_size: S (keyword form).
+        weight_decay: γ of γ‖θ‖² in the loss (keyword form).
+        time: ``"continuous"`` or ``"discrete"`` (keyword form).
         tol: relative flow (|flow| / gross magnitude of its terms) at which to stop.
         max_iter: Newton iterations of the joint diagonal solve.
         max_sweeps: block sweeps when symmetries are coupled (chains).
@@ -170,9 +178,10 @@ def solve_equilibrium(
         init: a previous solution of the same symmetry set (e.g. a few training steps ago):
             its diagonal λ warm-start the joint Newton solve (same convergence criteria, so the
             same answer, usually in fewer iterations); other families start from the identity.
-        momentum, nesterov, dampening: SGD with momentum β (keyword form;
-            :meth:`NoiseModel.create`): effective coefficients, exact when ⟨vᵀA∇L⟩ = 0;
-            β = 0 is plain SGD exactly.
+        momentum: SGD with momentum β (keyword form; :meth:`NoiseModel.create`): effective
+            coefficients, exact when ⟨vᵀA∇L⟩ = 0; β = 0 is plain SGD exactly.
+        nesterov: Nesterov momentum (keyword form).
+        dampening: PyTorch SGD's momentum dampening d (keyword form).
         solver: the linear systems of the joint diagonal Newton solve: ``"dense"`` (the
             Hessian over all generators, Cholesky: O(n²) memory, the reference), ``"cg"``
             (matrix-free preconditioned conjugate gradients on the block-sparse Hessian: memory
@@ -253,7 +262,7 @@ def solve_equilibrium(
         method=method.value,
     )
     # Joint kernels solve all their symmetries in one step; the others one at a time, in
-    # set order, after the joint ones (DESIGN §2.1's block Gauss–Seidel order).
+    # set order, after the joint ones (block Gauss–Seidel; docs/concepts/equilibrium.md).
     groups: list[tuple[Any, list[Symmetry]]] = []
     for k, members in kernels_of(syms):
         if k.joint:

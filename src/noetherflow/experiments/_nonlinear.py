@@ -40,7 +40,7 @@ sample of ``n_eval`` noisy pairs:
   ``N_U = Cov[∇_Uℓᵀ∇_Uℓ]``-type ``= 4 Cov-form of E[‖r‖² a aᵀ]`` and
   ``N_W = 4 Cov-form of E[‖x‖² b bᵀ]``, ``b = Uᵀr ⊙ σ'(h)``. These are the matrices whose
   balance ``N_U = N_W`` is the noise equilibrium of the double-rotation charges
-  (Prop 5.1 / Thm 4.3; DESIGN §2.1's ``M_U``, ``M_W``). For σ = identity they equal
+  (Prop 5.1 / Thm 4.3; docs/concepts/equilibrium.md's ``M_U``, ``M_W``). For σ = identity they equal
   ``4WΓ_WWᵀ`` and ``4UᵀΓ_UU`` (Thm 5.2 is exactly this balance for the linear net); for a
   nonlinear σ the paper's ``Γ`` matrices drop σ' and use pre- instead of post-activations,
   so they are not the balanced quantities. For ReLU and leaky-ReLU only the per-neuron

@@ -301,7 +301,7 @@ def setup(cfg: Config) -> list[dict[str, str]]:
             "quantity": "eq. 9",
             "paper": "4γC* = σ²Tr[ΣA]",
             "ours": "4γC* = 2σ²Tr[ΣA] = (η/S)Tr[ΣA]; discrete κC* = η²(ḡᵀAḡ + Tr[ΣA]/S)",
-            "why": "Itô's lemma on eq. 1; the exact one-step identity (DESIGN §2)",
+            "why": "Itô's lemma on eq. 1; the exact one-step identity (docs/concepts/flow.md)",
         },
         {
             "quantity": "η, S",
@@ -399,7 +399,7 @@ def claims(results: dict[str, Any], cfg: Config) -> list[Claim]:
             value=p,
             op=Op.LT,
             threshold=0.10,
-            note=f"{pn}; the printed σ² is half of Itô's 2σ² (DESIGN §2)",
+            note=f"{pn}; the printed σ² is half of Itô's 2σ² (docs/concepts/flow.md)",
         ),
         Claim(
             id="solver_vs_time_average",

@@ -33,7 +33,7 @@ DESCRIPTION = (
 PAPER = (
     "Beyond the paper (issue #18): the paper treats plain SGD only (§4–5, 'momentum breaks the "
     "exact identity'). Checked here: the stationary charges of heavy-ball SGD predicted by the "
-    "exact one-step map of (θᵀAθ, θᵀAv, vᵀAv) (DESIGN §2.1b)."
+    "exact one-step map of (θᵀAθ, θᵀAv, vᵀAv) (docs/concepts/optimizers.md)."
 )
 PAPER_ORDER = 99.0
 NOTES = (

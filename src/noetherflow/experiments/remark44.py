@@ -599,7 +599,7 @@ def setup(cfg: Config) -> list[dict[str, str]]:
          "why": "GF conserves the charges only with γ = 0"},
         {"quantity": "SGF noise", "paper": "σ² = η/(2S), eq. 7 with σ²Tr[ΣA]",
          "ours": "Euler–Maruyama, dt = η, covariance (η²/S)Σ per step (2σ² in eq. 7)",
-         "why": "Itô's lemma on eq. 1 (DESIGN §2)"},
+         "why": "Itô's lemma on eq. 1 (docs/concepts/flow.md)"},
         {"quantity": "loss", "paper": "eq. 12: ‖UWx − y‖²",
          "ours": "sum over outputs, batch mean", "why": "—"},
         {"quantity": "steps, runs", "paper": "—",

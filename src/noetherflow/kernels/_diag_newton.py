@@ -57,7 +57,7 @@ _REFINE_TOL = 16 * _U64  # correction size (relative, ∞-norm) at float64 round
 
 
 def _chol_solve(chol: Tensor, rhs: Tensor) -> Tensor:
-    """x with L Lᵀ x = rhs for lower-triangular ``chol`` ``[n, n]``; ``rhs`` ``[n]``."""
+    """Solve L Lᵀ x = rhs for lower-triangular ``chol`` ``[n, n]``; ``rhs`` ``[n]``."""
     y = torch.linalg.solve_triangular(chol, rhs[:, None], upper=False)
     return torch.linalg.solve_triangular(chol.T, y, upper=True)[:, 0]
 

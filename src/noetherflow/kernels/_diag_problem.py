@@ -1,7 +1,7 @@
 """Private: the convex function F(λ) of all diagonal generators and its derivatives.
 
-DESIGN §2.1 (paper Thm 4.3, eq. 9 with diagonal A): the flows of all diagonal charges are −∇F
-for
+Paper Thm 4.3, eq. 9 with diagonal A (docs/concepts/equilibrium.md): the flows of all
+diagonal charges are −∇F for
 
     F(λ) = ½ Σ_k (M_kk e^{−2a_k·λ} + κ θ_k² e^{2a_k·λ}),
 

@@ -28,6 +28,7 @@ from typing import Any, ClassVar, Generic, TypeVar
 
 import torch
 from torch import Tensor, nn
+from typing_extensions import override
 
 from noetherflow.kernels.noise import NoiseModel
 from noetherflow.stats.core import GradStats, Level, StatsBlock, axis_sum, check_batch
@@ -86,8 +87,11 @@ class GradSource(ABC):
 
     @abstractmethod
     def front_moment(self, p: nn.Parameter, axis: int, start: int, stop: int) -> Tensor:
-        """(1/N) Σ_n F_n F_nᵀ, F_n the slice [start, stop) of g_n along ``axis`` moved to the
-        front and flattened: ``[d, m]``. Has shape ``[d, d]``."""
+        """(1/N) Σ_n F_n F_nᵀ. Has shape ``[d, d]``.
+
+        F_n is the slice [start, stop) of g_n along ``axis``, moved to the front and
+        flattened: ``[d, m]``.
+        """
 
 
 class SampleSource(GradSource):
@@ -98,25 +102,31 @@ class SampleSource(GradSource):
         self.n = int(next(iter(samples.values())).shape[0])
         self._sq: dict[nn.Parameter, Tensor] = {}
 
+    @override
     def has_samples(self, p: nn.Parameter) -> bool:
         return True
 
+    @override
     def samples(self, p: nn.Parameter) -> Tensor:
         return self._samples[p]
 
+    @override
     def mean(self, p: nn.Parameter) -> Tensor:
         return self._samples[p].mean(0)
 
+    @override
     def sq(self, p: nn.Parameter) -> Tensor:
         if p not in self._sq:
             self._sq[p] = self._samples[p].square().mean(0)
         return self._sq[p]
 
+    @override
     def axis_sq(
         self, want: Mapping[nn.Parameter, tuple[int, ...]]
     ) -> dict[tuple[nn.Parameter, int], Tensor]:
         return {(p, ax): axis_sum(self.sq(p), ax) for p, axes in want.items() for ax in axes}
 
+    @override
     def front_moment(self, p: nn.Parameter, axis: int, start: int, stop: int) -> Tensor:
         v = self._samples[p]
         # [N, *shape] → rows (n, other coordinates) × d: one matrix product, no einsum path
@@ -205,7 +215,7 @@ class Kernel(ABC, Generic[S, B]):
         """Tr[A·M] of one symmetry, in the shape of its charge."""
 
     def flow(self, s: S, stats: GradStats, nm: NoiseModel, charge: Tensor) -> Tensor:
-        """The flow −κC + Tr[A·M] (paper eqs. 7–8 in DESIGN §2's convention)."""
+        """The flow −κC + Tr[A·M] (paper eqs. 7–8 in the convention of docs/concepts/flow.md)."""
         return -nm.kappa * charge + self.noise(s, stats, nm)
 
     # solving

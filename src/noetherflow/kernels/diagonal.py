@@ -3,7 +3,8 @@
 Every diagonal family is a list of :class:`~noetherflow.symmetry.base.DiagonalTerm` (axis,
 block, sign per parameter), so its statistics are per-coordinate (or per-neuron) second
 moments E[g²], its noise term is Tr[A_j M] = Σ_k a_kj M_kk (paper eq. 7 with diagonal A), and
-the flows of all its charges are −∇F of one convex function (DESIGN §2.1, paper Thm 4.3):
+the flows of all its charges are −∇F of one convex function (docs/concepts/equilibrium.md, paper
+Thm 4.3):
 
     F(λ) = ½ Σ_k (M_kk e^{−2a_k·λ} + κ θ_k² e^{2a_k·λ}),
 
@@ -20,6 +21,7 @@ from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
+from typing_extensions import override
 
 from noetherflow._errors import StatisticsError
 from noetherflow.kernels._diag_newton import NewtonMethod, solve_diag
@@ -67,6 +69,7 @@ class DiagonalStats(StatsBlock):
                 f"{tuple(p.shape)} along axis {axis}; collect them for this symmetry set."
             ) from None
 
+    @override
     def second_moment_params(self) -> set[int]:
         return {id(p) for p in self.sq} | {id(p) for p, _ in self.sq_axis}
 
@@ -196,8 +199,11 @@ class DiagonalKernel(Kernel[DiagonalSymmetry, DiagonalStats]):
         names: Mapping[Symmetry, str],
         opts: SolveOptions,
     ) -> GroupSolve:
-        """Newton on F(λ) over the generators of all ``syms`` jointly (``opts.method``: dense
-        Hessian or matrix-free conjugate gradients, see :mod:`._diag_newton`)."""
+        """Newton on F(λ) over the generators of all ``syms`` jointly.
+
+        ``opts.method``: dense Hessian or matrix-free conjugate gradients, see
+        :mod:`._diag_newton`.
+        """
         prob = _diag_problem(syms, values, stats, nm)
         init = None
         if opts.init is not None:
@@ -224,6 +230,7 @@ class DiagonalKernel(Kernel[DiagonalSymmetry, DiagonalStats]):
             out.residual[ds] = rel
         return out
 
+    @override
     def compose(self, total: Any, element: Any) -> Any:
         return total + element
 
@@ -231,6 +238,7 @@ class DiagonalKernel(Kernel[DiagonalSymmetry, DiagonalStats]):
         """|λ*| per generator."""
         return torch.as_tensor(total).abs()
 
+    @override
     def distance_shape(self, s: DiagonalSymmetry) -> tuple[int, ...]:
         return (s.num_generators,)
 

@@ -127,7 +127,7 @@ def per_sample_grads(
 
 
 def _data_dependent(exc: RuntimeError) -> bool:
-    """vmap's error for ``.item()``/``bool()`` on a batched tensor (data-dependent control flow)."""
+    """Whether ``exc`` is vmap's error for ``.item()``/``bool()`` on a batched tensor."""
     msg = str(exc)
     return "data-dependent control flow" in msg or "calling .item() on a Tensor" in msg
 

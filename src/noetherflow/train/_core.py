@@ -1,5 +1,7 @@
-"""Plumbing shared by the integrators: data and result containers, the logged history,
-argument checks, per-sample gradients and the discrete loop (:func:`_run_discrete`).
+"""Plumbing shared by the integrators.
+
+Data and result containers, the logged history, argument checks, per-sample gradients and
+the discrete loop (:func:`_run_discrete`).
 
 Notation as in :mod:`noetherflow.train.integrators`.
 """
@@ -335,8 +337,10 @@ def per_sample_gradients(
 def _per_sample_grads_and_losses(
     model: nn.Module, loss_fn: LossFn, X: Tensor, Y: Tensor, *, chunk_size: int | None
 ) -> tuple[dict[str, Tensor], Tensor]:
-    """The package's one per-sample reference (:mod:`noetherflow.stats.reference`), keyed by
-    the names of the trainable parameters; losses have shape ``[N]``."""
+    """The package's one per-sample reference (:mod:`noetherflow.stats.reference`).
+
+    Keyed by the names of the trainable parameters; losses have shape ``[N]``.
+    """
     names, params = _trainable(model)
     grads, losses = per_sample_grads_and_losses(
         model,
@@ -497,8 +501,11 @@ def _run_discrete(
     notes: list[str],
     config: dict[str, Any],
 ) -> TrainResult:
-    """Run ``steps`` updates. ``prepare_step(k, η_k)`` evaluates at θ_k and returns the loss
-    to check, a closure applying the update, and extra tensors (gradients) to check."""
+    """Run ``steps`` updates.
+
+    ``prepare_step(k, η_k)`` evaluates at θ_k and returns the loss to check, a closure
+    applying the update, and extra tensors (gradients) to check.
+    """
     history = _History()
     tracker = DivergenceTracker()
     time = 0.0

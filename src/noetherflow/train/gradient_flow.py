@@ -85,12 +85,18 @@ def run_gf(
     ``notes``. Steps in the history are grid indices k, ``time`` is t_k, ``lr`` is NaN.
 
     Args:
-        model, loss_fn, X, Y, callback, log_every: as in :func:`run_sgd`.
+        model: as in :func:`run_sgd`.
+        loss_fn: as in :func:`run_sgd`.
+        X: as in :func:`run_sgd`.
+        Y: as in :func:`run_sgd`.
+        callback: as in :func:`run_sgd`.
+        log_every: as in :func:`run_sgd`.
         time: T > 0.
         steps: number of RK4 steps, or of grid intervals for the adaptive methods.
         weight_decay: γ.
         method: a :class:`GFMethod` or its value.
-        rtol, atol: tolerances of the adaptive methods (ignored by RK4).
+        rtol: relative tolerance of the adaptive methods (ignored by RK4).
+        atol: absolute tolerance of the adaptive methods (ignored by RK4).
     """
     data, params = _prepare("run_gf", model, loss_fn, X, Y, log_every)
     T = _check_float("time", time, positive=True)
