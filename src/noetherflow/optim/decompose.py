@@ -61,7 +61,7 @@ class StepDecomposition:
 
     @property
     def residual(self) -> Tensor:
-        """after − (before + decay + drift + noise): zero up to round-off."""
+        """After − (before + decay + drift + noise): zero up to round-off."""
         return self.after - (self.before + self.decay + self.drift + self.noise)
 
 
@@ -72,7 +72,8 @@ def decompose_step(
 
     Args:
         sym: any symmetry.
-        before, after: the symmetry's parameter tensors θ and θ' (``sym.params`` keys).
+        before: the symmetry's parameter tensors θ before the step (``sym.params`` keys).
+        after: the same tensors θ' after the step.
         shrink: the decay factor k per parameter (or one for all), θ_d = kθ; 1 when there is
             no separable decay (e.g. Adam's coupled L2 goes through the preconditioner).
     """
