@@ -47,7 +47,9 @@ NOTES = (
     "(decided before running); the constant-η seeds now train together along the run axis "
     "(the same draws per seed as before). First measurement (quick, 3 seeds): annealed "
     "0.314 (0.312–0.316) — failing as with one seed; GD/SGD 4.55 (4.54–4.57) — holding; "
-    "constant η unchanged, 0.448."
+    "constant η unchanged, 0.448. Full (3 seeds): annealed 0.278 (0.268–0.287; seed 0 is the "
+    "0.279 above) — holding; GD/SGD 4.06 (3.99–4.10); constant η 0.458 (0.447–0.471) — "
+    "failing."
 )
 
 

@@ -67,7 +67,9 @@ NOTES = (
     "the claim's value is its mean over the seeds, thresholds unchanged (decided before "
     "running). Training moved to float32 to pay for the seeds (~2× faster; the library check "
     "stays float64). First measurement (quick): constant η 0.171 (0.170–0.173, worst S = 25 "
-    "for every seed) — failing as with one seed; annealed 0.0643 (0.0627–0.0662) — holding."
+    "for every seed) — failing as with one seed; annealed 0.0643 (0.0627–0.0662) — holding. "
+    "Full (3 seeds): constant η 0.163 (0.163–0.163; one seed: 0.163) — failing; annealed "
+    "0.0640 (0.0636–0.0643; one seed: 0.0629) — holding."
 )
 
 _DTYPE = torch.float64

@@ -59,7 +59,9 @@ NOTES = (
     "stays one seed (it is ~70% of the cost). First measurement (quick, 3 seeds): Γ annealed "
     "0.505 / 0.501 / 0.534, constant 0.700 / 0.695 / 0.562 — failing; per-neuron balance "
     "annealed 0.085 / 0.082 — holding, constant 0.142 / 0.139 — failing (ReLU / leaky / "
-    "swish)."
+    "swish). Full (3 seeds; one seed in brackets): Γ annealed 0.427 / 0.431 / 0.461 (0.423 / "
+    "0.426 / 0.463), constant 0.679 / 0.668 / 0.522 — failing; per-neuron balance annealed "
+    "0.060 / 0.061 (0.060 / 0.064) — holding, constant 0.130 / 0.125 — failing."
 )
 
 

@@ -265,6 +265,9 @@ class ChordFactor:
         diag0: the diagonal of the factored matrix on the free generators.
         flat0: free generators without any term of F at the full solve (a dead neuron): their
             row of H₀ is the damping alone.
+        inv: H₀⁻¹ from the factor, in the statistics' dtype: a chord step is then one
+            matrix–vector product (two triangular solves with one right-hand side run far
+            slower). Its precision only sets how fast the steps converge, not where to.
     """
 
     lam0: Tensor
@@ -272,6 +275,7 @@ class ChordFactor:
     chol: Tensor
     diag0: Tensor
     flat0: Tensor
+    inv: Tensor
 
 
 def factor(prob: DiagonalProblem, lam0: Tensor, free: Tensor) -> ChordFactor:
@@ -287,7 +291,9 @@ def factor(prob: DiagonalProblem, lam0: Tensor, free: Tensor) -> ChordFactor:
             "distance needs a full solve (distance_mode='solve')."
         )
     flat0 = prob.derivatives(lam0)[1][idx] == 0
-    return ChordFactor(lam0, free, chol, chol.square().sum(1), flat0)
+    dtype = max((g.m.dtype for g in prob.grids), key=lambda t: torch.finfo(t).bits, default=_DT)
+    inv = torch.cholesky_inverse(chol).to(dtype)
+    return ChordFactor(lam0, free, chol, chol.square().sum(1), flat0, inv)
 
 
 def _eps(prob: DiagonalProblem) -> float:
@@ -333,7 +339,7 @@ def chord_solve(
         if not bool(ok.all()):
             return lam, False, it, math.inf
         scale = torch.where(flat, 1e100, scale)
-        step = -torch.cholesky_solve((g[idx] / scale)[:, None], fac.chol)[:, 0] / scale
+        step = -(fac.inv @ (g[idx] / scale).to(fac.inv.dtype)).to(_DT) / scale
         slope = float(g[idx] @ step)
         t = 1.0
         while True:  # backtracking (Armijo) on F: a step that overshoots is shortened
