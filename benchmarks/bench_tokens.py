@@ -32,15 +32,25 @@ class LM(nn.Module):
         return self.body(x).logits
 
 
-def build(device: str, vocab: int) -> tuple[nn.Module, nf.SymmetrySet, Tensor, Tensor]:
+def build(
+    device: str,
+    vocab: int,
+    *,
+    layers: int = 4,
+    width: int = 256,
+    heads: int = 8,
+    batch: int = 8,
+    tokens: int = 128,
+) -> tuple[nn.Module, nf.SymmetrySet, Tensor, Tensor]:
+    """The GPT-2 LM, its symmetries (LayerNorm affines left out) and a random batch."""
     import transformers as T
 
     torch.manual_seed(0)
     cfg = T.GPT2Config(
-        n_layer=4,
-        n_embd=256,
-        n_head=8,
-        n_positions=128,
+        n_layer=layers,
+        n_embd=width,
+        n_head=heads,
+        n_positions=tokens,
         vocab_size=vocab,
         resid_pdrop=0.0,
         embd_pdrop=0.0,
@@ -50,8 +60,8 @@ def build(device: str, vocab: int) -> tuple[nn.Module, nf.SymmetrySet, Tensor, T
         eos_token_id=0,
     )
     m = LM(T.GPT2LMHeadModel(cfg)).to(device)
-    x = torch.randint(0, vocab, (8, 128), device=device)
-    y = torch.randint(0, vocab, (8, 128), device=device)
+    x = torch.randint(0, vocab, (batch, tokens), device=device)
+    y = torch.randint(0, vocab, (batch, tokens), device=device)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         found = nf.find_symmetries(m, x[:2])

@@ -15,14 +15,22 @@ fails the test if the experiment errored.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
 import pytest
+from hypothesis import settings
 
 from noetherflow import cli
 from noetherflow.experiments import METRICS_FILE
+
+# CI runs the same examples every time (a property failure is reproducible, not a flake);
+# HYPOTHESIS_PROFILE=explore draws new ones.
+settings.register_profile("ci", derandomize=True, print_blob=True)
+settings.register_profile("explore", derandomize=False)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 class Reproduce(Protocol):

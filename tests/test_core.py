@@ -230,7 +230,7 @@ def test_float32_hooks_close_to_reference() -> None:
 # -- flows ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("name", sorted(FAMILIES))
 def test_exact_identity_over_100_sgd_steps(name: str) -> None:
-    """C(θ') = (1−2ηγ)²C(θ) + η²gᵀAg at every step, to round-off (DESIGN §2)."""
+    """C(θ') = (1−2ηγ)²C(θ) + η²gᵀAg at every step, to round-off (paper eqs. 96–97)."""
     m, syms, x, y = make(name)
     lf = loss_for(name, "mean")
     lr, wd = 0.05, 1e-2

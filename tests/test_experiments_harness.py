@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 
-from noetherflow import _io, cli, report
+from noetherflow import _divergence, _io, cli, report
 from noetherflow.experiments import (
     METRICS_FILE,
     Claim,
@@ -227,6 +227,17 @@ def test_find_divergence_and_derive_seed() -> None:
     assert (d.diverged, d.step, d.last_finite_step, d.last_finite_value) == (True, 3, 2, 1.5)
     assert not find_divergence([1.0, 2.0]).diverged
     assert find_divergence([1.0, 1e9], limit=1e6).step == 1
+    assert find_divergence([1.0, -1e9], limit=1e6).last_finite_value == 1.0
+    assert not find_divergence([]).diverged
+    assert find_divergence is _divergence.find_divergence  # the package's one helper
+
+
+def test_diverged_mask_per_run_limit() -> None:
+    # one row per run; a per-run bound broadcasts over the last axis (as in teleport-mlp)
+    vals = np.array([[1.0, 5.0], [math.nan, 0.5], [2.0, 30.0]])
+    got = _divergence.diverged_mask(vals, np.array([[10.0], [10.0], [20.0]]))
+    assert got.tolist() == [[False, False], [True, False], [False, True]]
+    assert _divergence.diverged_mask([math.inf, -math.inf, 0.0]).tolist() == [True, True, False]
     assert derive_seed(0, "a") == derive_seed(0, "a") != derive_seed(1, "a")
 
 

@@ -70,6 +70,9 @@ def test_fig8_quick(quick_run: Path, metrics: Callable[[Path, str], dict[str, An
         "library_flow_matches_theory",
     }
     assert claims["library_flow_matches_theory"]["value"] < 1e-10
+    for cid in ("all_converge", "all_converge_constant_lr"):
+        assert "over 3 seeds" in claims[cid]["note"], claims[cid]
+    assert len(data["results"]["worst_final_rel_err_per_seed"]) == fig8.Config.quick().n_seeds
     assert math.isfinite(claims["all_converge_constant_lr"]["value"])
     assert fig8.PAPER and fig8.NOTES and fig8.PAPER_ORDER == 8.0
     assert any(r["quantity"] == "η" for r in fig8.setup(fig8.Config.quick()))

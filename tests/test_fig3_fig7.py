@@ -73,6 +73,8 @@ def test_fig3_quick_metrics_and_claims(fig3_quick: dict) -> None:
     # robust at the quick size (measured margins: ≥ 2× below the thresholds over seeds)
     for cid in ("balanced_only_isotropic", "gd_wd_balanced", "sharpness_theory"):
         assert claims[cid]["holds"], claims[cid]
+    for c in claims.values():
+        assert "3 seeds" in c["note"], c
     assert claims["sgd_norm_ratio_theory"]["value"] < 0.1
     # SGD's ratio follows Thm 5.2: unbalanced at the ends, balanced at φ = 1
     ratio = np.asarray(s["sgd_norm_ratio"])
@@ -111,6 +113,11 @@ def test_fig3_deterministic(tmp_path: Path) -> None:
         np.testing.assert_array_equal(a["series"][k], b["series"][k])
     assert not np.array_equal(a["series"]["sgd_norm_ratio"], c["series"]["sgd_norm_ratio"])
     assert len(fig3.claims(a, small)) == 8
+    # one row per seed: different inits and minibatches
+    per_seed = np.asarray(a["series"]["sgd_norm_ratio_seeds"])
+    assert per_seed.shape == (small.n_seeds, 2) and small.n_seeds >= 3
+    assert not np.allclose(per_seed[0], per_seed[1])
+    np.testing.assert_allclose(a["series"]["sgd_norm_ratio"], per_seed.mean(0))
     np.testing.assert_array_equal(
         a["series"]["label_noise_sgd_sharpness"], b["series"]["label_noise_sgd_sharpness"]
     )

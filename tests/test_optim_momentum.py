@@ -1,8 +1,8 @@
 """SGD with momentum: the exact (C, B, E) map, its stationary point, and long simulations.
 
-Issue #18 / DESIGN §2.1b. Everything in float64. The simulations train real ``nn.Module``s
-with ``torch.optim.SGD(momentum=β)``; the stationary window, burn-in and the 2% threshold
-are fixed in the tests (chosen before running; see each test's docstring).
+Issue #18 (docs/concepts/optimizers.md). Everything in float64. The simulations train
+real ``nn.Module``s with ``torch.optim.SGD(momentum=β)``; the stationary window, burn-in
+and the 2% threshold are fixed in the tests (chosen before running; see each test's docstring).
 """
 
 from __future__ import annotations

@@ -134,15 +134,36 @@ def test_nonlinear_train_equals_run_sgd(act: str, monkeypatch: pytest.MonkeyPatc
     torch.testing.assert_close(first.weight.detach(), sim.W[0], rtol=0, atol=1e-12)
 
 
+def test_nonlinear_seeds_train_as_separate_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Replicates along the run axis (own init, own generator) are the single-seed runs."""
+    monkeypatch.setattr(nl, "_TRAIN_DTYPE", DT)
+    n, h, S, steps, acts = 4, 6, 3, 20, ["relu", "swish"]
+    inits = [nl.init_weights(n, h, scale=1.0, seed=s) for s in (1, 2, 3)]
+    U0, W0 = torch.stack([u for u, _ in inits]), torch.stack([w for _, w in inits])
+    se = nl.noise_variances(n, 5.0)
+    lrs = np.full(steps, 0.05)
+    both = nl.train(U0, W0, acts, se, lrs=lrs, batch_size=S, seed=[7, 8, 9], chunk=7)
+    assert both.U.shape == (3 * len(acts), n, h)
+    for j, s in enumerate((7, 8, 9)):
+        one = nl.train(U0[j], W0[j], acts, se, lrs=lrs, batch_size=S, seed=s, chunk=7)
+        rows = slice(j * len(acts), (j + 1) * len(acts))
+        torch.testing.assert_close(both.U[rows], one.U, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(both.W[rows], one.W, rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(both.loss[rows], one.loss, rtol=1e-12)
+    assert not torch.allclose(both.U[0], both.U[len(acts)])  # the replicates differ
+    with pytest.raises(ValueError, match="one init per seed"):
+        nl.train(U0, W0, acts, se, lrs=lrs, batch_size=S, seed=[7, 8])
+
+
 @pytest.mark.parametrize("variant", ["annealed", "label_noise"])
 def test_fig3_train_equals_run_sgd(variant: str) -> None:
     cfg = dataclasses.replace(
         fig3.Config.quick(), phi_x=(0.4,), dim=4, hidden=6, steps=30, n_records=30,
-        dtype="float64", weight_decay=0.01,
+        dtype="float64", weight_decay=0.01, n_seeds=1,
     )  # fmt: skip
     seed = 3
     sim = fig3._train(cfg, seed, "sgd_wd", variant)
-    U0, W0 = fig3.reduced_init(cfg, fig3.derive_seed(seed, "fig3", "init"))
+    U0, W0 = fig3.reduced_init(cfg, fig3.init_seed(seed, 0))
     varied = torch.tensor(fig3.input_variances(0.4, cfg.dim), dtype=DT)
     sx, se = (torch.ones_like(varied), varied) if variant == "label_noise" else (varied, None)
     key = ("fig3", "sgd_wd") if variant == "annealed" else ("fig3", "sgd_wd", variant)

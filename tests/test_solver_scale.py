@@ -98,3 +98,22 @@ def test_bench_solver_tiny_runs() -> None:
     res = mod.main(["--tiny", "--steps", "3"])
     assert res["warm_iterations"] <= res["cold_iterations"]
     assert res["max_abs_diff"] <= 1e-9
+
+
+def test_bench_solver_workloads_tiny_run() -> None:
+    """``bench_solver.py --mlp --gpt2 --tiny``: the solvers compared agree; the token model's
+    coupled sweep converges."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_solver.py"
+    spec = importlib.util.spec_from_file_location("bench_solver", path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    res = mod.main(["--mlp", "--gpt2", "--tiny", "--reps", "2"])
+    mlp, gpt2 = res["mlp"], res["gpt2"]
+    assert set(mlp["median_s"]) == {"cg", "dense"} and all(mlp["converged"].values())
+    assert mlp["max_abs_diff"] <= 1e-9 and mlp["generators"] == 32
+    assert list(gpt2["median_s"]) == ["auto"] and gpt2["converged"]["auto"]
+    assert gpt2["kinds"] == ["DoubleRotation"] and gpt2["symmetries"] == 4

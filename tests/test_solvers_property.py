@@ -7,8 +7,10 @@ import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from noetherflow.kernels import diagonal as eq
-from noetherflow.kernels.diagonal import _DiagProblem, _Grid, _solve_diag, _spd_solve
+from noetherflow.kernels import _diag_newton as eq
+from noetherflow.kernels._diag_newton import _spd_solve
+from noetherflow.kernels._diag_newton import solve_diag as _solve_diag
+from noetherflow.kernels._diag_problem import _DiagProblem, _Grid
 from noetherflow.kernels.rotation import _solve_rotation, geometric_mean
 
 DT = torch.float64

@@ -79,7 +79,7 @@ def _per_sample_grads(
 def _flow_matrices(
     u: torch.Tensor, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Centred ``M_U = Cov-sum of ∇Uᵀ∇U`` and ``M_W = Cov-sum of ∇W∇Wᵀ`` (DESIGN §2.1)."""
+    """Centred ``M_U = Cov-sum of ∇Uᵀ∇U`` and ``M_W = Cov-sum of ∇W∇Wᵀ`` (docs: equilibrium)."""
     gu, gw = _per_sample_grads(u, w, x, y)
     mu = torch.einsum("nij,nik->jk", gu, gu) / x.shape[0]
     mw = torch.einsum("nij,nkj->ik", gw, gw) / x.shape[0]
@@ -146,7 +146,7 @@ def _sq_loss_batch(
 
 
 def test_continuous_flow_prefactor_and_ridge() -> None:
-    """Continuous flow = −4γC_B + (η/S)Tr[ΣA] with Σ from per-sample gradients (DESIGN §2)."""
+    """Continuous flow = −4γC_B + (η/S)Tr[ΣA] with Σ from per-sample gradients."""
     gen = _gen(2)
     d_x, d, d_y, n = 3, 4, 2, 30
     lr, s, wd = 0.05, 8, 0.01
@@ -182,7 +182,7 @@ def test_sgd_solution_is_a_noise_equilibrium(d_x: int, d_y: int, d: int, rank: i
 
 
 def test_sgd_solution_norms_match_geometric_mean_teleport() -> None:
-    """Independent route (DESIGN §2.1): teleport a random factorisation with P Y P = X."""
+    """Independent route (the solver's): teleport a random factorisation with P Y P = X."""
     gen = _gen(4)
     n = 3
     v = torch.randn(n, n, generator=gen, dtype=DT)

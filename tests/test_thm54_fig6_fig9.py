@@ -51,7 +51,7 @@ def test_thm54_quick(quick_run: Path, metrics: Callable[[Path, str], dict[str, A
     for depth in cfg.depths:
         s = data["series"][f"D{depth}"]
         meas = np.asarray(s["measured_sq_norms"])
-        assert meas.shape == (cfg.n_runs, depth)
+        assert meas.shape == (cfg.n_runs, depth) and cfg.n_runs >= 3
         # robust: the first layer's Tr[Σ_1²] is near the corrected value (measured ~4%)
         first = np.asarray(s["measured_first_scaled_sq_norm"])
         assert np.all(np.abs(first / s["predicted_first_scaled_sq_norm"] - 1) < 0.25)
@@ -74,7 +74,8 @@ def test_fig6_quick(quick_run: Path, metrics: Callable[[Path, str], dict[str, An
     data = metrics(quick_run, "fig6")
     claims = {c["id"]: c for c in data["claims"]}
     assert set(claims) == {"sgd_similar", "gd_dissimilar", "sgd_similar_constant_lr"}
-    assert "3 seeds" in claims["sgd_similar_constant_lr"]["note"]
+    for c in claims.values():
+        assert "over 3 seeds" in c["note"], c
     assert fig6.PAPER and fig6.PAPER_ORDER == 6.0
     # the restored record of what was tried (issue #17)
     for tried in ("width 40", "0.45–0.47", "0.41–0.44", "1.3–1.6"):
@@ -83,8 +84,9 @@ def test_fig6_quick(quick_run: Path, metrics: Callable[[Path, str], dict[str, An
     for c in claims.values():
         assert isinstance(c["value"], float) and math.isfinite(c["value"]), c
     s = data["series"]
-    # robust: SGD ends much closer to the Thm 5.2 relation than GD (measured ~4.6x)
-    assert s["sgd_tanh"]["rel_diff_sigma"] < 0.6 * s["gd_tanh"]["rel_diff_sigma"]
+    # robust: SGD ends much closer to the Thm 5.2 relation than GD (measured ~4.6x), per seed
+    sgd, gd = s["sgd_tanh"]["rel_diff_sigma_seeds"], s["gd_tanh"]["rel_diff_sigma_seeds"]
+    assert len(sgd) == len(gd) == 3 and max(sgd) < 0.6 * min(gd)
     n = fig6.Config.quick().n_show
     for kind in nl.KINDS:
         assert np.asarray(s["sgd_tanh"][f"w_{kind}_block"]).shape == (n, n)
@@ -110,13 +112,20 @@ def test_fig9_quick(quick_run: Path, metrics: Callable[[Path, str], dict[str, An
     for c in data["claims"]:
         assert isinstance(c["value"], float) and math.isfinite(c["value"]), c
     res = data["results"]
+    cfg = fig9.Config.quick()
     for a in acts:
-        assert math.isfinite(res["gd_rel_diff"][a])
+        # one value per seed (GD: reported only, seed 0)
+        assert len(res["sgd_rel_diff_paper"][a]) == cfg.n_seeds >= 3
+        assert len(res["gd_rel_diff"][a]) == cfg.gd_seeds
+        assert len(res["constant_rel_diff_paper"][a]) == cfg.constant_seeds >= 3
+        assert math.isfinite(np.mean(res["gd_rel_diff"][a]))
         # robust: the paper's matrices are much closer under SGD (measured ~3x)
-        assert res["sgd_rel_diff_paper"][a] < 0.6 * res["gd_rel_diff_paper"][a]
+        assert max(res["sgd_rel_diff_paper"][a]) < 0.6 * min(res["gd_rel_diff_paper"][a])
     for a in ("relu", "leaky_relu"):
         # robust: the exact per-neuron balance holds under SGD, not GD (measured ~15x)
-        assert res["sgd_rel_diff_diag"][a] < 0.3 * res["gd_rel_diff_diag"][a]
+        assert max(res["sgd_rel_diff_diag"][a]) < 0.3 * min(res["gd_rel_diff_diag"][a])
+        claim = {c["id"]: c for c in data["claims"]}[f"sgd_neuron_balance_{a}"]
+        assert "over 3 seeds" in claim["note"]
     assert not res["any_diverged"]
     assert data["figures"] == ["fig9.png", "fig9_noise.png"]
 

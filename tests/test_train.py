@@ -189,6 +189,39 @@ def test_per_sample_gradients_match_autograd_loop() -> None:
             torch.testing.assert_close(ps[name][i], g, rtol=1e-12, atol=1e-14)
 
 
+def test_per_sample_gradients_are_the_statistics_reference() -> None:
+    # run_sgf's per-sample gradients and collect_stats(estimator="reference") share one
+    # reference (noetherflow.stats.reference); the hooks estimator is an independent path.
+    import noetherflow as nf
+
+    g = torch.Generator().manual_seed(3)
+    X = torch.randn(12, 4, generator=g, dtype=DT)
+    Y = torch.randn(12, 2, generator=g, dtype=DT)
+    model = nn.Sequential(nn.Linear(4, 5), nn.ReLU(), nn.Linear(5, 2)).to(DT)
+    syms = nf.find_symmetries(model, X[:4])
+    ps = per_sample_gradients(model, MSE, X, Y)
+    by_param = {p: ps[n] for n, p in model.named_parameters()}
+    for est in ("reference", "hooks"):
+        st = nf.collect_stats(model, syms, MSE, X, Y, estimator=est)
+        sq = st.blocks["diagonal"].sq
+        assert sq, "no per-coordinate second moments collected"
+        for p, mean in st.mean.items():
+            torch.testing.assert_close(mean, by_param[p].mean(0), rtol=1e-12, atol=1e-14)
+        for p, m2 in sq.items():
+            torch.testing.assert_close(m2, (by_param[p] ** 2).mean(0), rtol=1e-12, atol=1e-14)
+
+
+def test_per_sample_gradients_refuse_batchnorm_in_training_mode() -> None:
+    from noetherflow import StatisticsError
+
+    model = nn.Sequential(nn.Linear(4, 3), nn.BatchNorm1d(3), nn.Linear(3, 2)).to(DT)
+    X, Y = torch.randn(6, 4, dtype=DT), torch.randn(6, 2, dtype=DT)
+    with pytest.raises(StatisticsError, match="BatchNorm in training mode"):
+        per_sample_gradients(model, MSE, X, Y)
+    model.eval()
+    assert per_sample_gradients(model, MSE, X, Y)["0.weight"].shape == (6, 3, 4)
+
+
 def test_sgf_noise_has_the_gradient_covariance() -> None:
     # Monte Carlo: E‖Σ̂ − Σ‖_F² = ((Tr Σ)² + ‖Σ‖_F²)/n for n Gaussian draws with known mean.
     # Tolerance: 4 standard errors; with N = 8 (rank Σ ≤ 7) it is ≈ 0.08, below the 14%

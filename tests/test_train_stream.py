@@ -87,7 +87,7 @@ def test_sampler_step_for_step_against_hand_loop() -> None:
 
 def test_on_update_gives_the_applied_gradient_and_the_exact_identity() -> None:
     """on_update sees g_k before the step; with it nf.exact_step_charges predicts
-    nf.charges after the step to round-off (DESIGN §2), and a wrong η does not."""
+    nf.charges after the step to round-off (paper eqs. 96–97), and a wrong η does not."""
     teacher = torch.randn(2, 4, generator=torch.Generator().manual_seed(4), dtype=DT)
     model = _net(seed=5)
     syms = nf.SymmetrySet([nf.DoubleRotation(model[0], model[1], label="rot")])

@@ -7,8 +7,10 @@ the charges C = θᵀAθ, their flows dC/dt and the distance to the noise equili
 
 Two rules make the numbers exact:
 
-* weight decay. noetherflow's γ is the coefficient of γ‖θ‖² in the loss (gradient 2γθ);
-  ``torch.optim.SGD(weight_decay=λ)`` adds λθ to the gradient, so λ = 2γ;
+* pass the optimizer (``optimizer=opt``): the monitor reads η and γ from its param groups at
+  every record, so a scheduler is followed. noetherflow's γ is the coefficient of γ‖θ‖² in
+  the loss (gradient 2γθ); ``torch.optim.SGD(weight_decay=λ)`` adds λθ to the gradient, so
+  the monitor uses γ = λ/2 (and so must anything you compute by hand);
 * read the monitor *before* ``opt.step()``: charges, flows and statistics then refer to the
   same θ.
 
@@ -52,15 +54,9 @@ def main(tiny: bool = False) -> float:
     opt = torch.optim.SGD(model.parameters(), lr=lr, weight_decay=2 * gamma)  # λ = 2γ
 
     log_dir = Path(tempfile.mkdtemp(prefix="nf_monitor_"))
+    # η and γ = λ/2 are read from the optimizer at every record; S is the loop's batch size
     mon = nf.NoetherMonitor(
-        model,
-        syms,
-        every=every,
-        lr=lr,
-        batch_size=batch,
-        weight_decay=gamma,
-        log_dir=log_dir,
-        progress=False,
+        model, syms, every=every, optimizer=opt, batch_size=batch, log_dir=log_dir, progress=False
     )
     gen = torch.Generator().manual_seed(1)
     worst = 0.0
@@ -94,6 +90,7 @@ def main(tiny: bool = False) -> float:
         )
     print(f"exact identity, worst relative error over {n_steps} steps: {worst:.2e}")
     assert len(h["step"]) == n_steps // every
+    assert (h["lr"] == lr).all() and (h["weight_decay"] == gamma).all()  # read from opt
     assert worst < 1e-10, worst
     return worst
 

@@ -2,7 +2,7 @@
 
 Implements "Parameter Symmetry and Noise Equilibrium of Stochastic Gradient Descent"
 (Ziyin et al.). Conventions (weight decay γ‖θ‖², the continuous-time factor η/S) are those
-of the project's DESIGN notes; see the docs' Concepts page.
+of the docs' Concepts pages (docs/concepts/flow.md says where they differ from the paper).
 """
 
 from noetherflow._errors import (

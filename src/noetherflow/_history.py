@@ -265,8 +265,11 @@ def _io_failed(what: str, err: OSError, step: int) -> None:
 
 
 def open_tensorboard(tensorboard: Any, log_dir: Path | None) -> Any:
-    """The TensorBoard writer asked for: ``None`` (when installed and ``log_dir`` is set),
-    ``False`` (none), ``True`` (required) or a writer-like object (returned as is)."""
+    """The TensorBoard writer asked for.
+
+    ``tensorboard`` is ``None`` (a writer when installed and ``log_dir`` is set), ``False``
+    (none), ``True`` (required) or a writer-like object (returned as is).
+    """
     if tensorboard is False or (tensorboard is None and log_dir is None):
         return None
     if tensorboard is not None and tensorboard is not True:

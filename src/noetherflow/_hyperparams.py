@@ -300,8 +300,10 @@ class HyperSource:
         return lr, gamma
 
     def momentum_kwargs(self) -> dict[str, Any]:
-        """``momentum=β, nesterov=..., dampening=d`` for the flows/solver: the optimizer's, or
-        plain SGD's."""
+        """``momentum=β, nesterov=..., dampening=d`` for the flows/solver.
+
+        The optimizer's settings, or plain SGD's when there is no optimizer.
+        """
         if self.optimizer is None:
             return {"momentum": 0.0, "nesterov": False, "dampening": 0.0}
         if self.adaptive:

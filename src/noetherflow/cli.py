@@ -599,6 +599,7 @@ SUBCOMMANDS: list[Callable[[Any], None]] = [
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``noetherflow`` argument parser with every subcommand."""
     parser = argparse.ArgumentParser(
         prog="noetherflow",
         description="Parameter symmetries, Noether charges and the noise equilibrium of SGD.",

@@ -1,4 +1,4 @@
-"""Solve for the noise equilibrium (paper Thm 4.3, eq. 9; DESIGN §2.1): the sweep driver.
+"""Solve for the noise equilibrium (paper Thm 4.3, eq. 9): the sweep driver.
 
 Each family's solve step lives in its kernel (:mod:`noetherflow.kernels`):
 
@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from noetherflow._checks import check_stats_cover
+from noetherflow._checks import check_stats_cover, parse_enum
 from noetherflow._deprecate import is_old_model_call, warn_model
 from noetherflow._divergence import is_finite
 from noetherflow._errors import NonFiniteGradientError, StatisticsError
@@ -38,7 +38,8 @@ from noetherflow.kernels import (
     kernel_for,
     kernels_of,
 )
-from noetherflow.kernels.base import stats_from_samples
+from noetherflow.kernels._diag_newton import NewtonMethod
+from noetherflow.kernels.base import overlaps, refresh_stats_, stats_from_samples
 from noetherflow.kernels.noise import NoiseModel, TimeModel, resolve_noise
 from noetherflow.stats.core import GradStats
 from noetherflow.symmetry.base import Symmetry
@@ -63,8 +64,10 @@ def fingerprint(params: list[nn.Parameter]) -> tuple[tuple[float, float, float],
     with torch.no_grad():
         for p in params:
             x = p.detach().reshape(-1).to(torch.float64)
-            w = (torch.arange(x.numel(), device=x.device) % 13 + 1).to(torch.float64)
-            out.append((float(x.sum()), float(x.square().sum()), float((w * x).sum())))
+            w = torch.arange(1, 14, dtype=torch.float64, device=x.device)
+            body = x.numel() - x.numel() % 13  # w_k = k mod 13 + 1: columns of a [-1, 13] view
+            weighted = x[:body].view(-1, 13).sum(0) @ w + x[body:] @ w[: x.numel() - body]
+            out.append((float(x.sum()), float(x @ x), float(weighted)))
     return tuple(out)
 
 
@@ -146,6 +149,7 @@ def solve_equilibrium(
     momentum: float | None = None,
     nesterov: bool | None = None,
     dampening: float | None = None,
+    solver: str | NewtonMethod = "auto",
 ) -> EquilibriumSolution:
     """Solve for the noise equilibrium of every symmetry in ``syms`` (paper Thm 4.3, eq. 9).
 
@@ -157,6 +161,14 @@ def solve_equilibrium(
     ``solve_equilibrium(model, syms, stats, ...)`` still works and warns.
 
     Args:
+        syms: the symmetries to solve for.
+        stats: their gradient statistics (:func:`noetherflow.collect_stats`) at the current θ.
+        noise: a :class:`NoiseModel`; or give ``lr``, ``batch_size``, ``weight_decay``,
+            ``time`` (and ``momentum``, ``nesterov``) instead.
+        lr: η (keyword form; :meth:`NoiseModel.create`).
+        batch_size: S (keyword form).
+        weight_decay: γ of γ‖θ‖² in the loss (keyword form).
+        time: ``"continuous"`` or ``"discrete"`` (keyword form).
         tol: relative flow (|flow| / gross magnitude of its terms) at which to stop.
         max_iter: Newton iterations of the joint diagonal solve.
         max_sweeps: block sweeps when symmetries are coupled (chains).
@@ -166,9 +178,15 @@ def solve_equilibrium(
         init: a previous solution of the same symmetry set (e.g. a few training steps ago):
             its diagonal λ warm-start the joint Newton solve (same convergence criteria, so the
             same answer, usually in fewer iterations); other families start from the identity.
-        momentum, nesterov, dampening: SGD with momentum β (keyword form;
-            :meth:`NoiseModel.create`): effective coefficients, exact when ⟨vᵀA∇L⟩ = 0;
-            β = 0 is plain SGD exactly.
+        momentum: SGD with momentum β (keyword form; :meth:`NoiseModel.create`): effective
+            coefficients, exact when ⟨vᵀA∇L⟩ = 0; β = 0 is plain SGD exactly.
+        nesterov: Nesterov momentum (keyword form).
+        dampening: PyTorch SGD's momentum dampening d (keyword form).
+        solver: the linear systems of the joint diagonal Newton solve: ``"dense"`` (the
+            Hessian over all generators, Cholesky: O(n²) memory, the reference), ``"cg"``
+            (matrix-free preconditioned conjugate gradients on the block-sparse Hessian: memory
+            linear in the number of generators) or ``"auto"`` (dense up to 512 free
+            generators, else cg). Same stopping criterion, so the same λ* to ``tol``.
 
     Returns:
         An :class:`EquilibriumSolution`; apply it with :func:`noetherflow.teleport`.
@@ -203,6 +221,13 @@ def solve_equilibrium(
         nesterov=nesterov,
         dampening=dampening,
     )
+    method = parse_enum(
+        NewtonMethod,
+        solver,
+        "solver",
+        "'auto' (by size), 'dense' (dense Hessian, Cholesky) or 'cg' (matrix-free conjugate "
+        "gradients)",
+    )
     for name, v in (("tol", tol), ("rtol_singular", rtol_singular)):
         if not (math.isfinite(float(v)) and float(v) >= 0):
             raise ValueError(f"{name}={v!r} must be a finite number >= 0.")
@@ -220,12 +245,13 @@ def solve_equilibrium(
         )
     params = syms.params()
     stamp = fingerprint(params)
-    values = {p: p.detach().to(torch.float64).clone() for p in params}
+    values = {p: p.detach().to(torch.float64, copy=True) for p in params}
     if coupled:
         samples = {p: stats.samples[p].to(torch.float64).clone() for p in params}
         cur = stats_from_samples(samples, syms, estimator=stats.estimator)
+        touches = overlaps(list(syms))
     else:
-        samples, cur = {}, stats
+        samples, cur, touches = {}, stats, {}
     opts = SolveOptions(
         tol=tol,
         max_iter=max_iter,
@@ -233,9 +259,10 @@ def solve_equilibrium(
         ridge=ridge,
         coupled=coupled,
         init=None if init is None else init.elements,
+        method=method.value,
     )
     # Joint kernels solve all their symmetries in one step; the others one at a time, in
-    # set order, after the joint ones (DESIGN §2.1's block Gauss–Seidel order).
+    # set order, after the joint ones (block Gauss–Seidel; docs/concepts/equilibrium.md).
     groups: list[tuple[Any, list[Symmetry]]] = []
     for k, members in kernels_of(syms):
         if k.joint:
@@ -249,15 +276,17 @@ def solve_equilibrium(
     reports: dict[str, InfinityReport] = {}
     residual: dict[str, float] = {}
     converged, iterations = True, 0
-    dirty = False
+    stale: dict[Symmetry, None] = {}  # symmetries whose statistics a move has changed
     for sweep in range(1, (max_sweeps if coupled else 1) + 1):
         iterations = sweep
         worst = 0.0
         own_iterations: list[int] = []
         for k, members in groups:
-            if coupled and dirty:
-                cur = stats_from_samples(samples, syms, estimator=stats.estimator)
-                dirty = False
+            todo = [s for s in members if s in stale]
+            if todo:  # rebuild only the statistics the moves since their last use touched
+                refresh_stats_(cur, samples, todo)
+                for s in todo:
+                    del stale[s]
             res = k.solve(members, values, cur, nm, names, opts)
             if not coupled:
                 if res.converged is not None:
@@ -270,7 +299,7 @@ def solve_equilibrium(
                 steps.append((index[s], element))
                 totals[s] = k.compose(totals[s], element)
                 _move(s, element, values, samples)
-                dirty = True
+                stale.update(dict.fromkeys(touches.get(s, ())))
             for s, r in res.residual.items():
                 residual[names[s]] = r
             worst = max(worst, res.progress)

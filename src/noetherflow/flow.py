@@ -1,4 +1,4 @@
-"""Noether charges and their flows (paper eqs. 5–9; DESIGN §2): the family-agnostic driver.
+"""Noether charges and their flows (paper eqs. 5–9): the family-agnostic driver.
 
 Let η, S, γ denote ``lr``, ``batch_size``, ``weight_decay`` (γ‖θ‖² in the loss). Both time
 models have the form  flow = −κ·C + Tr[A·M]  (:class:`NoiseModel`); each symmetry family's
@@ -75,7 +75,7 @@ def noether_flow(
     nesterov: bool | None = None,
     dampening: float | None = None,
 ) -> dict[str, Tensor]:
-    """The noise-driven flow of every charge (eq. 7 in our convention; DESIGN §2).
+    """The noise-driven flow of every charge (eq. 7 in our convention, docs/concepts/flow.md).
 
     Call as ``noether_flow(syms, stats, noise)`` with a :class:`NoiseModel`, or
     ``noether_flow(syms, stats, lr=η, batch_size=S, weight_decay=γ, time=...)``.
@@ -130,7 +130,7 @@ def exact_step_charges(
     """Predicted charges after one plain SGD step with minibatch gradient ``grads``.
 
     For θ' = (1 − 2ηγ)θ − ηg (g the gradient of the data loss),
-    C(θ') = (1 − 2ηγ)²C(θ) + η² gᵀAg exactly, because θᵀAg = 0 by symmetry (DESIGN §2).
+    C(θ') = (1 − 2ηγ)²C(θ) + η² gᵀAg exactly, because θᵀAg = 0 by symmetry (paper eqs. 96–97).
     Call before the step, compare with :func:`charges` after it. Momentum breaks the identity.
     """
     lr = check_finite_number(lr, "lr", "the learning rate η")

@@ -1,4 +1,4 @@
-"""The reproduction report: ``report.md``, a self-contained ``report.html`` and a rich table.
+r"""The reproduction report: ``report.md``, a self-contained ``report.html`` and a rich table.
 
 Everything is rendered from the metrics dicts written by the harness (``<dir>/<id>/metrics.json``),
 so a report can be regenerated from a results directory at any time (``noetherflow report DIR``).
@@ -16,7 +16,7 @@ Structure (the same in Markdown and HTML):
    claims, the figure(s), the notes (settings tried and what they gave), the config.
 
 Trust: metrics.json is data, never markup or a path to follow blindly. Every string from it is
-escaped (HTML: :func:`html.escape`; Markdown: ``\\ ` [ ] ( )`` backslash-escaped, ``& < >`` as
+escaped (HTML: :func:`html.escape`; Markdown: ``\ ` [ ] ( )`` backslash-escaped, ``& < >`` as
 entities, ``|`` in table cells, code blocks fenced longer than any backtick run inside), and a
 figure is read only if it is a PNG inside the results directory: a path that is absolute,
 contains ``..`` or resolves outside the directory (also through the ``experiment`` field or a

@@ -28,8 +28,10 @@ class TeleportHandle:
     _undone: bool = False
 
     def undo(self) -> None:
-        """Restore the parameters (and the buffers a symmetry moves, e.g. BatchNorm running
-        statistics) saved before the teleport: exactly, no inverse round-off."""
+        """Restore the parameters saved before the teleport: exactly, no inverse round-off.
+
+        The buffers a symmetry moves (e.g. BatchNorm running statistics) are restored too.
+        """
         if self._undone:
             raise RuntimeError("This teleport was already undone; undo() works once.")
         with torch.no_grad():

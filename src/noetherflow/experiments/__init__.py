@@ -3,11 +3,13 @@
 The contract every experiment module keeps (``Config``, ``run``, ``claims``, ``plot`` and the
 optional ``DESCRIPTION``, ``PAPER``, ``PAPER_ORDER``, ``NOTES``, ``setup``) and the runner are in
 :mod:`noetherflow.experiments._base`; claims in :mod:`._claims`; seeding and the process pool
-(:func:`parallel_map`, :class:`RunContext`) in :mod:`._parallel`; :func:`find_divergence` and
-:func:`save_figure` in :mod:`._helpers`; the paper's corrections shown in the report in
+(:func:`parallel_map`, :class:`RunContext`) in :mod:`._parallel`; :func:`save_figure` in
+:mod:`._helpers`; :func:`find_divergence` is the package's one divergence helper
+(:mod:`noetherflow._divergence`, re-exported here); the paper's corrections shown in the report in
 :mod:`.corrections`. Ids are the module names (see :mod:`.registry`).
 """
 
+from noetherflow._divergence import Divergence, find_divergence
 from noetherflow.experiments._base import (
     METRICS_FILE,
     SETUP_KEYS,
@@ -21,7 +23,7 @@ from noetherflow.experiments._base import (
     run_experiments,
 )
 from noetherflow.experiments._claims import Claim, Op, evaluate
-from noetherflow.experiments._helpers import Divergence, find_divergence, save_figure
+from noetherflow.experiments._helpers import save_figure
 from noetherflow.experiments._parallel import (
     RunContext,
     current_context,

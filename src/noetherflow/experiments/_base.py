@@ -34,7 +34,7 @@ and optionally, for the reproduction report:
 stage and traceback are recorded in metrics.json), and writes metrics.json atomically from
 one :class:`Record`. :func:`run_experiments` runs several, optionally in worker processes.
 Claims live in :mod:`._claims`, seeding and the process pool in :mod:`._parallel`, the
-divergence and figure helpers in :mod:`._helpers`.
+figure helper in :mod:`._helpers`; divergence is :mod:`noetherflow._divergence`.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ import numpy as np
 
 from noetherflow._io import atomic_write_json, to_jsonable
 from noetherflow.experiments._claims import Claim, Op, evaluate
-from noetherflow.experiments._helpers import Divergence, find_divergence, save_figure
+from noetherflow.experiments._helpers import save_figure
 from noetherflow.experiments._parallel import (
     RunContext,
     default_jobs,
@@ -72,7 +72,6 @@ __all__ = [
     "METRICS_FILE",
     "SETUP_KEYS",
     "Claim",
-    "Divergence",
     "ExperimentModule",
     "Op",
     "Record",
@@ -82,7 +81,6 @@ __all__ = [
     "derive_seed",
     "describe_target",
     "evaluate",
-    "find_divergence",
     "load_target",
     "make_config",
     "parallel_map",

@@ -2,8 +2,9 @@
 
 :class:`Claim` is what an experiment's ``claims(results, cfg)`` returns; :class:`Op` the
 comparison; :func:`evaluate` the one rule that decides whether a claim holds (a missing or
-NaN value never holds). Claims round-trip through metrics.json (:meth:`Claim.to_dict`,
-:meth:`Claim.from_dict`), ``holds`` being recomputed, never trusted.
+NaN value never holds); :func:`over_seeds` the mean and spread of a statistic measured once
+per seed (a claim's value and its note). Claims round-trip through metrics.json
+(:meth:`Claim.to_dict`, :meth:`Claim.from_dict`), ``holds`` being recomputed, never trusted.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 
 from noetherflow._io import to_jsonable
 
-__all__ = ["Claim", "Op", "evaluate"]
+__all__ = ["Claim", "Op", "SeedSpread", "evaluate", "over_seeds"]
 
 
 class Op(str, enum.Enum):
@@ -126,3 +127,50 @@ class Claim:
             threshold=_as_float(d["threshold"]),
             note=str(d.get("note", "")),
         )
+
+
+@dataclass(frozen=True)
+class SeedSpread:
+    """One claim statistic measured once per seed: its mean (the claim's value) and spread.
+
+    Build it with :func:`over_seeds`; ``note()`` is the text a claim's note carries.
+    """
+
+    values: tuple[float, ...]
+
+    @property
+    def mean(self) -> float:
+        """Mean over seeds (NaN if a seed's value is NaN: a diverged seed fails the claim)."""
+        return math.fsum(self.values) / len(self.values) if self.values else math.nan
+
+    @property
+    def lo(self) -> float:
+        """Smallest per-seed value."""
+        return min(self.values) if self.values else math.nan
+
+    @property
+    def hi(self) -> float:
+        """Largest per-seed value."""
+        return max(self.values) if self.values else math.nan
+
+    def note(self, fmt: str = ".3g") -> str:
+        """``"mean 0.123 over 3 seeds (0.110–0.140; per seed 0.110/0.120/0.140)"``.
+
+        Args:
+            fmt: format spec of every number.
+        """
+        if len(self.values) == 1:
+            return f"{format(self.values[0], fmt)} (one seed)"
+        per = "/".join(format(v, fmt) for v in self.values)
+        return (
+            f"mean {format(self.mean, fmt)} over {len(self.values)} seeds "
+            f"({format(self.lo, fmt)}–{format(self.hi, fmt)}; per seed {per})"
+        )
+
+
+def over_seeds(values: Any) -> SeedSpread:
+    """A :class:`SeedSpread` from one value per seed (any 1-d array-like of numbers)."""
+    vals = tuple(float(v) for v in values)
+    if not vals:
+        raise ValueError("over_seeds: no values; expected one value per seed (at least one).")
+    return SeedSpread(vals)

@@ -2,7 +2,8 @@
 
 For ``ℓ = ‖W_D⋯W_1x − y‖²`` (paper eq. 16) with forward ``h_0 = x``, ``h_i = W_ih_{i−1}`` and
 backward ``δ_D = 2r``, ``δ_i = W_{i+1}ᵀδ_{i+1}`` (``r = h_D − y``), the per-sample gradient is
-``∇W_i = δ_ih_{i−1}ᵀ``. The pair ``(W_i, W_{i+1})`` rotates hidden space ``i`` (DESIGN §2.1):
+``∇W_i = δ_ih_{i−1}ᵀ``. The pair ``(W_i, W_{i+1})`` rotates hidden space ``i``
+(docs/concepts/equilibrium.md):
 
     M_W = E[∇W_i∇W_iᵀ] − Ḡ_iḠ_iᵀ = E[‖h_{i−1}‖²δ_iδ_iᵀ] − Ḡ_iḠ_iᵀ,
     M_U = E[∇W_{i+1}ᵀ∇W_{i+1}] − Ḡ_{i+1}ᵀḠ_{i+1} = E[‖δ_{i+1}‖²h_ih_iᵀ] − Ḡ_{i+1}ᵀḠ_{i+1},

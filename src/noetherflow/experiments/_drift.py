@@ -13,7 +13,7 @@ Closed form (ours, at the minimum): ``r = y − f = σ_ε ε`` is independent of
 linearly in SGF time ``t = η·k`` (a drifted motion ``dC* = μ dt`` with ``s = 0``: Lemma B.5's
 Brownian part is zero), from ``charge_start`` to ``charge_end``.
 
-Lemma B.5 (paper, with the library's factor: dC/dt = (η/S)Tr[ΣA], DESIGN §2): if
+Lemma B.5 (paper, with the library's factor: dC/dt = (η/S)Tr[ΣA], docs/concepts/flow.md): if
 ``Tr[Σ(θ*)A±²]/θ*ᵀA±²θ* ≥ c₀`` on both blocks, ``E(C − C*)² ≤ (2μ² + s²)/(2r₀²)`` with
 ``r₀ = (η/S)c₀``; for ``s = 0`` the lag ``|C − C*|`` is at most ``|μ|/r₀`` in mean square.
 """

@@ -40,7 +40,7 @@ sample of ``n_eval`` noisy pairs:
   ``N_U = Cov[∇_Uℓᵀ∇_Uℓ]``-type ``= 4 Cov-form of E[‖r‖² a aᵀ]`` and
   ``N_W = 4 Cov-form of E[‖x‖² b bᵀ]``, ``b = Uᵀr ⊙ σ'(h)``. These are the matrices whose
   balance ``N_U = N_W`` is the noise equilibrium of the double-rotation charges
-  (Prop 5.1 / Thm 4.3; DESIGN §2.1's ``M_U``, ``M_W``). For σ = identity they equal
+  (Prop 5.1 / Thm 4.3; docs/concepts/equilibrium.md's ``M_U``, ``M_W``). For σ = identity they equal
   ``4WΓ_WWᵀ`` and ``4UᵀΓ_UU`` (Thm 5.2 is exactly this balance for the linear net); for a
   nonlinear σ the paper's ``Γ`` matrices drop σ' and use pre- instead of post-activations,
   so they are not the balanced quantities. For ReLU and leaky-ReLU only the per-neuron
@@ -67,6 +67,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from noetherflow._divergence import all_finite, find_divergence
 from noetherflow.train import GeometricDecay, lr_sequence
 
 __all__ = [
@@ -168,20 +169,23 @@ def _forward_grads(
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Minibatch-mean gradients of ``‖Uσ(Wx) − y‖²`` for every run.
 
-    ``U`` [R, n, H], ``W`` [R, H, n], ``x``, ``y`` [S, n] (shared by the runs). Returns
-    ``(∇U, ∇W, loss)`` with shapes [R, n, H], [R, H, n], [R].
+    ``U`` [R, n, H], ``W`` [R, H, n]; ``x``, ``y`` [S, n] (shared by the runs) or [R, S, n]
+    (one minibatch per run). ``acts`` has A entries and R = G·A: run ``g·A + i`` uses
+    ``acts[i]``. Returns ``(∇U, ∇W, loss)`` with shapes [R, n, H], [R, H, n], [R].
     """
     h = torch.matmul(x, W.transpose(-2, -1))  # [R, S, H]
     a = torch.empty_like(h)
     da = torch.empty_like(h)
+    A = len(acts)
+    hv, av, dav = (t.view(-1, A, *t.shape[1:]) for t in (h, a, da))  # [G, A, S, H]
     for i, f in enumerate(acts):
-        a[i], da[i] = f(h[i])
+        av[:, i], dav[:, i] = f(hv[:, i])
     r = torch.matmul(a, U.transpose(-2, -1)) - y  # [R, S, n]
-    c = 2.0 / x.shape[0]
+    c = 2.0 / x.shape[-2]
     gU = c * torch.matmul(r.transpose(-2, -1), a)
     back = torch.matmul(r, U) * da  # [R, S, H]
     gW = c * torch.matmul(back.transpose(-2, -1), x)
-    loss = (r * r).sum(dim=(-2, -1)) / x.shape[0]
+    loss = (r * r).sum(dim=(-2, -1)) / x.shape[-2]
     return gU, gW, loss
 
 
@@ -206,7 +210,7 @@ def train(
     *,
     lrs: np.ndarray,
     batch_size: int,
-    seed: int,
+    seed: int | Sequence[int],
     fixed_x: Tensor | None = None,
     n_records: int = 100,
     monitor: Callable[[Tensor, Tensor], Tensor] | None = None,
@@ -218,19 +222,30 @@ def train(
     With ``fixed_x`` [N, n] every step uses all N inputs with targets ``x`` (the label
     noise integrated out; see the module docstring), and its recorded loss adds
     ``Tr Σ_ε`` so that it is comparable with SGD's; ``batch_size`` and ``seed`` are then
-    unused. Every activation in ``acts`` trains from the same ``(U0, W0)`` on the same
-    data. ``lrs`` holds the learning rate of each step; ``monitor(U, W) -> [R]`` (float64
-    arguments) is recorded with the loss. ``snapshot_at``: steps after which a float64 copy
-    of ``(U, W)`` is kept (``Trained.snapshots``), for time averages.
+    unused. Replicates: ``U0`` [G, n, H], ``W0`` [G, H, n] and ``seed`` a sequence of G
+    seeds (or ``U0`` [n, H], ``W0`` [H, n] and one seed: G = 1); runs are group-major
+    (run ``g·A + i`` is replicate ``g`` with ``acts[i]``, R = G·A). Every activation of a
+    replicate trains from that replicate's init on that replicate's minibatches (its own
+    generator, so a replicate's draws do not depend on G). ``lrs`` holds the learning rate
+    of each step; ``monitor(U, W) -> [R]`` (float64 arguments) is recorded with the loss.
+    ``snapshot_at``: steps after which a float64 copy of ``(U, W)`` is kept
+    (``Trained.snapshots``), for time averages.
     """
     dt = _TRAIN_DTYPE
     fs = [activation(a) for a in acts]
-    R = len(fs)
-    U = U0.to(dt).expand(R, -1, -1).clone()
-    W = W0.to(dt).expand(R, -1, -1).clone()
+    seeds = [int(seed)] if isinstance(seed, int) else [int(v) for v in seed]
+    U0g, W0g = (U0, W0) if U0.dim() == 3 else (U0[None], W0[None])
+    G, A = len(seeds), len(fs)
+    if U0g.shape[0] != G or W0g.shape[0] != G:
+        raise ValueError(
+            f"{U0g.shape[0]} initialisations for {G} seeds; expected one init per seed."
+        )
+    R = G * A
+    U = U0g.to(dt).repeat_interleave(A, dim=0)
+    W = W0g.to(dt).repeat_interleave(A, dim=0)
     n = W.shape[-1]
     steps = len(lrs)
-    gen = torch.Generator().manual_seed(int(seed))
+    gens = [torch.Generator().manual_seed(v) for v in seeds]
     sd = se.sqrt().to(dt)
     floor = float(se.sum())
     xq = None if fixed_x is None else fixed_x.to(dt)
@@ -253,8 +268,17 @@ def train(
     while t < steps:
         m = min(chunk, steps - t)
         if xq is None:
-            xs = torch.randn((m, batch_size, n), generator=gen, dtype=dt)
-            ys = xs + torch.randn((m, batch_size, n), generator=gen, dtype=dt) * sd
+            drawn = []
+            for gen in gens:
+                xg = torch.randn((m, batch_size, n), generator=gen, dtype=dt)
+                drawn.append(
+                    (xg, xg + torch.randn((m, batch_size, n), generator=gen, dtype=dt) * sd)
+                )
+            if G == 1:  # shared by the activations: [m, S, n]
+                xs, ys = drawn[0]
+            else:  # one minibatch per run: [m, R, S, n]
+                xs = torch.stack([d[0] for d in drawn], 1).repeat_interleave(A, dim=1)
+                ys = torch.stack([d[1] for d in drawn], 1).repeat_interleave(A, dim=1)
         for j in range(m):
             if xq is None:
                 gU, gW, loss = _forward_grads(U, W, xs[j], ys[j], fs)
@@ -275,7 +299,7 @@ def train(
                 mon()
                 acc = torch.zeros(R, dtype=_DTYPE)
                 n_acc = 0
-        if not bool(torch.isfinite(U).all() and torch.isfinite(W).all()):
+        if not bool(all_finite([U, W])):
             diverged = True
             break
     return Trained(
@@ -460,66 +484,98 @@ class NonlinearConfig:
     constant_seeds: int = 1
     burn_in_frac: float = 0.5
     n_snapshots: int = 5
+    n_seeds: int = 1
+    gd_seeds: int | None = None  # GD replicates (None: n_seeds)
 
 
 KINDS = ("sigma", "gamma", "noise")
 
 
+def _inits(cfg: NonlinearConfig, seeds: Sequence[int]) -> tuple[Tensor, Tensor]:
+    """One fan-in init per seed, stacked: ``U0`` [G, n, H], ``W0`` [G, H, n]."""
+    pairs = [init_weights(cfg.dim, cfg.hidden, scale=cfg.init_scale, seed=s) for s in seeds]
+    return torch.stack([u for u, _ in pairs]), torch.stack([w for _, w in pairs])
+
+
+def _rel_diffs(hm: Hidden) -> dict[str, np.ndarray]:
+    """``rel_diff_<kind>`` for every kind and ``rel_diff_noise_diag``, one value per run."""
+    out = {
+        f"rel_diff_{kind}": rel_diff(getattr(hm, f"w_{kind}"), getattr(hm, f"u_{kind}")).numpy()
+        for kind in KINDS
+    }
+    out["rel_diff_noise_diag"] = _rel_diff_vec(
+        torch.diagonal(hm.w_noise, dim1=-2, dim2=-1),
+        torch.diagonal(hm.u_noise, dim1=-2, dim2=-1),
+    ).numpy()
+    return out
+
+
 def run_constant(cfg: NonlinearConfig, seed: int, tag: str) -> dict[str, Any]:
     """The paper's protocol: SGD at a constant ``cfg.lr`` for ``cfg.steps``, per seed.
 
-    Each of ``cfg.constant_seeds`` seeds has its own init and batch stream; the hidden
+    Each of ``cfg.constant_seeds`` seeds has its own init and batch stream (trained together
+    along the run axis; each seed's draws are those of a run of its own); the hidden
     matrices are evaluated at ``cfg.n_snapshots`` evenly spaced steps of the window after a
     burn-in of ``cfg.burn_in_frac`` of the steps (fresh ``cfg.n_eval`` samples each), and the
     relative differences are averaged over them (time averages). Returns, per activation,
     lists over seeds of the averaged ``rel_diff_<kind>`` and ``rel_diff_noise_diag``, and
     the window.
     """
-    from noetherflow.experiments._base import derive_seed, find_divergence
+    from noetherflow.experiments._base import derive_seed
 
     acts = list(cfg.activations)
+    A, G = len(acts), cfg.constant_seeds
     se = noise_variances(cfg.dim, cfg.noise_first)
     start = round(cfg.burn_in_frac * cfg.steps)
     snaps = sorted({int(v) for v in np.linspace(start, cfg.steps, cfg.n_snapshots).round()})
     keys = [f"rel_diff_{k}" for k in KINDS] + ["rel_diff_noise_diag"]
-    out: dict[str, Any] = {a: {k: [] for k in keys} for a in acts}
-    diverged = False
-    for j in range(cfg.constant_seeds):
-        U0, W0 = init_weights(cfg.dim, cfg.hidden, scale=cfg.init_scale,
-                              seed=derive_seed(seed, tag, "constant", "init", j))  # fmt: skip
-        tr = train(
-            U0, W0, acts, se, lrs=np.full(cfg.steps, float(cfg.lr)), batch_size=cfg.batch_size,
-            seed=derive_seed(seed, tag, "constant", j), n_records=cfg.n_records,
-            snapshot_at=snaps,
-        )  # fmt: skip
-        diverged = diverged or tr.diverged or any(find_divergence(r).diverged for r in tr.loss)
-        acc = {k: np.zeros(len(acts)) for k in keys}
-        for t, U, W in tr.snapshots:
-            hm = hidden_matrices(U, W, acts, se, n_eval=cfg.n_eval,
+    U0, W0 = _inits(cfg, [derive_seed(seed, tag, "constant", "init", j) for j in range(G)])
+    tr = train(
+        U0, W0, acts, se, lrs=np.full(cfg.steps, float(cfg.lr)), batch_size=cfg.batch_size,
+        seed=[derive_seed(seed, tag, "constant", j) for j in range(G)],
+        n_records=cfg.n_records, snapshot_at=snaps,
+    )  # fmt: skip
+    diverged = tr.diverged or any(find_divergence(r).diverged for r in tr.loss)
+    acc = {k: np.zeros(G * A) for k in keys}
+    for t, U, W in tr.snapshots:
+        for j in range(G):
+            sl = slice(j * A, (j + 1) * A)
+            hm = hidden_matrices(U[sl], W[sl], acts, se, n_eval=cfg.n_eval,
                                  seed=derive_seed(seed, tag, "constant", "eval", j, t))  # fmt: skip
-            for kind in KINDS:
-                acc[f"rel_diff_{kind}"] += rel_diff(
-                    getattr(hm, f"w_{kind}"), getattr(hm, f"u_{kind}")
-                ).numpy()
-            acc["rel_diff_noise_diag"] += _rel_diff_vec(
-                torch.diagonal(hm.w_noise, dim1=-2, dim2=-1),
-                torch.diagonal(hm.u_noise, dim1=-2, dim2=-1),
-            ).numpy()
-        n = max(1, len(tr.snapshots))
-        for i, a in enumerate(acts):
-            for k in keys:
-                out[a][k].append(float(acc[k][i] / n) if tr.snapshots else math.nan)
+            for k, v in _rel_diffs(hm).items():
+                acc[k][sl] += v
+    n = max(1, len(tr.snapshots))
+    out: dict[str, Any] = {
+        a: {k: [float(acc[k][j * A + i] / n) if tr.snapshots else math.nan for j in range(G)]
+            for k in keys}
+        for i, a in enumerate(acts)
+    }  # fmt: skip
     return {"by_activation": out, "window_steps": snaps, "diverged": bool(diverged)}
 
 
 def run_nonlinear(cfg: NonlinearConfig, seed: int, tag: str) -> dict[str, Any]:
-    """SGD and GD from one init for every activation; the hidden matrices at the end."""
-    from noetherflow.experiments._base import derive_seed, find_divergence
+    """SGD and GD from ``cfg.n_seeds`` inits (GD: the first ``cfg.gd_seeds``) for every
+    activation; the hidden matrices at the end.
+
+    Per (mode, activation), ``series[f"{mode}_{act}"]`` holds seed 0's run (heat maps,
+    curves, the library check) and, for every relative difference, ``<name>_seeds`` (one
+    value per seed) and ``<name>`` (their mean).
+    """
+    from noetherflow.experiments._base import derive_seed
 
     acts = list(cfg.activations)
+    A, G = len(acts), cfg.n_seeds
+    if cfg.gd_seeds is not None and not 1 <= cfg.gd_seeds <= G:
+        raise ValueError(f"gd_seeds={cfg.gd_seeds}; expected 1 ≤ gd_seeds ≤ n_seeds={G}.")
     se = noise_variances(cfg.dim, cfg.noise_first)
-    U0, W0 = init_weights(cfg.dim, cfg.hidden, scale=cfg.init_scale,
-                          seed=derive_seed(seed, tag, "init"))  # fmt: skip
+
+    def keyed(*key: Any) -> int:
+        """Seed 0 keeps the single-seed keys (its init and streams are those of earlier
+        rounds); replicate ``j > 0`` appends ``j``."""
+        *head, j = key
+        return derive_seed(seed, *head, *([j] if j else []))
+
+    U0, W0 = _inits(cfg, [keyed(tag, "init", j) for j in range(G)])
     sx_bar = torch.eye(cfg.dim, dtype=_DTYPE) / cfg.dim
     se_bar = torch.diag(se / se.sum())
 
@@ -532,28 +588,29 @@ def run_nonlinear(cfg: NonlinearConfig, seed: int, tag: str) -> dict[str, Any]:
     for mode in ("sgd", "gd"):
         if mode == "sgd":
             lrs = lr_schedule(cfg.lr, cfg.steps, lr_final=cfg.lr_final, decay_frac=cfg.decay_frac)
-            fixed = None
+            fixed, reps = None, G
         else:
             lrs = np.full(cfg.gd_steps, float(cfg.gd_lr))
-            fixed = xq
+            fixed, reps = xq, G if cfg.gd_seeds is None else cfg.gd_seeds
         tr = train(
-            U0, W0, acts, se, lrs=lrs, batch_size=cfg.batch_size,
-            seed=derive_seed(seed, tag, mode), fixed_x=fixed,
-            n_records=cfg.n_records, monitor=sigma_gap,
+            U0[:reps], W0[:reps], acts, se, lrs=lrs, batch_size=cfg.batch_size,
+            seed=[keyed(tag, mode, j) for j in range(reps)],
+            fixed_x=fixed, n_records=cfg.n_records, monitor=sigma_gap,
         )  # fmt: skip
-        hm = hidden_matrices(tr.U, tr.W, acts, se, n_eval=cfg.n_eval,
-                             seed=derive_seed(seed, tag, "eval"))  # fmt: skip
-        rd = {kind: rel_diff(getattr(hm, f"w_{kind}"), getattr(hm, f"u_{kind}")).numpy()
-              for kind in KINDS}  # fmt: skip
-        rd_diag = _rel_diff_vec(
-            torch.diagonal(hm.w_noise, dim1=-2, dim2=-1),
-            torch.diagonal(hm.u_noise, dim1=-2, dim2=-1),
-        ).numpy()
+        hms = [
+            hidden_matrices(tr.U[j * A : (j + 1) * A], tr.W[j * A : (j + 1) * A], acts, se,
+                            n_eval=cfg.n_eval, seed=keyed(tag, "eval", j))
+            for j in range(reps)
+        ]  # fmt: skip
+        hm = hms[0]  # seed 0: heat maps, losses, the library check
+        rds = [_rel_diffs(h) for h in hms]
         div = tr.diverged or any(find_divergence(row).diverged for row in tr.loss)
         for i, act in enumerate(acts):
-            s: dict[str, Any] = {f"rel_diff_{kind}": float(rd[kind][i]) for kind in KINDS}
+            s: dict[str, Any] = {}
+            for name in rds[0]:
+                s[f"{name}_seeds"] = [float(rd[name][i]) for rd in rds]
+                s[name] = float(np.mean(s[f"{name}_seeds"]))
             s.update(
-                rel_diff_noise_diag=float(rd_diag[i]),
                 noise_mean_share=float(hm.mean_share[i]),
                 eval_loss=float(hm.eval_loss[i]),
                 eval_clean_loss=float(hm.clean_loss[i]),
@@ -581,6 +638,7 @@ def run_nonlinear(cfg: NonlinearConfig, seed: int, tag: str) -> dict[str, Any]:
             out["series"][f"{mode}_{act}"] = s
     out["noise_floor"] = float(se.sum())
     out["n_show"] = k
+    out["n_seeds"] = G
     out["constant"] = run_constant(cfg, seed, tag)
     return out
 
@@ -614,6 +672,7 @@ def heatmaps(
             ax.set_xticks([])
             ax.set_yticks([])
         fig.colorbar(im, ax=[ax_w, ax_u], shrink=0.8)
-        ax_w.set_ylabel(f"rel. diff {s[f'rel_diff_{kind}']:.3f}", fontsize=9)
+        first = s.get(f"rel_diff_{kind}_seeds", [s[f"rel_diff_{kind}"]])[0]
+        ax_w.set_ylabel(f"rel. diff {first:.3f} (seed 0)", fontsize=9)
     fig.suptitle(f"hidden-space matrices (first {results['n_show']} of the hidden units)")
     return save_figure(fig, path)

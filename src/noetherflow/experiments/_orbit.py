@@ -33,9 +33,9 @@ Two independent computations of the flow ``G(λ) = −κ C(θ_λ) + Tr[A M(θ_λ
   here by hand (not read from the library). It is differentiable in ``θ`` and ``λ``, which
   gives ``dλ*/dθ`` by the implicit function theorem (Thm 4.3/D.1 part 4).
 
-Noise models (DESIGN §2, paper App. D), with ``ḡ`` the full-batch gradient and ``E[ggᵀ]`` the
-per-sample second moment: continuous ``κ = 4γ``, ``M = (η/S)(E[ggᵀ] − ḡḡᵀ)``; discrete SGD
-(batch of ``S`` drawn with replacement) ``κ = 4ηγ(1 − ηγ)``, ``M = η²(ḡḡᵀ + Σ/S)``; GD
+Noise models (docs/concepts/flow.md, paper App. D), with ``ḡ`` the full-batch gradient and
+``E[ggᵀ]`` the per-sample second moment: continuous ``κ = 4γ``, ``M = (η/S)(E[ggᵀ] − ḡḡᵀ)``;
+discrete SGD (batch of ``S`` drawn with replacement) ``κ = 4ηγ(1 − ηγ)``, ``M = η²(ḡḡᵀ + Σ/S)``; GD
 ``M = η²ḡḡᵀ``. The library has no "GD" batch size; GD is SGD whose only sample is the
 whole batch, which ``nf.collect_stats(estimator="microbatch", micro_batch_size=N)`` on the
 data written twice gives exactly (both micro-batch gradients are ``ḡ``) with ``S = 1``.
@@ -72,7 +72,7 @@ class Noise:
 
 
 def noise_coefficients(time: str, lr: float, batch_size: int, weight_decay: float) -> Noise:
-    """Independent statement of DESIGN §2's time models (``batch_size = GD`` for GD).
+    """Independent statement of docs/concepts/flow.md's time models (``batch_size = GD`` for GD).
 
     ``weight_decay`` may be negative here (Thm D.1 allows any γ ∈ ℝ).
     """
@@ -194,6 +194,10 @@ def per_sample_flat(prob: Problem, theta: Tensor, X: Tensor, Y: Tensor) -> Tenso
     """Per-sample gradients w.r.t. the flat ``θ`` (the parameters ``A`` acts on). ``[N, P]``.
 
     ``torch.func`` on a functional call; differentiable in ``theta`` (forward-over-reverse).
+    Deliberately not the package's reference (:mod:`noetherflow.stats.reference`): the
+    oracle must be differentiable in θ (:func:`ift_derivative`), which the reference (it
+    detaches the parameters) is not, and it must stay independent of the library, whose
+    statistics for the rotation family come from that reference.
     """
     names = {id(p): n for n, p in prob.model.named_parameters()}
     keys = [names[id(p)] for p in prob.params]

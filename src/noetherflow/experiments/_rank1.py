@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from noetherflow._divergence import diverged_mask
 from noetherflow.experiments._base import derive_seed
 
 if TYPE_CHECKING:
@@ -191,7 +192,7 @@ def library_checks(
     x, y = (torch.as_tensor(a) for a in sample_population(rng, cfg, V, cfg.stats_batch))
     charge_err, s_eq = [], []
     for U_f, W_f in zip(U, W, strict=True):
-        if not (np.all(np.isfinite(U_f)) and np.all(np.isfinite(W_f))):
+        if diverged_mask(U_f).any() or diverged_mask(W_f).any():
             continue
         net, syms = torch_model(U_f, W_f)
         c = float(nf.charges(syms)["neuron"][0])

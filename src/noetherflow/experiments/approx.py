@@ -65,7 +65,7 @@ def setup(cfg: Config) -> list[dict[str, str]]:
          "why": "fast noise relaxation"},
         {"quantity": "time", "paper": "SGF, σ² = η/(2S)",
          "ours": "discrete SGD; eq. 23 as (η/S)Tr[ΣA]/h_min (eq. 7's factor 2)",
-         "why": "DESIGN §2"},
+         "why": "docs/concepts/flow.md"},
         {"quantity": "η, S", "paper": "—",
          "ours": f"η = {cfg.lr:g}; large ζ: S ∈ {list(cfg.batch_sizes)}; small ζ: S = "
                  f"{cfg.small_batch_size}", "why": "O(ηh) corrections ≈ 3%"},
@@ -131,8 +131,8 @@ def charge_deviation_second_order(
     """Stationary ``E[C] − C*`` of discrete SGD for ``ℓ = ℓ₁ + ζ·½‖θ − θ*‖²``, leading order in σ².
 
     Derivation (ours; completes eq. 23). Let θ* minimise both ``L₁`` and ``ℓ₂`` and write
-    ``θ = θ* + δ``. The exact step identity (DESIGN §2, the cross term ``θᵀA∇ℓ₁ = 0``) gives
-    ``E[ΔC] = −2ηζ E[θᵀA(θ − θ*)] + η² E[gᵀAg]`` and, since
+    ``θ = θ* + δ``. The exact step identity (docs/concepts/flow.md, the cross term ``θᵀA∇ℓ₁ = 0``)
+    gives ``E[ΔC] = −2ηζ E[θᵀA(θ − θ*)] + η² E[gᵀAg]`` and, since
     ``θᵀA(θ − θ*) = ½(C − C*) + ½δᵀAδ``, stationarity gives exactly
 
         ``E[C − C*] = (η/ζ) E[gᵀAg] − E[δᵀAδ]``,

@@ -173,6 +173,23 @@ CORRECTIONS: tuple[Correction, ...] = (
             ),
             Check(
                 "thm54",
+                "thm54_norms_printed_eq19",
+                "the same SGD runs at D = 3 against the printed eq. (19), (Tr S′)^{2/D} "
+                "k^{1−2/D}: expected to fail (the data have Tr[Σ_x] ≠ Tr[Σ_ε] ≠ rank)",
+            ),
+            Check(
+                "thm54",
+                "thm54_first_layer_norm",
+                "the first layer's Tr[Σ_1²] = ‖W_1Σ_x^{1/2}‖_F² against the corrected Tr[Σ_x]·c²",
+            ),
+            Check(
+                "thm54",
+                "thm54_first_layer_printed_eq19",
+                "the same against eq. (19) as printed (equal to the intermediate layers'): "
+                "expected to fail",
+            ),
+            Check(
+                "thm54",
                 "chain_solver_matches",
                 "the library's chain solver against the corrected closed form",
             ),

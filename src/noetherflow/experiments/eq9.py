@@ -33,6 +33,7 @@ from torch import Tensor, nn
 
 import noetherflow as nf
 from noetherflow.experiments._base import Claim, Op, derive_seed, parallel_map, save_figure
+from noetherflow.stats.reference import per_sample_grads
 from noetherflow.theory import ziyin2024 as theory
 from noetherflow.train import run_sgd
 
@@ -142,17 +143,12 @@ def _rescaling_gross(model: nn.Sequential) -> float:
 
 
 def _oracle_charge(model: nn.Sequential, X: Tensor, Y: Tensor, cfg: Config, gamma: float) -> float:
-    """``C*`` of the scale charge from ``theory`` with torch.func per-sample gradients of W."""
-    w = cast(nn.Linear, model[0]).weight
-    names = dict(model.named_parameters())
-    rest = {k: v.detach() for k, v in names.items() if v is not w}
-
-    def one(wv: Tensor, x: Tensor, y: Tensor) -> Tensor:
-        out = torch.func.functional_call(model, {**rest, "0.weight": wv}, (x.unsqueeze(0),))
-        return loss_fn(out, y.unsqueeze(0))
-
+    """``C*`` of the scale charge from ``theory`` with the per-sample gradients of W from the
+    package's torch.func reference (:mod:`noetherflow.stats.reference`; the library's flow
+    uses the hooks estimator, an independent path)."""
+    w = cast(nn.Parameter, cast(nn.Linear, model[0]).weight)
     with torch.no_grad():
-        g = torch.func.vmap(torch.func.grad(one), in_dims=(None, 0, 0))(w.detach(), X, Y)
+        g = per_sample_grads(model, [w], loss_fn, X, Y)[w]
     g = g.reshape(g.shape[0], -1)
     norm_sq = float(w.detach().square().sum())
     gbar = g.mean(0)
@@ -305,7 +301,7 @@ def setup(cfg: Config) -> list[dict[str, str]]:
             "quantity": "eq. 9",
             "paper": "4γC* = σ²Tr[ΣA]",
             "ours": "4γC* = 2σ²Tr[ΣA] = (η/S)Tr[ΣA]; discrete κC* = η²(ḡᵀAḡ + Tr[ΣA]/S)",
-            "why": "Itô's lemma on eq. 1; the exact one-step identity (DESIGN §2)",
+            "why": "Itô's lemma on eq. 1; the exact one-step identity (docs/concepts/flow.md)",
         },
         {
             "quantity": "η, S",
@@ -403,7 +399,7 @@ def claims(results: dict[str, Any], cfg: Config) -> list[Claim]:
             value=p,
             op=Op.LT,
             threshold=0.10,
-            note=f"{pn}; the printed σ² is half of Itô's 2σ² (DESIGN §2)",
+            note=f"{pn}; the printed σ² is half of Itô's 2σ² (docs/concepts/flow.md)",
         ),
         Claim(
             id="solver_vs_time_average",

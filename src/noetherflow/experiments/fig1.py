@@ -29,7 +29,8 @@ import torch
 from torch import Tensor, nn
 
 import noetherflow as nf
-from noetherflow.experiments._base import Claim, Op, derive_seed, find_divergence, save_figure
+from noetherflow._divergence import find_divergence
+from noetherflow.experiments._base import Claim, Op, derive_seed, save_figure
 from noetherflow.train import UpdateInfo, run_gd, run_gf, run_sgd
 
 DESCRIPTION = "Scale-invariant 2-D loss: SGD spirals outward (‖θ‖ grows), gradient flow keeps ‖θ‖."

@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from noetherflow.experiments._base import Claim, Op, derive_seed, find_divergence, save_figure
+from noetherflow._divergence import diverged_mask, find_divergence
+from noetherflow.experiments._base import Claim, Op, derive_seed, save_figure
 from noetherflow.experiments._rank1 import (
     library_checks,
     orbit_stability,
@@ -164,7 +165,7 @@ class Config:
       at a noise floor ≈ 14% above ``L* = d_yσ_ε²`` here, so "converged" cannot mean
       "at ``L*``".
     - A diverging run is data: its per-step minibatch losses go to inf/NaN and
-      :func:`~noetherflow.experiments._base.find_divergence` records the step and last
+      :func:`~noetherflow._divergence.find_divergence` records the step and last
       finite loss.
     - Second setting (issue #17; ``reachable()``, claims ``reachable_*``):
       ``reachable_input_var = 1.5``, ``reachable_noise_var = 4``. In the first setting no
@@ -371,7 +372,7 @@ def _analyse(cfg: Config, seed: int) -> dict[str, Any]:
     # our vectorised S must equal the theory module's Prop 5.3 at the final states
     check = []
     for U_f, W_f in zip(sim["U"], sim["W"], strict=True):
-        if np.all(np.isfinite(U_f)) and np.all(np.isfinite(W_f)):
+        if not (diverged_mask(U_f).any() or diverged_mask(W_f).any()):
             ref = two_layer_hessian_trace(
                 torch.as_tensor(U_f), torch.as_tensor(W_f), sigma_x, reduction="sum"
             )

@@ -19,7 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from noetherflow.experiments._base import Claim, Op, derive_seed, find_divergence, save_figure
+from noetherflow._divergence import find_divergence
+from noetherflow.experiments._base import Claim, Op, derive_seed, save_figure
 from noetherflow.experiments._data import ImageData, load_image_data
 
 DESCRIPTION = (
@@ -40,7 +41,13 @@ NOTES = (
     "issue #13: the batched numpy SGD is checked step for step against "
     "noetherflow.train.run_online_sgd on nn.Linear layers (tests), and the library's charges "
     "(nf.DoubleRotation between consecutive layers, Tr = ‖W_{i+1}‖² − ‖W_i‖²) are checked at "
-    "the final states of every run; values unchanged."
+    "the final states of every run; values unchanged. Issue #17 (≥ 3 seeds per claim): the "
+    "quick run went from 2 to 3 seeds per initialisation (full: 4); claims and thresholds "
+    "unchanged (worst run; mean over seeds). First measurement (quick, 3 seeds): the worst "
+    "run's intermediate spread is 0.29 (a random-norm init; per run 0.018, 0.011, 0.052, "
+    "0.044, 0.29, 0.139) — intermediate_norms_equal now fails at quick size (with 2 seeds it "
+    "held: the third seed's runs have not equilibrated in 60k steps); init_independent 0.013 "
+    "holds. Full size (4 seeds, 150k steps, unchanged): 0.066 and 0.038 — holding."
 )
 
 
@@ -128,8 +135,8 @@ class Config:
 
     @classmethod
     def quick(cls) -> Config:
-        """Fewer steps and seeds."""
-        return cls(n_steps=60_000, n_seeds=2)
+        """Fewer steps and seeds (3; 2 until the issue asked for ≥ 3 seeds per claim)."""
+        return cls(n_steps=60_000, n_seeds=3)
 
 
 def _dims(cfg: Config, data: ImageData) -> list[int]:

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from noetherflow._divergence import is_finite
 from noetherflow.experiments import _optim as O
 from noetherflow.experiments._base import Claim, Op, derive_seed, save_figure
 from noetherflow.optim.adam import (
@@ -167,7 +168,7 @@ def _run_one(
         idx = torch.randint(0, x.shape[0], (cfg.batch_size,), generator=gen)
         opt.zero_grad()
         loss = lossf(m(x[idx]), y[idx])
-        if not torch.isfinite(loss):
+        if not is_finite(loss):
             return {"diverged": True, "step": t, "net": net}
         loss.backward()
         before = {p: p.detach().clone() for p in sym.params}

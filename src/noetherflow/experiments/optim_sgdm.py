@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from noetherflow._divergence import is_finite
 from noetherflow.experiments import _optim as O
 from noetherflow.experiments._base import Claim, Op, derive_seed, save_figure
 from noetherflow.optim.momentum import MomentumStep, momentum_noise, stationary_moments
@@ -32,7 +33,7 @@ DESCRIPTION = (
 PAPER = (
     "Beyond the paper (issue #18): the paper treats plain SGD only (§4–5, 'momentum breaks the "
     "exact identity'). Checked here: the stationary charges of heavy-ball SGD predicted by the "
-    "exact one-step map of (θᵀAθ, θᵀAv, vᵀAv) (DESIGN §2.1b)."
+    "exact one-step map of (θᵀAθ, θᵀAv, vᵀAv) (docs/concepts/optimizers.md)."
 )
 PAPER_ORDER = 99.0
 NOTES = (
@@ -161,7 +162,7 @@ def _run_one(
         idx = torch.randint(0, x.shape[0], (cfg.batch_size,), generator=gen)
         opt.zero_grad()
         loss = lossf(m(x[idx]), y[idx])
-        if not torch.isfinite(loss):
+        if not is_finite(loss):
             return {"diverged": True, "step": t}
         loss.backward()
         c = sym.charge()

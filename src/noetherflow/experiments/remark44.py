@@ -57,7 +57,8 @@ import torch
 from torch import Tensor, nn
 
 import noetherflow as nf
-from noetherflow.experiments._base import Claim, Op, derive_seed, find_divergence, save_figure
+from noetherflow._divergence import find_divergence, is_finite
+from noetherflow.experiments._base import Claim, Op, derive_seed, save_figure
 from noetherflow.train import run_gd
 
 DESCRIPTION = (
@@ -245,7 +246,7 @@ def run_stochastic(
     for k in range(steps + 1):
         if k % cfg.record_every == 0 or k == steps:
             C = charge_matrix(U, W)
-            if not bool(torch.isfinite(C).all()):
+            if not is_finite(C):
                 diverged_at = k
                 break
             rec_steps.append(k)
@@ -598,7 +599,7 @@ def setup(cfg: Config) -> list[dict[str, str]]:
          "why": "GF conserves the charges only with γ = 0"},
         {"quantity": "SGF noise", "paper": "σ² = η/(2S), eq. 7 with σ²Tr[ΣA]",
          "ours": "Euler–Maruyama, dt = η, covariance (η²/S)Σ per step (2σ² in eq. 7)",
-         "why": "Itô's lemma on eq. 1 (DESIGN §2)"},
+         "why": "Itô's lemma on eq. 1 (docs/concepts/flow.md)"},
         {"quantity": "loss", "paper": "eq. 12: ‖UWx − y‖²",
          "ours": "sum over outputs, batch mean", "why": "—"},
         {"quantity": "steps, runs", "paper": "—",

@@ -22,8 +22,9 @@ from typing import Any
 
 import numpy as np
 
+from noetherflow._divergence import find_divergence
 from noetherflow.experiments import _rank1, fig4
-from noetherflow.experiments._base import Claim, Op, derive_seed, find_divergence, save_figure
+from noetherflow.experiments._base import Claim, Op, derive_seed, save_figure
 
 DESCRIPTION = (
     "Fig. 4 setting: teleport a Kaiming init to the noise equilibrium and train at η_max "

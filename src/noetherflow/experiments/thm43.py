@@ -55,7 +55,7 @@ class Config:
       loss ``‖f(x) − y‖²`` (sum over outputs), batch loss the mean. B of the rotation has
       eigenvalues (1, 0.4, −0.7) (several magnitudes, both signs).
     - SGF with ``η = lr = 0.05``, ``S = batch_size = 8`` (σ² = η/(2S)); the continuous flow is
-      ``−4γC + (η/S)Tr[ΣA]`` (our correction of eq. 7's σ², DESIGN §2).
+      ``−4γC + (η/S)Tr[ΣA]`` (our correction of eq. 7's σ², docs/concepts/flow.md).
     - ``weight_decays = (0, 0.01)``: γ = 0 gives λ* = +∞ for scale invariance (all of A's
       eigenvalues are positive), finite λ* elsewhere.
     - Grid: ``n_grid`` values of λ in [−4, 4] (charges over ``e^{±8}``); three problem seeds.
@@ -123,7 +123,7 @@ def setup(cfg: Config) -> list[dict[str, str]]:
             "quantity": "noise term",
             "paper": "σ²Tr[ΣA] (eq. 7)",
             "ours": "(η/S)Tr[ΣA] = 2σ²Tr[ΣA]",
-            "why": "Itô's lemma on eq. 1 (DESIGN §2)",
+            "why": "Itô's lemma on eq. 1 (docs/concepts/flow.md)",
         },
         {
             "quantity": "η, S, γ",

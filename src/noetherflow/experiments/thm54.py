@@ -33,7 +33,9 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from noetherflow.experiments._base import Claim, Op, derive_seed, find_divergence
+from noetherflow._divergence import all_finite, find_divergence
+from noetherflow.experiments._base import Claim, Op, derive_seed
+from noetherflow.experiments._claims import over_seeds
 from noetherflow.experiments._deep_linear import library_chain_flow_check
 from noetherflow.theory.ziyin2024 import (
     deep_linear_intermediate_norm_sq,
@@ -72,7 +74,10 @@ NOTES = (
     "corrected 0.039, printed 1.43 (quick). Thresholds of the new claims (0.1) were fixed "
     "before running. (5) At the end of SGD the library's rotation flows of every adjacent "
     "pair (nf.noether_flow on the nn.Module) are checked against per-sample formulas written "
-    "out by hand (library_chain_flow_matches)."
+    "out by hand (library_chain_flow_matches). (6) Seeds: the quick run had 2 inits per "
+    "depth (full: 4); now 3 (each init with its own minibatches). The claims keep their "
+    "statistic, the max over inits (stricter than the mean), and their thresholds; each note "
+    "adds the per-init values with their mean and spread."
 )
 
 _DTYPE = torch.float64
@@ -146,8 +151,11 @@ class Config:
 
     @classmethod
     def quick(cls) -> Config:
-        """Same problem, 12k SGD steps and 2 runs (norms within ~5–8% instead of ~2–4%)."""
-        return cls(steps=12000, n_runs=2, n_records=60)
+        """Same problem, 12k SGD steps and 3 runs (norms within ~5–8% instead of ~2–4%).
+
+        (Two runs until the issue asked for ≥ 3 seeds per claim.)
+        """
+        return cls(steps=12000, n_runs=3, n_records=60)
 
     @property
     def rank(self) -> int:
@@ -177,8 +185,9 @@ def setup(cfg: Config) -> list[dict[str, str]]:
         {"quantity": "loss", "paper": "‖W_D⋯W_1x − y‖² (eq. 16)", "ours": "the same, "
          "minibatch mean, no weight decay", "why": "-"},
         {"quantity": "seeds", "paper": "-",
-         "ours": f"{cfg.n_runs} inits per depth (annealed) and {cfg.n_runs} others (constant η)",
-         "why": "claims take the max over inits; per-run values in the note"},
+         "ours": f"{cfg.n_runs} inits per depth (annealed) and {cfg.n_runs} others (constant η), "
+                 "each with its own minibatches",
+         "why": "claims take the max over inits; per-init values, mean and spread in the notes"},
     ]  # fmt: skip
     if cfg != full:
         rows.append({"quantity": "quick mode", "paper": "-",
@@ -294,7 +303,7 @@ def train_deep_linear(
                 rec_norms.append(norms(Ws))
                 rec_loss.append(acc / n_acc)
                 acc, n_acc = 0.0, 0
-        if not all(bool(torch.isfinite(w).all()) for w in Ws):
+        if not bool(all_finite(Ws)):
             diverged = True
             break
     prod = Ws[0]
@@ -487,6 +496,24 @@ def chain_solver_check(
 # --------------------------------------------------------------------------------------
 
 
+PER_RUN_KEYS = (
+    "intermediate_rel_dev", "intermediate_rel_dev_eq19", "first_rel_dev", "first_rel_dev_eq19",
+    "constant_intermediate_rel_dev", "constant_first_rel_dev", "singular_value_spread",
+)  # fmt: skip
+"""Per-run deviations whose max over runs is a claim's value (the note shows every run)."""
+
+
+def _per_run(series: dict[str, Any], cfg: Config, key: str) -> list[float]:
+    """Max over depths (and layers) of ``series[D][key]`` for every run; ``key == '*_eq19'``
+    intermediate deviations only at ``cfg.printed_depth`` (as the printed-eq.-19 claim)."""
+    depths = [cfg.printed_depth] if key == "intermediate_rel_dev_eq19" else list(cfg.depths)
+    arrs = [np.asarray(series[f"D{d}"][key], dtype=float).reshape(cfg.n_runs, -1)
+            for d in depths if f"D{d}" in series]  # fmt: skip
+    if not arrs:
+        return [math.nan] * cfg.n_runs
+    return np.concatenate(arrs, axis=1).max(axis=1).tolist()
+
+
 def run(cfg: Config, seed: int, out_dir: Path) -> dict[str, Any]:
     """SGD per depth, then the chain solver per depth."""
     V, sx, se = problem(cfg, seed)
@@ -525,6 +552,7 @@ def run(cfg: Config, seed: int, out_dir: Path) -> dict[str, Any]:
             float(np.max(series[f"D{d}"]["constant_first_rel_dev"])) for d in cfg.depths
         ),
         "constant_any_diverged": any(series[f"D{d}"]["constant_diverged"] for d in cfg.depths),
+        "per_run": {key: _per_run(series, cfg, key) for key in PER_RUN_KEYS},
         "library_flow_vs_oracle": max(series[f"D{d}"]["library"]["flow_vs_oracle"]
                                       for d in cfg.depths),
         "library_pair_imbalance": {d: series[f"D{d}"]["library"]["pair_imbalance"]
@@ -548,6 +576,11 @@ def claims(results: dict[str, Any], cfg: Config) -> list[Claim]:
         for d in cfg.depths
     )  # fmt: skip
     cdiv = "; constant-η SGD diverged" if results["constant_any_diverged"] else ""
+    pr = {k: over_seeds(v) for k, v in results["per_run"].items()}
+
+    def runs(key: str) -> str:
+        return f"per init, {pr[key].note()}"
+
     first_pred = ", ".join(
         f"D={d}: Tr Σ_x c² = {s[f'D{d}']['predicted_first_scaled_sq_norm']:.4g}, printed "
         f"{s[f'D{d}']['paper_eq19_sq_norm']:.4g}"
@@ -562,8 +595,9 @@ def claims(results: dict[str, Any], cfg: Config) -> list[Claim]:
             value=results["constant_max_norm_rel_dev"],
             op=Op.LT,
             threshold=0.1,
-            note=f"η = {cfg.lr:g} constant, {cfg.n_runs} inits per depth, window: records after "
-            f"{cfg.burn_in_frac:.0%} of {cfg.steps} steps; first layer (‖W_1Σ_x^{{1/2}}‖²): "
+            note=f"{runs('constant_intermediate_rel_dev')}; η = {cfg.lr:g} constant, "
+            f"{cfg.n_runs} inits per depth, window: records after {cfg.burn_in_frac:.0%} of "
+            f"{cfg.steps} steps; first layer (‖W_1Σ_x^{{1/2}}‖²): "
             f"{results['constant_max_first_rel_dev']:.3g}" + cdiv,
         ),
         Claim(
@@ -574,7 +608,8 @@ def claims(results: dict[str, Any], cfg: Config) -> list[Claim]:
             value=results["printed_depth_rel_dev_eq19"],
             op=Op.LT,
             threshold=0.1,
-            note=f"printed {s[f'D{pd}']['paper_eq19_sq_norm']:.4g} vs corrected "
+            note=f"{runs('intermediate_rel_dev_eq19')}; printed "
+            f"{s[f'D{pd}']['paper_eq19_sq_norm']:.4g} vs corrected "
             f"{s[f'D{pd}']['predicted_sq_norm']:.4g} at D = {pd} (Tr Σ_x = "
             f"{results['trace_sigma_x']:.3g}, Tr Σ_ε = {results['trace_sigma_eps']:.3g}, k = "
             f"{results['rank']}); the same run against the corrected form: "
@@ -588,7 +623,7 @@ def claims(results: dict[str, Any], cfg: Config) -> list[Claim]:
             value=results["max_first_rel_dev"],
             op=Op.LT,
             threshold=0.1,
-            note=f"predictions {first_pred}" + div,
+            note=f"{runs('first_rel_dev')}; predictions {first_pred}" + div,
         ),
         Claim(
             id="thm54_first_layer_printed_eq19",
@@ -598,7 +633,8 @@ def claims(results: dict[str, Any], cfg: Config) -> list[Claim]:
             value=results["max_first_rel_dev_eq19"],
             op=Op.LT,
             threshold=0.1,
-            note="holds only if Tr Σ_x = Tr Σ_ε = k, which these data avoid" + div,
+            note=f"{runs('first_rel_dev_eq19')}; holds only if Tr Σ_x = Tr Σ_ε = k, which these "
+            "data avoid" + div,
         ),
         Claim(
             id="thm54_norms",
@@ -608,8 +644,9 @@ def claims(results: dict[str, Any], cfg: Config) -> list[Claim]:
             value=results["max_norm_rel_dev"],
             op=Op.LT,
             threshold=0.1,
-            note=f"predictions {preds}; against the printed eq. 19 the max deviation is "
-            f"{results['max_norm_rel_dev_eq19']:.3g}; per run (max over layers): {per_run}{div}",
+            note=f"{runs('intermediate_rel_dev')}; predictions {preds}; against the printed eq. "
+            f"19 the max deviation is {results['max_norm_rel_dev_eq19']:.3g}; per depth and run "
+            f"(max over layers): {per_run}{div}",
         ),
         Claim(
             id="thm54_orthogonal",
@@ -619,7 +656,7 @@ def claims(results: dict[str, Any], cfg: Config) -> list[Claim]:
             value=results["max_singular_value_spread"],
             op=Op.LT,
             threshold=0.1,
-            note=div.lstrip("; "),
+            note=runs("singular_value_spread") + div,
         ),
         Claim(
             id="library_chain_flow_matches",

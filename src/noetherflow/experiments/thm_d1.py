@@ -102,8 +102,8 @@ def setup(cfg: Config) -> list[dict[str, str]]:
             "quantity": "expected flow",
             "paper": "G_d = −γC + ηTr[Σ_dA] (proof of D.1)",
             "ours": "−κC + η²Tr[A(∇L∇Lᵀ + Σ/S)], κ = 4ηγ(1 − ηγ)",
-            "why": "the exact one-step identity with weight decay γ‖θ‖² (DESIGN §2); same "
-            "monotonicity structure",
+            "why": "the exact one-step identity with weight decay γ‖θ‖² (paper eqs. 96–97); "
+            "same monotonicity structure",
         },
         {
             "quantity": "S",

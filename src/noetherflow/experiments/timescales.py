@@ -3,8 +3,8 @@
 Model: one linear neuron ``f(x) = u·(wᵀx)``, ``w ∈ R^d``, scalar ``u``, per-sample loss
 ``ℓ = (f(x) − y)²``, no weight decay. Its rescaling symmetry ``w → e^λ w, u → e^{−λ}u`` has
 ``A = diag(I_d, −1)`` and charge ``C = ‖w‖² − u²``. Without weight decay the flow
-``dC/dt = (η/S) Tr[ΣA]`` (DESIGN §2) is pure noise, and its zero on each orbit is finite:
-``u² Tr K = wᵀKw`` with ``K = Cov[r x]``, so ``C* = ‖w*‖² − u*² ≈ (d − 1)u*² ≠ 0``.
+``dC/dt = (η/S) Tr[ΣA]`` (docs/concepts/flow.md) is pure noise, and its zero on each orbit is
+finite: ``u² Tr K = wᵀKw`` with ``K = Cov[r x]``, so ``C* = ‖w*‖² − u*² ≈ (d − 1)u*² ≠ 0``.
 
 We put the model at the least-squares minimum, move it to the noise equilibrium ``θ*``
 (``nf.solve_equilibrium`` + ``nf.teleport``), then far along the orbit, ``θ₀ = e^{λ₀A}θ*``
@@ -31,11 +31,11 @@ from typing import Any
 
 import numpy as np
 
+from noetherflow._divergence import find_divergence
 from noetherflow.experiments._base import (
     Claim,
     Op,
     derive_seed,
-    find_divergence,
     save_figure,
 )
 from noetherflow.experiments._drift import DriftConfig, simulate_drift, summarise_drift
@@ -81,7 +81,7 @@ def setup(cfg: Config) -> list[dict[str, str]]:
                  f"x ~ N(0, I), label noise {cfg.noise_std:g}", "why": "closed forms"},
         {"quantity": "time", "paper": "SGF, σ² = η/(2S)",
          "ours": "discrete SGD, t = η·steps; the library's factor (η/S)Tr[ΣA] = 2σ²Tr[ΣA]",
-         "why": "eq. 7's factor 2 (DESIGN §2)"},
+         "why": "eq. 7's factor 2 (docs/concepts/flow.md)"},
         {"quantity": "η, S", "paper": "not given",
          "ours": f"η = {cfg.lr:g}, S ∈ {list(cfg.batch_sizes)} (quick "
                  f"{list(quick.batch_sizes)})", "why": "spread of |λ*| < 0.05"},

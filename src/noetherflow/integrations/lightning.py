@@ -8,12 +8,32 @@ Import it explicitly (``from noetherflow.integrations.lightning import NoetherCa
 ``import noetherflow`` never imports Lightning. Works with ``lightning`` (2.x) or the older
 ``pytorch_lightning`` package, automatic optimisation, ``accumulate_grad_batches=1``.
 
-Example::
-
-    syms = nf.SymmetrySet([nf.Rescaling(module.fc1, module.fc2)])
-    cb = NoetherCallback(syms, every=10, log_dir="runs/x")  # lr, γ, batch size from the trainer
-    L.Trainer(callbacks=[cb]).fit(module, loader)
-    cb.monitor.plot("runs/x/monitor.png")
+Example:
+    >>> import torch, lightning as L
+    >>> import noetherflow as nf
+    >>> from noetherflow.integrations.lightning import NoetherCallback
+    >>> class Net(L.LightningModule):
+    ...     def __init__(self):
+    ...         super().__init__()
+    ...         self.fc1, self.fc2 = torch.nn.Linear(4, 8), torch.nn.Linear(8, 2)
+    ...     def forward(self, x):
+    ...         return self.fc2(torch.relu(self.fc1(x)))
+    ...     def training_step(self, batch, i):
+    ...         return torch.nn.functional.mse_loss(self(batch[0]), batch[1])
+    ...     def configure_optimizers(self):
+    ...         return torch.optim.SGD(self.parameters(), lr=0.05, weight_decay=0.01)
+    >>> data = torch.utils.data.TensorDataset(torch.randn(64, 4), torch.randn(64, 2))
+    >>> loader = torch.utils.data.DataLoader(data, batch_size=16)
+    >>> module = Net()
+    >>> syms = nf.SymmetrySet([nf.Rescaling(module.fc1, module.fc2)])
+    >>> cb = NoetherCallback(syms, every=2, log_dir="runs/x")  # η, γ, batch size: the trainer's
+    >>> trainer = L.Trainer(max_epochs=1, callbacks=[cb], logger=False, enable_progress_bar=False,
+    ...                     enable_checkpointing=False, enable_model_summary=False)
+    >>> trainer.fit(module, loader)
+    >>> h = cb.monitor.history
+    >>> h["step"], h["lr"], h["weight_decay"]  # γ is SGD's weight_decay / 2
+    (array([0, 2]), array([0.05, 0.05]), array([0.005, 0.005]))
+    >>> fig = cb.monitor.plot("runs/x/monitor.png")
 
 Hook order per training step: ``on_train_batch_start`` opens ``monitor.track()``,
 ``on_before_backward`` keeps the loss, ``on_after_backward`` closes the capture and
@@ -113,6 +133,7 @@ class NoetherCallback(Callback):  # type: ignore[misc,valid-type]
         self._batch: Any = None
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        """Build the monitor from the trainer: optimizer, global batch size, loggers."""
         if getattr(trainer, "accumulate_grad_batches", 1) != 1:
             raise ValueError(
                 "NoetherCallback needs accumulate_grad_batches=1: the statistics are those of "
@@ -153,18 +174,22 @@ class NoetherCallback(Callback):  # type: ignore[misc,valid-type]
     def on_train_batch_start(
         self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int
     ) -> None:
+        """Open the statistics capture for this step's forward and backward."""
         assert self.monitor is not None
         self._batch = batch
         self._loss = None
         self._stack.enter_context(self.monitor.track())
 
     def on_before_backward(self, trainer: Any, pl_module: Any, loss: Any) -> None:
+        """Keep the loss for the record."""
         self._loss = loss
 
     def on_after_backward(self, trainer: Any, pl_module: Any) -> None:
+        """Close the statistics capture."""
         self._stack.close()
 
     def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
+        """Record when due, with gradients and parameters still at the same θ."""
         mon = self.monitor
         assert mon is not None
         self._stack.close()
@@ -177,9 +202,11 @@ class NoetherCallback(Callback):  # type: ignore[misc,valid-type]
         mon.step(self._loss, inputs=x, targets=y)
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+        """Close the monitor (flushes its files)."""
         self._close()
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        """Close the monitor when training raises."""
         self._close()
 
     def _close(self) -> None:

@@ -20,6 +20,7 @@ Kernels are registered by symmetry class (:func:`register_kernel`) and found by 
 
 from __future__ import annotations
 
+import dataclasses
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -27,10 +28,11 @@ from typing import Any, ClassVar, Generic, TypeVar
 
 import torch
 from torch import Tensor, nn
+from typing_extensions import override
 
 from noetherflow.kernels.noise import NoiseModel
 from noetherflow.stats.core import GradStats, Level, StatsBlock, axis_sum, check_batch
-from noetherflow.symmetry.base import Symmetry
+from noetherflow.symmetry.base import Symmetry, unique_params
 from noetherflow.symmetry.set import SymmetrySet
 
 __all__ = [
@@ -43,6 +45,8 @@ __all__ = [
     "assemble",
     "kernel_for",
     "kernels_of",
+    "overlaps",
+    "refresh_stats_",
     "register_kernel",
 ]
 
@@ -83,8 +87,11 @@ class GradSource(ABC):
 
     @abstractmethod
     def front_moment(self, p: nn.Parameter, axis: int, start: int, stop: int) -> Tensor:
-        """(1/N) Σ_n F_n F_nᵀ, F_n the slice [start, stop) of g_n along ``axis`` moved to the
-        front and flattened: ``[d, m]``. Has shape ``[d, d]``."""
+        """(1/N) Σ_n F_n F_nᵀ. Has shape ``[d, d]``.
+
+        F_n is the slice [start, stop) of g_n along ``axis``, moved to the front and
+        flattened: ``[d, m]``.
+        """
 
 
 class SampleSource(GradSource):
@@ -95,29 +102,36 @@ class SampleSource(GradSource):
         self.n = int(next(iter(samples.values())).shape[0])
         self._sq: dict[nn.Parameter, Tensor] = {}
 
+    @override
     def has_samples(self, p: nn.Parameter) -> bool:
         return True
 
+    @override
     def samples(self, p: nn.Parameter) -> Tensor:
         return self._samples[p]
 
+    @override
     def mean(self, p: nn.Parameter) -> Tensor:
         return self._samples[p].mean(0)
 
+    @override
     def sq(self, p: nn.Parameter) -> Tensor:
         if p not in self._sq:
             self._sq[p] = self._samples[p].square().mean(0)
         return self._sq[p]
 
+    @override
     def axis_sq(
         self, want: Mapping[nn.Parameter, tuple[int, ...]]
     ) -> dict[tuple[nn.Parameter, int], Tensor]:
         return {(p, ax): axis_sum(self.sq(p), ax) for p, axes in want.items() for ax in axes}
 
+    @override
     def front_moment(self, p: nn.Parameter, axis: int, start: int, stop: int) -> Tensor:
         v = self._samples[p]
-        f = v.movedim(axis + 1, 1)[:, start:stop].reshape(v.shape[0], stop - start, -1)
-        return torch.einsum("ndm,nem->de", f, f) / f.shape[0]
+        # [N, *shape] → rows (n, other coordinates) × d: one matrix product, no einsum path
+        f = v.movedim(axis + 1, -1)[..., start:stop].reshape(-1, stop - start)
+        return (f.T @ f) / v.shape[0]
 
 
 # -- solving -------------------------------------------------------------------------------
@@ -145,6 +159,7 @@ class SolveOptions:
     ridge: float | None = None
     coupled: bool = False
     init: Mapping[str, Any] | None = None  # warm start: element per symmetry name
+    method: str = "auto"  # joint Newton systems: "auto", "dense" or "cg" (matrix-free)
 
 
 @dataclass
@@ -200,7 +215,7 @@ class Kernel(ABC, Generic[S, B]):
         """Tr[A·M] of one symmetry, in the shape of its charge."""
 
     def flow(self, s: S, stats: GradStats, nm: NoiseModel, charge: Tensor) -> Tensor:
-        """The flow −κC + Tr[A·M] (paper eqs. 7–8 in DESIGN §2's convention)."""
+        """The flow −κC + Tr[A·M] (paper eqs. 7–8 in the convention of docs/concepts/flow.md)."""
         return -nm.kappa * charge + self.noise(s, stats, nm)
 
     # solving
@@ -347,3 +362,52 @@ def stats_from_samples(
     n = next(iter(samples.values())).shape[0]
     check_batch(n)
     return assemble(SampleSource(samples), syms, level=Level.DIAG, estimator=estimator)
+
+
+def refresh_stats_(
+    stats: GradStats, samples: Mapping[nn.Parameter, Tensor], syms: Sequence[Symmetry]
+) -> None:
+    """Recompute in place ḡ and each kernel's statistics of ``syms`` only, from ``samples``.
+
+    What :func:`stats_from_samples` would give for these symmetries; the entries of other
+    symmetries are kept. The coupled solver calls it after a move, for the symmetries whose
+    coordinates the move touched, instead of re-assembling every block.
+    """
+    if not syms:
+        return
+    src = SampleSource(samples)
+    for p in unique_params(syms):
+        stats.mean[p] = src.mean(p)
+    for k, members in kernels_of(syms):
+        new = k.collect(members, src, Level.DIAG)
+        old = stats.blocks.get(k.name)
+        if old is None:
+            stats.blocks[k.name] = new
+            continue
+        for f in dataclasses.fields(new):
+            getattr(old, f.name).update(getattr(new, f.name))
+
+
+def overlaps(syms: Sequence[Symmetry]) -> dict[Symmetry, list[Symmetry]]:
+    """For each symmetry, the symmetries (itself included) acting on a coordinate it acts on.
+
+    Moving one changes the per-sample gradients of exactly its covered coordinates (the
+    transport T^{-T} acts there only), so these are the statistics a move makes stale.
+    """
+    out: dict[Symmetry, dict[Symmetry, None]] = {s: {s: None} for s in syms}
+    users: dict[int, list[Symmetry]] = {}
+    params: dict[int, nn.Parameter] = {}
+    for s in syms:
+        for p in s.params:
+            users.setdefault(id(p), []).append(s)
+            params[id(p)] = p
+    for key, group in users.items():
+        if len(group) < 2:
+            continue
+        p = params[key]
+        masks = torch.stack([s.covered_mask(p).reshape(-1) for s in group]).to(torch.float32)
+        touch = (masks @ masks.T) > 0  # [m, m]: the two cover a common coordinate of p
+        for i, a in enumerate(group):
+            for j in touch[i].nonzero().reshape(-1).tolist():
+                out[a][group[j]] = None
+    return {s: list(v) for s, v in out.items()}

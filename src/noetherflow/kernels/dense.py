@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from scipy.optimize import brentq
 from torch import Tensor, nn
+from typing_extensions import override
 
 from noetherflow._errors import StatisticsError
 from noetherflow.kernels.base import (
@@ -43,6 +44,7 @@ class DenseStats(StatsBlock):
     key: ClassVar[str] = "dense"
     dense: dict[Symmetry, Tensor] = field(default_factory=dict)
 
+    @override
     def second_moment_params(self) -> set[int]:
         return {id(p) for s in self.dense for p in s.params}
 
@@ -96,6 +98,7 @@ class DenseKernel(Kernel[DenseSymmetry, DenseStats]):
     name: ClassVar[str] = DenseStats.key
     block: ClassVar[type[StatsBlock]] = DenseStats
 
+    @override
     def sample_params(self, syms: Sequence[DenseSymmetry]) -> list[nn.Parameter]:
         return [p for s in syms for p in s.params]
 
@@ -140,6 +143,7 @@ class DenseKernel(Kernel[DenseSymmetry, DenseStats]):
         out.residual[s] = res
         return out
 
+    @override
     def compose(self, total: Any, element: Any) -> Any:
         return total + element
 

@@ -1,4 +1,4 @@
-"""The time model of SGD's noise as one validated value object (DESIGN §2; paper eqs. 5–9).
+"""The time model of SGD's noise as one validated value object (paper eqs. 5–9).
 
 Let η, S, γ denote ``lr``, ``batch_size``, ``weight_decay`` (γ‖θ‖² in the loss). Every time
 model reduces to three coefficients (κ, c_mean, c_second):
@@ -43,7 +43,7 @@ __all__ = ["NoiseModel", "TimeModel", "resolve_noise"]
 
 
 class TimeModel(str, Enum):
-    """Continuous (SGF) or discrete (SGD step) time, DESIGN §2."""
+    """Continuous (SGF) or discrete (SGD step) time (docs/concepts/flow.md)."""
 
     CONTINUOUS = "continuous"
     DISCRETE = "discrete"
@@ -63,10 +63,19 @@ class NoiseModel:
     The hyper-parameters it was built from are kept for reports (``None`` when built from
     coefficients).
 
-    Example::
-
-        noise = nf.NoiseModel.create(lr=0.1, batch_size=32, weight_decay=1e-4)
-        flows = nf.noether_flow(syms, stats, noise)
+    Example:
+        >>> import torch, noetherflow as nf
+        >>> noise = nf.NoiseModel.create(lr=0.1, batch_size=32, weight_decay=1e-4)
+        >>> noise.kappa, noise.c_second  # continuous time: κ = 4γ, M = (η/S)·Σ
+        (0.0004, 0.003125)
+        >>> net = torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+        >>> x, y = torch.randn(16, 3), torch.randn(16, 2)
+        >>> syms = nf.find_symmetries(net, x)
+        >>> stats = nf.collect_stats(net, syms, torch.nn.functional.mse_loss, x, y)
+        >>> flows = nf.noether_flow(syms, stats, noise)  # the same as the keyword form:
+        >>> same = nf.noether_flow(syms, stats, lr=0.1, batch_size=32, weight_decay=1e-4)
+        >>> all(torch.equal(flows[k], same[k]) for k in flows)
+        True
     """
 
     kappa: float

@@ -1,8 +1,8 @@
 """The rotation kernel: a double rotation ℓ(UG, G^{-1}W) = ℓ(U, W) (paper §5.1, eq. 10).
 
 Statistics: the two d×d moments M_W = E[∇W_f ∇W_fᵀ] and M_U = E[∇U_f ∇U_fᵀ] of the d-front
-per-sample gradients (DESIGN §2.1), from per-sample gradients or from the factors of
-Linear-like layers. Noise term: Tr[B(M_U − M_W)] for every symmetric B, i.e. the matrix
+per-sample gradients (docs/concepts/equilibrium.md), from per-sample gradients or from the factors
+of Linear-like layers. Noise term: Tr[B(M_U − M_W)] for every symmetric B, i.e. the matrix
 M_U − M_W with M scaled by the time model. Solve: the matrix geometric mean
 P = Y^{-1/2}(Y^{1/2} X Y^{1/2})^{1/2} Y^{-1/2} solves P Y P = X with X = M_U + κWWᵀ,
 Y = M_W + κUᵀU, and G = P^{1/2}; directions outside the common range of X and Y have their
@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
+from typing_extensions import override
 
 from noetherflow._errors import StatisticsError
 from noetherflow.kernels.base import (
@@ -37,8 +38,10 @@ __all__ = ["RotationKernel", "RotationStats", "geometric_mean"]
 
 @dataclass
 class RotationStats(StatsBlock):
-    """Per rotation, (E[∇W_f ∇W_fᵀ], E[∇U_f ∇U_fᵀ]), each ``[d, d]``: M_W and M_U of
-    DESIGN §2.1 before scaling by the time model."""
+    """Per rotation, (E[∇W_f ∇W_fᵀ], E[∇U_f ∇U_fᵀ]), each ``[d, d]``.
+
+    These are M_W and M_U of docs/concepts/equilibrium.md before scaling by the time model.
+    """
 
     key: ClassVar[str] = "rotation"
     side: dict[Symmetry, tuple[Tensor, Tensor]] = field(default_factory=dict)
@@ -164,7 +167,7 @@ class RotationKernel(Kernel[DoubleRotation, RotationStats]):
         )
 
     def moments(self, s: DoubleRotation, stats: GradStats, nm: NoiseModel) -> tuple[Tensor, Tensor]:
-        """(M_W, M_U) of DESIGN §2.1 scaled by the time model, each ``[d, d]``."""
+        """(M_W, M_U) of docs/concepts/equilibrium.md scaled by the time model, each ``[d, d]``."""
         sw, su = _block(stats).side[s]
         gw = DoubleRotation.side(s.w_blocks, stats.mean)
         gu = DoubleRotation.side(s.u_blocks, stats.mean)
@@ -220,6 +223,7 @@ class RotationKernel(Kernel[DoubleRotation, RotationStats]):
         out.residual[s] = res
         return out
 
+    @override
     def compose(self, total: Any, element: Any) -> Any:
         return total @ element
 

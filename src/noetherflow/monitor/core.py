@@ -76,19 +76,24 @@ class NoetherMonitor:
     ``weight_decay``) by hand and change ``mon.lr`` when a schedule changes the learning rate.
     The values used are recorded as ``lr`` and ``weight_decay`` (γ) in every row.
 
-    Example::
-
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        mon = nf.NoetherMonitor(model, syms, every=10, optimizer=opt, batch_size=256,
-                                log_dir="runs/x")
-        for x, y in loader:
-            with mon.track():            # hooks only on record steps
-                loss = loss_fn(model(x), y)
-                loss.backward()
-            mon.step(loss)               # before opt.step(): same θ as the statistics
-            opt.step(); opt.zero_grad()
-        mon.close()
-        mon.plot("runs/x/monitor.png")
+    Example:
+        >>> import torch, noetherflow as nf
+        >>> net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
+        >>> x, y = torch.randn(64, 4), torch.randint(0, 3, (64,))
+        >>> syms = nf.find_symmetries(net, x)
+        >>> opt = torch.optim.SGD(net.parameters(), lr=0.1, weight_decay=1e-3)
+        >>> mon = nf.NoetherMonitor(net, syms, every=10, optimizer=opt, batch_size=64,
+        ...                         log_dir="runs/x")
+        >>> for step in range(30):
+        ...     with mon.track():  # hooks only on record steps
+        ...         loss = torch.nn.functional.cross_entropy(net(x), y)
+        ...         loss.backward()
+        ...     _ = mon.step(loss)  # before opt.step(): same θ as the statistics
+        ...     opt.step(); opt.zero_grad()
+        >>> mon.close()
+        >>> nf.load_history("runs/x")["weight_decay"]  # the γ used: SGD's weight_decay / 2
+        array([0.0005, 0.0005, 0.0005])
+        >>> fig = mon.plot("runs/x/monitor.png")
 
     Args:
         model: the model (may be wrapped in ``DistributedDataParallel``).

@@ -1,7 +1,7 @@
 """The distance to equilibrium between full solves: a first-order (chord) update.
 
 For diagonal generators (rescaling, scale invariance, any diagonal A) the joint equilibrium
-minimises the convex function of DESIGN §2.1 (paper eq. 9, Thm 4.3)
+minimises the convex function of docs/concepts/equilibrium.md (paper eq. 9, Thm 4.3)
 
     F(λ) = ½ Σ_k (M_kk e^{−2a_k·λ} + κ θ_k² e^{2a_k·λ}),        ∇F = −flows at e^{λA}θ,
 

@@ -43,7 +43,7 @@ def unwrap_optimizer(optimizer: Any) -> torch.optim.Optimizer | None:
 
 
 def adam_direction(p: nn.Parameter, state: Mapping[str, Any], a: AdamSettings) -> Tensor | None:
-    """n = g/(√v̂ + ε) of Adam's coming step for ``p`` (``None`` without a gradient).
+    """N = g/(√v̂ + ε) of Adam's coming step for ``p`` (``None`` without a gradient).
 
     v̂ = (β₂v + (1 − β₂)g²)/(1 − β₂ᵗ) with t the coming step's count, as ``torch.optim.Adam``
     computes it (the running maximum with ``amsgrad``). Has the shape of ``p``.

@@ -1,6 +1,6 @@
 """Read a ``torch.optim`` optimizer's hyper-parameters as noise descriptions, per param group.
 
-Conventions (DESIGN §2): weight decay in the noise models is γ of γ‖θ‖² in the loss, so
+Conventions (docs/concepts/flow.md): weight decay in the noise models is γ of γ‖θ‖² in the loss, so
 PyTorch's coupled L2 ``SGD(weight_decay=λ)`` (gradient + λθ) is γ = λ/2. ``AdamW``'s
 decoupled λ (θ ← (1 − ηλ)θ before the Adam update) is its own decay term, ``decoupled_decay``;
 ``Adam(weight_decay=λ)`` adds λθ to the gradient *before* the preconditioner, so its decay

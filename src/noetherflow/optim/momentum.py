@@ -1,4 +1,4 @@
-"""The noise equilibrium of SGD with momentum (beyond the paper; DESIGN §2.1b, issue #18).
+"""The noise equilibrium of SGD with momentum (beyond the paper; issue #18).
 
 Let η, β, d, γ, S denote ``lr``, ``momentum``, ``dampening``, ``weight_decay`` (γ‖θ‖² in the
 loss; PyTorch's coupled ``SGD(weight_decay=λ)`` is γ = λ/2) and ``batch_size``. PyTorch's
@@ -26,8 +26,8 @@ buffer term E = vᵀAv, (1) gives *exactly* (no expectation)
     B' = ps C + (pt + qs) B + qt E + ru G + (qu + rt) H                    (2)
     E' = s²C + 2st B + t²E + u² G + 2tu H
 
-with G = gᵀAg and H = vᵀAg. For the heavy ball this is DESIGN §2.1b's map. The relations
-hold entrywise for a rotation's matrix charge (every entry is a bilinear form). The update
+with G = gᵀAg and H = vᵀAg. For the heavy ball this is the map of docs/concepts/optimizers.md. The
+relations hold entrywise for a rotation's matrix charge (every entry is a bilinear form). The update
 Δθ = θ' − θ has the charge ΔθᵀAΔθ = (p − 1)²C + 2(p − 1)qB + q²E + r²G + 2qrH
 (:func:`update_charge`; for a scale-invariant layer, the squared angular update ×C).
 
@@ -219,9 +219,10 @@ def update_charge(
 def stationary_closed_form(
     g: Tensor | float, h: Tensor | float, step: MomentumStep
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """(C*, B*, E*) by the closed forms (3)–(4) (heavy ball, any dampening) or (3N)–(4N)
-    (Nesterov). Same inputs and shapes as :func:`stationary_moments`, which solves the linear
-    system instead; the two agree to round-off. Needs γ > 0.
+    """(C*, B*, E*) by the closed forms (3)–(4) (heavy ball, any dampening) or (3N)–(4N).
+
+    (3N)–(4N) are Nesterov's. Same inputs and shapes as :func:`stationary_moments`, which
+    solves the linear system instead; the two agree to round-off. Needs γ > 0.
     """
     if step.weight_decay <= 0:
         raise ValueError(

@@ -484,12 +484,6 @@ def capture(
 ) -> Iterator[Capture]:
     """Ride on the caller's own forward/backward pass and collect gradient statistics.
 
-    Example::
-
-        with nf.capture(model, syms, reduction="mean") as cap:
-            loss_fn(model(x), y).backward()
-        stats = cap.stats
-
     ``reduction`` says whether the loss is the batch mean or the sum of per-sample losses.
     Only the registered layer types (``nn.Linear``, ``nn.Conv1d/2d``, and any added with
     :func:`noetherflow.stats.register_layer`) are captured; the batch is dim 0.
@@ -499,6 +493,27 @@ def capture(
     statistics of all ranks into those of the global batch (:mod:`.distributed`); every rank
     must then read ``stats``, and a rank that does not is reported after ``timeout``
     seconds (default :data:`noetherflow.stats.distributed.DEFAULT_TIMEOUT`).
+
+    Example:
+        >>> import torch, noetherflow as nf
+        >>> _ = torch.manual_seed(0)
+        >>> net = torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+        >>> net = net.double()
+        >>> x, y = torch.randn(16, 3, dtype=torch.float64), torch.randn(16, 2, dtype=torch.float64)
+        >>> loss_fn = torch.nn.functional.mse_loss
+        >>> syms = nf.find_symmetries(net, x)
+        >>> with nf.capture(net, syms, reduction="mean") as cap:
+        ...     loss_fn(net(x), y).backward()
+        >>> stats = cap.stats
+        >>> stats.n
+        16
+
+        The same statistics as the per-sample (torch.func) reference:
+
+        >>> ref = nf.collect_stats(net, syms, loss_fn, x, y, estimator="reference")
+        >>> flow, flow_ref = (nf.noether_flow(syms, s, lr=0.1, batch_size=4) for s in (stats, ref))
+        >>> all(torch.allclose(flow[k], flow_ref[k], rtol=1e-10, atol=0) for k in flow)
+        True
     """
     check_no_train_batchnorm(model, "hooks")
     check_not_sharded([*syms.params(), *model.parameters()], _names(model), "capture")
@@ -553,6 +568,7 @@ def collect_stats(
         targets: the targets, samples along dim 0, passed as ``loss_fn(outputs, targets)``;
             or None when the loss comes from the outputs alone (labels among the keyword
             inputs, ``loss_fn=lambda out, _: out.loss``).
+        reduction: ``'mean'`` or ``'sum'``, how ``loss_fn`` combines the per-sample losses.
         estimator: ``'hooks'`` (fast, registered layer types), ``'reference'`` (torch.func,
             exact, any model without BatchNorm in training mode), ``'microbatch'`` (any model).
         micro_batch_size: micro-batch size m of the ``'microbatch'`` estimator.

@@ -149,7 +149,7 @@ class StatsBlock:
                     yield what, v
 
     def second_moment_params(self) -> set[int]:
-        """ids of parameters each of whose coordinates enters a second moment of this block.
+        """The ids of parameters each of whose coordinates enters a second moment of this block.
 
         A non-finite per-sample gradient makes its square non-finite too, so the mean of such
         a parameter needs no separate finiteness pass. Default: none.
@@ -162,7 +162,7 @@ class GradStats:
     """Sufficient statistics of the per-sample gradients g_n = ∇ℓ_n over a batch of N samples.
 
     Every entry is an average over samples (1/N Σ_n), so that ∇L = ``mean`` and the
-    covariance is Σ = E[g gᵀ] − ḡḡᵀ (sampling with replacement; DESIGN §2).
+    covariance is Σ = E[g gᵀ] − ḡḡᵀ (sampling with replacement; docs/concepts/flow.md).
 
     Attributes:
         n: number of samples N.

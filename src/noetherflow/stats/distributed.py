@@ -85,8 +85,11 @@ def _set(stats: GradStats, block: StatsBlock | None, entry: Any, value: Tensor) 
 
 
 def signature(stats: GradStats, syms: SymmetrySet | None = None) -> list[Any]:
-    """What every rank must share: symmetry names, families and parameter shapes in order,
-    and the layout (blocks, shapes) of the statistics."""
+    """What every rank must share.
+
+    Symmetry names, families and parameter shapes in order, and the layout (blocks, shapes)
+    of the statistics.
+    """
     sig: list[Any] = []
     if syms is not None:
         sig += [(n, type(s).__name__, [tuple(p.shape) for p in s.params]) for n, s in syms.items()]
@@ -145,6 +148,9 @@ def all_reduce_stats(
     is compared by names, families, parameter shapes and order before anything is reduced).
 
     Args:
+        stats: this rank's statistics, overwritten with those of the global batch.
+        group: the ``torch.distributed`` process group; default the world.
+        syms: the symmetry set the statistics belong to, checked to be the same on every rank.
         timeout: seconds (or a timedelta) to wait for the other ranks at each collective
             before raising; default :data:`DEFAULT_TIMEOUT`.
 

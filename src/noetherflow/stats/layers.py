@@ -2,7 +2,7 @@
 
 Index legend: n = samples, t = tokens (or conv positions), i = input features,
 o = output features. For sample n the per-sample gradient of a linear map is
-G_n = Σ_t g_{nto} a_{nti} (DESIGN §2.2), with ``a`` the layer input and ``scale · g`` the
+G_n = Σ_t g_{nto} a_{nti} (docs/extending.md), with ``a`` the layer input and ``scale · g`` the
 gradient of the per-sample loss ℓ_n with respect to the layer output (``scale`` = N when the
 captured gradients are those of a batch-mean loss). Every function returns averages over
 samples (1/N Σ_n), the convention of :class:`noetherflow.GradStats`. Constant factors are
@@ -30,9 +30,11 @@ _CHUNK_ELEMS = 2**24  # per-sample gradient elements materialised at once with a
 
 
 def gram_cheaper(t: int, i: int, o: int) -> bool:
-    """Whether per-neuron sums of a ``[N, T, I]``, ``[N, T, O]`` layer are cheaper in the
-    per-sample Gram form (about N·T²·(I+O) multiply-adds) than from materialised per-sample
-    gradients (about N·T·I·O): T·(I+O) < I·O."""
+    """Whether the per-sample Gram form is the cheaper one: T·(I+O) < I·O.
+
+    Per-neuron sums of a ``[N, T, I]``, ``[N, T, O]`` layer cost about N·T²·(I+O)
+    multiply-adds in the Gram form and about N·T·I·O from materialised per-sample gradients.
+    """
     return t * (i + o) < i * o
 
 
@@ -130,7 +132,7 @@ def row_moment(
 ) -> Tensor:
     """(1/N) Σ_n G_n[rows] G_n[rows]ᵀ for a row block of the weight (or of the bias).
 
-    This is M_W of DESIGN §2.1 for the map applied first. ``a``: ``[N, T, I]``,
+    This is M_W of docs/concepts/equilibrium.md for the map applied first. ``a``: ``[N, T, I]``,
     ``g``: ``[N, T, O]`` → ``[d, d]`` with d the number of rows. Without tokens it is
     gᵀ diag(‖a_n‖²) g; with tokens it uses the per-sample Gram matrix a_n a_nᵀ (``[T, T]``).
     """
@@ -150,7 +152,7 @@ def row_moment(
 def col_moment(a: Tensor, g: Tensor, cols: slice, *, scale: float = 1.0) -> Tensor:
     """(1/N) Σ_n G_n[:, cols]ᵀ G_n[:, cols] for a column block of the weight.
 
-    This is M_U of DESIGN §2.1 for the map applied second. ``a``: ``[N, T, I]``,
+    This is M_U of docs/concepts/equilibrium.md for the map applied second. ``a``: ``[N, T, I]``,
     ``g``: ``[N, T, O]`` → ``[d, d]``. Without tokens it is aᵀ diag(‖g_n‖²) a.
     """
     n = a.shape[0]

@@ -7,12 +7,12 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch.func import functional_call, grad, vmap
+from torch.func import functional_call, grad_and_value, vmap
 
 from noetherflow._errors import StatisticsError
 from noetherflow._inputs import ModelInputs
 
-__all__ = ["per_sample_grads"]
+__all__ = ["per_sample_grads", "per_sample_grads_and_losses"]
 
 _BN = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
 
@@ -42,7 +42,7 @@ def check_targets(targets: Any, n: int, estimator: str) -> None:
         )
 
 
-def per_sample_grads(
+def per_sample_grads_and_losses(
     model: nn.Module,
     params: list[nn.Parameter],
     loss_fn: Callable[[Any, Any], Tensor],
@@ -50,8 +50,13 @@ def per_sample_grads(
     targets: Any,
     *,
     chunk_size: int | None = None,
-) -> dict[nn.Parameter, Tensor]:
-    """Per-sample gradients of ℓ_n = ``loss_fn(model(x_n), y_n)`` on a batch of one.
+) -> tuple[dict[nn.Parameter, Tensor], Tensor]:
+    """Per-sample gradients and losses of ℓ_n = ``loss_fn(model(x_n), y_n)`` (a batch of one).
+
+    The package's one per-sample reference (``torch.func``: ``functional_call`` +
+    ``vmap(grad_and_value)``): ``collect_stats(..., estimator="reference")`` and the SGF
+    integrator :func:`noetherflow.train.run_sgf` both use it. Parameters not in ``params``
+    and the buffers are held fixed.
 
     ``inputs``: a tensor, a tuple of positional inputs or a dict of keyword inputs (see
     :class:`noetherflow._inputs.ModelInputs`: tensors whose dim 0 is the batch size are split
@@ -63,14 +68,21 @@ def per_sample_grads(
     ``attention_mask`` check whether it masks anything), gets the same exact per-sample
     gradients from a loop of N backward passes on batches of one.
 
-    Returns one tensor ``[N, *p.shape]`` per parameter in ``params``. Works for any model
-    without cross-sample coupling (no BatchNorm in training mode).
+    Returns ``(grads, losses)``: one tensor ``[N, *p.shape]`` per parameter in ``params`` and
+    the per-sample losses ``[N]``. Works for any model without cross-sample coupling (no
+    BatchNorm in training mode).
     """
     check_no_train_batchnorm(model, "reference")
     inp = ModelInputs.of(inputs, "collect_stats")
     n = inp.batch_size("collect_stats")
     check_targets(targets, n, "reference")
     names = {id(p): k for k, p in model.named_parameters()}
+    missing = [i for i, p in enumerate(params) if id(p) not in names]
+    if missing:
+        raise StatisticsError(
+            f"params[{missing[0]}] is not a parameter of the model; pass parameters from "
+            "model.parameters()."
+        )
     wanted = {names[id(p)]: p for p in params}
     others = {k: p.detach() for k, p in model.named_parameters() if k not in wanted}
     buffers = dict(model.named_buffers())
@@ -85,9 +97,9 @@ def per_sample_grads(
     detached = {k: p.detach() for k, p in wanted.items()}
     in_dims = (None, dims[0], dims[1], None if targets is None else 0)
     try:
-        g = vmap(grad(one), in_dims=in_dims, chunk_size=chunk_size, randomness="different")(
-            detached, inp.args, inp.kwargs, targets
-        )
+        g, losses = vmap(
+            grad_and_value(one), in_dims=in_dims, chunk_size=chunk_size, randomness="different"
+        )(detached, inp.args, inp.kwargs, targets)
     except RuntimeError as exc:
         hint = inp.dtype_hint(exc)
         if hint is not None:
@@ -95,11 +107,27 @@ def per_sample_grads(
         if not _data_dependent(exc):
             raise
         return _loop(model, params, loss_fn, inp, targets, n)
-    return {p: g[k] for k, p in wanted.items()}
+    return {p: g[k] for k, p in wanted.items()}, losses
+
+
+def per_sample_grads(
+    model: nn.Module,
+    params: list[nn.Parameter],
+    loss_fn: Callable[[Any, Any], Tensor],
+    inputs: Any,
+    targets: Any,
+    *,
+    chunk_size: int | None = None,
+) -> dict[nn.Parameter, Tensor]:
+    """Per-sample gradients ``[N, *p.shape]`` (:func:`per_sample_grads_and_losses`, no losses)."""
+    grads, _ = per_sample_grads_and_losses(
+        model, params, loss_fn, inputs, targets, chunk_size=chunk_size
+    )
+    return grads
 
 
 def _data_dependent(exc: RuntimeError) -> bool:
-    """vmap's error for ``.item()``/``bool()`` on a batched tensor (data-dependent control flow)."""
+    """Whether ``exc`` is vmap's error for ``.item()``/``bool()`` on a batched tensor."""
     msg = str(exc)
     return "data-dependent control flow" in msg or "calling .item() on a Tensor" in msg
 
@@ -111,15 +139,17 @@ def _loop(
     inp: ModelInputs,
     targets: Any,
     n: int,
-) -> dict[nn.Parameter, Tensor]:
-    """Per-sample gradients ``[N, *p.shape]`` by one backward pass per sample (buffers kept)."""
+) -> tuple[dict[nn.Parameter, Tensor], Tensor]:
+    """Per-sample gradients ``[N, *p.shape]`` and losses ``[N]``, one backward per sample."""
     saved = [(b, b.detach().clone()) for b in model.buffers()]
     rows: list[tuple[Tensor, ...]] = []
+    losses: list[Tensor] = []
     try:
         for i in range(n):
             out = inp.slice(i, i + 1, n)(model)
             loss = loss_fn(out, None if targets is None else targets[i : i + 1])
             gs = torch.autograd.grad(loss, params, allow_unused=True)
+            losses.append(loss.detach().reshape(()))
             rows.append(
                 tuple(
                     torch.zeros_like(p) if g is None else g.detach()
@@ -130,4 +160,5 @@ def _loop(
         with torch.no_grad():
             for b, v in saved:
                 b.copy_(v)
-    return {p: torch.stack([r[j] for r in rows]) for j, p in enumerate(params)}
+    grads = {p: torch.stack([r[j] for r in rows]) for j, p in enumerate(params)}
+    return grads, torch.stack(losses)

@@ -107,8 +107,10 @@ def conv_factors(m: nn.Module, a: Tensor, g: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def layernorm_factors(m: nn.Module, a: Tensor, g: Tensor) -> tuple[Tensor, Tensor]:
-    """Normalised input x̂ and output-gradient of a LayerNorm, both ``[N, T, O]``
-    (O = prod(normalized_shape)): the affine is ``y = γ ⊙ x̂ + β``."""
+    """Normalised input x̂ and output-gradient of a LayerNorm, both ``[N, T, O]``.
+
+    ``O = prod(normalized_shape)``; the affine is ``y = γ ⊙ x̂ + β``.
+    """
     assert isinstance(m, nn.LayerNorm)
     xhat = F.layer_norm(a, m.normalized_shape, eps=m.eps)
     n, o = a.shape[0], 1

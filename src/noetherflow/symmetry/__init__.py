@@ -1,1 +1,1 @@
-
+"""Parameter symmetries: the families' group actions, sets, coverage and detection."""

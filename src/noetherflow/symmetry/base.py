@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
+from typing_extensions import override
 
 from noetherflow._errors import SymmetryDefinitionError
 
@@ -48,6 +49,7 @@ class DiagonalTerm:
 
     @property
     def num_generators(self) -> int:
+        """Number of generators J: the size of ``axis`` divided by ``block``."""
         return int(self.param.shape[self.axis]) // self.block
 
     def reduce(self, v: Tensor) -> Tensor:
@@ -200,10 +202,12 @@ class DiagonalSymmetry(Symmetry):
         """The generator entries per parameter (see :class:`DiagonalTerm`)."""
 
     @property
+    @override
     def params(self) -> list[nn.Parameter]:
         return [t.param for t in self.terms()]
 
     @property
+    @override
     def size(self) -> int:
         return self.num_generators
 
@@ -213,6 +217,7 @@ class DiagonalSymmetry(Symmetry):
         lam = torch.as_tensor(lam).to(device=term.param.device, dtype=torch.float64)
         return term.expand(lam)
 
+    @override
     def charge_of(self, values: Mapping[nn.Parameter, Tensor]) -> Tensor:
         return self.weighted_sum({p: v.square() for p, v in values.items() if p in self._pset()})
 
@@ -237,23 +242,27 @@ class DiagonalSymmetry(Symmetry):
             )
         return lam
 
+    @override
     def act_(self, element: Any, values: Mapping[nn.Parameter, Tensor]) -> None:
         lam = self._check_lam(element)
         for t in self.terms():
             v = values[t.param]
             v.mul_(torch.exp(self._exponent(t, lam)).to(v.dtype))
 
+    @override
     def transport_grads_(self, element: Any, grads: Mapping[nn.Parameter, Tensor]) -> None:
         lam = self._check_lam(element)
         for t in self.terms():
             g = grads[t.param]
             g.mul_(torch.exp(-self._exponent(t, lam)).to(g.dtype))
 
+    @override
     def random_element(self, scale: float, generator: torch.Generator) -> Tensor:
         p = self.terms()[0].param
         lam = torch.rand(self.num_generators, generator=generator, dtype=torch.float64) * 2 - 1
         return (lam * scale).to(p.device)
 
+    @override
     def identity_element(self) -> Tensor:
         p = self.terms()[0].param
         return torch.zeros(self.num_generators, dtype=torch.float64, device=p.device)

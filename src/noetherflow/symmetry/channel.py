@@ -18,6 +18,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
+from typing_extensions import override
+
 from noetherflow._errors import SymmetryDefinitionError
 from noetherflow.symmetry.base import DiagonalSymmetry, DiagonalTerm, Family, check_params
 
@@ -67,9 +69,11 @@ class ChannelRescaling(DiagonalSymmetry):
         self.down = down
 
     @property
+    @override
     def num_generators(self) -> int:
         return self._n
 
+    @override
     def terms(self) -> list[DiagonalTerm]:
         return [*self.up, *self.down]
 
@@ -81,5 +85,6 @@ class ChannelRescaling(DiagonalSymmetry):
 
         return ("rescaling", terms(self.up), terms(self.down))
 
+    @override
     def describe(self) -> str:
         return self.label or f"channel rescaling ({self._n} channels)"

@@ -66,6 +66,7 @@ class ParamCoverage:
     reasons: tuple[str, ...]
 
     def to_dict(self) -> dict[str, Any]:
+        """The fields as a JSON-ready dict."""
         return {
             "name": self.name,
             "shape": list(self.shape),
@@ -101,6 +102,7 @@ class CoverageReport:
         ]
 
     def to_dict(self) -> dict[str, Any]:
+        """The report as a JSON-ready dict."""
         return {
             "complete": self.complete,
             "notes": list(self.notes),

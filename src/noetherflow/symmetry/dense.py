@@ -10,6 +10,7 @@ from typing import ClassVar
 
 import torch
 from torch import Tensor, nn
+from typing_extensions import override
 
 from noetherflow._errors import SymmetryDefinitionError
 from noetherflow.symmetry.base import Family, Symmetry, check_params
@@ -54,10 +55,12 @@ class DenseSymmetry(Symmetry):
         self.eigvals, self.eigvecs = torch.linalg.eigh(self.A)
 
     @property
+    @override
     def params(self) -> list[nn.Parameter]:
         return self._params
 
     @property
+    @override
     def size(self) -> int:
         return 1
 
@@ -76,6 +79,7 @@ class DenseSymmetry(Symmetry):
         v, q = self.eigvals, self.eigvecs
         return (q * torch.exp(lam * v)) @ q.T
 
+    @override
     def charge_of(self, values: Mapping[nn.Parameter, Tensor]) -> Tensor:
         t = self.flat(values)
         return t @ self.A @ t
@@ -89,10 +93,12 @@ class DenseSymmetry(Symmetry):
             v.copy_(chunk.reshape(v.shape).to(v.dtype))
             i += n
 
+    @override
     def act_(self, element: float | Tensor, values: Mapping[nn.Parameter, Tensor]) -> None:
         lam = float(element)
         self._write(values, self.expm(lam) @ self.flat(values))
 
+    @override
     def transport_grads_(
         self, element: float | Tensor, grads: Mapping[nn.Parameter, Tensor]
     ) -> None:
@@ -100,15 +106,18 @@ class DenseSymmetry(Symmetry):
         g = self.flat_batched(grads)
         self._write(grads, g @ self.expm(-lam).T)
 
+    @override
     def random_element(self, scale: float, generator: torch.Generator) -> float:
         norm = float(self.eigvals.abs().max()) or 1.0
         return (
             float(torch.rand((), generator=generator, dtype=torch.float64) * 2 - 1) * scale / norm
         )
 
+    @override
     def identity_element(self) -> float:
         return 0.0
 
+    @override
     def describe(self) -> str:
         n = self.A.shape[0]
         return self.label or f"dense generator ({n}×{n})"

@@ -110,7 +110,8 @@ def find_symmetries(
             keyword inputs (``model(**example_inputs)``, e.g. a Hugging Face batch
             ``{"input_ids": ids, "attention_mask": mask}``; a model taking one dict as its
             only positional input gets ``(batch,)``).
-        loss_fn, targets: compare ``loss_fn(model(x), targets)`` instead of the outputs.
+        loss_fn: compare ``loss_fn(model(x), targets)`` instead of the outputs.
+        targets: the targets of ``loss_fn``.
         tolerance: largest accepted relative change under a random group element (float64).
         scale: size of the random group element (λ in [−scale, scale] per generator for
             rescaling and scale invariance; ‖B‖₂ = scale for G = e^B of a rotation).

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from torch import nn
+from typing_extensions import override
 
 from noetherflow._errors import SymmetryDefinitionError
 from noetherflow.symmetry.base import DiagonalSymmetry, DiagonalTerm, Family, check_params
@@ -84,9 +85,11 @@ class Rescaling(DiagonalSymmetry):
         self._terms: list[DiagonalTerm] | None = None
 
     @property
+    @override
     def num_generators(self) -> int:
         return int(self._w1.shape[0])
 
+    @override
     def terms(self) -> list[DiagonalTerm]:
         if self._terms is None:
             terms = [DiagonalTerm(self._w1, 0, 1, 1.0)]
@@ -100,6 +103,7 @@ class Rescaling(DiagonalSymmetry):
         """``("rescaling", first weight name, second weight name, block)``."""
         return ("rescaling", names[id(self._w1)], names[id(self._w2)], self.block)
 
+    @override
     def describe(self) -> str:
         return self.label or (
             f"rescaling {type(self.first).__name__}→{type(self.second).__name__} "

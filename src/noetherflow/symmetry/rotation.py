@@ -1,5 +1,7 @@
-"""Double rotation: ℓ(U G, G^{-1} W) = ℓ(U, W) for two linear maps with nothing element-wise
-between them (paper §5.1, eq. 10; factorised layers, attention W_Q·W_Kᵀ and W_O·W_V per head).
+"""Double rotation: ℓ(U G, G^{-1} W) = ℓ(U, W) (paper §5.1, eq. 10).
+
+Two linear maps with nothing element-wise between them: factorised layers, attention
+W_Q·W_Kᵀ and W_O·W_V per head.
 
 Each side is a matrix with the hidden axis d first ("d-front"): W_f = W̃ ``[d, m]`` (the first
 map, its bias folded in as a column) and U_f = Uᵀ ``[d, n]``. A group element is an invertible
@@ -16,6 +18,7 @@ from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
+from typing_extensions import override
 
 from noetherflow._errors import SymmetryDefinitionError
 from noetherflow.symmetry.base import Family, Symmetry, check_params
@@ -34,6 +37,7 @@ class Block:
 
     @property
     def d(self) -> int:
+        """The hidden width d = ``stop − start``."""
         return self.stop - self.start
 
     def front(self, value: Tensor) -> Tensor:
@@ -52,6 +56,7 @@ class Block:
         v.copy_(new.reshape(v.shape))
 
     def write_front_batched_(self, value: Tensor, new: Tensor) -> None:
+        """Per-sample version of :meth:`write_front_`: ``new`` is ``[N, d, m]``."""
         v = value.movedim(self.axis + 1, 1)[:, self.start : self.stop]
         v.copy_(new.reshape(v.shape))
 
@@ -144,10 +149,12 @@ class DoubleRotation(Symmetry):
         self._params = params
 
     @property
+    @override
     def params(self) -> list[nn.Parameter]:
         return self._params
 
     @property
+    @override
     def size(self) -> int:
         return self.d
 
@@ -156,6 +163,7 @@ class DoubleRotation(Symmetry):
         """The d-front matrix of one side. Has shape ``[d, m]``."""
         return torch.cat([b.front(values[b.param]) for b in blocks], dim=1)
 
+    @override
     def charge_of(self, values: Mapping[nn.Parameter, Tensor]) -> Tensor:
         uf = self.side(self.u_blocks, values)
         wf = self.side(self.w_blocks, values)
@@ -184,12 +192,14 @@ class DoubleRotation(Symmetry):
             )
         return g
 
+    @override
     def act_(self, element: Tensor, values: Mapping[nn.Parameter, Tensor]) -> None:
         g = self._check_g(element).to(torch.float64)
         ginv = torch.linalg.inv(g)
         self._act(self.w_blocks, ginv, values)
         self._act(self.u_blocks, g.T, values)
 
+    @override
     def transport_grads_(self, element: Tensor, grads: Mapping[nn.Parameter, Tensor]) -> None:
         # W_f → G^{-1}W_f makes ∇W_f → Gᵀ∇W_f; U_f → GᵀU_f makes ∇U_f → G^{-1}∇U_f.
         g = self._check_g(element).to(torch.float64)
@@ -197,15 +207,18 @@ class DoubleRotation(Symmetry):
         self._act_batched(self.w_blocks, g.T, grads)
         self._act_batched(self.u_blocks, ginv, grads)
 
+    @override
     def random_element(self, scale: float, generator: torch.Generator) -> Tensor:
         b = torch.randn(self.d, self.d, generator=generator, dtype=torch.float64)
         b = (b + b.T) / 2
         b = b / torch.linalg.matrix_norm(b, ord=2) * scale
         return torch.linalg.matrix_exp(b).to(self._params[0].device)
 
+    @override
     def identity_element(self) -> Tensor:
         return torch.eye(self.d, dtype=torch.float64, device=self._params[0].device)
 
+    @override
     def describe(self) -> str:
         return self.label or f"double rotation (d={self.d})"
 
@@ -218,8 +231,10 @@ class DoubleRotation(Symmetry):
         return mask
 
     def signature(self, names: Mapping[int, str]) -> tuple[Any, ...]:
-        """``("rotation", W-side blocks, U-side blocks)``, each block
-        ``(param name, axis, start, stop)``."""
+        """``("rotation", W-side blocks, U-side blocks)``.
+
+        Each block is ``(param name, axis, start, stop)``.
+        """
 
         def blocks(bs: Sequence[Block]) -> tuple[tuple[Any, ...], ...]:
             return tuple((names[id(b.param)], b.axis, b.start, b.stop) for b in bs)

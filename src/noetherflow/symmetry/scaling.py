@@ -11,6 +11,7 @@ from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
+from typing_extensions import override
 
 from noetherflow._errors import SymmetryDefinitionError
 from noetherflow.symmetry.base import DiagonalSymmetry, DiagonalTerm, Family, check_params
@@ -71,6 +72,7 @@ class ScaleInvariance(DiagonalSymmetry):
         stats = [getattr(self.norm, n, None) for n in ("running_mean", "running_var")]
         return [b for b in stats if isinstance(b, Tensor)]
 
+    @override
     def apply_(self, element: Any) -> None:
         super().apply_(element)
         mean, var = (getattr(self.norm, n, None) for n in ("running_mean", "running_var"))
@@ -81,9 +83,11 @@ class ScaleInvariance(DiagonalSymmetry):
                 var.mul_(torch.exp(2 * lam).to(var.dtype))
 
     @property
+    @override
     def num_generators(self) -> int:
         return self._n
 
+    @override
     def terms(self) -> list[DiagonalTerm]:
         return self._terms
 
@@ -91,6 +95,7 @@ class ScaleInvariance(DiagonalSymmetry):
         """``("scale", (parameter names…), per_channel)``."""
         return ("scale", tuple(names[id(p)] for p in self.params), self.per_channel)
 
+    @override
     def describe(self) -> str:
         n = sum(t.param.numel() for t in self._terms)
         what = f"{self._n} channels" if self.per_channel else "1 group"

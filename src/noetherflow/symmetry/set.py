@@ -97,9 +97,11 @@ class SymmetrySet:
 
     @property
     def names(self) -> list[str]:
+        """The symmetry names, in order."""
         return list(self._names)
 
     def items(self) -> list[tuple[str, Symmetry]]:
+        """``(name, symmetry)`` pairs, in order."""
         return list(zip(self._names, self._syms, strict=True))
 
     def params(self) -> list[nn.Parameter]:

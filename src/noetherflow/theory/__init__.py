@@ -1,4 +1,4 @@
-"""Closed-form predictions of the paper (Ziyin et al. 2024), in the conventions of DESIGN §2."""
+"""Closed-form predictions of the paper (Ziyin et al. 2024) in the docs' conventions (Concepts)."""
 
 from noetherflow.theory.ziyin2024 import (
     DeepLinearSolution,

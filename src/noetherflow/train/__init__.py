@@ -2,7 +2,7 @@
 
 Let η, S, γ denote ``lr``, ``batch_size``, ``weight_decay``. All integrators work on any
 ``nn.Module`` with a per-sample loss whose batch value is the mean, add the penalty γ‖θ‖²
-to the loss (DESIGN §2), log through ``callback(step, model)`` and record divergence in
+to the loss (as the paper does), log through ``callback(step, model)`` and record divergence in
 their :class:`TrainResult` instead of raising. SGD and GD also report every update with its
 gradient to ``on_update``, and SGD trains on a fixed data set or on a data stream
 (``sampler``).

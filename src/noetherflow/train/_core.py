@@ -1,5 +1,7 @@
-"""Plumbing shared by the integrators: data and result containers, the logged history,
-argument checks, per-sample gradients and the discrete loop (:func:`_run_discrete`).
+"""Plumbing shared by the integrators.
+
+Data and result containers, the logged history, argument checks, per-sample gradients and
+the discrete loop (:func:`_run_discrete`).
 
 Notation as in :mod:`noetherflow.train.integrators`.
 """
@@ -14,9 +16,9 @@ from typing import Any
 import numpy as np
 import torch
 from torch import Tensor, nn
-from torch.func import functional_call, grad_and_value, vmap
 
-from noetherflow.train._divergence import DivergenceTracker, all_finite
+from noetherflow._divergence import DivergenceTracker, all_finite
+from noetherflow.stats.reference import per_sample_grads_and_losses
 
 __all__ = [
     "Callback",
@@ -318,10 +320,12 @@ def per_sample_gradients(
 ) -> dict[str, Tensor]:
     """Per-sample gradients ∇ℓ_i(θ) by ``torch.func`` (``functional_call`` + ``vmap(grad)``).
 
-    ℓ_i is ``loss_fn(model(X[i:i+1]), Y[i:i+1])``. This is the reference (ground-truth)
-    estimator; it materialises N copies of every gradient (``chunk_size`` bounds the vmap
-    width). Models whose samples interact (BatchNorm in training mode) have no per-sample
-    gradients; call ``model.eval()`` or use micro-batches.
+    ℓ_i is ``loss_fn(model(X[i:i+1]), Y[i:i+1])``. This is the package's one reference
+    (ground-truth) estimator, :func:`noetherflow.stats.reference.per_sample_grads_and_losses`,
+    the one ``collect_stats(..., estimator="reference")`` uses; it materialises N copies of
+    every gradient (``chunk_size`` bounds the vmap width). Models whose samples interact
+    (BatchNorm in training mode) have no per-sample gradients: that raises
+    :class:`~noetherflow.StatisticsError`; call ``model.eval()`` or use micro-batches.
 
     Returns:
         name → tensor, one per trainable parameter; each has shape ``[N, *param.shape]``.
@@ -333,18 +337,20 @@ def per_sample_gradients(
 def _per_sample_grads_and_losses(
     model: nn.Module, loss_fn: LossFn, X: Tensor, Y: Tensor, *, chunk_size: int | None
 ) -> tuple[dict[str, Tensor], Tensor]:
+    """The package's one per-sample reference (:mod:`noetherflow.stats.reference`).
+
+    Keyed by the names of the trainable parameters; losses have shape ``[N]``.
+    """
     names, params = _trainable(model)
-    trainable = {n: p.detach() for n, p in zip(names, params, strict=True)}
-    frozen = {n: p.detach() for n, p in model.named_parameters() if not p.requires_grad}
-    buffers = dict(model.named_buffers())
-
-    def one_sample_loss(tp: dict[str, Tensor], x: Tensor, y: Tensor) -> Tensor:
-        out = functional_call(model, {**tp, **frozen, **buffers}, (x.unsqueeze(0),))
-        return _check_scalar(loss_fn(out, y.unsqueeze(0)))
-
-    fn = vmap(grad_and_value(one_sample_loss), in_dims=(None, 0, 0), chunk_size=chunk_size)
-    grads, losses = fn(trainable, X, Y)
-    return dict(grads), losses
+    grads, losses = per_sample_grads_and_losses(
+        model,
+        params,
+        lambda out, y: _check_scalar(loss_fn(out, y)),
+        X,
+        Y,
+        chunk_size=chunk_size,
+    )
+    return {n: grads[p] for n, p in zip(names, params, strict=True)}, losses
 
 
 def gradient_noise(
@@ -495,8 +501,11 @@ def _run_discrete(
     notes: list[str],
     config: dict[str, Any],
 ) -> TrainResult:
-    """Run ``steps`` updates. ``prepare_step(k, η_k)`` evaluates at θ_k and returns the loss
-    to check, a closure applying the update, and extra tensors (gradients) to check."""
+    """Run ``steps`` updates.
+
+    ``prepare_step(k, η_k)`` evaluates at θ_k and returns the loss to check, a closure
+    applying the update, and extra tensors (gradients) to check.
+    """
     history = _History()
     tracker = DivergenceTracker()
     time = 0.0

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from noetherflow._divergence import DivergenceTracker, all_finite
 from noetherflow.train._core import (
     Callback,
     LossFn,
@@ -31,7 +32,6 @@ from noetherflow.train._core import (
     _prepare,
     _run_discrete,
 )
-from noetherflow.train._divergence import DivergenceTracker, all_finite
 
 __all__ = ["GFMethod", "run_gf"]
 
@@ -85,12 +85,18 @@ def run_gf(
     ``notes``. Steps in the history are grid indices k, ``time`` is t_k, ``lr`` is NaN.
 
     Args:
-        model, loss_fn, X, Y, callback, log_every: as in :func:`run_sgd`.
+        model: as in :func:`run_sgd`.
+        loss_fn: as in :func:`run_sgd`.
+        X: as in :func:`run_sgd`.
+        Y: as in :func:`run_sgd`.
+        callback: as in :func:`run_sgd`.
+        log_every: as in :func:`run_sgd`.
         time: T > 0.
         steps: number of RK4 steps, or of grid intervals for the adaptive methods.
         weight_decay: γ.
         method: a :class:`GFMethod` or its value.
-        rtol, atol: tolerances of the adaptive methods (ignored by RK4).
+        rtol: relative tolerance of the adaptive methods (ignored by RK4).
+        atol: absolute tolerance of the adaptive methods (ignored by RK4).
     """
     data, params = _prepare("run_gf", model, loss_fn, X, Y, log_every)
     T = _check_float("time", time, positive=True)

@@ -3,15 +3,15 @@
 Let η, S, γ denote ``lr``, ``batch_size``, ``weight_decay``; N the number of samples in
 ``(X, Y)``; θ the trainable parameters (every ``p`` in ``model.parameters()`` with
 ``p.requires_grad``), flattened to a vector of length P; ℓ_i(θ) the per-sample loss; and
-L(θ) = (1/N)Σ_i ℓ_i(θ) the full-batch loss. Following the paper (and DESIGN §2), weight
+L(θ) = (1/N)Σ_i ℓ_i(θ) the full-batch loss. Following the paper (docs/concepts/flow.md), weight
 decay is the penalty γ‖θ‖² added to the loss, L_γ = L + γ‖θ‖², with gradient ∇L + 2γθ.
 (An optimizer's decoupled decay λ corresponds to γ = λ/2.)
 
 * :func:`run_sgd` — θ_{k+1} = (1 − 2η_kγ)θ_k − η_k g_k, with g_k = ∇ℓ_{B_k}(θ_k) the
   gradient of the mean loss over a minibatch B_k of S indices drawn **with replacement**.
   For any exponential symmetry A this gives, exactly and at every step,
-  C(θ_{k+1}) = (1 − 2η_kγ)² C(θ_k) + η_k² g_kᵀ A g_k (paper App. D, eqs. 96–98; DESIGN §2).
-  With replacement, E[g gᵀ] = ∇L∇Lᵀ + Σ/S (the "expected flow" of DESIGN §2).
+  C(θ_{k+1}) = (1 − 2η_kγ)² C(θ_k) + η_k² g_kᵀ A g_k (paper App. D, eqs. 96–98).
+  With replacement, E[g gᵀ] = ∇L∇Lᵀ + Σ/S (the "expected flow" of docs/concepts/flow.md).
 * :func:`run_gd` — the same with B_k the whole data set.
 * :func:`run_sgf` — Euler–Maruyama for the SGF dθ = −∇L_γ dt + sqrt(2σ²Σ) dW (paper eq. 1)
   with σ² = η/(2S) and step dt = η.
@@ -87,8 +87,9 @@ __all__ = [
 
 MOMENTUM_NOTE = (
     "momentum={mu} > 0: the update uses a velocity buffer v ← μv + ∇L_γ, θ ← θ − ηv, so the "
-    "exact per-step charge identity C(θ') = (1−2ηγ)²C(θ) + η²gᵀAg (DESIGN §2) does not hold; "
-    "the cross term θᵀA v no longer vanishes once v mixes the weight-decay terms of several steps."
+    "exact per-step charge identity C(θ') = (1−2ηγ)²C(θ) + η²gᵀAg (paper eqs. 96–97) does not "
+    "hold; the cross term θᵀA v no longer vanishes once v mixes the weight-decay terms of several "
+    "steps."
 )
 
 
@@ -162,7 +163,7 @@ def _first_order(
             nonlocal velocity
             with torch.no_grad():
                 if mu == 0.0:
-                    # θ' = (1 − 2ηγ)θ − ηg, written exactly as in DESIGN §2.
+                    # θ' = (1 − 2ηγ)θ − ηg, written exactly as in paper eqs. 96–97.
                     for p, gp in zip(params, g, strict=True):
                         p.mul_(1.0 - 2.0 * eta * gamma).add_(gp, alpha=-eta)
                     return
@@ -376,7 +377,13 @@ def run_sgf(
     one ``torch.randn`` of M normals.
 
     Args:
-        model, loss_fn, X, Y, schedule, callback, log_every: as in :func:`run_sgd`.
+        model: as in :func:`run_sgd`.
+        loss_fn: as in :func:`run_sgd`.
+        X: as in :func:`run_sgd`.
+        Y: as in :func:`run_sgd`.
+        schedule: as in :func:`run_sgd`.
+        callback: as in :func:`run_sgd`.
+        log_every: as in :func:`run_sgd`.
         lr: η > 0 (also the Euler–Maruyama step dt).
         batch_size: S ≥ 1; sets the noise temperature σ² = η/(2S).
         steps: number of Euler–Maruyama steps (≥ 0).

@@ -1,6 +1,6 @@
 """Online SGD on fresh samples and gradient descent on a population loss.
 
-Let η, γ denote ``lr``, ``weight_decay`` (the penalty γ‖θ‖² of DESIGN §2, as in
+Let η, γ denote ``lr``, ``weight_decay`` (the penalty γ‖θ‖² of the paper, as in
 :mod:`noetherflow.train.integrators`). Two dynamics the fixed-data-set integrators lack:
 
 * :func:`run_online_sgd` — every step draws a **fresh** minibatch ``(X_k, Y_k) = sample(k)``
@@ -16,7 +16,7 @@ Let η, γ denote ``lr``, ``weight_decay`` (the penalty γ‖θ‖² of DESIGN �
 Both log through ``callback(step, model)`` at step 0, every ``log_every`` steps and at the
 last step (before that step's update; the callback may modify the model), record divergence
 in their :class:`~noetherflow.train.TrainResult` instead of raising, and leave the model in
-its final (or diverged) state. Per-step charges obey the exact identity of DESIGN §2 because
+its final (or diverged) state. Per-step charges obey the exact identity of paper eqs. 96–97 because
 the update is plain SGD.
 """
 
@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from noetherflow.train._divergence import DivergenceTracker, all_finite
+from noetherflow._divergence import DivergenceTracker, all_finite
 from noetherflow.train.integrators import Callback, LossFn, TrainResult
 from noetherflow.train.schedules import ScheduleLike, resolve_schedule
 
@@ -230,8 +230,13 @@ def run_population_gd(
 
     Args:
         population_loss: ``population_loss(model)`` → 0-dim L(θ), differentiable.
-        model, lr, steps, weight_decay, schedule, callback, log_every: as in
-            :func:`run_online_sgd`.
+        model: as in :func:`run_online_sgd`.
+        lr: as in :func:`run_online_sgd`.
+        steps: as in :func:`run_online_sgd`.
+        weight_decay: as in :func:`run_online_sgd`.
+        schedule: as in :func:`run_online_sgd`.
+        callback: as in :func:`run_online_sgd`.
+        log_every: as in :func:`run_online_sgd`.
 
     Returns:
         A :class:`~noetherflow.train.TrainResult`; its history's ``loss`` is L(θ_k) at logged

@@ -3,7 +3,8 @@
 Let η denote ``lr`` (the *base* learning rate given to :func:`~noetherflow.train.run_sgd`
 and friends) and η_k the learning rate used for the update θ_k → θ_{k+1}, k = 0, 1, ….
 A schedule maps (k, η) to η_k. The SGD/SGF clock advances by η_k per step, so the time
-reported after k steps is t_k = Σ_{j<k} η_j (DESIGN §2: t = η·steps for a constant η).
+reported after k steps is t_k = Σ_{j<k} η_j (docs/concepts/flow.md: t = η·steps
+for a constant η).
 
 Built-ins:
 
@@ -64,6 +65,7 @@ class Constant(Schedule):
     """η_k = η for every step."""
 
     def __call__(self, step: int, base_lr: float) -> float:
+        """η_k of step ``step`` for the base rate η (see the class docstring)."""
         return float(base_lr)
 
     def __repr__(self) -> str:
@@ -95,6 +97,7 @@ class LinearWarmup(Schedule):
         self.start_lr = float(start_lr)
 
     def __call__(self, step: int, base_lr: float) -> float:
+        """η_k of step ``step`` for the base rate η (see the class docstring)."""
         if step >= self.warmup_steps:
             return float(base_lr)
         frac = step / self.warmup_steps
@@ -130,6 +133,7 @@ class StepDecay(Schedule):
         self.gamma = float(gamma)
 
     def __call__(self, step: int, base_lr: float) -> float:
+        """η_k of step ``step`` for the base rate η (see the class docstring)."""
         n = sum(1 for m in self.milestones if m <= step)
         return float(base_lr) * self.gamma**n
 
@@ -171,6 +175,7 @@ class GeometricDecay(Schedule):
         self._table: tuple[float, np.ndarray] | None = None
 
     def __call__(self, step: int, base_lr: float) -> float:
+        """η_k of step ``step`` for the base rate η (see the class docstring)."""
         start = self.steps - self.n_decay
         if self.n_decay == 0 or step < start:
             return float(base_lr)
@@ -198,6 +203,7 @@ class LambdaSchedule(Schedule):
         self.fn = fn
 
     def __call__(self, step: int, base_lr: float) -> float:
+        """η_k of step ``step`` for the base rate η (see the class docstring)."""
         return float(base_lr) * float(self.fn(step))
 
     def __repr__(self) -> str:

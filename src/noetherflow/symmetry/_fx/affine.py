@@ -120,9 +120,11 @@ class AffineRescalingPattern:
 
 
 class LayerScalePattern:
-    """Layer → linear/homogeneous maps → ``x ⊙ γ`` with a learned per-channel γ (ConvNeXt's
-    layer scale, CaiT/DeiT-III's LayerScale): row c of the layer (and its bias) scales by
-    e^{λ_c}, γ_c by e^{-λ_c}, exactly."""
+    """Layer → linear/homogeneous maps → ``x ⊙ γ`` with a learned per-channel γ.
+
+    ConvNeXt's layer scale, CaiT/DeiT-III's LayerScale: row c of the layer (and its bias)
+    scales by e^{λ_c}, γ_c by e^{-λ_c}, exactly.
+    """
 
     family = Family.RESCALING
 

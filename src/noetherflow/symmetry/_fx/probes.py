@@ -1,5 +1,8 @@
-"""Small probes of the engine: shape-only reads, reductions over constant axes, empty
-concatenations, broadcasting, and the rotation planes of a rotary embedding."""
+"""Small probes of the engine.
+
+Shape-only reads, reductions over constant axes, empty concatenations, broadcasting, and the
+rotation planes of a rotary embedding.
+"""
 
 from __future__ import annotations
 
