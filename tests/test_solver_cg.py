@@ -1,7 +1,8 @@
 """The matrix-free Newton–CG solver against the dense Newton reference (issue #15).
 
 Random joint diagonal problems (layer chains, two symmetries on the same axis of a weight,
-generators at infinity alone or along a combined direction), the Hessian operator against
+single generators at infinity; combined directions: ``test_solver_recession.py``), the
+Hessian operator against
 the dense Hessian, and full solves through ``solve_equilibrium`` with ``solver="cg"`` and
 ``solver="dense"``, coupled sets included. Float64, agreement to 1e-9.
 """

@@ -26,6 +26,7 @@ import torch
 from torch import Tensor
 
 from noetherflow.kernels._diag_problem import HessianOperator, _DiagProblem
+from noetherflow.kernels._diag_recession import combined_directions
 from noetherflow.kernels.base import InfinityReport
 
 __all__ = ["NewtonMethod", "choose_method", "solve_diag"]
@@ -221,6 +222,47 @@ def _cg_step(
     return _pcg(op, -g * ff, precond, done, min(_CG_MAX, 10 + 2 * int(free.sum())))
 
 
+_ONE_SIDED = (
+    "no restoring term along these generators (e.g. scale invariance without weight decay, "
+    "paper eq. 24): the noise moves them without bound; left unmoved"
+)
+_COMBINED = (
+    "F decreases along this combined direction of generators (each bounded alone): the "
+    "equilibrium is at infinity there; left unmoved, the rest solved"
+)
+_RUN_OFF = (
+    "F keeps decreasing along this combined direction: the joint equilibrium is at infinity; "
+    "the iterate was stopped, not moved"
+)
+
+
+def _reports(
+    prob: _DiagProblem, names: Mapping[Any, str], parts: list[tuple[Tensor, str, bool]]
+) -> list[InfinityReport]:
+    """One report per symmetry that ``parts`` touch: its slice of their sum, their reasons.
+
+    ``parts``: (direction ``[n]``, reason, combined) with disjoint supports; a combined
+    part's report names the other symmetries it touches (``coupled``).
+    """
+    out = []
+    for s, off in prob.offsets.items():
+        k = s.num_generators
+        touching = [(d, why, c) for d, why, c in parts if bool((d[off : off + k] != 0).any())]
+        if not touching:
+            continue
+        coupled: dict[str, None] = {}
+        for d, _, c in touching:
+            if c:
+                for s2, o2 in prob.offsets.items():
+                    if s2 is not s and bool((d[o2 : o2 + s2.num_generators] != 0).any()):
+                        coupled[names[s2]] = None
+        direction = sum(d[off : off + k] for d, _, _ in touching)
+        assert isinstance(direction, Tensor)
+        reason = "; ".join(dict.fromkeys(why for _, why, _ in touching))
+        out.append(InfinityReport(names[s], direction.clone(), reason, tuple(coupled)))
+    return out
+
+
 # -- the Newton iteration -----------------------------------------------------------------------
 def solve_diag(
     prob: _DiagProblem,
@@ -234,14 +276,30 @@ def solve_diag(
 ) -> tuple[Tensor, list[InfinityReport], float, bool, int]:
     """Damped Newton on the convex F(λ) (paper eq. 9) over ``prob.n`` generators.
 
+    Before Newton, the directions at infinity are found and their generators frozen at 0
+    (left unmoved, reported): single generators with a one-sided F
+    (:meth:`_DiagProblem.one_sided`), then combined directions by the recession condition of
+    :mod:`._diag_recession`. That runs a linear program only when its pinning pre-check
+    (O(size of the grids)) cannot prove the equilibrium finite, and before Newton, not after
+    a failure to converge: Newton is not a detector (along a combined direction the relative
+    flow decays with the terms that run off, so it may stop at a large finite λ). Newton then
+    solves on the remaining generators, whose equilibrium is finite. A Newton iterate beyond
+    |λ| = 40 (a finite minimiser that far out, from terms near the cut-off) is still reported
+    at infinity and nothing is moved.
+
     ``init`` ``[n]`` (float64) warm-starts the iteration, e.g. from the previous solution of a
-    slowly changing problem; generators with a one-sided F (equilibrium at infinity) start and
-    stay at 0 regardless. The convergence criteria are the same as from 0 and for either
-    ``method``. ``info`` (optional) receives the method used and the conjugate-gradient
-    iterations. Returns (λ ``[n]``, at-infinity reports, relative flow, converged, iterations).
+    slowly changing problem; frozen generators start and stay at 0 regardless. The
+    convergence criteria are the same as from 0 and for either ``method``. ``info``
+    (optional) receives the method used, the conjugate-gradient iterations and whether the
+    recession LP ran (``recession_lp``). Returns (λ ``[n]``, at-infinity reports, one per
+    symmetry, relative flow, converged, iterations).
     """
-    sided = prob.one_sided()
+    up, down = prob.sides()
+    sided = prob.one_sided((up, down))
     free = sided == 0
+    combined, lp = combined_directions(prob, ~free, up + down)
+    for d in combined:
+        free &= d == 0
     if init is None:
         lam = torch.zeros(prob.n, dtype=torch.float64)
     else:
@@ -252,22 +310,12 @@ def solve_diag(
                 " the λ of a previous solve of the same symmetries, or None"
             )
         lam = torch.where(free, init.to(torch.float64), 0.0)
-    reports: list[InfinityReport] = []
-    for s, off in prob.offsets.items():
-        sl = sided[off : off + s.num_generators]
-        if (sl != 0).any():
-            reports.append(
-                InfinityReport(
-                    names[s],
-                    sl.clone(),
-                    "no restoring term along these generators (e.g. scale invariance without "
-                    "weight decay, paper eq. 24): the noise moves them without bound; left unmoved",
-                )
-            )
+    parts = [(sided, _ONE_SIDED, False)] + [(d, _COMBINED, True) for d in combined]
+    reports = _reports(prob, names, parts)
     used = choose_method(method, int(free.sum()))
     cg_iters: list[int] = []
     if info is not None:
-        info.update(method=used.value, cg_iterations=cg_iters)
+        info.update(method=used.value, cg_iterations=cg_iters, recession_lp=lp)
     converged, it, rel = True, 0, 0.0
     if not bool(free.any()):
         return lam, reports, 0.0, True, 0
@@ -312,19 +360,14 @@ def solve_diag(
             break
         lam = trial
         if float(lam.abs().max()) > _LAM_MAX:
+            # Bounded by (R) yet running off: a minimiser beyond |λ| = 40 (terms near the
+            # NEGLIGIBLE cut-off), at infinity in float64 terms.
             direction = lam / lam.norm()
             for s, off in prob.offsets.items():
-                d = direction[off : off + s.num_generators]
-                if d.abs().max() > 1e-3:
-                    reports.append(
-                        InfinityReport(
-                            names[s],
-                            d.clone(),
-                            "F keeps decreasing along this combined direction: the joint "
-                            "equilibrium is at infinity; the iterate was stopped, not moved",
-                        )
-                    )
-            return torch.zeros_like(lam), reports, rel, False, it
+                if direction[off : off + s.num_generators].abs().max() <= 1e-3:
+                    direction[off : off + s.num_generators] = 0.0
+            parts.append((direction, _RUN_OFF, True))
+            return torch.zeros_like(lam), _reports(prob, names, parts), rel, False, it
     else:
         converged = False
     return lam, reports, rel, converged, it

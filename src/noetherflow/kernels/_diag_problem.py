@@ -27,9 +27,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
-__all__ = ["HessianOperator", "Term", "_DiagProblem", "_Grid", "compress"]
+__all__ = ["NEGLIGIBLE", "HessianOperator", "Term", "_DiagProblem", "_Grid", "compress"]
 
 Term = tuple[int, int, int, float]  # (offset in λ, generators k, block b, sign)
+# A term of F below this fraction of the gross terms of its generator counts as absent
+# (its balance would sit beyond |λ| ≈ ½·ln 10¹³ ≈ 15: at infinity in float64 terms).
+NEGLIGIBLE = 1e-13
 
 
 @dataclass
@@ -154,11 +157,11 @@ class _DiagProblem:
         """H at the point where ``terms`` were computed, as a matrix-free operator."""
         return HessianOperator(self.n, terms)
 
-    def one_sided(self) -> Tensor:
-        """Per generator: +1 if the noise pushes it to +∞ whatever the others do, −1 to −∞, 0 else.
+    def sides(self) -> tuple[Tensor, Tensor]:
+        """Per generator, the gross terms pushing it up and down: (up, down), each ``[n]``.
 
-        A generator whose coordinates offer no restoring term (no κθ² on its positive side and
-        no M on its negative side, or the reverse) has no finite equilibrium.
+        ``up`` sums the terms that F's flow uses to move the generator towards +∞ (M on its
+        positive coordinates, κθ² on its negative ones), ``down`` the others.
         """
         up = torch.zeros(self.n, dtype=torch.float64)
         down = torch.zeros(self.n, dtype=torch.float64)
@@ -171,7 +174,17 @@ class _DiagProblem:
                     mk, ck = abs(sg) * _gather(ms, k, b), abs(sg) * _gather(cs, k, b)
                     up[off : off + k] += mk if sg > 0 else ck
                     down[off : off + k] += ck if sg > 0 else mk
-        tiny = 1e-13 * (up + down)
+        return up, down
+
+    def one_sided(self, sides: tuple[Tensor, Tensor] | None = None) -> Tensor:
+        """Per generator: +1 if the noise pushes it to +∞ whatever the others do, −1 to −∞, 0 else.
+
+        A generator whose coordinates offer no restoring term (no κθ² on its positive side and
+        no M on its negative side, or the reverse) has no finite equilibrium. ``sides`` may
+        pass :meth:`sides` when already computed.
+        """
+        up, down = self.sides() if sides is None else sides
+        tiny = NEGLIGIBLE * (up + down)
         out = torch.zeros(self.n, dtype=torch.float64)
         out[(down <= tiny) & (up > 0)] = 1.0
         out[(up <= tiny) & (down > 0)] = -1.0

@@ -141,12 +141,16 @@ class InfinityReport:
 
     ``direction`` is the generator direction (diagonal: a vector over that symmetry's
     generators; rotation: an orthonormal basis ``[d, k]`` of the hidden directions; dense:
-    ±1) along which the noise keeps pushing.
+    ±1) along which the noise keeps pushing. A diagonal direction may combine generators of
+    several symmetries, each bounded alone (F decreases only when they move together,
+    docs/concepts/equilibrium.md): each symmetry's report then holds its part of the direction
+    (same scale across the reports) and ``coupled`` names the other symmetries in it.
     """
 
     name: str
     direction: Tensor
     reason: str
+    coupled: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
