@@ -2,9 +2,9 @@
 
 Random joint diagonal problems (layer chains, two symmetries on the same axis of a weight,
 single generators at infinity; combined directions: ``test_solver_recession.py``), the
-Hessian operator against
-the dense Hessian, and full solves through ``solve_equilibrium`` with ``solver="cg"`` and
-``solver="dense"``, coupled sets included. Float64, agreement to 1e-9.
+Hessian operator against the dense Hessian, and full solves through ``solve_equilibrium``
+with ``solver="cg"`` and ``solver="dense"``, coupled sets included. Float64, agreement to
+1e-9.
 """
 
 from __future__ import annotations
