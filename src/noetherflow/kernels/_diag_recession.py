@@ -20,7 +20,8 @@ single-generator case d = ±e_j is :meth:`_DiagProblem.one_sided`; a *combined* 
 
 Detection, cheap first (:func:`combined_directions`):
 
-1. the **pinning pre-check** (:func:`pinned`, O(size of the grids), no LP): every coordinate
+1. the **pinning pre-check** (:func:`pinned`, four reductions of each weight's grid, no LP,
+   about the cost of one evaluation of F): every coordinate
    touched by one generator u gives σ·d_u ≥ 0 or ≤ 0, one touched by a generator u on its rows
    and v on its columns with opposite entries gives d_u ≥ d_v or ≤; as edges of a directed
    graph with a node for 0 (and the frozen generators), every generator in the strongly
@@ -62,11 +63,10 @@ def _gens(terms: list[Term], size: int) -> list[tuple[Tensor, float]]:
     return [(off + torch.arange(size) // b, sg) for off, _, b, sg in terms]
 
 
-def present(g: _Grid, total: Tensor) -> tuple[Tensor, Tensor]:
-    """Which of the grid's M and κθ² terms count (``[n0, n1]`` bool each).
+def _lows(g: _Grid, total: Tensor) -> tuple[Tensor, Tensor]:
+    """Per row and per column, the least gross terms among the generators reading it.
 
-    A term counts when it exceeds ``NEGLIGIBLE`` times the gross terms ``total`` ``[n]`` of
-    the least-loaded generator it touches.
+    ``total`` ``[n]``; has shapes ``[n0]``, ``[n1]`` (inf where no generator reads it).
     """
     n0, n1 = g.m.shape
     low_r = torch.full((n0,), float("inf"), dtype=torch.float64)
@@ -75,68 +75,115 @@ def present(g: _Grid, total: Tensor) -> tuple[Tensor, Tensor]:
     low_c = torch.full((n1,), float("inf"), dtype=torch.float64)
     for gi, _ in _gens(g.cols, n1):
         low_c = torch.minimum(low_c, total[gi])
+    return low_r, low_c
+
+
+def present(g: _Grid, total: Tensor) -> tuple[Tensor, Tensor]:
+    """Which of the grid's M and κθ² terms count (``[n0, n1]`` bool each).
+
+    A term counts when it exceeds ``NEGLIGIBLE`` times the gross terms ``total`` ``[n]`` of
+    the least-loaded generator it touches.
+    """
+    low_r, low_c = _lows(g, total)
     thr = NEGLIGIBLE * torch.minimum(low_r[:, None], low_c[None, :])
     return g.m > thr, g.c > thr
 
 
 # -- 1. the pinning pre-check ----------------------------------------------------------------
-def _first(mask: Tensor, axis: int) -> tuple[Tensor, Tensor]:
-    """Indices with any ``mask`` along ``axis`` and, for each, the first such position."""
-    anyv = mask.any(axis)
-    return anyv.nonzero().squeeze(1), mask.to(torch.uint8).argmax(axis)[anyv]
+def _largest(
+    v: Tensor, low_r: Tensor, low_c: Tensor, axis: int, keep: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The largest term of each row (``axis=1``) or column (``axis=0``) of ``v`` in ``keep``.
+
+    Returns (the kept indices whose largest term counts (:func:`present`), the position of
+    that term along ``axis``, the mask of those among the kept). One pass over the kept part.
+    """
+    idx = keep.nonzero().squeeze(1)
+    part = v if idx.numel() == keep.numel() else (v[idx] if axis == 1 else v[:, idx])
+    # a row-wise max with indices is several times faster than a column-wise one, even after
+    # the copy of the transpose
+    val, at = part.max(1) if axis == 1 else part.T.contiguous().max(1)
+    i, j = (idx, at) if axis == 1 else (at, idx)
+    ok = val > NEGLIGIBLE * torch.minimum(low_r[i], low_c[j])
+    return idx[ok], at[ok], ok
 
 
-def _edges(g: _Grid, pm: Tensor, pc: Tensor, node: Tensor, zero: int) -> list[Tensor]:
+def _edges(g: _Grid, total: Tensor, node: Tensor, zero: int, open_: Tensor) -> list[Tensor]:
     """Edges u → v (d_u ≥ d_v for all d ∈ D) that the grid's present terms imply.
 
     Only grids whose coordinates give a single-generator or difference constraint are read
     (one term, or one row and one column term with opposite entries); leaving a grid out only
     enlarges the cone, so what is pinned stays pinned. A sparse subset of the grid's
-    constraints: per row the first column with a present term, per column the first row.
+    constraints, from one reduction per side and kind of term: per row the column of its
+    largest M (κθ²), per column the row of its largest, where that term counts, and only for
+    the rows and columns whose generator is ``open_`` (``[n]`` bool: not pinned yet).
     ``node`` ``[n]`` maps generators to graph nodes (frozen ones to ``zero``).
-    Has shape ``[2, E]`` per list entry.
+    Has shape ``[2, E]`` per entry.
     """
     n0, n1 = g.m.shape
+    low_r, low_c = _lows(g, total)
     out: list[Tensor] = []
     if len(g.rows) + len(g.cols) == 1:
         (gi, sg), axis = (_gens(g.rows, n0)[0], 1) if g.rows else (_gens(g.cols, n1)[0], 0)
-        for mask, up in ((pm, sg > 0), (pc, sg < 0)):  # M: σ·d_u ≥ 0; κθ²: σ·d_u ≤ 0
-            u = node[gi[mask.any(axis)]]
+        for v, up in ((g.m, sg > 0), (g.c, sg < 0)):  # M: σ·d_u ≥ 0; κθ²: σ·d_u ≤ 0
+            u = node[gi[_largest(v, low_r, low_c, axis, open_[gi])[0]]]
             z = torch.full_like(u, zero)
             out.append(torch.stack((u, z) if up else (z, u)))
         return out
     if len(g.rows) != 1 or len(g.cols) != 1 or g.rows[0][3] != -g.cols[0][3]:
         return out
     (gr, sg), (gc, _) = _gens(g.rows, n0)[0], _gens(g.cols, n1)[0]
-    for mask, up in ((pm, sg > 0), (pc, sg < 0)):  # σ(d_u − d_v) ≥ 0 (M) or ≤ 0 (κθ²)
-        i, j = _first(mask, 1)
-        j2, i2 = _first(mask, 0)
+    for v, up in ((g.m, sg > 0), (g.c, sg < 0)):  # σ(d_u − d_v) ≥ 0 (M) or ≤ 0 (κθ²)
+        if not float(v.amax()) > 0:  # e.g. no weight decay: no κθ² (a cheap pass)
+            continue
+        i, j, _ = _largest(v, low_r, low_c, 1, open_[gr])
+        j2, i2, _ = _largest(v, low_r, low_c, 0, open_[gc])
         u = node[torch.cat((gr[i], gr[i2]))]
-        v = node[torch.cat((gc[j], gc[j2]))]
-        out.append(torch.stack((u, v) if up else (v, u)))
+        w = node[torch.cat((gc[j], gc[j2]))]
+        out.append(torch.stack((u, w) if up else (w, u)))
     return out
 
 
-def pinned(
-    prob: _DiagProblem, frozen: Tensor, masks: list[tuple[Tensor, Tensor]], total: Tensor
-) -> tuple[Tensor, Tensor]:
+def _components(edges: list[Tensor], n: int) -> np.ndarray:
+    """Strongly connected components of the graph on ``n + 1`` nodes. Has shape ``[n + 1]``."""
+    uv = torch.cat(edges, 1).numpy() if edges else np.zeros((2, 0), dtype=np.int64)
+    graph = sp.coo_matrix((np.ones(uv.shape[1]), (uv[0], uv[1])), shape=(n + 1, n + 1))
+    return connected_components(graph.tocsr(), directed=True, connection="strong")[1]
+
+
+def pinned(prob: _DiagProblem, frozen: Tensor, total: Tensor) -> tuple[Tensor, Tensor]:
     """Generators that are 0 in every direction of the recession cone (the pre-check).
 
-    ``frozen`` ``[n]`` bool: generators held at 0; ``masks``: :func:`present` per grid;
-    ``total`` ``[n]``: gross terms per generator (a generator without any, e.g. a channel
-    that never fired without weight decay, is flat: no term of F reads it, so it is no part
-    of a direction at infinity and counts as pinned). Returns (pinned ``[n]`` bool, frozen
-    and flat ones included; the strongly connected component of each generator ``[n]`` long,
+    ``frozen`` ``[n]`` bool: generators held at 0; ``total`` ``[n]``: gross terms per
+    generator (a generator without any, e.g. a channel that never fired without weight
+    decay, is flat: no term of F reads it, so it is no part of a direction at infinity and
+    counts as pinned). The grids read by one generator (biases, the first layer's rows, the
+    last layer's columns: small) go first; the weights between two layers only if that
+    leaves generators open, and only along those. Returns (pinned ``[n]`` bool, frozen and
+    flat ones included; the strongly connected component of each generator ``[n]`` long,
     equal components moving together in every d ∈ D).
     """
     n = prob.n
     node = torch.where(frozen | (total == 0), n, torch.arange(n))
+    open_ = torch.ones(n, dtype=torch.bool)
+    single = [len(g.rows) + len(g.cols) == 1 for g in prob.grids]
     edges = [
-        e for g, (pm, pc) in zip(prob.grids, masks, strict=True) for e in _edges(g, pm, pc, node, n)
+        e
+        for g, one in zip(prob.grids, single, strict=True)
+        if one
+        for e in _edges(g, total, node, n, open_)
     ]
-    uv = torch.cat(edges, 1).numpy() if edges else np.zeros((2, 0), dtype=np.int64)
-    graph = sp.coo_matrix((np.ones(uv.shape[1]), (uv[0], uv[1])), shape=(n + 1, n + 1))
-    _, labels = connected_components(graph.tocsr(), directed=True, connection="strong")
+    labels = _components(edges, n)
+    pin = torch.from_numpy(labels == labels[n])[node]
+    if not bool(pin.all()):
+        open_ = ~pin
+        edges += [
+            e
+            for g, one in zip(prob.grids, single, strict=True)
+            if not one
+            for e in _edges(g, total, node, n, open_)
+        ]
+        labels = _components(edges, n)
     comp = torch.from_numpy(labels.astype(np.int64))[node]
     return comp == int(labels[n]), comp
 
@@ -224,15 +271,18 @@ def _lp_direction(s: sp.csr_matrix) -> np.ndarray | None:
 
 
 def _one_direction(
-    prob: _DiagProblem, frozen: Tensor, masks: list[tuple[Tensor, Tensor]], total: Tensor
+    prob: _DiagProblem, frozen: Tensor, total: Tensor, masks: list[tuple[Tensor, Tensor]]
 ) -> tuple[Tensor | None, bool]:
     """One combined direction among the generators not ``frozen`` (``[n]``), or None.
 
+    ``masks``: :func:`present` per grid, filled here on the first LP (kept for the next).
     Returns (direction or None, whether the LP ran).
     """
-    pin, comp = pinned(prob, frozen, masks, total)
+    pin, comp = pinned(prob, frozen, total)
     if bool(pin.all()):
         return None, False
+    if not masks:  # the slow path only: which terms count, per coordinate
+        masks += [present(g, total) for g in prob.grids]
     labels, var = torch.unique(torch.where(pin, -1, comp), return_inverse=True)
     if int(labels[0]) == -1:  # pinned generators: no variable
         var = var - 1
@@ -262,12 +312,12 @@ def combined_directions(
         pinning pre-check proved the equilibrium finite). Freezing every direction's generators
         leaves a problem with a finite equilibrium.
     """
-    masks = [present(g, total) for g in prob.grids]
+    masks: list[tuple[Tensor, Tensor]] = []
     frozen = frozen.clone()
     out: list[Tensor] = []
     ran = False
     for _ in range(prob.n):
-        d, lp = _one_direction(prob, frozen, masks, total)
+        d, lp = _one_direction(prob, frozen, total, masks)
         ran = ran or lp
         if d is None:
             break
