@@ -254,8 +254,12 @@ def _lp_direction(s: sp.csr_matrix) -> np.ndarray | None:
         bounds=[(None, None)] * v + [(0.0, 1.0)] * t,
         method="highs",
     )
-    if first.status != 0:
-        raise RuntimeError(f"recession LP failed: {first.message}")
+    if first.status != 0:  # always feasible (d = 0) and bounded (z ≤ 1): numerics only
+        raise RuntimeError(
+            f"solve_equilibrium: the linear program that looks for directions at infinity "
+            f"({t} constraints on {v} generator groups) did not solve: {first.message}. "
+            "Expected an optimal solution; please report this problem with its statistics."
+        )
     strict = first.x[v:] > _STRICT
     if not strict.any():
         return None
