@@ -13,8 +13,9 @@ transported along the orbit (∇ℓ(Tθ) = T^{-T}∇ℓ(θ), eqs. 34–37), unti
 flow is below ``tol``.
 
 An equilibrium may sit at infinity along some direction (e.g. scale invariance without weight
-decay, paper eq. 24): it is reported in :attr:`EquilibriumSolution.at_infinity` and the
-problem is solved on the remaining directions.
+decay, paper eq. 24, or a combination of diagonal generators each bounded alone): it is
+reported in :attr:`EquilibriumSolution.at_infinity` and the problem is solved on the
+remaining directions.
 """
 
 from __future__ import annotations

@@ -10,7 +10,9 @@ Thm 4.3):
 
 minimised by Newton with a line search over all diagonal generators at once. A generator
 whose coordinates offer no restoring term (e.g. scale invariance without weight decay, paper
-eq. 24) has its equilibrium at infinity and is reported.
+eq. 24) has its equilibrium at infinity and is reported; so is a direction combining several
+generators, each bounded alone, along which F still decreases (found exactly from the sign
+pattern of F's terms, :mod:`._diag_recession`). Both are left unmoved, the rest solved.
 """
 
 from __future__ import annotations
