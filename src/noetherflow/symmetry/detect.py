@@ -25,8 +25,10 @@ called outside a normalisation module) are not matched.
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -35,8 +37,9 @@ from torch import Tensor, nn
 from noetherflow._inputs import ModelInputs
 from noetherflow.symmetry._fx import engine as pat
 from noetherflow.symmetry._fx.capture import capture
-from noetherflow.symmetry._fx.check import Checker
+from noetherflow.symmetry._fx.check import Check, Checker
 from noetherflow.symmetry._fx.matchers import run_patterns
+from noetherflow.symmetry._fx.scope import enclosing_scopes, param_scopes
 from noetherflow.symmetry.base import Symmetry
 from noetherflow.symmetry.coverage import DetectionReport
 from noetherflow.symmetry.set import SymmetrySet, VerifyResult
@@ -89,6 +92,98 @@ def _run_failed(model: nn.Module, inp: ModelInputs, exc: Exception) -> Detection
         f"model accepts, e.g. a small batch.{hint} Pass example_inputs with the model's input "
         "shape (a tuple for several positional inputs, a dict for keyword inputs)."
     )
+
+
+@dataclass
+class _Verified:
+    """A candidate under verification: its group element, scopes and deciding check."""
+
+    prop: pat.Proposal
+    sym: Symmetry
+    element: Any
+    scopes: tuple[str, ...]  # submodules holding every use of its parameters, deepest first
+    chk: Check | None = None  # the deciding check (None: not verified)
+    rel_model: float = math.nan  # relative change with the model's own eps
+
+
+def _verify(
+    v: _Verified,
+    checker: Checker,
+    tolerance: float,
+    scale: float,
+    detection: DetectionReport,
+    ledger: pat.Ledger,
+    whole: bool = False,
+) -> bool:
+    """Check one candidate (on its smallest faithful scope unless ``whole``); record why not."""
+    prop, sym, element = v.prop, v.sym, v.element
+    scopes = () if whole else v.scopes
+    if prop.approximate:
+        # measured, never claimed: on the smallest scope where it can be measured
+        on_model = checker.check(sym, element, False, tolerance, scale, scopes=scopes, climb=False)
+        where = f" (output of {on_model.scope}, rerun alone)" if on_model.scope else ""
+        msg = (
+            f"approximate {prop.family.value} {prop.label} {prop.note}: relative output change "
+            f"{on_model.rel:.2g}{where} under a random element of size {scale:g} (a generic "
+            f"perturbation: {on_model.control:.2g}); not claimed"
+        )
+        for p in prop.params:
+            detection.approximate.setdefault(id(p), []).append(msg)
+        return False
+    chk = checker.check(sym, element, prop.uses_norm_eps, tolerance, scale, scopes=scopes)
+    v.chk, v.rel_model = None, chk.rel
+    if prop.uses_norm_eps:  # the change with the model's eps, on the scope that decided
+        at = (chk.scope,) if chk.scope else ()
+        v.rel_model = checker.check(
+            sym, element, False, tolerance, scale, control=False, scopes=at, climb=False
+        ).rel
+    if chk.degenerate:
+        why = (
+            f"degenerate check: a generic perturbation of the same parameters changes the "
+            f"signal by only {chk.control:.2g}, even at a perturbed parameter point"
+        )
+        detection.rejected.append((prop.label, why))
+        ledger.note(list(prop.params), f"candidate {prop.label} not verified: {why}")
+        return False
+    if not chk.rel <= tolerance:
+        detection.rejected.append(
+            (prop.label, f"relative change {chk.rel:.3g} > tolerance {tolerance:g}")
+        )
+        ledger.note(
+            list(prop.params),
+            f"candidate {prop.label} failed the numerical check (relative change {chk.rel:.2g})",
+        )
+        return False
+    v.chk = chk
+    return True
+
+
+def _confirm_on_whole_model(
+    verified: list[_Verified],
+    checker: Checker | None,
+    tolerance: float,
+    scale: float,
+    detection: DetectionReport,
+    ledger: pat.Ledger,
+) -> dict[bool, tuple[int, float]]:
+    """One whole-model check of the composed action of the candidates verified on submodules.
+
+    Per copy (model eps, eps → 0): ``{uses_norm_eps: (count, relative change)}``. Should it
+    exceed ``tolerance`` (state a submodule changed besides its output), each of them is
+    checked again on the whole model, as if no submodule had been used.
+    """
+    out: dict[bool, tuple[int, float]] = {}
+    for zero in (False, True):
+        group = [v for v in verified if v.chk and v.chk.scope and v.prop.uses_norm_eps == zero]
+        if not group:
+            continue
+        assert checker is not None
+        rel = checker.check_composed([(v.sym, v.element) for v in group], zero)
+        out[zero] = (len(group), rel)
+        if not rel <= tolerance:
+            for v in group:
+                _verify(v, checker, tolerance, scale, detection, ledger, whole=True)
+    return out
 
 
 def find_symmetries(
@@ -164,10 +259,14 @@ def find_symmetries(
         notes=notes,
         unsupported=dict(ledger.unsupported),
     )
-    checker = Checker(model, inp, loss_fn, targets, seed, _Isolated) if proposals else None
+    uses = param_scopes(infos, model)
+    scopes = {id(p): enclosing_scopes(p.params, uses) for p in proposals}
+    every_scope = sorted({s for ss in scopes.values() for s in ss})
+    checker = (
+        Checker(model, inp, loss_fn, targets, seed, _Isolated, every_scope) if proposals else None
+    )
     gen = torch.Generator().manual_seed(seed)
-    found: list[tuple[int, str, Symmetry, VerifyResult]] = []
-    labels: set[str] = set()
+    verified: list[_Verified] = []
     for prop in sorted(proposals, key=lambda q: (q.order, q.sub)):
         bad = [p for p in prop.params if not ledger.eligible(p)]
         if bad:
@@ -189,52 +288,38 @@ def find_symmetries(
             continue
         assert checker is not None
         element = sym.random_element(scale, gen)
-        need_control = prop.approximate or not prop.uses_norm_eps
-        on_model = checker.check(sym, element, False, tolerance, scale, control=need_control)
-        chk = (
-            checker.check(sym, element, True, tolerance, scale) if prop.uses_norm_eps else on_model
-        )
-        rel_model, rel = on_model.rel, chk.rel
-        if prop.approximate:
-            msg = (
-                f"approximate {prop.family.value} {prop.label} {prop.note}: relative output change "
-                f"{rel_model:.2g} under a random element of size {scale:g} (a generic "
-                f"perturbation: {on_model.control:.2g}); not claimed"
-            )
-            for p in prop.params:
-                detection.approximate.setdefault(id(p), []).append(msg)
-            continue
-        if chk.degenerate:
-            why = (
-                f"degenerate check: a generic perturbation of the same parameters changes the "
-                f"signal by only {chk.control:.2g}, even at a perturbed parameter point"
-            )
-            detection.rejected.append((prop.label, why))
-            ledger.note(list(prop.params), f"candidate {prop.label} not verified: {why}")
-            continue
-        if not rel <= tolerance:
-            detection.rejected.append(
-                (prop.label, f"relative change {rel:.3g} > tolerance {tolerance:g}")
-            )
-            ledger.note(
-                list(prop.params),
-                f"candidate {prop.label} failed the numerical check (relative change {rel:.2g})",
-            )
-            continue
-        label = prop.label
+        v = _Verified(prop, sym, element, scopes[id(prop)])
+        if _verify(v, checker, tolerance, scale, detection, ledger):
+            verified.append(v)
+    composed = _confirm_on_whole_model(verified, checker, tolerance, scale, detection, ledger)
+    found: list[tuple[str, Symmetry, VerifyResult]] = []
+    labels: set[str] = set()
+    for v in verified:
+        if v.chk is None:
+            continue  # failed the whole-model check of the fallback
+        label = v.prop.label
         k = 2
         while label in labels:
-            label, k = f"{prop.label}#{k}", k + 1
+            label, k = f"{v.prop.label}#{k}", k + 1
         labels.add(label)
-        sym.label = label
-        note = f"{prop.note}; " if prop.note else ""
-        if prop.uses_norm_eps:
-            note += f"relative change {rel_model:.2g} with the model's eps (eps → 0: {rel:.2g}); "
-        detection.sym_notes[label] = f"{label}: {note}verified on {chk.how}"
-        found.append((prop.order, label, sym, VerifyResult(label, rel, tolerance, True)))
+        v.sym.label = label
+        note = f"{v.prop.note}; " if v.prop.note else ""
+        rel = v.chk.rel
+        if v.prop.uses_norm_eps:
+            note += f"relative change {v.rel_model:.2g} with the model's eps (eps → 0: {rel:.2g}); "
+        tail = ""
+        if v.chk.scope:
+            n, rel_all = composed[v.prop.uses_norm_eps]
+            tail = (
+                f"; the whole model ({'eps → 0' if v.prop.uses_norm_eps else 'model eps'}) "
+                f"under the composed action of the {n} symmetries verified on submodules: "
+                f"change {rel_all:.2g}"
+            )
+        detection.sym_notes[label] = f"{label}: {note}verified on {v.chk.how}{tail}"
+        found.append((label, v.sym, VerifyResult(label, rel, tolerance, True)))
     detection.reasons = ledger.reasons
-    syms = SymmetrySet(s for _, _, s, _ in found)
-    for _, label, _, res in found:
+    syms = SymmetrySet(s for _, s, _ in found)
+    for label, _, res in found:
         syms.verification[label] = res
     syms.detection = detection
     syms.param_names = names
