@@ -109,9 +109,9 @@ def test_composed_check_sees_a_broken_candidate() -> None:
     e_good, e_bad = good.random_element(0.5, gen), bad.random_element(0.5, gen)
     assert checker.check_composed([(good, e_good)], False) < 1e-12
     assert checker.check_composed([(good, e_good), (bad, e_bad)], False) > 1e-3
-    before = [p.detach().clone() for p in checker.copies[0].model.parameters()]
+    before = [p.detach().clone() for p in checker.copy(False).model.parameters()]
     checker.check_composed([(good, e_good), (bad, e_bad)], False)
-    after = list(checker.copies[0].model.parameters())
+    after = list(checker.copy(False).model.parameters())
     assert all(torch.equal(a, b) for a, b in zip(after, before, strict=True))  # restored
 
 

@@ -9,7 +9,10 @@
    frozen, and check every remaining one numerically (:mod:`noetherflow.symmetry._fx.check`):
    a float64 copy of the model, a random group element of size ``scale``, the relative change
    of the outputs (or of the loss) and of the intermediate layer outputs must stay below
-   ``tolerance``, with a control that the check is not degenerate.
+   ``tolerance``, with a control that the check is not degenerate. Each candidate is checked
+   on the smallest submodule holding every use of its parameters, rerun alone on the inputs
+   it received (:mod:`noetherflow.symmetry._fx.scope`), and the composed action of all of
+   them once on the whole model: the cost grows linearly with depth.
 4. Record, for every parameter, why no symmetry acts on it (:meth:`SymmetrySet.coverage`),
    including "not analysed" and why when part of the model could not be captured (a warning
    says so, and the coverage is marked incomplete).
@@ -197,6 +200,21 @@ def find_symmetries(
     seed: int = 0,
 ) -> SymmetrySet:
     """Find the exponential symmetries of ``model`` and verify each one numerically.
+
+    Verification: each candidate is applied with a random group element of size ``scale`` to
+    a float64 copy, on the smallest submodule M that holds every use of its parameters and ran
+    once in the forward, rerun alone on the inputs it received there. M's output and the
+    outputs of the known layers inside it must change by at most ``tolerance``, while a
+    generic perturbation of the same parameters must change them by more than 100 ×
+    ``tolerance`` (else the check is repeated at a random parameter point). As no other part
+    of the model reads M's parameters, M's unchanged output implies the whole model's on the
+    example inputs. A candidate that fails or is degenerate on M is checked on the next
+    enclosing submodule, up to the whole model. Finally the composed action of every
+    candidate verified on a submodule is checked once on the whole model (outputs and layer
+    outputs, with the same tolerance), which also covers state a submodule changes besides
+    its output; should it fail, each of them is checked again on the whole model. The cost is
+    a few whole-model forwards plus about one submodule forward per candidate: linear in
+    depth (the docs page "Detection on real models" has the argument and the numbers).
 
     Args:
         model: any ``nn.Module``; its current mode matters (BatchNorm's scale invariance

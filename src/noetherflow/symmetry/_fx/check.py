@@ -202,7 +202,8 @@ class Checker:
         isolated: Callable[[nn.Module, int], Any],
         scopes: Sequence[str] = (),
     ) -> None:
-        self.copies = [_Copy(model, zero_eps=False), _Copy(model, zero_eps=True)]
+        self.model = model
+        self._copies: dict[bool, _Copy] = {}  # made on first use: the model's size each
         self.inp = inp.map(_to64)
         self.targets = _to64(targets)
         self.loss_fn = loss_fn
@@ -213,10 +214,18 @@ class Checker:
         self._base: dict[tuple[int, str], dict[str, Tensor]] = {}
         self._recorders: dict[int, ScopeRecorder] = {}
         self._usable: dict[tuple[int, str], bool] = {}
-        self._index = [probed_index(c.model) for c in self.copies]
+        self._index: dict[bool, ProbedIndex] = {}
         # The control's factors e^{scale·u} depend only on the shapes drawn from a fresh
         # generator: one draw per shape sequence, with the generator state after it.
         self._factors: dict[Any, tuple[list[Tensor], Tensor]] = {}
+        self._controls: dict[Any, float] = {}  # control at the current parameters, by key
+
+    def copy(self, zero_eps: bool) -> _Copy:
+        """The float64 copy with the model's eps or with eps → 0."""
+        if zero_eps not in self._copies:
+            self._copies[zero_eps] = _Copy(self.model, zero_eps=zero_eps)
+            self._index[zero_eps] = probed_index(self._copies[zero_eps].model)
+        return self._copies[zero_eps]
 
     def _signal(self, c: _Copy, scope: str = "") -> dict[str, Tensor]:
         c.outputs = {}
@@ -332,21 +341,30 @@ class Checker:
         fresh: bool = False,
     ) -> tuple[float, float, int]:
         saved = self._state([s64])
+        params = {id(p) for p in s64.params}
+        n_parts = sum(1 for k in base if k not in skip)
         control = math.nan
         try:
             s64.apply_(element)
             rel = self._rel(self._signal(c, scope), base, skip)
             if control_gen is not None:
-                self._restore(saved)
-                orig = {id(t): v for t, v in saved}
                 factors = self._control_factors(s64.params, control_gen, scale, fresh)
+                # The same perturbation of the same parameters, seen by the same signal, gives
+                # the same control (e.g. every head's rotation on one fused projection).
+                key = (c.zero_eps, scope, tuple(map(id, s64.params)), frozenset(skip), scale)
+                if fresh and key in self._controls:
+                    return rel, self._controls[key], n_parts
+                # every parameter is overwritten below: restore only the buffers it moved
+                self._restore([(t, v) for t, v in saved if id(t) not in params])
+                orig = {id(t): v for t, v in saved}
                 with torch.no_grad():
                     for p, f in zip(s64.params, factors, strict=True):
-                        p.copy_(orig[id(p)] * f)
+                        torch.mul(orig[id(p)], f, out=p)
                 control = self._rel(self._signal(c, scope), base, skip)
+                if fresh:
+                    self._controls[key] = control
         finally:
             self._restore(saved)
-        n_parts = sum(1 for k in base if k not in skip)
         return rel, control, n_parts
 
     def check(
@@ -369,9 +387,9 @@ class Checker:
         of the full signal. ``control=False`` skips the degeneracy control (only the relative
         change is wanted).
         """
-        c = self.copies[int(zero_eps)]
+        c = self.copy(zero_eps)
         s64 = _rebind(sym, c.mapping)
-        skip = producers(s64, c.model, self._index[int(zero_eps)])
+        skip = producers(s64, c.model, self._index[zero_eps])
         levels = [s for s in scopes if s not in skip and self._scope_ok(c, s, tolerance)]
         for scope in [*levels, ""]:
             chk = self._check_at(c, s64, element, zero_eps, tolerance, scale, control, scope, skip)
@@ -429,10 +447,10 @@ class Checker:
         The elements are applied one after the other; the signal skips the layers any of
         them acts on from the output side. Parameters and buffers are restored afterwards.
         """
-        c = self.copies[int(zero_eps)]
+        c = self.copy(zero_eps)
         base = self._base_of(c, "")
         s64s = [_rebind(s, c.mapping) for s, _ in items]
-        index = self._index[int(zero_eps)]
+        index = self._index[zero_eps]
         skip: set[str] = set().union(*(producers(s, c.model, index) for s in s64s))
         saved = self._state(s64s)
         try:
