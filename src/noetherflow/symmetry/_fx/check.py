@@ -16,6 +16,16 @@ symmetry, and every all-zero parameter of the model, gets Gaussian noise of stan
 deviation max(its RMS, 0.1)), where an exact
 symmetry still holds and a broken one shows. If it is still degenerate there, the candidate
 is not claimed. :attr:`Check.how` says which signal and which point were used.
+
+A check can be confined to a *scope*, a submodule holding every use of the symmetry's
+parameters (:mod:`noetherflow.symmetry._fx.scope`): the submodule is rerun alone on the
+inputs it received in the model's forward, and the signal is its output and the outputs of
+the known layers inside it. :meth:`Checker.check` climbs from the deepest scope to the whole
+model while the check fails or is degenerate; :meth:`Checker.check_composed` is the final
+whole-model check of all the symmetries verified on scopes at once. Two results are shared
+because they are the same computation: the control's random factors (they depend only on the
+shapes drawn from a freshly seeded generator) and the control itself (same parameters, same
+perturbation, same signal).
 """
 
 from __future__ import annotations
@@ -210,7 +220,6 @@ class Checker:
         self.seed = seed
         self.isolated = isolated
         self.scopes = sorted(set(scopes))
-        self.forwards = 0  # runs of the whole model or of a scope (a cost measure for tests)
         self._base: dict[tuple[int, str], dict[str, Tensor]] = {}
         self._recorders: dict[int, ScopeRecorder] = {}
         self._usable: dict[tuple[int, str], bool] = {}
@@ -229,7 +238,6 @@ class Checker:
 
     def _signal(self, c: _Copy, scope: str = "") -> dict[str, Tensor]:
         c.outputs = {}
-        self.forwards += 1
         if scope:
             rec = self._recorders[int(c.zero_eps)]
             with _replaying(c.model.get_submodule(scope)), _functional_eps(c.zero_eps):
