@@ -16,13 +16,23 @@ symmetry, and every all-zero parameter of the model, gets Gaussian noise of stan
 deviation max(its RMS, 0.1)), where an exact
 symmetry still holds and a broken one shows. If it is still degenerate there, the candidate
 is not claimed. :attr:`Check.how` says which signal and which point were used.
+
+A check can be confined to a *scope*, a submodule holding every use of the symmetry's
+parameters (:mod:`noetherflow.symmetry._fx.scope`): the submodule is rerun alone on the
+inputs it received in the model's forward, and the signal is its output and the outputs of
+the known layers inside it. :meth:`Checker.check` climbs from the deepest scope to the whole
+model while the check fails or is degenerate; :meth:`Checker.check_composed` is the final
+whole-model check of all the symmetries verified on scopes at once. Two results are shared
+because they are the same computation: the control's random factors (they depend only on the
+shapes drawn from a freshly seeded generator) and the control itself (same parameters, same
+perturbation, same signal).
 """
 
 from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -34,6 +44,7 @@ from torch import Tensor, nn
 from noetherflow._inputs import ModelInputs
 from noetherflow.symmetry._fx.capture import flat_outputs
 from noetherflow.symmetry._fx.layers import layer_spec, norm_spec
+from noetherflow.symmetry._fx.scope import ScopeRecorder
 from noetherflow.symmetry.base import DiagonalSymmetry, Symmetry
 from noetherflow.symmetry.rotation import DoubleRotation
 from noetherflow.symmetry.set import _rebind, _to64, copy_mapping
@@ -52,6 +63,7 @@ class Check:
     control: float
     degenerate: bool
     how: str
+    scope: str = ""  # the submodule checked on its recorded inputs ("": the whole model)
 
 
 def _probed(m: nn.Module) -> bool:
@@ -71,23 +83,37 @@ def _acted(sym: Symmetry) -> list[tuple[nn.Parameter, int | None]]:
     return [(p, None) for p in sym.params]
 
 
-def producers(sym: Symmetry, model: nn.Module) -> set[str]:
-    """Names of the probed modules whose *output* the symmetry changes (it acts on rows)."""
-    acted: dict[int, set[int | None]] = {}
-    for p, axis in _acted(sym):
-        acted.setdefault(id(p), set()).add(axis)
-    out: set[str] = set()
+# id(parameter) → (probed module name, parameter name, the weight's output axis or None for
+# a normalisation, is nn.MultiheadAttention) for every probed module owning it.
+ProbedIndex = dict[int, list[tuple[str, str, int | None, bool]]]
+
+
+def probed_index(model: nn.Module) -> ProbedIndex:
+    """Which probed modules own which parameters (see :func:`producers`)."""
+    index: ProbedIndex = {}
     for name, m in model.named_modules():
         if not _probed(m):
             continue
         spec = layer_spec(m)
+        w_out = spec.w_out if spec is not None else None
         for pname, p in m.named_parameters(recurse=False):
-            axes = acted.get(id(p))
-            if axes is None:
-                continue
-            w_out = spec.w_out if spec is not None else 0
-            if spec is None or pname != "weight" or None in axes or w_out in axes:
-                if not isinstance(m, nn.MultiheadAttention):
+            index.setdefault(id(p), []).append(
+                (name, pname, w_out, isinstance(m, nn.MultiheadAttention))
+            )
+    return index
+
+
+def producers(sym: Symmetry, model: nn.Module, index: ProbedIndex | None = None) -> set[str]:
+    """Names of the probed modules whose *output* the symmetry changes (it acts on rows)."""
+    acted: dict[int, set[int | None]] = {}
+    for p, axis in _acted(sym):
+        acted.setdefault(id(p), set()).add(axis)
+    index = probed_index(model) if index is None else index
+    out: set[str] = set()
+    for pid, axes in acted.items():
+        for name, pname, w_out, mha in index.get(pid, []):
+            if w_out is None or pname != "weight" or None in axes or w_out in axes:
+                if not mha:
                     out.add(name)
     return out
 
@@ -121,6 +147,24 @@ def _functional_eps(zero: bool) -> Iterator[None]:
             setattr(F, n, f)
 
 
+@contextmanager
+def _replaying(m: nn.Module) -> Iterator[None]:
+    """Rerun ``m`` without side effects: its buffers and the RNG state are restored after.
+
+    The replay sets the RNG state ``m`` saw in the forward, so no seeding is needed here.
+    """
+    buffers = [(b, b.detach().clone()) for b in m.buffers()]
+    rng = torch.get_rng_state()
+    try:
+        with torch.no_grad():
+            yield
+    finally:
+        torch.set_rng_state(rng)
+        with torch.no_grad():
+            for b, v in buffers:
+                b.copy_(v)
+
+
 class _Copy:
     """A float64 copy of the model with hooks recording every probed module's output."""
 
@@ -150,7 +194,13 @@ class _Copy:
 
 
 class Checker:
-    """Relative change of the signal under a group element, with a degeneracy control."""
+    """Relative change of the signal under a group element, with a degeneracy control.
+
+    ``scopes`` names the submodules that checks may be confined to (see
+    :mod:`noetherflow.symmetry._fx.scope`): the first forward of each float64 copy records
+    how each of them was called, and a check at scope ``M`` reruns ``M`` alone on those
+    inputs, its signal being ``M``'s output and the outputs of the known layers inside it.
+    """
 
     def __init__(
         self,
@@ -160,27 +210,87 @@ class Checker:
         targets: Any,
         seed: int,
         isolated: Callable[[nn.Module, int], Any],
+        scopes: Sequence[str] = (),
     ) -> None:
-        self.copies = [_Copy(model, zero_eps=False), _Copy(model, zero_eps=True)]
+        self.model = model
+        self._copies: dict[bool, _Copy] = {}  # made on first use: the model's size each
         self.inp = inp.map(_to64)
         self.targets = _to64(targets)
         self.loss_fn = loss_fn
         self.seed = seed
         self.isolated = isolated
-        self._base: dict[int, dict[str, Tensor]] = {}
+        self.scopes = sorted(set(scopes))
+        self._base: dict[tuple[int, str], dict[str, Tensor]] = {}
+        self._recorders: dict[int, ScopeRecorder] = {}
+        self._usable: dict[tuple[int, str], bool] = {}
+        self._index: dict[bool, ProbedIndex] = {}
+        # The control's factors e^{scale·u} depend only on the shapes drawn from a fresh
+        # generator: one draw per shape sequence, with the generator state after it.
+        self._factors: dict[Any, tuple[list[Tensor], Tensor]] = {}
+        self._controls: dict[Any, float] = {}  # control at the current parameters, by key
 
-    def _signal(self, c: _Copy) -> dict[str, Tensor]:
+    def copy(self, zero_eps: bool) -> _Copy:
+        """The float64 copy with the model's eps or with eps → 0."""
+        if zero_eps not in self._copies:
+            self._copies[zero_eps] = _Copy(self.model, zero_eps=zero_eps)
+            self._index[zero_eps] = probed_index(self._copies[zero_eps].model)
+        return self._copies[zero_eps]
+
+    def _signal(self, c: _Copy, scope: str = "") -> dict[str, Tensor]:
         c.outputs = {}
-        with self.isolated(c.model, self.seed), _functional_eps(c.zero_eps):
-            out = self.inp(c.model)
-            main = (
-                self.loss_fn(out, self.targets).reshape(1)
-                if self.loss_fn is not None
-                else flat_outputs(out)
-            )
+        if scope:
+            rec = self._recorders[int(c.zero_eps)]
+            with _replaying(c.model.get_submodule(scope)), _functional_eps(c.zero_eps):
+                main = flat_outputs(rec.replay(scope))
+        else:
+            with self.isolated(c.model, self.seed), _functional_eps(c.zero_eps):
+                out = self.inp(c.model)
+                main = (
+                    self.loss_fn(out, self.targets).reshape(1)
+                    if self.loss_fn is not None
+                    else flat_outputs(out)
+                )
         parts = {"": main.detach()}
         parts.update({k: torch.cat(v) for k, v in c.outputs.items()})
         return parts
+
+    def _base_of(self, c: _Copy, scope: str) -> dict[str, Tensor]:
+        """The signal at the current parameters: one per copy and scope.
+
+        Parameters are restored bit for bit after every check, so the base stays valid; the
+        first whole forward of a copy also records how the scopes were called.
+        """
+        z = int(c.zero_eps)
+        if (z, "") not in self._base:
+            rec = ScopeRecorder(c.model, self.scopes)
+            try:
+                self._base[(z, "")] = self._signal(c)
+            finally:
+                rec.remove()
+            self._recorders[z] = rec
+        if (z, scope) not in self._base:
+            self._base[(z, scope)] = self._signal(c, scope)
+        return self._base[(z, scope)]
+
+    def _scope_ok(self, c: _Copy, scope: str, tolerance: float) -> bool:
+        """``scope`` ran once, and rerunning it alone reproduces its output in the forward."""
+        z = int(c.zero_eps)
+        if (z, scope) not in self._usable:
+            self._base_of(c, "")
+            rec = self._recorders[z]
+            ok = rec.replayable(scope)
+            if ok:
+                try:
+                    recorded = rec.records[scope].output
+                    assert recorded is not None
+                    again = self._base_of(c, scope)[""]
+                    ok = again.shape == recorded.shape and (
+                        self._rel({"": again}, {"": recorded}, set()) <= tolerance
+                    )
+                except Exception:  # the module does not rerun alone: check the whole model
+                    ok = False
+            self._usable[(z, scope)] = ok
+        return self._usable[(z, scope)] and self._recorders[z].replayable(scope)
 
     @staticmethod
     def _rel(after: dict[str, Tensor], base: dict[str, Tensor], skip: set[str]) -> float:
@@ -193,6 +303,39 @@ class Checker:
                 worst = d if d == d else float("inf")
         return worst
 
+    @staticmethod
+    def _state(syms: Sequence[Symmetry]) -> list[tuple[Tensor, Tensor]]:
+        """Copies of every tensor the symmetries' actions write (parameters, buffers)."""
+        ts = {id(t): t for s in syms for t in [*s.params, *s.state_buffers()]}
+        return [(t, t.detach().clone()) for t in ts.values()]
+
+    @staticmethod
+    def _restore(saved: list[tuple[Tensor, Tensor]]) -> None:
+        with torch.no_grad():
+            for t, v in saved:
+                t.copy_(v)
+
+    def _control_factors(
+        self, params: Sequence[Tensor], gen: torch.Generator, scale: float, fresh: bool
+    ) -> list[Tensor]:
+        """e^{scale·u}, u uniform in [−1, 1], per parameter, drawn from ``gen`` in order.
+
+        ``fresh``: ``gen`` was just seeded, so the draw is cached by shapes (bit for bit the
+        same numbers) and ``gen`` is left where the draw would have left it.
+        """
+        key = (scale, tuple((tuple(p.shape), p.dtype, p.device) for p in params))
+        if fresh and key in self._factors:
+            factors, state = self._factors[key]
+            gen.set_state(state)
+            return factors
+        factors = []
+        for p in params:
+            u = torch.rand(p.shape, generator=gen, dtype=p.dtype) * 2 - 1
+            factors.append(torch.exp(scale * u))
+        if fresh:
+            self._factors[key] = (factors, gen.get_state())
+        return factors
+
     def _measure(
         self,
         c: _Copy,
@@ -201,25 +344,35 @@ class Checker:
         control_gen: torch.Generator | None,
         scale: float,
         base: dict[str, Tensor],
+        scope: str,
+        skip: set[str],
+        fresh: bool = False,
     ) -> tuple[float, float, int]:
-        skip = producers(s64, c.model)
-        params = s64.params
-        saved = [(p, p.detach().clone()) for p in params]
+        saved = self._state([s64])
+        params = {id(p) for p in s64.params}
+        n_parts = sum(1 for k in base if k not in skip)
         control = math.nan
         try:
             s64.apply_(element)
-            rel = self._rel(self._signal(c), base, skip)
+            rel = self._rel(self._signal(c, scope), base, skip)
             if control_gen is not None:
+                factors = self._control_factors(s64.params, control_gen, scale, fresh)
+                # The same perturbation of the same parameters, seen by the same signal, gives
+                # the same control (e.g. every head's rotation on one fused projection).
+                key = (c.zero_eps, scope, tuple(map(id, s64.params)), frozenset(skip), scale)
+                if fresh and key in self._controls:
+                    return rel, self._controls[key], n_parts
+                # every parameter is overwritten below: restore only the buffers it moved
+                self._restore([(t, v) for t, v in saved if id(t) not in params])
+                orig = {id(t): v for t, v in saved}
                 with torch.no_grad():
-                    for p, v in saved:
-                        u = torch.rand(v.shape, generator=control_gen, dtype=v.dtype) * 2 - 1
-                        p.copy_(v * torch.exp(scale * u))
-                control = self._rel(self._signal(c), base, skip)
+                    for p, f in zip(s64.params, factors, strict=True):
+                        torch.mul(orig[id(p)], f, out=p)
+                control = self._rel(self._signal(c, scope), base, skip)
+                if fresh:
+                    self._controls[key] = control
         finally:
-            with torch.no_grad():
-                for p, v in saved:
-                    p.copy_(v)
-        n_parts = sum(1 for k in base if k not in skip)
+            self._restore(saved)
         return rel, control, n_parts
 
     def check(
@@ -230,47 +383,95 @@ class Checker:
         tolerance: float,
         scale: float,
         control: bool = True,
+        scopes: Sequence[str] = (),
+        climb: bool = True,
     ) -> Check:
         """Check ``sym`` under ``element`` on the copy with the model's eps or eps → 0.
 
-        ``control=False`` skips the degeneracy control (only the relative change is wanted).
+        ``scopes`` (deepest first) are the submodules holding every use of the symmetry's
+        parameters: the check runs on the first one that reran faithfully and whose output
+        the symmetry does not act on, and, with ``climb``, moves to the next one (the whole
+        model last) while it fails or is degenerate. At the whole model it is the check
+        of the full signal. ``control=False`` skips the degeneracy control (only the relative
+        change is wanted).
         """
-        c = self.copies[int(zero_eps)]
-        if int(zero_eps) not in self._base:  # parameters are restored bit for bit after
-            self._base[int(zero_eps)] = self._signal(c)  # every check: one base per copy
-        base = self._base[int(zero_eps)]
+        c = self.copy(zero_eps)
         s64 = _rebind(sym, c.mapping)
+        skip = producers(s64, c.model, self._index[zero_eps])
+        levels = [s for s in scopes if s not in skip and self._scope_ok(c, s, tolerance)]
+        for scope in [*levels, ""]:
+            chk = self._check_at(c, s64, element, zero_eps, tolerance, scale, control, scope, skip)
+            if not climb or not scope or (not chk.degenerate and chk.rel <= tolerance):
+                return chk
+        raise AssertionError("unreachable: the whole model is the last scope")
+
+    def _check_at(
+        self,
+        c: _Copy,
+        s64: Symmetry,
+        element: Any,
+        zero_eps: bool,
+        tolerance: float,
+        scale: float,
+        control: bool,
+        scope: str,
+        skip: set[str],
+    ) -> Check:
+        base = self._base_of(c, scope)
         gen = torch.Generator().manual_seed(self.seed + 1) if control else None
-        rel, ctrl, n = self._measure(c, s64, element, gen, scale, base)
+        rel, ctrl, n = self._measure(c, s64, element, gen, scale, base, scope, skip, True)
         where = "at the current parameters"
         if not control:
-            return Check(rel, ctrl, False, where)
+            return Check(rel, ctrl, False, where, scope)
         if ctrl <= DEGENERATE * tolerance:
             saved = self._perturb(c, s64, gen)  # type: ignore[arg-type]
             try:
-                rel, ctrl, n = self._measure(c, s64, element, gen, scale, self._signal(c))
+                here = self._signal(c, scope)
+                rel, ctrl, n = self._measure(c, s64, element, gen, scale, here, scope, skip)
             finally:
-                with torch.no_grad():
-                    for p, v in saved:
-                        p.copy_(v)
+                self._restore(saved)
             where = (
                 "at a random parameter point (at the current one the signal hardly "
                 "depends on these parameters)"
             )
         degenerate = not ctrl > DEGENERATE * tolerance
+        what = "the output"
+        if scope:
+            mod = c.model.get_submodule(scope)
+            what = (
+                f"the output of {type(mod).__name__} {scope} (rerun alone on the inputs it "
+                "received in the model's forward)"
+            )
         how = (
-            f"the output and {n - 1} layer outputs (float64, "
+            f"{what} and {n - 1} layer outputs (float64, "
             f"{'eps → 0' if zero_eps else 'model eps'}) {where}: change {rel:.2g}, "
             f"vs {ctrl:.2g} under a generic perturbation"
         )
-        return Check(rel, ctrl, degenerate, how)
+        return Check(rel, ctrl, degenerate, how, scope)
+
+    def check_composed(self, items: Sequence[tuple[Symmetry, Any]], zero_eps: bool) -> float:
+        """Relative change of the whole model's signal under all ``(symmetry, element)`` at once.
+
+        The elements are applied one after the other; the signal skips the layers any of
+        them acts on from the output side. Parameters and buffers are restored afterwards.
+        """
+        c = self.copy(zero_eps)
+        base = self._base_of(c, "")
+        s64s = [_rebind(s, c.mapping) for s, _ in items]
+        index = self._index[zero_eps]
+        skip: set[str] = set().union(*(producers(s, c.model, index) for s in s64s))
+        saved = self._state(s64s)
+        try:
+            for s64, (_, element) in zip(s64s, items, strict=True):
+                s64.apply_(element)
+            return self._rel(self._signal(c), base, skip)
+        finally:
+            self._restore(saved)
 
     @staticmethod
-    def _perturb(
-        c: _Copy, s64: Symmetry, gen: torch.Generator
-    ) -> list[tuple[nn.Parameter, Tensor]]:
+    def _perturb(c: _Copy, s64: Symmetry, gen: torch.Generator) -> list[tuple[Tensor, Tensor]]:
         ids = {id(p) for p in s64.params}
-        saved = []
+        saved: list[tuple[Tensor, Tensor]] = []
         with torch.no_grad():
             for p in c.model.parameters():
                 if id(p) in ids or not bool(p.detach().any()):
