@@ -212,29 +212,34 @@ class Replicas(nn.Module):
         """(E[G | θ], E[H | θ, v]) per generator ``[J]`` over the data set ``x [N, 64]``.
 
         Per-sample gradients of a linear layer are outer products, so their coordinatewise
-        means and second moments are two einsums each: with δ = ∂ℓ_i/∂z_i (first layer) and
+        means and second moments are two matrix products each: with δ = ∂ℓ_i/∂z_i (first layer) and
         e = ∂ℓ_i/∂out_i, g(w1) = δ xᵀ, g(b1) = δ, g(w2t) = a eᵀ. Then E[G | θ] =
         (1 − 1/S)∇LᵀA∇L + E_i[g_iᵀAg_i]/S and E[H | θ, v] = vᵀA∇L, as
         :func:`library_moments` computes from the library's hooks (tested equal).
         """
-        n = x.shape[0]
-        z = self._hidden_pre(x).detach().requires_grad_(True)
-        a = self._act(z)
-        out = self._out(a)
-        ce = nn.functional.cross_entropy(out.flatten(0, 1), y.repeat(self.n), reduction="sum")
-        dz, e = torch.autograd.grad(ce, (z, out))
-        a = a.detach()
+        n, r, h = x.shape[0], self.n, self.hidden
+        # [N, R·H] layout (neuron j = r·H + h, as w1's rows): the first layer's sums over the
+        # data are then single GEMMs with x, the cost that dominates here
+        z2 = x @ self.w1.detach().T
+        if self.b1 is not None:
+            z2 = z2 + self.b1.detach()
+        z2.requires_grad_(True)
+        a = self._act(z2.view(n, r, h))
+        out = torch.bmm(a.transpose(0, 1), self.w2t.detach().view(r, h, -1)) + self.b2[:, None]
+        ce = nn.functional.cross_entropy(out.flatten(0, 1), y.repeat(r), reduction="sum")
+        dz2, e = torch.autograd.grad(ce, (z2, out))  # [N, R·H], [R, N, 10]
+        at = a.detach().permute(1, 2, 0)  # [R, H, N]
         mean = {
-            self.w1: torch.einsum("rnh,nd->rhd", dz, x).flatten(0, 1) / n,
-            self.w2t: torch.einsum("rnh,rno->rho", a, e).flatten(0, 1) / n,
+            self.w1: (x.T @ dz2).T / n,
+            self.w2t: torch.bmm(at, e).flatten(0, 1) / n,
         }
         sq = {
-            self.w1: torch.einsum("rnh,nd->rhd", dz.square(), x.square()).flatten(0, 1) / n,
-            self.w2t: torch.einsum("rnh,rno->rho", a.square(), e.square()).flatten(0, 1) / n,
+            self.w1: (x.square().T @ dz2.square()).T / n,
+            self.w2t: torch.bmm(at.square(), e.square()).flatten(0, 1) / n,
         }
         if self.b1 is not None:
-            mean[self.b1] = dz.mean(1).flatten()
-            sq[self.b1] = dz.square().mean(1).flatten()
+            mean[self.b1] = dz2.mean(0)
+            sq[self.b1] = dz2.square().mean(0)
         mean = {p: mean[p] for p in self.sym.params}
         s = batch_size
         g = self.sym.weighted_sum({p: t.square() for p, t in mean.items()}) * (1 - 1 / s)
