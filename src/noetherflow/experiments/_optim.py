@@ -211,10 +211,10 @@ class Replicas(nn.Module):
     ) -> tuple[Tensor, Tensor]:
         """(E[G | θ], E[H | θ, v]) per generator ``[J]`` over the data set ``x [N, 64]``.
 
-        Per-sample gradients of a linear layer are outer products, so their coordinatewise
-        means and second moments are two matrix products each: with δ = ∂ℓ_i/∂z_i (first layer) and
-        e = ∂ℓ_i/∂out_i, g(w1) = δ xᵀ, g(b1) = δ, g(w2t) = a eᵀ. Then E[G | θ] =
-        (1 − 1/S)∇LᵀA∇L + E_i[g_iᵀAg_i]/S and E[H | θ, v] = vᵀA∇L, as
+        Per-sample gradients of a linear layer are outer products: with δ = ∂ℓ_i/∂z_i (first
+        layer) and e = ∂ℓ_i/∂out_i, g(w1) = δ xᵀ, g(b1) = δ, g(w2t) = a eᵀ. Their means are
+        one matrix product per layer, their squared norms per neuron δ²‖x‖² and a²‖e‖². Then
+        E[G | θ] = (1 − 1/S)∇LᵀA∇L + E_i[g_iᵀAg_i]/S and E[H | θ, v] = vᵀA∇L, as
         :func:`library_moments` computes from the library's hooks (tested equal).
         """
         n, r, h = x.shape[0], self.n, self.hidden
@@ -228,22 +228,19 @@ class Replicas(nn.Module):
         out = torch.bmm(a.transpose(0, 1), self.w2t.detach().view(r, h, -1)) + self.b2[:, None]
         ce = nn.functional.cross_entropy(out.flatten(0, 1), y.repeat(r), reduction="sum")
         dz2, e = torch.autograd.grad(ce, (z2, out))  # [N, R·H], [R, N, 10]
-        at = a.detach().permute(1, 2, 0)  # [R, H, N]
-        mean = {
-            self.w1: (x.T @ dz2).T / n,
-            self.w2t: torch.bmm(at, e).flatten(0, 1) / n,
-        }
-        sq = {
-            self.w1: (x.square().T @ dz2.square()).T / n,
-            self.w2t: torch.bmm(at.square(), e.square()).flatten(0, 1) / n,
-        }
-        if self.b1 is not None:
+        sq = (dz2.square() * x.square().sum(1, keepdim=True)).mean(0)  # [R·H], w1 rows
+        mean = {self.w1: (x.T @ dz2).T / n}
+        if self.b1 is None:
+            sq = sq.view(r, h).sum(1)  # one scale generator per replica (A = I on w1)
+        else:
+            at = a.detach().permute(1, 2, 0)  # [R, H, N]
+            mean[self.w2t] = torch.bmm(at, e).flatten(0, 1) / n
             mean[self.b1] = dz2.mean(0)
-            sq[self.b1] = dz2.square().mean(0)
-        mean = {p: mean[p] for p in self.sym.params}
+            sq_w2 = (at.square() * e.square().sum(2)[:, None, :]).mean(2).flatten()
+            sq = sq + dz2.square().mean(0) - sq_w2
         s = batch_size
         g = self.sym.weighted_sum({p: t.square() for p, t in mean.items()}) * (1 - 1 / s)
-        g = g + self.sym.weighted_sum({p: sq[p] for p in self.sym.params}) / s
+        g = g + sq / s
         if v is None:
             return g, torch.zeros_like(g)
         return g, self.sym.weighted_sum({p: v[p] * mean[p] for p in self.sym.params})
