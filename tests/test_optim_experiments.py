@@ -59,6 +59,9 @@ def test_robust_facts(quick: Any) -> None:
     exp_id, rec, _ = quick
     r = rec["results"]
     assert not r["any_diverged"]
+    assert len(r["per_seed"]) == 3  # claims over three seeds (issue #17's standard)
+    for c in rec["claims"]:
+        assert "over 3 seeds" in c["note"]
     if exp_id == "optim-sgdm":
         for run in r["runs"]:
             if run["beta"] == 0:  # no buffer: the exact and reduced predictions coincide
@@ -112,3 +115,57 @@ def test_library_moments_match_torch_func(net: str) -> None:
     want_h = sym.weighted_sum({p: v[p] * mean[p] for p in sym.params})
     assert torch.allclose(got_g, want_g, rtol=1e-12, atol=1e-14 * float(want_g.abs().max()))
     assert torch.allclose(got_h, want_h, rtol=1e-10, atol=1e-12 * float(want_h.abs().max()))
+
+
+@pytest.mark.parametrize("net", ["norm", "relu"])
+def test_replicas_are_independent_copies_of_build(net: str) -> None:
+    """The stacked replicas (one optimizer for every seed) equal R separate ``build`` networks:
+    charges, logits and (E[G | θ], E[H | θ, v]) against the library's hook statistics, and five
+    AdamW and SGD-momentum steps on per-replica batches, all to round-off in float64."""
+    import torch
+
+    from noetherflow.experiments import _optim
+
+    x, y = _optim.digits()
+    x, y = x[:200], y[:200]
+    seeds, scales = [3, 4, 5], [1.0, 0.3, 3.0]
+    reps = _optim.Replicas(net, 16, seeds, scales)
+    refs = [_optim.build(net, 16, s, a) for s, a in zip(seeds, scales, strict=True)]
+    v = {p: torch.randn_like(p) for p in reps.sym.params}
+    g, h = (reps.per_replica(t) for t in reps.moments(x, y, 8, v))
+    charge = reps.per_replica(reps.sym.charge())
+    for r, (m, sym) in enumerate(refs):
+        rows = slice(r * 16, (r + 1) * 16)
+        vm = {m[0].weight: v[reps.w1][rows]}
+        if net == "relu":
+            assert reps.b1 is not None
+            vm |= {m[0].bias: v[reps.b1][rows], m[-1].weight: v[reps.w2t][rows].T}
+        want_g, want_h = _optim.library_moments(sym, m, x, y, 8, vm)
+        assert torch.allclose(g[r], want_g, rtol=1e-12, atol=1e-14 * float(want_g.abs().max()))
+        assert torch.allclose(h[r], want_h, rtol=1e-10, atol=1e-12 * float(want_h.abs().max()))
+        assert torch.allclose(charge[r], sym.charge(), rtol=1e-14, atol=0)
+        assert torch.allclose(reps(x[:7])[r], m(x[:7]), rtol=1e-13, atol=1e-13)
+
+    def adamw(ps: Any) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(ps, lr=0.02, weight_decay=0.1, betas=(0.9, 0.999))
+
+    def sgdm(ps: Any) -> torch.optim.Optimizer:
+        return torch.optim.SGD(ps, lr=0.05, momentum=0.9, weight_decay=0.02)
+
+    for make in (adamw, sgdm):
+        reps = _optim.Replicas(net, 16, seeds, scales)
+        nets = [_optim.build(net, 16, s, a)[0] for s, a in zip(seeds, scales, strict=True)]
+        opt, opts = make(reps.parameters()), [make(m.parameters()) for m in nets]
+        gen = torch.Generator().manual_seed(0)
+        for _ in range(5):
+            xb, yb = _optim.batches(x, y, 3, 8, gen)
+            opt.zero_grad()
+            reps.losses(xb, yb).sum().backward()
+            opt.step()
+            for r, (m, o) in enumerate(zip(nets, opts, strict=True)):
+                o.zero_grad()
+                torch.nn.functional.cross_entropy(m(xb[r]), yb[r]).backward()
+                o.step()
+        for r, m in enumerate(nets):
+            for a, b in zip(reps.replica_values(r), m.parameters(), strict=True):
+                assert torch.allclose(a.detach(), b.detach(), rtol=1e-12, atol=1e-14)

@@ -195,34 +195,64 @@ def test_scale_invariance_simulation_matches_stationary_charge(beta: float) -> N
         assert abs(float(ratio) / (4 * eta * gam / (1 + beta)) - 1) < 0.02
 
 
-class _ReluReplicas(nn.Module):
+class _ReluChains(nn.Module):
     """K independent one-hidden-layer ReLU regressors (H neurons each), each on its own batch.
 
-    Built from two real ``nn.Linear`` layers, ``first: d → K·H`` and ``second: K·H → K``; replica
-    k reads only its own hidden block and its own row block of ``second`` (the off-block
-    entries start at 0, get no gradient and stay 0 under weight decay), so the K·H per-neuron
-    rescalings ``nf.Rescaling(first, second)`` are independent samples of one equilibrium.
+    Two real layers: ``first = nn.Linear(d, K·H)`` and ``second = nn.Linear(K·H, 1)`` (no
+    bias; its weight row holds every neuron's outgoing weight), plus one output bias per chain.
+    Chain k reads rows k·H … k·H + H − 1 of ``first`` and the same columns of ``second``, so
+    the K·H per-neuron rescalings ``nf.Rescaling(first, second)`` are independent samples of
+    one equilibrium, and one optimizer step is K independent steps (SGD is coordinatewise).
     """
 
     def __init__(self, k: int, d: int, h: int, init: float) -> None:
         super().__init__()
         self.k, self.h = k, h
         self.first = nn.Linear(d, k * h).to(DT)
-        self.second = nn.Linear(k * h, k).to(DT)
-        mask = torch.block_diag(*[torch.ones(1, h, dtype=DT)] * k)
+        self.second = nn.Linear(k * h, 1, bias=False).to(DT)
+        self.b2 = nn.Parameter(torch.zeros(k, dtype=DT))
         with torch.no_grad():
             self.first.weight.mul_(init)
             self.first.bias.mul_(init)
-            self.second.weight.mul_(mask * init * math.sqrt(k))
+            self.second.weight.mul_(init * math.sqrt(k))  # nn.Linear's init scales as 1/√(K·H)
+
+    def pre(self, x: torch.Tensor) -> torch.Tensor:
+        """Pre-activations ``[K, S, H]`` of ``x [K, S, d]`` (own batches) or ``[n, d]``."""
+        w1 = self.first.weight.view(self.k, self.h, -1)
+        xs = x if x.dim() == 3 else x.expand(self.k, *x.shape)
+        return torch.baddbmm(self.first.bias.view(self.k, 1, self.h), xs, w1.transpose(1, 2))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``x [K, S, d]`` → ``[K, S]`` (replica k uses rows k·H … k·H + H − 1 of ``first``)."""
-        k, h = self.k, self.h
-        w1 = self.first.weight.reshape(k, h, -1)
-        hid = torch.relu(torch.einsum("khd,ksd->ksh", w1, x) + self.first.bias.reshape(k, 1, h))
-        i = torch.arange(k)
-        w2 = self.second.weight.reshape(k, k, h)[i, i, :]
-        return torch.einsum("ksh,kh->ks", hid, w2) + self.second.bias[:, None]
+        """``[K, S]`` (or ``[K, n]`` for shared ``x [n, d]``)."""
+        w2 = self.second.weight.view(self.k, 1, self.h)
+        return (torch.relu(self.pre(x)) * w2).sum(-1) + self.b2[:, None]
+
+
+def _chain_moments(
+    m: _ReluChains, x: torch.Tensor, y: torch.Tensor, s: int, v: list[torch.Tensor] | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Σ over the K·H neurons of E[G | θ] and E[H | θ, v] over the data (closed forms).
+
+    With r_i the residual, a_i the hidden activations and δ_i = r_i·w₂ ⊙ 1[z_i > 0], the
+    per-sample gradients are δ_i x_iᵀ (first weight), δ_i (its bias) and r_i a_i (second
+    weight), so per neuron gᵢᵀAgᵢ = δ²(‖x_i‖² + 1) − r²a²; then E[G | θ] =
+    (1 − 1/S)∇LᵀA∇L + E_i[gᵢᵀAgᵢ]/S and E[H | θ, v] = vᵀA∇L.
+    """
+    with torch.no_grad():
+        z = m.pre(x)
+        a = torch.relu(z)
+        w2 = m.second.weight.view(m.k, 1, m.h)
+        r = (a * w2).sum(-1) + m.b2[:, None] - y  # [K, n]
+        dz, ra = r[:, :, None] * w2 * (z > 0), r[:, :, None] * a  # [K, n, H]
+        gw1, gb1, gw2 = torch.einsum("knh,nd->khd", dz, x) / x.shape[0], dz.mean(1), ra.mean(1)
+        mean_sq = gw1.square().sum(-1) + gb1.square() - gw2.square()
+        per = (dz.square() * (x.square().sum(1)[None, :, None] + 1)).mean(1) - ra.square().mean(1)
+        g = (1 - 1 / s) * mean_sq + per / s
+        if v is None:
+            return g.sum(), torch.zeros((), dtype=DT)
+        vw1, vb1, vw2 = v[0].view(m.k, m.h, -1), v[1].view(m.k, m.h), v[2].view(m.k, m.h)
+        h = (vw1 * gw1).sum(-1) + vb1 * gb1 - vw2 * gw2
+        return g.sum(), h.sum()
 
 
 @pytest.mark.parametrize("beta", [0.0, 0.5, 0.9])
@@ -230,32 +260,26 @@ def test_rescaling_simulation_matches_stationary_charge(beta: float) -> None:
     """A real regression (teacher ReLU net + label noise 1.0, 64 points, 8 inputs), where
     ∇L ≠ 0 and the buffer correlates with it: the prediction is eq. (3) with the time
     averages of E[G | θ] = (1 − 1/S)∇LᵀA∇L + E_i[∇ℓ_iᵀA∇ℓ_i]/S and E[H | θ, v] = vᵀA∇L
-    (per-sample gradients by torch.func every 50 steps). K = 64 replicas of H = 4 neurons;
-    the sum of the 256 charges is compared. η_eff = η/(1 − β) = 0.1 fixed, γ = 0.01, S = 4,
-    init scaled by 0.3; burn-in 1500 steps, window 6000 steps (relaxation ≈ 1/(4η_effγ) =
-    250 steps). Threshold 2% (issue #18), fixed before running. First run (K = 32, window
-    4000, every 8): −1.0%/−0.5%/+0.1% for β = 0/0.5/0.9; dropping ⟨H⟩ would have given
-    −1.0%/−3.7%/−3.8%. K raised to 64 to halve the statistical error (≈ 0.6% at K = 32);
-    K = 64, window 4000, every 40: −1.7%/−1.3%/(β = 0.9 not printed); window 6000 and
-    burn-in 1500, every 20: −0.5%/−0.7%/−0.9%; sampling every 50 steps (for time).
+    (closed forms, every 10 steps). K = 512 chains of H = 4 neurons; the sum of the 2048
+    charges is compared. η_eff = η/(1 − β) = 0.1 fixed, γ = 0.05, S = 4, init scaled by 0.3;
+    burn-in 900 steps, window 1200 (charge relaxation 1/(4η_effγ) = 50 steps). Threshold 2%
+    (issue #18), fixed before running. History: the first version (64 replicas, γ = 0.01,
+    burn-in 1500, window 6000, torch.func every 50 steps: −0.5%/−0.7%/−0.9%) took ~2 min;
+    this one is many short chains at 5× the decay. Probe, K = 1024, burn-in 300: −0.8% to
+    −1.1% for seeds 0 and 1 (the fit of the teacher is slower than the charge: burn-in 900
+    gave −0.06%/−0.26% at β = 0/0.9, and a 3× longer window at burn-in 300 −0.3%); then
+    K = 512, burn-in 900, seeds 0–2: −0.62% to +0.26% (dropping ⟨H⟩: −1.6% to −2.9%).
     """
     torch.manual_seed(0)
-    k, d, h, n, s, gam, burn, window, every = 64, 8, 4, 64, 4, 0.01, 1500, 6000, 50
+    k, d, h, n, s, gam, burn, window, every = 512, 8, 4, 64, 4, 0.05, 900, 1200, 10
     eta = 0.1 * (1 - beta)
     x = torch.randn(n, d, dtype=DT)
     teacher = nn.Sequential(nn.Linear(d, h), nn.ReLU(), nn.Linear(h, 1)).to(DT)
     with torch.no_grad():
         y = teacher(x)[:, 0] + torch.randn(n, dtype=DT)
-    m = _ReluReplicas(k, d, h, init=0.3)
+    m = _ReluChains(k, d, h, init=0.3)
     sym = nf.Rescaling(m.first, m.second)
-    params = dict(m.named_parameters())
     opt = torch.optim.SGD(m.parameters(), lr=eta, momentum=beta, weight_decay=2 * gam)
-
-    def loss_one(p: dict[str, torch.Tensor], xi: torch.Tensor, yi: torch.Tensor) -> torch.Tensor:
-        out = functional_call(m, p, (xi.expand(k, 1, d),))
-        return (0.5 * (out[:, 0] - yi) ** 2).sum()
-
-    per_sample = vmap(grad(loss_one), in_dims=(None, 0, 0))
     cs, gs, hs = [], [], []
     for t in range(burn + window):
         idx = torch.randint(0, n, (k, s))
@@ -264,19 +288,43 @@ def test_rescaling_simulation_matches_stationary_charge(beta: float) -> None:
         if t >= burn:
             cs.append(sym.charge().sum())
             if t % every == 0:
-                with torch.no_grad():
-                    g = per_sample({a: b.detach() for a, b in params.items()}, x[:, None, :], y)
-                    mean = {params[a]: b.mean(0) for a, b in g.items()}
-                    sq = {params[a]: b.square().mean(0) for a, b in g.items()}
-                    gq = sym.weighted_sum({p: mean[p].square() for p in sym.params}) * (1 - 1 / s)
-                    gs.append((gq + sym.weighted_sum(sq) / s).sum())
-                    if beta > 0:
-                        v = {p: -eta * opt.state[p]["momentum_buffer"] for p in sym.params}
-                        hs.append(sym.weighted_sum({p: v[p] * mean[p] for p in sym.params}).sum())
+                v = None
+                if beta > 0:
+                    v = [-eta * opt.state[p]["momentum_buffer"] for p in sym.params]
+                g, hh = _chain_moments(m, x, y, s, v)
+                gs.append(g)
+                hs.append(hh)
         opt.step()
     st = MomentumStep.create(lr=eta, momentum=beta, weight_decay=gam)
-    h_mean = torch.stack(hs).mean() if hs else torch.zeros((), dtype=DT)
-    c_pred, _, _ = stationary_moments(torch.stack(gs).mean(), h_mean, st)
+    c_pred, _, _ = stationary_moments(torch.stack(gs).mean(), torch.stack(hs).mean(), st)
     rel = float(torch.stack(cs).mean() / c_pred) - 1
     print(f"beta={beta}: relative error {rel:+.4f}")
     assert abs(rel) < 0.02
+
+
+@pytest.mark.parametrize("beta", [0.0, 0.9])
+def test_chain_moments_match_torch_func(beta: float) -> None:
+    """The closed-form E[G | θ], E[H | θ, v] of the test above equal per-sample torch.func."""
+    torch.manual_seed(3)
+    k, d, h, n, s = 3, 8, 4, 16, 4
+    x, y = torch.randn(n, d, dtype=DT), torch.randn(n, dtype=DT)
+    m = _ReluChains(k, d, h, init=1.0)
+    sym = nf.Rescaling(m.first, m.second)
+    ps = dict(m.named_parameters())
+    v = [torch.randn_like(p) for p in sym.params] if beta > 0 else None
+    got_g, got_h = _chain_moments(m, x, y, s, v)
+
+    def loss_one(p: dict[str, torch.Tensor], xi: torch.Tensor, yi: torch.Tensor) -> torch.Tensor:
+        return (0.5 * (functional_call(m, p, (xi[None],))[:, 0] - yi) ** 2).sum()
+
+    g = vmap(grad(loss_one), in_dims=(None, 0, 0))({a: b.detach() for a, b in ps.items()}, x, y)
+    mean = {ps[a]: b.mean(0) for a, b in g.items()}
+    sq = {ps[a]: b.square().mean(0) for a, b in g.items()}
+    want_g = sym.weighted_sum({p: mean[p].square() for p in sym.params}) * (1 - 1 / s)
+    want_g = (want_g + sym.weighted_sum({p: sq[p] for p in sym.params}) / s).sum()
+    assert float(got_g) == pytest.approx(float(want_g), rel=1e-12)
+    if v is not None:
+        want_h = sym.weighted_sum(
+            {p: vi * mean[p] for p, vi in zip(sym.params, v, strict=True)}
+        ).sum()
+        assert float(got_h) == pytest.approx(float(want_h), rel=1e-10)

@@ -16,8 +16,13 @@ says ⟨2θᵀAu + uᵀAu⟩ = 0, a condition and not a level.
 **Random-walk model (scale-invariant weights; Kosson, Messmer & Jaggi, ICML 2024).**
 Assume (i) noise-dominated gradients: E[g | past] = 0 along A; (ii) a preconditioner that has
 settled, v̂ ≈ E[g²] per coordinate, β₂ → 1, ε negligible, bias correction done; then
-n = g/√v̂ has mean 0 and E[nᵀAn] = Tr[A·diag(E[g²]/v̂)] ≈ Tr[A] (the number of coordinates
-D for scale invariance, A = I). With m̂ the EMA of n, u_t = β₁u_{t−1} − η(1 − β₁)n_t, so
+n = g/√v̂ has mean 0 and E[nᵀAn] = Tr[A·diag(E[g²]/v̂)] ≈ Tr[A] over the coordinates that
+get a gradient (for scale invariance, A = I, their number D). A coordinate whose gradient is
+always 0 (an input that is constant 0) has m = v = 0, so n = 0 there: it only decays and
+does not count (tested). E[g²/v̂] = 1 also needs g² to vary little on the 1/(1 − β₂)
+steps that v̂ averages: sparse inputs give less than 1, heavy tails more, and v̂ remembers a
+transient (large early gradients) for a few 1/(1 − β₂). With m̂ the EMA of n,
+u_t = β₁u_{t−1} − η(1 − β₁)n_t, so
 (θ, u) follows the linear step of :mod:`~noetherflow.optim.momentum` eq. (1) with
 (p, q, r, s, t, u) = (k, β₁, −η(1 − β₁), 0, β₁, −η(1 − β₁)), and its stationary point is
 
@@ -92,6 +97,9 @@ def adamw_angular_update(*, lr: float, weight_decay: float, beta1: float) -> flo
 
 
 def rotational_equilibrium_norm(n_coords: int, *, lr: float, weight_decay: float) -> float:
-    """Kosson et al.'s small-ηλ limit of (A2): ‖θ‖ = √(ηD/(2λ)), D scale-invariant coordinates."""
+    """Kosson et al.'s small-ηλ limit of (A2): ‖θ‖ = √(ηD/(2λ)).
+
+    D = ``n_coords``, the scale-invariant coordinates that get a gradient (module docstring).
+    """
     _check(lr, weight_decay)
     return math.sqrt(lr * n_coords / (2 * weight_decay))
