@@ -39,7 +39,9 @@ from typing import Any, TextIO
 METHODS = ("plain", "hooks-neuron", "hooks-solve", "hooks", "reference")
 
 
-def _worker(checkout: Path, quick: bool, tiny: bool, inp: TextIO, out: TextIO) -> None:
+def _worker(
+    checkout: Path, quick: bool, tiny: bool, threads: int, inp: TextIO, out: TextIO
+) -> None:
     """Worker loop: build and warm the workloads, then time one call per request line.
 
     Requests are ``"<workload> <method>"``; each answer is one JSON line ``{"s": seconds}``.
@@ -57,7 +59,7 @@ def _worker(checkout: Path, quick: bool, tiny: bool, inp: TextIO, out: TextIO) -
 
     import noetherflow
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(threads)
     workloads = {w.key: w for w in bench.build_workloads(quick, tiny, seed=0)}
     for w in workloads.values():  # warm-up on a sub-batch, as bench_stats.time_all does
         for m in METHODS:
@@ -75,9 +77,10 @@ def _worker(checkout: Path, quick: bool, tiny: bool, inp: TextIO, out: TextIO) -
 class Worker:
     """A worker subprocess for one checkout (its ``src`` first on ``PYTHONPATH``)."""
 
-    def __init__(self, checkout: Path, quick: bool, tiny: bool) -> None:
-        env = dict(os.environ, PYTHONPATH=str(checkout / "src"), OMP_NUM_THREADS="1")
+    def __init__(self, checkout: Path, quick: bool, tiny: bool, threads: int) -> None:
+        env = dict(os.environ, PYTHONPATH=str(checkout / "src"), OMP_NUM_THREADS=str(threads))
         cmd = [sys.executable, str(Path(__file__).resolve()), "--_worker", str(checkout)]
+        cmd += ["--threads", str(threads)]
         cmd += ["--quick"] * quick + ["--tiny"] * tiny
         self.proc = subprocess.Popen(
             cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
@@ -147,8 +150,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     load0 = os.getloadavg()
     t0 = time.perf_counter()
     workers = {
-        "before": Worker(args.before, args.quick, args.tiny),
-        "after": Worker(args.after, args.quick, args.tiny),
+        "before": Worker(args.before, args.quick, args.tiny, args.threads),
+        "after": Worker(args.after, args.quick, args.tiny, args.threads),
     }
     try:
         if workers["before"].package == workers["after"].package:
@@ -159,6 +162,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             w.close()
     out: dict[str, Any] = {
         "packages": {v: w.package for v, w in workers.items()},
+        "threads": args.threads,
         "loadavg_start": load0,
         "loadavg_end": os.getloadavg(),
         "wall_s": time.perf_counter() - t0,
@@ -191,7 +195,8 @@ def table(res: dict[str, Any]) -> str:
     lines.append("")
     lines.append(
         f"Load average (1/5/15 min) at start {la[0]:.2f}/{la[1]:.2f}/{la[2]:.2f}, at end "
-        f"{lb[0]:.2f}/{lb[1]:.2f}/{lb[2]:.2f}; wall {res['wall_s']:.0f} s."
+        f"{lb[0]:.2f}/{lb[1]:.2f}/{lb[2]:.2f}; torch threads {res['threads']} per worker; wall "
+        f"{res['wall_s']:.0f} s."
     )
     return "\n".join(lines) + "\n"
 
@@ -204,21 +209,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reps", type=int, default=9, help="repetitions (default 9)")
     p.add_argument("--ref-reps", type=int, default=3, help="repetitions of 'reference' (3)")
     p.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    p.add_argument("--threads", type=int, default=1, help="torch threads per worker (1)")
     p.add_argument("--quick", action="store_true", help="bench_stats.py's --quick sizes")
     p.add_argument("--tiny", action="store_true", help="toy sizes (smoke tests)")
     p.add_argument("--json", type=Path, default=None, help="also write the result here")
     p.add_argument("--_worker", dest="worker", type=Path, default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker is not None:
-        _worker(args.worker, args.quick, args.tiny, sys.stdin, sys.stdout)
+        _worker(args.worker, args.quick, args.tiny, args.threads, sys.stdin, sys.stdout)
         return 0
     if args.before is None or args.after is None:
         p.error("give two checkouts: BEFORE_DIR AFTER_DIR (each with src/noetherflow)")
     for d in (args.before, args.after):
         if not (d / "src" / "noetherflow").is_dir() or not (d / "benchmarks").is_dir():
             p.error(f"{d} has no src/noetherflow or benchmarks/; pass a checkout's root")
-    if args.reps < 1 or args.ref_reps < 0:
-        p.error(f"--reps must be ≥ 1 and --ref-reps ≥ 0 (got {args.reps}, {args.ref_reps})")
+    if args.reps < 1 or args.ref_reps < 0 or args.threads < 1:
+        p.error(
+            f"--reps and --threads must be ≥ 1 and --ref-reps ≥ 0 (got {args.reps}, "
+            f"{args.threads}, {args.ref_reps})"
+        )
     res = run(args)
     sys.stdout.write(f"before: {res['packages']['before']}\nafter:  {res['packages']['after']}\n")
     sys.stdout.write(table(res))
