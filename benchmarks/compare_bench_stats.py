@@ -111,11 +111,18 @@ class Worker:
 
 
 def interleaved(
-    workers: dict[str, Worker], reps: int, ref_reps: int, methods: tuple[str, ...]
+    workers: dict[str, Worker],
+    reps: int,
+    ref_reps: int,
+    methods: tuple[str, ...],
+    only: tuple[str, ...] = (),
 ) -> dict[str, dict[str, dict[str, list[float]]]]:
-    """``times[version][workload][method]``: per-repetition seconds, versions back to back."""
+    """``times[version][workload][method]``: per-repetition seconds, versions back to back.
+
+    ``only`` restricts the workloads (default: all that the workers built).
+    """
     names = list(workers)
-    keys = workers[names[0]].workloads
+    keys = [k for k in workers[names[0]].workloads if not only or k in only]
     times: dict[str, dict[str, dict[str, list[float]]]] = {
         v: {k: {m: [] for m in methods} for k in keys} for v in names
     }
@@ -156,7 +163,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     try:
         if workers["before"].package == workers["after"].package:
             raise RuntimeError(f"both workers imported {workers['before'].package}")
-        times = interleaved(workers, args.reps, args.ref_reps, tuple(args.methods))
+        times = interleaved(
+            workers, args.reps, args.ref_reps, tuple(args.methods), tuple(args.workloads or ())
+        )
     finally:
         for w in workers.values():
             w.close()
@@ -210,6 +219,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ref-reps", type=int, default=3, help="repetitions of 'reference' (3)")
     p.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
     p.add_argument("--threads", type=int, default=1, help="torch threads per worker (1)")
+    p.add_argument(
+        "--workloads", nargs="+", default=None, choices=("mlp", "linear", "token", "mlp_full")
+    )
     p.add_argument("--quick", action="store_true", help="bench_stats.py's --quick sizes")
     p.add_argument("--tiny", action="store_true", help="toy sizes (smoke tests)")
     p.add_argument("--json", type=Path, default=None, help="also write the result here")

@@ -147,3 +147,10 @@ def test_ratios(cb: ModuleType) -> None:
     r = cb.ratios([1.0, 2.0, 3.0], [2.0, 2.0, 6.0])
     assert r["ratio_median"] == 1.0 and r["ratio_paired"] == 2.0 and r["ratio_min"] == 2.0
     assert r["reps"] == 3
+
+
+def test_interleaving_restricted_to_workloads(cb: ModuleType) -> None:
+    log: list[tuple[str, str, str]] = []
+    workers = {"before": _FakeWorker("before", log, 1.0), "after": _FakeWorker("after", log, 1.0)}
+    times = cb.interleaved(workers, reps=2, ref_reps=0, methods=("plain",), only=("linear",))
+    assert list(times["before"]) == ["linear"] and {k for _, k, _ in log} == {"linear"}
