@@ -18,7 +18,8 @@ same moments for all of them from the per-sample gradient factors (tested equal 
 
 from __future__ import annotations
 
-from typing import ClassVar, cast
+import math
+from typing import Any, ClassVar, cast
 
 import numpy as np
 import torch
@@ -291,3 +292,16 @@ def mark_nonfinite(losses: list[Tensor], bad: list[list[int | None]], t: int) ->
     for i, loss in enumerate(losses):
         for r in torch.nonzero(~torch.isfinite(loss.detach())).flatten().tolist():
             bad[i][r] = t if bad[i][r] is None else bad[i][r]
+
+
+def seed_result(per_seed: list[dict[str, Any]]) -> dict[str, Any]:
+    """Close the per-seed records of a run: each seed's spread over inits, any divergence.
+
+    ``per_seed[j]`` holds ``runs`` and ``inits`` (result dicts with ``diverged`` and, when not
+    diverged, ``charge``); the spread is (max − min)/min of the first charge over the inits.
+    """
+    for ps in per_seed:
+        levels = [r["charge"][0] for r in ps["inits"] if not r["diverged"]]
+        ps["init_spread"] = (max(levels) - min(levels)) / min(levels) if levels else math.nan
+    any_div = any(r["diverged"] for ps in per_seed for r in ps["runs"] + ps["inits"])
+    return {"per_seed": per_seed, "any_diverged": any_div, **per_seed[0]}

@@ -334,11 +334,7 @@ def run(cfg: Config, seed: int, out_dir: Path) -> dict[str, Any]:
                 per_seed[j]["runs"].append(res)
             if i == main:
                 per_seed[j]["inits"].append(res)
-    for ps in per_seed:
-        levels = [r["charge"][0] for r in ps["inits"] if not r["diverged"]]
-        ps["init_spread"] = (max(levels) - min(levels)) / min(levels) if levels else math.nan
-    any_div = any(r["diverged"] for ps in per_seed for r in ps["runs"] + ps["inits"])
-    return {"per_seed": per_seed, "any_diverged": any_div, **per_seed[0]}
+    return O.seed_result(per_seed)
 
 
 def _worst(res: dict[str, Any], key: str) -> float:
