@@ -220,11 +220,12 @@ def _mean_gap(rec: _Record, role: str, a: Tensor, g: Tensor, sc: float, known: T
     """
     n = a.shape[0]
     if role == "weight":
-        v = _probe(a.shape[2], a.dtype, a.device)
-        per = torch.einsum("nto,nt->no", g, a @ v)  # per-sample projections / scale
+        v = _probe(a.shape[-1], a.dtype, a.device)
+        # per-sample projections / scale; grouped factors [N, T, G, ·] give [N, G·O]
+        per = (g * (a @ v).unsqueeze(-1)).sum(1).reshape(n, -1)
         auto = rec.handler.to_matrix(known) @ v
     else:
-        per = g.sum(1)
+        per = g.sum(1).reshape(n, -1)
         auto = known.reshape(-1)
     c = sc / n
     hook = per.sum(0).mul_(c)
