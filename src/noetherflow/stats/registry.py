@@ -21,11 +21,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from noetherflow._errors import UnsupportedLayerError
+from noetherflow.stats.attention import mha_check, mha_factors, mha_parts
 from noetherflow.stats.norms import (
     batchnorm_check,
     batchnorm_factors,
@@ -47,6 +49,10 @@ __all__ = [
 ]
 
 Factors = Callable[[nn.Module, Tensor, Tensor], tuple[Tensor, Tensor]]
+Parts = dict[str, tuple[Tensor | None, Tensor | None]]
+CallFactors = Callable[
+    [nn.Module, tuple[Any, ...], dict[str, Any], Tensor], dict[str, tuple[Tensor, Tensor]]
+]
 
 
 @dataclass(frozen=True)
@@ -63,14 +69,35 @@ class LayerHandler:
             ``factors`` give ``a`` and ``g`` both ``[N, T, O]`` and sample n's weight
             gradient is Σ_t g_{nto} a_{nto} (``[O]``, small: statistics reduce it directly).
         fallback: the estimators that the error names when ``check`` refuses a module.
+        parts: for a module with several Linear-like parts (``nn.MultiheadAttention``:
+            ``in_proj`` and ``out_proj``), ``parts(module)`` → ``{part: (weight, bias)}``;
+            None: the one part ``""`` with the module's ``weight`` and ``bias``.
+        call_factors: instead of ``factors``, for a layer whose factors are not a function
+            of its first input and output-gradient alone: ``call_factors(module, args,
+            kwargs, output_grad)`` → ``{part: (a, g)}``, called in the backward pass with the
+            forward call's (detached) arguments and the gradient of its first output, while
+            the parameters are those of the forward pass.
     """
 
-    factors: Factors
+    factors: Factors | None = None
     transposed: bool = False
     matrix: bool = True
     check: Callable[[nn.Module], str | None] | None = None
     elementwise: bool = False
     fallback: str = "estimator='reference' or 'microbatch'"
+    parts: Callable[[nn.Module], Parts] | None = None
+    call_factors: CallFactors | None = None
+
+    def __post_init__(self) -> None:
+        if (self.factors is None) == (self.call_factors is None):
+            raise TypeError("LayerHandler: pass exactly one of factors= and call_factors=.")
+
+    def parts_of(self, module: nn.Module) -> Parts:
+        """``{part: (weight, bias)}`` of ``module`` (None where a part has no such tensor)."""
+        if self.parts is not None:
+            return self.parts(module)
+        w, b = getattr(module, "weight", None), getattr(module, "bias", None)
+        return {"": (w if isinstance(w, Tensor) else None, b if isinstance(b, Tensor) else None)}
 
     def to_param(self, t: Tensor, shape: tuple[int, ...] | list[int] | object) -> Tensor:
         """A weight statistic ``[..., O, I]`` in the parameter's layout ``[..., *shape]``."""
@@ -201,18 +228,18 @@ def registered_layers() -> list[type[nn.Module]]:
     return list(_REGISTRY)
 
 
-def handler_for(module: nn.Module, name: str = "") -> LayerHandler | None:
+def handler_for(module: nn.Module, name: str = "", *, check: bool = True) -> LayerHandler | None:
     """The handler of ``module``'s exact class (None if unregistered).
 
     Raises:
-        UnsupportedLayerError: the class is registered but this instance is not supported
-            (e.g. a grouped convolution).
+        UnsupportedLayerError: with ``check``, the class is registered but this instance is
+            not supported (e.g. BatchNorm in training mode).
     """
     h = _REGISTRY.get(type(module))
     if h is None:
         h = _lazy_handler(type(module))
-    if h is None:
-        return None
+    if h is None or not check:
+        return h
     why = h.check(module) if h.check is not None else None
     if why is not None:
         raise UnsupportedLayerError(
@@ -236,3 +263,7 @@ register_layer(nn.LayerNorm, _NORM)
 register_layer(nn.RMSNorm, LayerHandler(rmsnorm_factors, elementwise=True))
 for _cls in (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm):
     register_layer(_cls, _BN)
+register_layer(
+    nn.MultiheadAttention,
+    LayerHandler(call_factors=mha_factors, parts=mha_parts, check=mha_check),
+)
