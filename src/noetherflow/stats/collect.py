@@ -15,7 +15,6 @@ import contextlib
 import math
 import weakref
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
@@ -25,226 +24,25 @@ from torch import Tensor, nn
 from noetherflow._checks import parse_enum
 from noetherflow._errors import StatisticsError, UnsupportedLayerError
 from noetherflow._inputs import ModelInputs
-from noetherflow.kernels.base import GradSource, assemble
-from noetherflow.stats import layers as formulas
+from noetherflow.kernels.base import assemble
 from noetherflow.stats.core import (
     Estimator,
     GradStats,
     Level,
     Reduction,
-    axis_sum,
     check_batch,
     parse_level,
     parse_reduction,
 )
 from noetherflow.stats.distributed import all_reduce_stats, is_distributed, unwrap_ddp
+from noetherflow.stats.factor_source import FactorSource, Record, Unit
 from noetherflow.stats.fsdp import check_not_sharded
 from noetherflow.stats.microbatch import microbatch_grads
 from noetherflow.stats.reference import check_no_train_batchnorm, per_sample_grads
-from noetherflow.stats.registry import LayerHandler, handler_for, registered_layers
+from noetherflow.stats.registry import handler_for, registered_layers
 from noetherflow.symmetry.set import SymmetrySet
 
 __all__ = ["Capture", "capture", "collect_stats"]
-
-
-@dataclass
-class _Record:
-    module: nn.Module
-    name: str
-    handler: LayerHandler
-    a: Tensor | None = None
-    g: Tensor | None = None
-    calls: int = 0
-    handles: list[Any] = field(default_factory=list)
-
-
-class _FactorSource(GradSource):
-    """Gradient statistics from the captured layer factors (a ``[N, T, I]``, g ``[N, T, O]``).
-
-    Per-sample output-gradients of ℓ_n are ``sc``·g (N·g for a batch-mean loss); the
-    formulas apply the factor to their smallest operand.
-    """
-
-    def __init__(
-        self,
-        n: int,
-        factors: Mapping[int, tuple[Tensor, Tensor]],
-        owners: Mapping[int, tuple[_Record, str]],
-        sc: float,
-        known: Mapping[nn.Parameter, Tensor],
-        check_known: bool,
-    ) -> None:
-        self.n = n
-        self._facs, self._owners, self._sc = factors, owners, sc
-        self._known, self._check_known = known, check_known
-        self._samples: dict[nn.Parameter, Tensor] = {}
-        self._gaps: list[tuple[_Record, str, Tensor]] = []
-        self._checked: set[int] = set()
-
-    def verify_means(self) -> None:
-        """Raise if a known mean disagreed with the hooks' (one device sync for all layers)."""
-        if not self._gaps:
-            return
-        gaps = torch.stack([gp.to(torch.float64) for _, _, gp in self._gaps]).cpu()
-        for (rec, role, _), (diff, scale) in zip(self._gaps, gaps.tolist(), strict=True):
-            tol = _PROBE_TOL.get(self._facs[id(rec.module)][0].dtype, 1e-2)
-            if diff > tol * scale and diff > 1e-30:
-                _raise_mean_gap(rec.name, role, self._sc, diff / max(scale, 1e-300))
-
-    def _layer(self, p: nn.Parameter) -> tuple[_Record, str, Tensor, Tensor]:
-        rec, role = self._owners[id(p)]
-        a, g = self._facs[id(rec.module)]
-        return rec, role, a, g
-
-    def has_samples(self, p: nn.Parameter) -> bool:
-        return p in self._samples
-
-    def samples(self, p: nn.Parameter) -> Tensor:
-        if p not in self._samples:
-            rec, role, a, g = self._layer(p)
-            if role == "weight" and rec.handler.elementwise:
-                ps = (g * a).sum(1).mul_(self._sc).reshape(self.n, *p.shape)
-            elif role == "weight":
-                ps = rec.handler.to_param(
-                    formulas.per_sample_weight(a, g, scale=self._sc), tuple(p.shape)
-                )
-            else:
-                ps = g.sum(1).mul_(self._sc).reshape(self.n, *p.shape)
-            self._samples[p] = ps
-        return self._samples[p]
-
-    def _small(self, p: nn.Parameter) -> bool:
-        """Per-sample gradients of an elementwise layer are ``[N, O]``: reduce them directly."""
-        return self._owners[id(p)][0].handler.elementwise
-
-    def mean(self, p: nn.Parameter) -> Tensor:
-        if p in self._samples or self._small(p):  # reductions are cheaper than matmuls
-            return self.samples(p).mean(0)
-        rec, role, a, g = self._layer(p)
-        known = self._known.get(p)
-        if known is not None:
-            # one check per layer: the weight's when it is known, else the bias's
-            w = getattr(rec.module, "weight", None)
-            first = role == "weight" or not (isinstance(w, nn.Parameter) and w in self._known)
-            if self._check_known and first and id(rec.module) not in self._checked:
-                self._checked.add(id(rec.module))
-                self._gaps.append((rec, role, _mean_gap(rec, role, a, g, self._sc, known)))
-            return known.reshape(p.shape)
-        if role == "weight":
-            return rec.handler.to_param(formulas.weight_mean(a, g, scale=self._sc), tuple(p.shape))
-        return formulas.bias_mean(g, scale=self._sc).reshape(p.shape)
-
-    def sq(self, p: nn.Parameter) -> Tensor:
-        if p in self._samples or self._small(p):
-            return self.samples(p).square().mean(0)
-        rec, role, a, g = self._layer(p)
-        if role == "weight":
-            return rec.handler.to_param(formulas.weight_sq(a, g, scale=self._sc), tuple(p.shape))
-        return formulas.bias_sq(g, scale=self._sc).reshape(p.shape)
-
-    def axis_sq(
-        self, want: Mapping[nn.Parameter, tuple[int, ...]]
-    ) -> dict[tuple[nn.Parameter, int], Tensor]:
-        """Per-neuron sums, layer by layer (the squares of a and g formed once per layer)."""
-        out: dict[tuple[nn.Parameter, int], Tensor] = {}
-        layers: dict[int, _Record] = {}
-        for p in want:
-            rec, _ = self._owners[id(p)]
-            layers.setdefault(id(rec.module), rec)
-        for rec in layers.values():
-            mod, h = rec.module, rec.handler
-            w, b = getattr(mod, "weight", None), getattr(mod, "bias", None)
-            axes = want.get(w, ()) if isinstance(w, nn.Parameter) else ()
-            has_b = isinstance(b, nn.Parameter) and b in want
-            a, g = self._facs[id(mod)]
-            if h.elementwise:
-                wsum = {ax: axis_sum(self.sq(w), ax) for ax in axes}  # type: ignore[arg-type]
-                bs = self.sq(b) if has_b else None  # type: ignore[arg-type]
-            elif h.matrix:
-                fac = tuple(h.factor_axis(ax) for ax in axes)
-                ws, bs = formulas.neuron_sums(a, g, fac, bias=has_b, scale=self._sc)
-                wsum = {ax: ws[h.factor_axis(ax)] for ax in axes}
-            else:  # the factor's input axis mixes channels and kernel taps
-                assert isinstance(w, nn.Parameter)
-                full = h.to_param(formulas.weight_sq(a, g, scale=self._sc), tuple(w.shape))
-                wsum = {ax: axis_sum(full, ax) for ax in axes}
-                bs = formulas.bias_sq(g, scale=self._sc) if has_b else None
-            for ax, v in wsum.items():
-                out[(w, ax)] = v  # type: ignore[index]
-            if bs is not None:
-                out[(b, 0)] = bs  # type: ignore[index]
-        return out
-
-    def front_moment(self, p: nn.Parameter, axis: int, start: int, stop: int) -> Tensor:
-        rec, role, a, g = self._layer(p)
-        h = rec.handler
-        if h.elementwise:
-            v = self.samples(p)
-            f = v.movedim(axis + 1, 1)[:, start:stop].reshape(v.shape[0], stop - start, -1)
-            return torch.einsum("ndm,nem->de", f, f) / f.shape[0]
-        if not h.matrix:
-            raise UnsupportedLayerError(
-                f"estimator='hooks' computes rotation statistics for Linear-like layers only; "
-                f"{rec.name!r} is {type(rec.module).__name__}. Use estimator='reference'."
-            )
-        sl = slice(start, stop)
-        if role == "bias":
-            return formulas.row_moment(a, g, sl, bias=True, scale=self._sc)
-        if h.factor_axis(axis) == 0:
-            return formulas.row_moment(a, g, sl, scale=self._sc)
-        return formulas.col_moment(a, g, sl, scale=self._sc)
-
-
-_PROBE_TOL = {torch.float64: 1e-8, torch.float32: 1e-3}
-_PROBES: dict[tuple[int, torch.dtype, torch.device], Tensor] = {}
-
-
-def _probe(size: int, dtype: torch.dtype, device: torch.device) -> Tensor:
-    """A fixed random vector ``[size]`` (cached): the projection of the mean check."""
-    key = (size, dtype, device)
-    if key not in _PROBES:
-        gen = torch.Generator(device="cpu").manual_seed(0)
-        v = torch.randn(size, generator=gen, dtype=torch.float64)
-        _PROBES[key] = v.to(device=device, dtype=dtype)
-    return _PROBES[key]
-
-
-def _mean_gap(rec: _Record, role: str, a: Tensor, g: Tensor, sc: float, known: Tensor) -> Tensor:
-    """(‖auto − hooks‖, round-off scale) of a random projection of the mean gradient. ``[2]``.
-
-    autograd's mean gradient and the hooks' differ when ``loss_fn`` adds a term that is not
-    a per-sample loss (an L2 penalty, an auxiliary loss on the parameters): the hooks do not
-    see it. The scale is that of the per-sample projections (1/N)Σ_n|p_n| (not of their mean,
-    which cancels at a minimum). The projection costs O(N·T·(I+O) + O·I), no matmul over the
-    batch.
-    """
-    n = a.shape[0]
-    if role == "weight":
-        v = _probe(a.shape[2], a.dtype, a.device)
-        per = torch.einsum("nto,nt->no", g, a @ v)  # per-sample projections / scale
-        auto = rec.handler.to_matrix(known) @ v
-    else:
-        per = g.sum(1)
-        auto = known.reshape(-1)
-    c = sc / n
-    hook = per.sum(0).mul_(c)
-    return torch.stack(
-        [
-            torch.linalg.vector_norm(auto - hook),
-            torch.linalg.vector_norm(per.abs().sum(0).mul_(c)) + torch.linalg.vector_norm(auto),
-        ]
-    )
-
-
-def _raise_mean_gap(name: str, role: str, sc: float, gap: float) -> None:
-    raise StatisticsError(
-        f"The gradient of loss_fn on layer {name!r} ({role}) is not the "
-        f"{'mean' if sc != 1.0 else 'sum'} of per-sample gradients (relative difference "
-        f"{gap:.3g}): loss_fn adds a term that is not a per-sample loss, e.g. an L2 penalty, "
-        "or the layer's parameter is used elsewhere too. Keep loss_fn the data loss and pass "
-        "weight decay as weight_decay=γ to the flow and solver (γ of γ‖θ‖²); pass "
-        "check_loss=False to skip this check."
-    )
 
 
 def _forward(model: nn.Module, inp: ModelInputs) -> Any:
@@ -345,24 +143,28 @@ class Capture:
         self.check_finite = check_finite
         self.timeout = timeout
         self.all_reduce = is_distributed() if all_reduce is None else all_reduce
-        owners: dict[int, tuple[_Record, str]] = {}
-        recs: dict[int, _Record] = {}
+        owners: dict[int, Unit] = {}
+        recs: list[Record] = []
         pnames = {id(p): n for n, p in model.named_parameters()}
         needed = {id(p) for p in syms.params()}
         for name, mod in model.named_modules():
+            handler = handler_for(mod, name, check=False)
+            if handler is None:
+                continue
+            parts = handler.parts_of(mod)
             roles = [
-                r
-                for r in ("weight", "bias")
-                if isinstance(getattr(mod, r, None), nn.Parameter) and id(getattr(mod, r)) in needed
+                (part, role, t)
+                for part, wb in parts.items()
+                for role, t in zip(("weight", "bias"), wb, strict=True)
+                if isinstance(t, nn.Parameter) and id(t) in needed and id(t) not in owners
             ]
             if not roles:
                 continue
-            handler = handler_for(mod, name)  # raises for a registered but unsupported instance
-            if handler is None:
-                continue
-            rec = recs.setdefault(id(mod), _Record(mod, name, handler))
-            for role in roles:
-                owners[id(getattr(mod, role))] = (rec, role)
+            handler_for(mod, name)  # raises for a registered but unsupported instance
+            rec = Record(mod, name, handler, parts)
+            recs.append(rec)
+            for part, role, t in roles:
+                owners[id(t)] = Unit(rec, part, role)
         bad = [pnames.get(id(p), str(tuple(p.shape))) for p in syms.params() if id(p) not in owners]
         if bad:
             kinds = ", ".join(c.__name__ for c in registered_layers())
@@ -373,7 +175,7 @@ class Capture:
                 "model), or register the layer type with noetherflow.stats.register_layer."
             )
         self._owners = owners
-        self._records = list(recs.values())
+        self._records = recs
         self._stats: GradStats | None = None
         # Mean gradients already computed by autograd, so the hooks skip them.
         self._means: dict[nn.Parameter, Tensor] = {}
@@ -396,7 +198,13 @@ class Capture:
     def _attach(self) -> None:
         for rec in self._records:
 
-            def fwd(mod: nn.Module, args: tuple[Any, ...], out: Tensor, rec: _Record = rec) -> None:
+            def fwd(
+                mod: nn.Module,
+                args: tuple[Any, ...],
+                kwargs: dict[str, Any],
+                out: Any,
+                rec: Record = rec,
+            ) -> None:
                 if not torch.is_grad_enabled():
                     return
                 rec.calls += 1
@@ -405,14 +213,31 @@ class Capture:
                         f"Layer {rec.name!r} ran twice in one forward pass (a shared layer); "
                         "estimator='hooks' needs one call per layer. Use estimator='reference'."
                     )
-                rec.a = args[0].detach()
+                outs = out if isinstance(out, tuple) else (out,)
+                if rec.handler.call_factors is None:
+                    rec.a = args[0].detach()
+                else:  # the whole call: its factors are formed in the backward pass
+                    memo: dict[int, Tensor] = {}
+                    rec.call = (_detached(args, memo), _detached(kwargs, memo))
 
-                def bwd(grad: Tensor, rec: _Record = rec) -> None:
-                    rec.g = grad.detach()
+                def bwd(grad: Tensor, rec: Record = rec) -> None:
+                    read = rec.handler.call_factors
+                    if read is None:
+                        rec.g = grad.detach()
+                    else:
+                        assert rec.call is not None
+                        rec.facs = read(rec.module, *rec.call, grad.detach())
+                        rec.call = None
 
-                out.register_hook(bwd)
+                def side(grad: Tensor, rec: Record = rec) -> None:
+                    rec.side_grad = True
 
-            rec.handles.append(rec.module.register_forward_hook(fwd))
+                outs[0].register_hook(bwd)
+                for o in outs[1:]:
+                    if isinstance(o, Tensor) and o.requires_grad:
+                        o.register_hook(side)
+
+            rec.handles.append(rec.module.register_forward_hook(fwd, with_kwargs=True))
 
     def _detach(self) -> None:
         for rec in self._records:
@@ -423,8 +248,7 @@ class Capture:
     def reset(self) -> None:
         """Forget the captured batch (hooks stay attached)."""
         for rec in self._records:
-            rec.a = rec.g = None
-            rec.calls = 0
+            rec.reset()
         self._stats = None
         self._means = {}
         self._check_means = False
@@ -438,7 +262,7 @@ class Capture:
         return self._stats
 
     def _compute(self) -> GradStats:
-        unused = [r.name for r in self._records if r.a is None and r.g is None]
+        unused = [r.name for r in self._records if r.calls == 0]
         if unused:
             raise UnsupportedLayerError(
                 f"Layers {unused} never ran their forward inside the capture although a symmetry "
@@ -446,22 +270,37 @@ class Capture:
                 "Run the forward and backward inside `with capture(...)`, or use "
                 "estimator='reference' or 'microbatch', which work for any use of a parameter."
             )
-        missing = [r.name for r in self._records if r.a is None or r.g is None]
+        missing = [r.name for r in self._records if not r.done()]
         if missing:
             raise StatisticsError(
                 f"No captured forward/backward for layers {missing}; run the forward pass and "
                 "loss.backward() inside the `with capture(...)` block."
             )
-        facs: dict[int, tuple[Tensor, Tensor]] = {}
-        n = 0
+        side = [r.name for r in self._records if r.side_grad]
+        if side:
+            raise UnsupportedLayerError(
+                f"A second output of layers {side} (e.g. the attention weights of "
+                "nn.MultiheadAttention) feeds the loss; estimator='hooks' reads the gradient of "
+                "the first output only. Use estimator='reference' or 'microbatch', or leave "
+                "the second output out of the loss (need_weights=False)."
+            )
+        facs: dict[tuple[int, str], tuple[Tensor, Tensor]] = {}
+        sizes: dict[str, int] = {}
         for rec in self._records:
-            assert rec.a is not None and rec.g is not None
-            a, g = rec.handler.factors(rec.module, rec.a, rec.g)
-            n = a.shape[0]
-            facs[id(rec.module)] = (a, g)
+            for part, (a, g) in rec.factors().items():
+                sizes[rec.name] = a.shape[0]
+                facs[(id(rec.module), part)] = (a, g)
+        if len(set(sizes.values())) > 1:
+            raise UnsupportedLayerError(
+                f"The layers' inputs disagree on the batch size along dim 0 ({sizes}); "
+                "estimator='hooks' reads dim 0 of every layer input as the batch. Use "
+                "batch-first layouts (e.g. batch_first=True for PyTorch's transformer layers) "
+                "or estimator='reference'."
+            )
+        n = next(iter(sizes.values()))
         check_batch(n)
         sc = float(n) if self.reduction is Reduction.MEAN else 1.0
-        src = _FactorSource(n, facs, self._owners, sc, self._means, self._check_means)
+        src = FactorSource(n, facs, self._owners, sc, self._means, self._check_means)
         st = assemble(src, self.syms, level=self.level, estimator=Estimator.HOOKS.value)
         src.verify_means()
         if self.all_reduce:
@@ -655,6 +494,21 @@ def collect_stats(
     if check_finite:
         st.check_finite()
     return st
+
+
+def _detached(x: Any, memo: dict[int, Tensor] | None = None) -> Any:
+    """``x`` with every tensor in it (tuple, list, dict values) detached.
+
+    Identity is kept: a tensor passed twice (attention's query and key) stays one tensor.
+    """
+    memo = {} if memo is None else memo
+    if isinstance(x, Tensor):
+        return memo.setdefault(id(x), x.detach())
+    if isinstance(x, tuple | list):
+        return type(x)(_detached(v, memo) for v in x)
+    if isinstance(x, dict):
+        return {k: _detached(v, memo) for k, v in x.items()}
+    return x
 
 
 def _names(model: nn.Module) -> dict[int, str]:

@@ -1,13 +1,20 @@
 """Pure formulas: gradient statistics of linear layers from their inputs and output-gradients.
 
 Index legend: n = samples, t = tokens (or conv positions), i = input features,
-o = output features. For sample n the per-sample gradient of a linear map is
+o = output features, γ = groups. For sample n the per-sample gradient of a linear map is
 G_n = Σ_t g_{nto} a_{nti} (docs/extending.md), with ``a`` the layer input and ``scale · g`` the
 gradient of the per-sample loss ℓ_n with respect to the layer output (``scale`` = N when the
 captured gradients are those of a batch-mean loss). Every function returns averages over
 samples (1/N Σ_n), the convention of :class:`noetherflow.GradStats`. Constant factors are
 applied to the smallest operand, never to a large result (a pass over a d×d result costs
 about half a matmul here).
+
+Grouped layers (grouped and depthwise convolutions) pass factors with a group axis,
+``a`` ``[N, T, G, I]`` and ``g`` ``[N, T, G, O]``: group γ's gradient is
+Σ_t g_{ntγo} a_{ntγi} and the weight matrix is the ``[G·O, I]`` stack of the groups' blocks.
+:func:`weight_mean`, :func:`weight_sq`, :func:`per_sample_weight` and the bias formulas take
+them (a depthwise convolution's per-sample gradients are ``[N, C, k]``: no cross-group zeros
+are ever formed); the row/column moments and per-neuron sums are for ``[N, T, I]`` factors.
 """
 
 from __future__ import annotations
@@ -39,25 +46,33 @@ def gram_cheaper(t: int, i: int, o: int) -> bool:
 
 
 def weight_mean(a: Tensor, g: Tensor, *, scale: float = 1.0) -> Tensor:
-    """Mean gradient (1/N) Σ_n G_n. ``a``: ``[N, T, I]``, ``g``: ``[N, T, O]`` → ``[O, I]``."""
+    """Mean gradient (1/N) Σ_n G_n. ``a``: ``[N, T, I]``, ``g``: ``[N, T, O]`` → ``[O, I]``.
+
+    Grouped factors ``[N, T, G, I]``, ``[N, T, G, O]`` give ``[G·O, I]``.
+    """
     n = a.shape[0]
+    if a.dim() == 4:
+        return torch.einsum("ntgo,ntgi->goi", g, a).reshape(-1, a.shape[3]).mul_(scale / n)
     if a.shape[1] == 1:
         return g[:, 0].T @ (a[:, 0] * (scale / n))
     return torch.einsum("nto,nti->oi", g, a).mul_(scale / n)
 
 
 def bias_mean(g: Tensor, *, scale: float = 1.0) -> Tensor:
-    """Mean bias gradient. ``g``: ``[N, T, O]`` → ``[O]``."""
-    return g.sum(dim=(0, 1)).mul_(scale / g.shape[0])
+    """Mean bias gradient. ``g``: ``[N, T, O]`` (or ``[N, T, G, O]``) → ``[O]`` (``[G·O]``)."""
+    return g.sum(dim=(0, 1)).reshape(-1).mul_(scale / g.shape[0])
 
 
 def _per_sample_chunks(a: Tensor, g: Tensor, scale: float = 1.0) -> list[Tensor]:
-    n, _, i = a.shape
-    o = g.shape[2]
-    step = max(1, _CHUNK_ELEMS // max(1, o * i))
+    """Per-sample gradients ``[n, O, I]`` (grouped: ``[n, G·O, I]``) in chunks of samples."""
+    n, i, o = a.shape[0], a.shape[-1], g.shape[-1]
+    grp = a.shape[2] if a.dim() == 4 else 1
+    step = max(1, _CHUNK_ELEMS // max(1, grp * o * i))
     gs = g if scale == 1.0 else g * scale
+    eq = "ntgo,ntgi->ngoi" if a.dim() == 4 else "nto,nti->noi"
     return [
-        torch.einsum("nto,nti->noi", gs[s : s + step], a[s : s + step]) for s in range(0, n, step)
+        torch.einsum(eq, gs[s : s + step], a[s : s + step]).reshape(-1, grp * o, i)
+        for s in range(0, n, step)
     ]
 
 
@@ -68,9 +83,10 @@ def weight_sq(a: Tensor, g: Tensor, *, scale: float = 1.0) -> Tensor:
     formed; with tokens the per-sample gradients are materialised in chunks, one layer at a time.
     """
     n = a.shape[0]
-    if a.shape[1] == 1:
+    if a.shape[1] == 1 and a.dim() == 3:
         return g[:, 0].square().T @ a[:, 0].square().mul_(scale * scale / n)
-    out = torch.zeros(g.shape[2], a.shape[2], dtype=a.dtype, device=a.device)
+    rows = g.shape[2] * g.shape[3] if g.dim() == 4 else g.shape[2]
+    out = torch.zeros(rows, a.shape[-1], dtype=a.dtype, device=a.device)
     for chunk in _per_sample_chunks(a, g):
         out += chunk.square().sum(0)
     return out.mul_(scale * scale / n)
@@ -122,9 +138,12 @@ def neuron_sums(
 
 
 def bias_sq(g: Tensor, *, scale: float = 1.0) -> Tensor:
-    """Per-coordinate second moment of the bias gradient. ``g``: ``[N, T, O]`` → ``[O]``."""
+    """Per-coordinate second moment of the bias gradient. ``g``: ``[N, T, O]`` → ``[O]``.
+
+    Grouped ``[N, T, G, O]`` → ``[G·O]``.
+    """
     s = g[:, 0] if g.shape[1] == 1 else g.sum(1)
-    return s.square().sum(0).mul_(scale * scale / g.shape[0])
+    return s.square().sum(0).reshape(-1).mul_(scale * scale / g.shape[0])
 
 
 def row_moment(
@@ -166,5 +185,8 @@ def col_moment(a: Tensor, g: Tensor, cols: slice, *, scale: float = 1.0) -> Tens
 
 
 def per_sample_weight(a: Tensor, g: Tensor, *, scale: float = 1.0) -> Tensor:
-    """Materialised per-sample gradients. ``[N, T, I]``, ``[N, T, O]`` → ``[N, O, I]``."""
+    """Materialised per-sample gradients. ``[N, T, I]``, ``[N, T, O]`` → ``[N, O, I]``.
+
+    Grouped ``[N, T, G, I]``, ``[N, T, G, O]`` → ``[N, G·O, I]``.
+    """
     return torch.cat(_per_sample_chunks(a, g, scale), dim=0)

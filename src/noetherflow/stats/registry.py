@@ -11,18 +11,32 @@ is one call::
 ``transposed`` says the weight is stored as ``[I, O]`` (e.g. Hugging Face's ``Conv1D``);
 ``matrix=False`` says it is not the ``[O, I]`` factor matrix itself but a reshape of it
 (convolutions, whose ``I`` mixes channels and kernel taps): such layers support the
-statistics of diagonal and dense symmetries, not rotations.
+statistics of diagonal and dense symmetries, not rotations. A grouped convolution gives
+factors with a group axis, ``a`` ``[N, T, G, I_g]`` and ``g`` ``[N, T, G, O_g]``: sample n's
+gradient of group γ is Σ_t g_{ntγ} a_{ntγ}ᵀ, and the weight is the ``[G·O_g, I_g]`` stack
+of the groups' blocks (no cross-group zeros are formed).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from noetherflow._errors import UnsupportedLayerError
+from noetherflow.stats.attention import mha_check, mha_factors, mha_parts
+from noetherflow.stats.norms import (
+    batchnorm_check,
+    batchnorm_factors,
+    channels_first_layernorm_factors,
+    hf_rmsnorm_factors,
+    layernorm_factors,
+    rmsnorm_factors,
+    t5_rmsnorm_factors,
+)
 
 __all__ = [
     "LayerHandler",
@@ -35,6 +49,10 @@ __all__ = [
 ]
 
 Factors = Callable[[nn.Module, Tensor, Tensor], tuple[Tensor, Tensor]]
+Parts = dict[str, tuple[Tensor | None, Tensor | None]]
+CallFactors = Callable[
+    [nn.Module, tuple[Any, ...], dict[str, Any], Tensor], dict[str, tuple[Tensor, Tensor]]
+]
 
 
 @dataclass(frozen=True)
@@ -50,13 +68,36 @@ class LayerHandler:
         elementwise: the layer is ``y = w ⊙ a + b`` per feature (normalisation affines):
             ``factors`` give ``a`` and ``g`` both ``[N, T, O]`` and sample n's weight
             gradient is Σ_t g_{nto} a_{nto} (``[O]``, small: statistics reduce it directly).
+        fallback: the estimators that the error names when ``check`` refuses a module.
+        parts: for a module with several Linear-like parts (``nn.MultiheadAttention``:
+            ``in_proj`` and ``out_proj``), ``parts(module)`` → ``{part: (weight, bias)}``;
+            None: the one part ``""`` with the module's ``weight`` and ``bias``.
+        call_factors: instead of ``factors``, for a layer whose factors are not a function
+            of its first input and output-gradient alone: ``call_factors(module, args,
+            kwargs, output_grad)`` → ``{part: (a, g)}``, called in the backward pass with the
+            forward call's (detached) arguments and the gradient of its first output, while
+            the parameters are those of the forward pass.
     """
 
-    factors: Factors
+    factors: Factors | None = None
     transposed: bool = False
     matrix: bool = True
     check: Callable[[nn.Module], str | None] | None = None
     elementwise: bool = False
+    fallback: str = "estimator='reference' or 'microbatch'"
+    parts: Callable[[nn.Module], Parts] | None = None
+    call_factors: CallFactors | None = None
+
+    def __post_init__(self) -> None:
+        if (self.factors is None) == (self.call_factors is None):
+            raise TypeError("LayerHandler: pass exactly one of factors= and call_factors=.")
+
+    def parts_of(self, module: nn.Module) -> Parts:
+        """``{part: (weight, bias)}`` of ``module`` (None where a part has no such tensor)."""
+        if self.parts is not None:
+            return self.parts(module)
+        w, b = getattr(module, "weight", None), getattr(module, "bias", None)
+        return {"": (w if isinstance(w, Tensor) else None, b if isinstance(b, Tensor) else None)}
 
     def to_param(self, t: Tensor, shape: tuple[int, ...] | list[int] | object) -> Tensor:
         """A weight statistic ``[..., O, I]`` in the parameter's layout ``[..., *shape]``."""
@@ -83,15 +124,18 @@ def linear_factors(m: nn.Module, a: Tensor, g: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def _conv_check(m: nn.Module) -> str | None:
-    if getattr(m, "groups", 1) != 1:
-        return f"groups={m.groups} (grouped convolution)"
     if isinstance(m.padding, str) or m.padding_mode != "zeros":
         return f"padding={m.padding!r}, padding_mode={m.padding_mode!r}"
     return None
 
 
 def conv_factors(m: nn.Module, a: Tensor, g: Tensor) -> tuple[Tensor, Tensor]:
-    """Unfolded input ``[N, T, C·k]`` and output-gradient ``[N, T, O]`` of a Conv1d/2d."""
+    """Unfolded input and output-gradient of a Conv1d/2d.
+
+    ``[N, T, C·k]`` and ``[N, T, O]`` (T output positions, k kernel taps); with ``groups``
+    G > 1, ``[N, T, G, (C/G)·k]`` and ``[N, T, G, O/G]`` (the unfolded channels are
+    channel-major, so each group's columns are contiguous).
+    """
     n = a.shape[0]
     assert isinstance(m, nn.Conv1d | nn.Conv2d)
     if isinstance(m, nn.Conv1d):
@@ -102,21 +146,12 @@ def conv_factors(m: nn.Module, a: Tensor, g: Tensor) -> tuple[Tensor, Tensor]:
         ks = (m.kernel_size[0], m.kernel_size[1])
         st, dl = (m.stride[0], m.stride[1]), (m.dilation[0], m.dilation[1])
         pd = (int(m.padding[0]), int(m.padding[1]))
-    cols = F.unfold(a, ks, dilation=dl, padding=pd, stride=st)  # [N, I*k, T]
-    return cols.transpose(1, 2), g.reshape(n, g.shape[1], -1).transpose(1, 2)
-
-
-def layernorm_factors(m: nn.Module, a: Tensor, g: Tensor) -> tuple[Tensor, Tensor]:
-    """Normalised input x̂ and output-gradient of a LayerNorm, both ``[N, T, O]``.
-
-    ``O = prod(normalized_shape)``; the affine is ``y = γ ⊙ x̂ + β``.
-    """
-    assert isinstance(m, nn.LayerNorm)
-    xhat = F.layer_norm(a, m.normalized_shape, eps=m.eps)
-    n, o = a.shape[0], 1
-    for d in m.normalized_shape:
-        o *= int(d)
-    return xhat.reshape(n, -1, o), g.reshape(n, -1, o)
+    cols = F.unfold(a, ks, dilation=dl, padding=pd, stride=st).transpose(1, 2)  # [N, T, C*k]
+    gt = g.reshape(n, g.shape[1], -1).transpose(1, 2)  # [N, T, O]
+    if m.groups == 1:
+        return cols, gt
+    t, gr = cols.shape[1], m.groups
+    return cols.reshape(n, t, gr, -1), gt.reshape(n, t, gr, -1)
 
 
 _REGISTRY: dict[type[nn.Module], LayerHandler] = {}
@@ -138,11 +173,42 @@ def register_layer(cls: type[nn.Module], handler: LayerHandler, *, overwrite: bo
     _REGISTRY[cls] = handler
 
 
+_NORM = LayerHandler(layernorm_factors, elementwise=True)
+_HF_RMS = LayerHandler(hf_rmsnorm_factors, elementwise=True)
+# Hugging Face RMSNorm classes whose forward is LlamaRMSNorm's (x̂ in float32, cast back).
+_HF_RMS_MODELS = {
+    "llama": "Llama",
+    "mistral": "Mistral",
+    "mixtral": "Mixtral",
+    "qwen2": "Qwen2",
+    "qwen2_moe": "Qwen2Moe",
+    "qwen3": "Qwen3",
+    "qwen3_moe": "Qwen3Moe",
+    "phi3": "Phi3",
+    "granite": "Granite",
+    "olmo2": "Olmo2",  # (w ⊙ x̂₃₂) cast afterwards: the same x̂ and γ-gradient
+    "olmoe": "Olmoe",
+    "glm": "Glm",
+    "smollm3": "SmolLM3",
+    "deepseek_v3": "DeepseekV3",
+    "mistral3": "Mistral3",
+}
+
 # Layer classes of optional packages, registered on first sight by their qualified name so
 # that the package is never imported here: Hugging Face's Conv1D (GPT-2) is nn.Linear with
-# the weight stored [I, O] (y = x @ W + b).
+# the weight stored [I, O] (y = x @ W + b); its RMSNorms are elementwise affines.
 _LAZY: dict[str, LayerHandler] = {
     "transformers.pytorch_utils.Conv1D": LayerHandler(linear_factors, transposed=True),
+    **{
+        f"transformers.models.{mod}.modeling_{mod}.{cls}RMSNorm": _HF_RMS
+        for mod, cls in _HF_RMS_MODELS.items()
+    },
+    "transformers.models.t5.modeling_t5.T5LayerNorm": LayerHandler(
+        t5_rmsnorm_factors, elementwise=True
+    ),
+    "transformers.models.convnext.modeling_convnext.ConvNextLayerNorm": LayerHandler(
+        channels_first_layernorm_factors, elementwise=True
+    ),
 }
 
 
@@ -156,34 +222,48 @@ def _lazy_handler(cls: type[nn.Module]) -> LayerHandler | None:
 def registered_layers() -> list[type[nn.Module]]:
     """The layer classes the hook estimator supports, in registration order.
 
-    Classes of optional packages (Hugging Face ``Conv1D``) are listed once a model using
-    them has been seen.
+    Classes of optional packages (Hugging Face ``Conv1D``, its RMSNorms, ``T5LayerNorm``,
+    ``ConvNextLayerNorm``) are listed once a model using them has been seen.
     """
     return list(_REGISTRY)
 
 
-def handler_for(module: nn.Module, name: str = "") -> LayerHandler | None:
+def handler_for(module: nn.Module, name: str = "", *, check: bool = True) -> LayerHandler | None:
     """The handler of ``module``'s exact class (None if unregistered).
 
     Raises:
-        UnsupportedLayerError: the class is registered but this instance is not supported
-            (e.g. a grouped convolution).
+        UnsupportedLayerError: with ``check``, the class is registered but this instance is
+            not supported (e.g. BatchNorm in training mode).
     """
     h = _REGISTRY.get(type(module))
     if h is None:
         h = _lazy_handler(type(module))
-    if h is None:
-        return None
+    if h is None or not check:
+        return h
     why = h.check(module) if h.check is not None else None
     if why is not None:
         raise UnsupportedLayerError(
             f"Layer {name!r} ({type(module).__name__}): {why} is not supported by "
-            "estimator='hooks'; use estimator='reference' or 'microbatch'."
+            f"estimator='hooks'; use {h.fallback}."
         )
     return h
 
 
+_BN = LayerHandler(
+    batchnorm_factors,
+    elementwise=True,
+    check=batchnorm_check,
+    fallback="estimator='microbatch' (micro-batches as the sample unit), or put the model in "
+    "eval mode",
+)
 register_layer(nn.Linear, LayerHandler(linear_factors))
 register_layer(nn.Conv1d, LayerHandler(conv_factors, matrix=False, check=_conv_check))
 register_layer(nn.Conv2d, LayerHandler(conv_factors, matrix=False, check=_conv_check))
-register_layer(nn.LayerNorm, LayerHandler(layernorm_factors, elementwise=True))
+register_layer(nn.LayerNorm, _NORM)
+register_layer(nn.RMSNorm, LayerHandler(rmsnorm_factors, elementwise=True))
+for _cls in (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm):
+    register_layer(_cls, _BN)
+register_layer(
+    nn.MultiheadAttention,
+    LayerHandler(call_factors=mha_factors, parts=mha_parts, check=mha_check),
+)
