@@ -42,6 +42,7 @@ from torch import Tensor, nn
 from torch.func import functional_call, grad, jvp, vjp, vmap
 
 from noetherflow._checks import parse_enum
+from noetherflow._inputs import ModelInputs
 from noetherflow.stats.core import Reduction, parse_reduction
 from noetherflow.stats.distributed import is_distributed, unwrap_ddp
 
@@ -139,9 +140,9 @@ class _Problem:
         chosen = set(self.names)
         self.others = {n: p.detach() for n, p in model.named_parameters() if n not in chosen}
         self.buffers = {n: b.detach().clone() for n, b in model.named_buffers()}
-        self.xs = inputs if isinstance(inputs, tuple) else (inputs,)
+        self.inp = ModelInputs.of(inputs, "sharpness")  # keyword inputs too (a dict batch)
         self.targets = targets
-        self.n = int(self.xs[0].shape[0])
+        self.n = self.inp.batch_size("sharpness", split=False)
         self.reduction = reduction
         self.all_reduce = all_reduce
         self.fwd_ok = True
@@ -152,7 +153,10 @@ class _Problem:
 
     def loss(self, flat: Tensor) -> Tensor:
         out = functional_call(
-            self.model, ({**self.unflatten(flat), **self.others}, self.buffers), self.xs
+            self.model,
+            ({**self.unflatten(flat), **self.others}, self.buffers),
+            self.inp.args,
+            self.inp.kwargs,
         )
         return self.loss_fn(out, self.targets)
 

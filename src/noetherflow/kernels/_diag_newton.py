@@ -222,6 +222,19 @@ def _cg_step(
 
 
 # -- the Newton iteration -----------------------------------------------------------------------
+def _held_mask(fixed: Tensor | None, n: int) -> Tensor:
+    """Where ``fixed`` ``[n]`` holds a generator (finite entries); NaN entries are free."""
+    if fixed is None:
+        return torch.zeros(n, dtype=torch.bool)
+    if tuple(fixed.shape) != (n,) or bool(torch.isinf(fixed).any()):
+        raise ValueError(
+            f"fixed has shape {tuple(fixed.shape)} (infinite entries: "
+            f"{int(torch.isinf(fixed).sum())}); expected a vector of shape ({n},), one entry per "
+            "generator: the value to hold it at, or NaN to leave it free"
+        )
+    return torch.isfinite(fixed)
+
+
 def solve_diag(
     prob: _DiagProblem,
     names: Mapping[Any, str],
@@ -231,17 +244,23 @@ def solve_diag(
     init: Tensor | None = None,
     method: NewtonMethod = NewtonMethod.AUTO,
     info: dict[str, Any] | None = None,
+    fixed: Tensor | None = None,
 ) -> tuple[Tensor, list[InfinityReport], float, bool, int]:
     """Damped Newton on the convex F(λ) (paper eq. 9) over ``prob.n`` generators.
 
     ``init`` ``[n]`` (float64) warm-starts the iteration, e.g. from the previous solution of a
     slowly changing problem; generators with a one-sided F (equilibrium at infinity) start and
     stay at 0 regardless. The convergence criteria are the same as from 0 and for either
-    ``method``. ``info`` (optional) receives the method used and the conjugate-gradient
-    iterations. Returns (λ ``[n]``, at-infinity reports, relative flow, converged, iterations).
+    ``method``. ``fixed`` ``[n]`` (float64) holds the generators where it is finite at that
+    value and leaves those where it is NaN free: the result minimises F over the free ones
+    with the held ones in place (the reduced problem; its flows vanish on the free generators
+    only), and a held generator is never reported at infinity. ``info`` (optional) receives
+    the method used and the conjugate-gradient iterations. Returns (λ ``[n]``, at-infinity
+    reports, relative flow of the free generators, converged, iterations).
     """
     sided = prob.one_sided()
-    free = sided == 0
+    held = _held_mask(fixed, prob.n)
+    free = (sided == 0) & ~held
     if init is None:
         lam = torch.zeros(prob.n, dtype=torch.float64)
     else:
@@ -252,6 +271,9 @@ def solve_diag(
                 " the λ of a previous solve of the same symmetries, or None"
             )
         lam = torch.where(free, init.to(torch.float64), 0.0)
+    if fixed is not None:
+        lam = torch.where(held, fixed.to(torch.float64), lam)
+    sided = torch.where(held, 0.0, sided)  # a held generator does not run off
     reports: list[InfinityReport] = []
     for s, off in prob.offsets.items():
         sl = sided[off : off + s.num_generators]
@@ -311,8 +333,9 @@ def solve_diag(
             converged = rel <= 1e-9
             break
         lam = trial
-        if float(lam.abs().max()) > _LAM_MAX:
-            direction = lam / lam.norm()
+        if float(lam[idx].abs().max()) > _LAM_MAX:
+            direction = torch.where(free, lam, 0.0)
+            direction = direction / direction.norm()
             for s, off in prob.offsets.items():
                 d = direction[off : off + s.num_generators]
                 if d.abs().max() > 1e-3:
@@ -324,7 +347,7 @@ def solve_diag(
                             "equilibrium is at infinity; the iterate was stopped, not moved",
                         )
                     )
-            return torch.zeros_like(lam), reports, rel, False, it
+            return torch.where(held, lam, 0.0), reports, rel, False, it
     else:
         converged = False
     return lam, reports, rel, converged, it
