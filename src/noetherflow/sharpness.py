@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -113,7 +113,7 @@ class _Problem:
         self,
         model: nn.Module,
         loss_fn: LossFn,
-        inputs: Tensor | tuple[Tensor, ...],
+        inputs: Tensor | tuple[Tensor, ...] | Mapping[str, Any],
         targets: Any,
         params: Sequence[nn.Parameter] | None,
         reduction: Reduction,
@@ -196,7 +196,7 @@ class _Problem:
 def _problem(
     model: nn.Module,
     loss_fn: LossFn,
-    inputs: Tensor | tuple[Tensor, ...],
+    inputs: Tensor | tuple[Tensor, ...] | Mapping[str, Any],
     targets: Any,
     params: Sequence[nn.Parameter] | None,
     reduction: str | Reduction,
@@ -246,7 +246,7 @@ def _batched(prob: _Problem, vs: Tensor, method: HVPMethod, chunk_size: int) -> 
 def hvp(
     model: nn.Module,
     loss_fn: LossFn,
-    inputs: Tensor | tuple[Tensor, ...],
+    inputs: Tensor | tuple[Tensor, ...] | Mapping[str, Any],
     targets: Any,
     vector: Tensor,
     *,
@@ -274,7 +274,7 @@ def hvp(
 def hessian(
     model: nn.Module,
     loss_fn: LossFn,
-    inputs: Tensor | tuple[Tensor, ...],
+    inputs: Tensor | tuple[Tensor, ...] | Mapping[str, Any],
     targets: Any,
     *,
     params: Sequence[nn.Parameter] | None = None,
@@ -294,7 +294,7 @@ def _rademacher(k: int, p: int, seed: int, like: Tensor) -> Tensor:
 def hessian_trace(
     model: nn.Module,
     loss_fn: LossFn,
-    inputs: Tensor | tuple[Tensor, ...],
+    inputs: Tensor | tuple[Tensor, ...] | Mapping[str, Any],
     targets: Any,
     *,
     n_samples: int = 10,
@@ -349,7 +349,7 @@ def hessian_trace(
 def top_eigenvalue(
     model: nn.Module,
     loss_fn: LossFn,
-    inputs: Tensor | tuple[Tensor, ...],
+    inputs: Tensor | tuple[Tensor, ...] | Mapping[str, Any],
     targets: Any,
     *,
     max_iter: int = 100,
@@ -391,7 +391,7 @@ def top_eigenvalue(
 def sharpness(
     model: nn.Module,
     loss_fn: LossFn,
-    inputs: Tensor | tuple[Tensor, ...],
+    inputs: Tensor | tuple[Tensor, ...] | Mapping[str, Any],
     targets: Any,
     *,
     n_samples: int = 10,
