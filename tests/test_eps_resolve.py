@@ -296,3 +296,31 @@ def test_teleporter_with_eps_tolerance() -> None:
     )
     with pytest.raises(ValueError, match=r"tolerance must be in \(0, 1\).*got 2"):
         nf.EquilibriumTeleport(model, syms, _mse, batch_size=8, eps_tolerance=2, **HYPER)
+
+
+def test_intervals_are_halved_until_the_change_is_within_tolerance(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Intervals 8× too wide (patched): the measured change exceeds τ, the halving restores it."""
+    import noetherflow.eps_solve as es
+
+    model, x, y, est = _setup("batchnorm")
+    syms = nf.find_symmetries(model, x)
+    nm = NoiseModel.create(batch_size=8, **HYPER)
+    stats = nf.collect_stats(model, syms, _mse, x, y, **est)
+    true = eps_bounds(model, syms, x, tolerance=1e-6)
+    wide = {i: (8 * lo, 8 * hi) for i, (lo, hi) in true.items()}
+    monkeypatch.setattr(es, "eps_bounds", lambda *a, **k: wide)
+    sol, report = nf.solve_within_eps(model, syms, stats, x, nm, tolerance=1e-6)
+    assert report.halvings >= 1
+    assert max(report.change_train, report.change_eval) <= 1e-6
+    shrink = 0.5**report.halvings
+    for c in report.clipped:
+        i = syms.names.index(c.name)
+        lo, hi = (b[c.generators] * shrink for b in wide[i])
+        assert bool(((c.after[c.generators] == lo) | (c.after[c.generators] == hi)).all())
+        assert torch.equal(torch.as_tensor(sol.elements[c.name]).cpu(), c.after)
+    with pytest.raises(ValueError, match=r"tolerance must be in \(0, 1\).*got 0"):
+        nf.solve_within_eps(model, syms, stats, x, nm, tolerance=0)
+    with pytest.raises(TypeError, match="fixed= is set by this function"):
+        nf.solve_within_eps(model, syms, stats, x, nm, fixed={})
