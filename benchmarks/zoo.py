@@ -18,11 +18,14 @@ fused-qkv attention; a ReLU6 block), in eval mode (BatchNorm models also in trai
   mode);
 * ``solve s``: one ``solve_equilibrium`` (η = 0.1, S = batch, γ = 1e-3, continuous time);
 * ``Δ eval / Δ train``: relative change of the outputs (float64) after teleporting a float64
-  copy to its solved equilibrium, scale invariances clipped to the eps tolerance 1e-6
-  (``clip_to_eps``), in eval and train mode;
+  copy to its solved equilibrium, scale invariances kept within the eps tolerance 1e-6
+  (``solve_within_eps``: clipped, the others re-solved with the clipped ones held), in eval
+  and train mode;
 * ``flows after/before``: ‖all flows‖ at the teleported point over ‖all flows‖ before (same
   batch, estimator and hyper-parameters; float64). Clipped scale invariances and directions
-  at infinity keep part of their flow.
+  at infinity keep part of their flow;
+* ``free flows``: the same ratio over the generators that are neither clipped nor at
+  infinity (a rotation or dense symmetry counts whole), which the teleport should zero.
 
 ``--large-gpt2`` also times ``find_symmetries`` once on ``GPT2Model(GPT2Config())`` (12
 layers, width 768, 12 heads, random init) on 2 × 16 tokens.
@@ -47,10 +50,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 import real_models as RM
 
 from noetherflow import collect_stats, find_symmetries, noether_flow
+from noetherflow.eps_solve import solve_within_eps
 from noetherflow.equilibrium import solve_equilibrium
 from noetherflow.symmetry._fx.capture import flat_outputs
 from noetherflow.symmetry.coverage import covered_mask
-from noetherflow.symmetry.eps import clip_to_eps
 from noetherflow.symmetry.set import SymmetrySet
 from noetherflow.teleport import teleport
 
@@ -137,28 +140,57 @@ def _stats_ratio(prob: _Problem, syms: SymmetrySet, est: str, reps: int) -> floa
     return statistics.median(stats[1:]) / statistics.median(plain[1:])
 
 
-def _flow_norm(syms: SymmetrySet, stats: Any, n: int) -> float:
+def _flow_norms(
+    syms: SymmetrySet, stats: Any, n: int, held: dict[str, Tensor | None]
+) -> tuple[float, float]:
+    """‖all flows‖ and ‖flows of the generators not held‖ (:func:`_held`)."""
     fl = noether_flow(syms, stats, batch_size=n, **HYPER)
-    return float(torch.cat([v.reshape(-1) for v in fl.values()]).norm())
+    every = torch.cat([v.reshape(-1) for v in fl.values()])
+    free = []
+    for k, v in fl.items():
+        if k not in held:
+            free.append(v.reshape(-1))
+        elif (mask := held[k]) is not None:  # None: the whole symmetry is held
+            free.append(v.reshape(-1)[~mask])
+    return float(every.norm()), float(torch.cat(free).norm())
+
+
+def _held(sol: Any, report: Any) -> dict[str, Tensor | None]:
+    """Diagonal generators clipped or at infinity (a mask; None: the whole symmetry)."""
+    held: dict[str, Tensor | None] = {}
+    sizes = {n: getattr(s, "num_generators", None) for n, s in sol.syms.items()}
+    for c in report.clipped:
+        held[c.name] = torch.zeros(sizes[c.name], dtype=torch.bool)
+        held[c.name][c.generators] = True
+    for r in sol.at_infinity:
+        d = torch.as_tensor(r.direction).reshape(-1).cpu()
+        if sizes[r.name] is None or d.numel() != sizes[r.name]:
+            held[r.name] = None
+        else:
+            held[r.name] = held.get(r.name, torch.zeros(d.numel(), dtype=torch.bool)) | (d != 0)
+    return held
 
 
 def _teleport64(model: nn.Module, x: Any, train: bool, est: str) -> dict[str, float]:
-    """Solve and teleport a float64 copy; output changes and the flow ratio."""
+    """Solve and teleport a float64 copy; output changes and the flow ratios."""
     m64 = copy.deepcopy(model).to(torch.float64).train(train)
     x64 = _to64(x)
     syms = find_symmetries(m64, x64)
     prob = _Problem(m64, x64)
     before_stats = prob.stats(syms, est)
-    sol = solve_equilibrium(syms, before_stats, batch_size=prob.n, **HYPER)
-    sol, _ = clip_to_eps(m64, sol, x64, tolerance=1e-6)
+    sol, report = solve_within_eps(
+        m64, syms, before_stats, x64, tolerance=1e-6, batch_size=prob.n, **HYPER
+    )
+    held = _held(sol, report)
     outs = {t: _out(m64, x64, t) for t in (False, True)}
-    flow_before = _flow_norm(syms, before_stats, prob.n)
+    all_before, free_before = _flow_norms(syms, before_stats, prob.n, held)
     teleport(m64, sol)
     res = {
         f"d_{'train' if t else 'eval'}": float((_out(m64, x64, t) - o).norm() / o.norm())
         for t, o in outs.items()
     }
-    res["flows"] = _flow_norm(syms, prob.stats(syms, est), prob.n) / flow_before
+    all_after, free_after = _flow_norms(syms, prob.stats(syms, est), prob.n, held)
+    res["flows"], res["free_flows"] = all_after / all_before, free_after / free_before
     return res
 
 
@@ -208,14 +240,15 @@ def _line(r: dict[str, Any]) -> str:
     return (
         f"| {r['model']} | {r['params']:,} | {r['rescaling']} | {r['scale']} | {r['rotation']} | "
         f"{r['covered']:.0%} | {r['detect_s']:.3f} | {r['stats']} | {r.get('solve', 'n/a')} | "
-        f"{g('d_eval', '.1e')} | {g('d_train', '.1e')} | {g('flows', '.1e')} |"
+        f"{g('d_eval', '.1e')} | {g('d_train', '.1e')} | {g('flows', '.1e')} | "
+        f"{g('free_flows', '.1e')} |"
     )
 
 
 HEAD = (
     "| model | params | rescaling | scale | rotation | covered | detect s | stats × plain "
-    "(estimator) | solve s | Δ eval | Δ train | flows after/before |\n"
-    "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    "(estimator) | solve s | Δ eval | Δ train | flows after/before | free flows |\n"
+    "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 )
 
 

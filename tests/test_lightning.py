@@ -219,3 +219,84 @@ def test_teleport_callback_reads_the_trainers_optimizer(tmp_path: Path, pl_modul
         0.0125,
         0.005,
     )  # after 2 epochs of StepLR
+
+
+class _DictNet(L.LightningModule):
+    """Takes keyword inputs and a dict batch ``{"x": …, "labels": …}`` (a HF-style batch)."""
+
+    def __init__(self, key: str = "labels") -> None:
+        super().__init__()
+        self.fc1, self.fc2 = torch.nn.Linear(4, 8), torch.nn.Linear(8, 2)
+        self.key = key
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(torch.relu(self.fc1(x)))
+
+    def training_step(self, batch: dict, i: int) -> torch.Tensor:
+        return F.mse_loss(self(x=batch["x"]), batch[self.key])
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.05, weight_decay=0.01)
+
+
+def _dict_loader(key: str = "labels") -> torch.utils.data.DataLoader:
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(64, 4, generator=g), torch.randn(64, 2, generator=g)
+    rows = [{"x": x[i], key: y[i]} for i in range(64)]
+    return torch.utils.data.DataLoader(rows, batch_size=16)  # collates to a dict of tensors
+
+
+def test_default_split_takes_dict_and_batch_encoding() -> None:
+    from noetherflow._inputs import ModelInputs
+    from noetherflow.integrations.lightning import default_split
+
+    x, y = torch.randn(3, 4), torch.randn(3, 2)
+    inputs, targets = default_split({"x": x, "mask": None, "labels": y})
+    assert isinstance(inputs, ModelInputs) and inputs.args == ()
+    assert inputs.kwargs.keys() == {"x", "mask"} and inputs.kwargs["x"] is x and targets is y
+    assert default_split((x, y)) == (x, y)
+    transformers = pytest.importorskip("transformers")
+    enc = transformers.BatchEncoding({"input_ids": x, "target": y})
+    inputs, targets = default_split(enc, labels_key="target")
+    assert inputs.kwargs.keys() == {"input_ids"} and targets is y
+    with pytest.raises(KeyError, match=r"keys \['input_ids', 'target'\].*labels_key="):
+        default_split(enc)
+    with pytest.raises(ValueError, match="2-tuple or 2-list, or a dict"):
+        default_split([x, y, y])
+
+
+def test_dict_batches_in_both_callbacks(tmp_path: Path) -> None:
+    """Keyword inputs reach the monitor's reference estimator and the teleporter."""
+    torch.manual_seed(0)
+    m = _DictNet("y")
+    syms = nf.SymmetrySet([nf.Rescaling(m.fc1, m.fc2, label="fc1→fc2")])
+    cb = NoetherCallback(syms, every=2, estimator="reference", loss_fn=F.mse_loss, labels_key="y")
+    trainer(tmp_path, cb, logger=False, max_steps=3).fit(m, _dict_loader("y"))
+    assert cb.monitor is not None and cb.monitor.history["step"].tolist() == [0, 2]
+    # the recorded flow at step 0 is the flow of the statistics on that batch, by hand
+    torch.manual_seed(0)
+    ref = _DictNet("y")
+    batch = next(iter(_dict_loader("y")))
+    stats = nf.collect_stats(
+        ref,
+        nf.SymmetrySet([nf.Rescaling(ref.fc1, ref.fc2)]),
+        F.mse_loss,
+        {"x": batch["x"]},
+        batch["y"],
+        estimator="reference",
+    )
+    want = nf.noether_flow(nf.SymmetrySet([nf.Rescaling(ref.fc1, ref.fc2)]), stats,
+                           lr=0.05, batch_size=16, weight_decay=0.005)  # fmt: skip
+    got = cb.monitor.history["flow/fc1_to_fc2"][0]
+    assert np.allclose(got, next(iter(want.values())).numpy(), rtol=1e-5, atol=1e-12)
+
+    m = _DictNet()
+    syms = nf.SymmetrySet([nf.Rescaling(m.fc1, m.fc2)])
+    tp = nf.EquilibriumTeleport(m, syms, F.mse_loss, batch_size=16, every=3)
+    trainer(tmp_path, tp.lightning_callback(), logger=False, max_steps=4).fit(m, _dict_loader())
+    assert [r.step for r in tp.history] == [0, 3]
+    m = _DictNet("y")
+    syms = nf.SymmetrySet([nf.Rescaling(m.fc1, m.fc2)])
+    tp = nf.EquilibriumTeleport(m, syms, F.mse_loss, batch_size=16, every=3)
+    with pytest.raises(KeyError, match=r"keys \['x', 'y'\], but no labels key 'labels'"):
+        trainer(tmp_path, tp.lightning_callback(), logger=False).fit(m, _dict_loader("y"))

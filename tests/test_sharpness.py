@@ -33,6 +33,27 @@ def test_hvp_matches_exact_hessian(method: str) -> None:
     assert torch.allclose(hvp(m, CE, x, y, v, method=method), H @ v, rtol=0, atol=1e-12)
 
 
+def test_keyword_inputs_give_the_same_numbers() -> None:
+    """A dict batch (keyword inputs, e.g. split off a Lightning dict batch) as positional."""
+
+    class Kw(nn.Module):
+        def __init__(self, m: nn.Module) -> None:
+            super().__init__()
+            self.m = m
+
+        def forward(self, *, x: torch.Tensor) -> torch.Tensor:
+            return self.m(x)
+
+    m, x, y = problem()
+    kw = Kw(m)
+    a = top_eigenvalue(m, CE, x, y, tol=1e-12, max_iter=500, seed=0)
+    b = top_eigenvalue(kw, CE, {"x": x}, y, tol=1e-12, max_iter=500, seed=0)
+    assert a.value == pytest.approx(b.value, rel=1e-12)
+    t1 = hessian_trace(m, CE, x, y, n_samples=8, seed=1)
+    t2 = hessian_trace(kw, CE, {"x": x}, y, n_samples=8, seed=1)
+    assert t1.value == pytest.approx(t2.value, rel=1e-12)
+
+
 def test_hutchinson_agrees_with_exact_trace() -> None:
     m, x, y = problem()
     H = hessian(m, CE, x, y)

@@ -14,6 +14,7 @@ from noetherflow._errors import (
 )
 from noetherflow._optimizer_state import OptimizerState, transform_optimizer_state
 from noetherflow.baselines.zhao2022 import GradNormTeleportResult, gradient_norm_teleport
+from noetherflow.eps_solve import solve_within_eps
 from noetherflow.equilibrium import (
     EquilibriumSolution,
     InfinityReport,
@@ -132,6 +133,7 @@ __all__ = [
     "transform_optimizer_state",
     "geometric_mean",
     "solve_equilibrium",
+    "solve_within_eps",
     "teleport",
     # errors
     "DetectionError",

@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
@@ -43,7 +43,7 @@ from noetherflow.kernels._diag_newton import NewtonMethod
 from noetherflow.kernels.base import overlaps, refresh_stats_, stats_from_samples
 from noetherflow.kernels.noise import NoiseModel, TimeModel, resolve_noise
 from noetherflow.stats.core import GradStats
-from noetherflow.symmetry.base import Symmetry
+from noetherflow.symmetry.base import DiagonalSymmetry, Symmetry
 from noetherflow.symmetry.set import SymmetrySet
 
 __all__ = [
@@ -151,6 +151,7 @@ def solve_equilibrium(
     nesterov: bool | None = None,
     dampening: float | None = None,
     solver: str | NewtonMethod = "auto",
+    fixed: Mapping[str, Any] | None = None,
 ) -> EquilibriumSolution:
     """Solve for the noise equilibrium of every symmetry in ``syms`` (paper Thm 4.3, eq. 9).
 
@@ -188,6 +189,12 @@ def solve_equilibrium(
             (matrix-free preconditioned conjugate gradients on the block-sparse Hessian: memory
             linear in the number of generators) or ``"auto"`` (dense up to 512 free
             generators, else cg). Same stopping criterion, so the same λ* to ``tol``.
+        fixed: generators of diagonal symmetries held at given values while the rest are
+            solved: symmetry name → λ ``[num_generators]`` (a tensor or sequence), finite
+            entries held there (measured from the current θ, like the solution's elements),
+            NaN entries free. The solution minimises F over the free generators with the held
+            ones in place, so the flows vanish after the teleport on the free generators only
+            (e.g. scale invariances clipped by :func:`noetherflow.solve_within_eps`).
 
     Returns:
         An :class:`EquilibriumSolution`; apply it with :func:`noetherflow.teleport`.
@@ -235,6 +242,7 @@ def solve_equilibrium(
     if ridge is not None and not (math.isfinite(float(ridge)) and float(ridge) >= 0):
         raise ValueError(f"ridge={ridge!r} must be None or a finite number >= 0.")
     _check_inputs(syms, stats)
+    held = _check_fixed(syms, fixed)
     names: dict[Any, str] = {s: n for n, s in syms.items()}
     index = {s: i for i, s in enumerate(syms)}
     coupled = bool(syms.coupled_groups())
@@ -261,6 +269,7 @@ def solve_equilibrium(
         coupled=coupled,
         init=None if init is None else init.elements,
         method=method.value,
+        fixed=held or None,
     )
     # Joint kernels solve all their symmetries in one step; the others one at a time, in
     # set order, after the joint ones (block Gauss–Seidel; docs/concepts/equilibrium.md).
@@ -306,7 +315,8 @@ def solve_equilibrium(
             worst = max(worst, res.progress)
         if not coupled and own_iterations:
             iterations = max(own_iterations)
-        opts = replace(opts, init=None)  # later sweeps continue from the moved values
+        # later sweeps continue from the moved values: held generators move no more
+        opts = replace(opts, init=None, fixed=_no_move(held))
         if coupled:
             converged = worst <= max(tol, 1e-10)
             if converged and sweep > 1:
@@ -333,6 +343,39 @@ def solve_equilibrium(
         iterations=iterations,
         fingerprint=stamp,
     )
+
+
+def _check_fixed(syms: SymmetrySet, fixed: Mapping[str, Any] | None) -> dict[str, Tensor]:
+    """``fixed`` as float64 CPU vectors ``[J]`` per diagonal symmetry name (NaN: free)."""
+    out: dict[str, Tensor] = {}
+    for name, value in (fixed or {}).items():
+        if name not in syms.names:
+            raise KeyError(
+                f"solve_equilibrium: fixed names the symmetry {name!r}, which is not in the set; "
+                f"expected names of syms.names, e.g. {list(syms.names)[:3]}."
+            )
+        s = syms[name]
+        if not s.is_diagonal:
+            raise TypeError(
+                f"solve_equilibrium: fixed holds {name!r}, a {s.family.value} symmetry; only "
+                "diagonal generators (rescaling, scale) can be held. Leave it out of fixed."
+            )
+        lam = torch.as_tensor(value, dtype=torch.float64).detach().cpu().reshape(-1)
+        size = cast(DiagonalSymmetry, s).num_generators
+        if lam.numel() != size or bool(torch.isinf(lam).any()):
+            raise ValueError(
+                f"solve_equilibrium: fixed[{name!r}] has {lam.numel()} entries "
+                f"({int(torch.isinf(lam).sum())} infinite); expected {size}, one per "
+                "generator: the λ to hold it at, or NaN to leave it free."
+            )
+        out[name] = lam
+    return out
+
+
+def _no_move(held: Mapping[str, Tensor]) -> dict[str, Tensor] | None:
+    """The held generators kept where they are: 0 where held, NaN (free) elsewhere."""
+    zero = {n: torch.where(torch.isnan(v), v, 0.0) for n, v in held.items()}
+    return zero or None
 
 
 def _move(

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -42,6 +42,7 @@ from torch import Tensor, nn
 from torch.func import functional_call, grad, jvp, vjp, vmap
 
 from noetherflow._checks import parse_enum
+from noetherflow._inputs import ModelInputs
 from noetherflow.stats.core import Reduction, parse_reduction
 from noetherflow.stats.distributed import is_distributed, unwrap_ddp
 
@@ -112,7 +113,7 @@ class _Problem:
         self,
         model: nn.Module,
         loss_fn: LossFn,
-        inputs: Tensor | tuple[Tensor, ...],
+        inputs: Tensor | tuple[Tensor, ...] | Mapping[str, Any],
         targets: Any,
         params: Sequence[nn.Parameter] | None,
         reduction: Reduction,
@@ -139,9 +140,9 @@ class _Problem:
         chosen = set(self.names)
         self.others = {n: p.detach() for n, p in model.named_parameters() if n not in chosen}
         self.buffers = {n: b.detach().clone() for n, b in model.named_buffers()}
-        self.xs = inputs if isinstance(inputs, tuple) else (inputs,)
+        self.inp = ModelInputs.of(inputs, "sharpness")  # keyword inputs too (a dict batch)
         self.targets = targets
-        self.n = int(self.xs[0].shape[0])
+        self.n = self.inp.batch_size("sharpness", split=False)
         self.reduction = reduction
         self.all_reduce = all_reduce
         self.fwd_ok = True
@@ -152,7 +153,10 @@ class _Problem:
 
     def loss(self, flat: Tensor) -> Tensor:
         out = functional_call(
-            self.model, ({**self.unflatten(flat), **self.others}, self.buffers), self.xs
+            self.model,
+            ({**self.unflatten(flat), **self.others}, self.buffers),
+            self.inp.args,
+            self.inp.kwargs,
         )
         return self.loss_fn(out, self.targets)
 
@@ -192,7 +196,7 @@ class _Problem:
 def _problem(
     model: nn.Module,
     loss_fn: LossFn,
-    inputs: Tensor | tuple[Tensor, ...],
+    inputs: Tensor | tuple[Tensor, ...] | Mapping[str, Any],
     targets: Any,
     params: Sequence[nn.Parameter] | None,
     reduction: str | Reduction,
@@ -242,7 +246,7 @@ def _batched(prob: _Problem, vs: Tensor, method: HVPMethod, chunk_size: int) -> 
 def hvp(
     model: nn.Module,
     loss_fn: LossFn,
-    inputs: Tensor | tuple[Tensor, ...],
+    inputs: Tensor | tuple[Tensor, ...] | Mapping[str, Any],
     targets: Any,
     vector: Tensor,
     *,
@@ -270,7 +274,7 @@ def hvp(
 def hessian(
     model: nn.Module,
     loss_fn: LossFn,
-    inputs: Tensor | tuple[Tensor, ...],
+    inputs: Tensor | tuple[Tensor, ...] | Mapping[str, Any],
     targets: Any,
     *,
     params: Sequence[nn.Parameter] | None = None,
@@ -290,7 +294,7 @@ def _rademacher(k: int, p: int, seed: int, like: Tensor) -> Tensor:
 def hessian_trace(
     model: nn.Module,
     loss_fn: LossFn,
-    inputs: Tensor | tuple[Tensor, ...],
+    inputs: Tensor | tuple[Tensor, ...] | Mapping[str, Any],
     targets: Any,
     *,
     n_samples: int = 10,
@@ -345,7 +349,7 @@ def hessian_trace(
 def top_eigenvalue(
     model: nn.Module,
     loss_fn: LossFn,
-    inputs: Tensor | tuple[Tensor, ...],
+    inputs: Tensor | tuple[Tensor, ...] | Mapping[str, Any],
     targets: Any,
     *,
     max_iter: int = 100,
@@ -387,7 +391,7 @@ def top_eigenvalue(
 def sharpness(
     model: nn.Module,
     loss_fn: LossFn,
-    inputs: Tensor | tuple[Tensor, ...],
+    inputs: Tensor | tuple[Tensor, ...] | Mapping[str, Any],
     targets: Any,
     *,
     n_samples: int = 10,

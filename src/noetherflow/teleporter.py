@@ -45,10 +45,12 @@ from noetherflow._optimizer_state import (
     preserved,
     transform_optimizer_state,
 )
+from noetherflow.eps_solve import solve_within_eps
 from noetherflow.equilibrium import EquilibriumSolution, solve_equilibrium
 from noetherflow.kernels import kernel_for
 from noetherflow.stats.collect import collect_stats
 from noetherflow.stats.core import Estimator
+from noetherflow.symmetry.eps import EpsReport, check_tolerance
 from noetherflow.symmetry.set import SymmetrySet
 from noetherflow.teleport import teleport
 
@@ -81,6 +83,8 @@ class TeleportRecord:
         at_infinity: names of symmetries (partly) at infinity, left unmoved there.
         seconds: wall time of statistics + solve + transport.
         reset: names of parameters whose optimizer state was reset (not transformed).
+        eps: with ``eps_tolerance``, what :func:`~noetherflow.solve_within_eps` clipped,
+            re-solved and measured; else None.
     """
 
     step: int
@@ -89,6 +93,7 @@ class TeleportRecord:
     at_infinity: tuple[str, ...]
     seconds: float
     reset: tuple[str, ...] = ()
+    eps: EpsReport | None = None
 
 
 def _names(model: nn.Module) -> dict[int, str]:
@@ -131,6 +136,12 @@ class EquilibriumTeleport:
             without ``lr`` its param groups give η and γ.
         optimizer_state: ``"transform"`` (default) or ``"reset"``; see the module docstring.
         solver_kwargs: extra keyword arguments of :func:`~noetherflow.solve_equilibrium`.
+        eps_tolerance: None (default), or τ: keep scale invariances before a normalisation
+            inside the region where its eps changes the outputs by at most τ, clipping them
+            and re-solving the generators coupled to them
+            (:func:`~noetherflow.solve_within_eps`, on the teleport's batch); the report is
+            :attr:`TeleportRecord.eps`. Without it such generators move to their equilibrium
+            however far, and eps may change the function.
 
     Attributes:
         history: one :class:`TeleportRecord` per teleport.
@@ -181,6 +192,7 @@ class EquilibriumTeleport:
         optimizer: torch.optim.Optimizer | None = None,
         optimizer_state: OptimizerState | str = OptimizerState.TRANSFORM,
         solver_kwargs: Mapping[str, Any] | None = None,
+        eps_tolerance: float | None = None,
     ) -> None:
         if every is not None and int(every) < 1:
             raise ValueError(f"every={every!r}; expected a positive int or None (never again).")
@@ -216,6 +228,10 @@ class EquilibriumTeleport:
         self.optimizer = optimizer
         self.optimizer_state = OptimizerState(optimizer_state)
         self.solver_kwargs = dict(solver_kwargs or {})
+        if eps_tolerance is not None:
+            check_tolerance(float(eps_tolerance), "EquilibriumTeleport(eps_tolerance=...)")
+        self.eps_tolerance = None if eps_tolerance is None else float(eps_tolerance)
+        self._eps_report: EpsReport | None = None
         self.history: list[TeleportRecord] = []
         self.steps_seen = 0
         self._names = _names(model)
@@ -302,16 +318,21 @@ class EquilibriumTeleport:
                 micro_batch_size=self.micro_batch_size,
                 level="solve",
             )
-        return solve_equilibrium(
-            self.syms,
-            stats,
-            lr=lr,
-            batch_size=self.batch_size,
-            weight_decay=gamma,
-            time=self.time,
+        kwargs: dict[str, Any] = {
+            "lr": lr,
+            "batch_size": self.batch_size,
+            "weight_decay": gamma,
+            "time": self.time,
             **self.solver_kwargs,
             **self._source().momentum_kwargs(),
+        }
+        self._eps_report = None
+        if self.eps_tolerance is None:
+            return solve_equilibrium(self.syms, stats, **kwargs)
+        sol, self._eps_report = solve_within_eps(
+            self.model, self.syms, stats, inputs, tolerance=self.eps_tolerance, **kwargs
         )
+        return sol
 
     def teleport(self, inputs: Any, targets: Any = None) -> EquilibriumSolution:
         """Teleport now (whatever the schedule): solve, move, transport ``.grad`` and state."""
@@ -335,6 +356,7 @@ class EquilibriumTeleport:
                 at_infinity=tuple(r.name for r in sol.at_infinity),
                 seconds=time.perf_counter() - t0,
                 reset=tuple(self._names.get(id(p), str(tuple(p.shape))) for p in reset),
+                eps=self._eps_report,
             )
         )
         return sol
@@ -351,17 +373,21 @@ class EquilibriumTeleport:
         return TeleportingOptimizer(optimizer, self, batches=batches)
 
     def lightning_callback(
-        self, *, split_batch: Callable[[Any], tuple[Any, Any]] | None = None
+        self,
+        *,
+        split_batch: Callable[[Any], tuple[Any, Any]] | None = None,
+        labels_key: str = "labels",
     ) -> Any:
         """A Lightning ``Callback`` teleporting in ``on_train_batch_start`` (before forward).
 
         Lightning (``lightning`` 2.x or ``pytorch_lightning``) is imported here, not before;
-        see :func:`noetherflow.integrations.lightning.teleport_callback`. The optimizer whose
+        see :func:`noetherflow.integrations.lightning.teleport_callback` (a dict batch: the
+        targets under ``labels_key``, the other entries keyword inputs). The optimizer whose
         state is transformed is ``trainer.optimizers[0]`` unless one was given to this object.
         """
         from noetherflow.integrations.lightning import teleport_callback
 
-        return teleport_callback(self, split_batch=split_batch)
+        return teleport_callback(self, split_batch=split_batch, labels_key=labels_key)
 
 
 class TeleportingOptimizer:

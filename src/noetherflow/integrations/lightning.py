@@ -43,18 +43,20 @@ Hook order per training step: ``on_train_batch_start`` opens ``monitor.track()``
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, cast
 
+from noetherflow._inputs import ModelInputs
 from noetherflow.monitor import NoetherMonitor
 from noetherflow.symmetry.set import SymmetrySet
 
 if TYPE_CHECKING:
     from noetherflow.teleporter import EquilibriumTeleport
 
-__all__ = ["NoetherCallback", "teleport_callback"]
+__all__ = ["NoetherCallback", "default_split", "teleport_callback"]
 
 
 def _callback_base() -> type:
@@ -78,12 +80,32 @@ def _callback_base() -> type:
 Callback = _callback_base()
 
 
-def _default_split(batch: Any) -> tuple[Any, Any]:
+def default_split(batch: Any, labels_key: str = "labels") -> tuple[Any, Any]:
+    """The default ``batch → (inputs, targets)`` of the callbacks.
+
+    * a 2-tuple or 2-list ``(x, y)``: ``x``, ``y``;
+    * a mapping (a ``dict``, a Hugging Face ``BatchEncoding``): the targets are
+      ``batch[labels_key]`` and the inputs every other entry, as keyword inputs
+      (``model(**inputs)``, :class:`~noetherflow._inputs.ModelInputs`).
+
+    Raises:
+        KeyError: a mapping without ``labels_key``.
+        ValueError: any other batch.
+    """
+    if isinstance(batch, Mapping):
+        if labels_key not in batch:
+            raise KeyError(
+                f"the batch is a {type(batch).__name__} with keys {list(batch)}, but no labels "
+                f"key {labels_key!r}; expected the targets under that key. Pass the callback "
+                "labels_key='<your key>', or split_batch=lambda batch: (inputs, targets)."
+            )
+        inputs = {k: v for k, v in batch.items() if k != labels_key}
+        return ModelInputs.of(inputs, "the Lightning callback"), batch[labels_key]
     if isinstance(batch, list | tuple) and len(batch) == 2:
         return batch[0], batch[1]
     raise ValueError(
         f"cannot split a batch of type {type(batch).__name__} into (inputs, targets); expected a "
-        "2-tuple or 2-list; pass split_batch=lambda batch: (x, y)."
+        "2-tuple or 2-list, or a dict with a labels key; pass split_batch=lambda batch: (x, y)."
     )
 
 
@@ -104,7 +126,10 @@ class NoetherCallback(Callback):  # type: ignore[misc,valid-type]
     Args:
         syms: the symmetries, built on the LightningModule's layers.
         split_batch: ``batch → (inputs, targets)``, used for sharpness when no ``probe`` is
-            given and for ``estimator="microbatch"``/``"reference"`` (default: a 2-tuple).
+            given and for ``estimator="microbatch"``/``"reference"`` (default:
+            :func:`default_split`: a 2-tuple, or a dict / ``BatchEncoding`` whose labels are
+            under ``labels_key`` and whose other entries are the keyword inputs).
+        labels_key: the key of the targets in a dict batch (default ``"labels"``).
         log_to_lightning: send each record to the trainer's loggers; default: when the trainer
             has a logger.
         **monitor_kwargs: keyword arguments of :class:`~noetherflow.NoetherMonitor`
@@ -118,13 +143,14 @@ class NoetherCallback(Callback):  # type: ignore[misc,valid-type]
         self,
         syms: SymmetrySet,
         *,
-        split_batch: Callable[[Any], tuple[Any, Any]] = _default_split,
+        split_batch: Callable[[Any], tuple[Any, Any]] | None = None,
+        labels_key: str = "labels",
         log_to_lightning: bool | None = None,
         **monitor_kwargs: Any,
     ) -> None:
         super().__init__()
         self.syms = syms
-        self.split_batch = split_batch
+        self.split_batch = split_batch or _splitter(labels_key)
         self.log_to_lightning = log_to_lightning
         self.monitor_kwargs = monitor_kwargs
         self.monitor: NoetherMonitor | None = None
@@ -254,16 +280,30 @@ def _to_loggers(trainer: Any) -> Callable[[dict[str, float]], None]:
     return log
 
 
+def _splitter(labels_key: str) -> Callable[[Any], tuple[Any, Any]]:
+    if not isinstance(labels_key, str):
+        raise TypeError(
+            f"labels_key={labels_key!r} is a {type(labels_key).__name__}; expected the string "
+            "key of the targets in a dict batch, e.g. 'labels'."
+        )
+    return functools.partial(default_split, labels_key=labels_key)
+
+
 def teleport_callback(
-    teleporter: EquilibriumTeleport, *, split_batch: Callable[[Any], tuple[Any, Any]] | None = None
+    teleporter: EquilibriumTeleport,
+    *,
+    split_batch: Callable[[Any], tuple[Any, Any]] | None = None,
+    labels_key: str = "labels",
 ) -> Any:
     """A Lightning ``Callback`` that calls ``teleporter.maybe_teleport`` before each forward pass.
 
     Lightning's ``Callback`` is looked up when this is called. The optimizer whose state is
-    transformed is ``trainer.optimizers[0]`` unless the teleporter already has one.
+    transformed is ``trainer.optimizers[0]`` unless the teleporter already has one. The batch
+    is split by ``split_batch`` (default: :func:`default_split` with ``labels_key``: a 2-tuple,
+    or a dict whose other entries are the keyword inputs).
     """
     tp = teleporter
-    split = split_batch or _default_split
+    split = split_batch or _splitter(labels_key)
 
     class EquilibriumTeleportCallback(_callback_base()):  # type: ignore[misc]
         """Teleports to the noise equilibrium when due, before the step's forward pass."""

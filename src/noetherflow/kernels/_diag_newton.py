@@ -264,6 +264,19 @@ def _reports(
 
 
 # -- the Newton iteration -----------------------------------------------------------------------
+def _held_mask(fixed: Tensor | None, n: int) -> Tensor:
+    """Where ``fixed`` ``[n]`` holds a generator (finite entries); NaN entries are free."""
+    if fixed is None:
+        return torch.zeros(n, dtype=torch.bool)
+    if tuple(fixed.shape) != (n,) or bool(torch.isinf(fixed).any()):
+        raise ValueError(
+            f"fixed has shape {tuple(fixed.shape)} (infinite entries: "
+            f"{int(torch.isinf(fixed).sum())}); expected a vector of shape ({n},), one entry per "
+            "generator: the value to hold it at, or NaN to leave it free"
+        )
+    return torch.isfinite(fixed)
+
+
 def solve_diag(
     prob: _DiagProblem,
     names: Mapping[Any, str],
@@ -273,6 +286,7 @@ def solve_diag(
     init: Tensor | None = None,
     method: NewtonMethod = NewtonMethod.AUTO,
     info: dict[str, Any] | None = None,
+    fixed: Tensor | None = None,
 ) -> tuple[Tensor, list[InfinityReport], float, bool, int]:
     """Damped Newton on the convex F(λ) (paper eq. 9) over ``prob.n`` generators.
 
@@ -289,14 +303,20 @@ def solve_diag(
 
     ``init`` ``[n]`` (float64) warm-starts the iteration, e.g. from the previous solution of a
     slowly changing problem; frozen generators start and stay at 0 regardless. The
-    convergence criteria are the same as from 0 and for either ``method``. ``info``
-    (optional) receives the method used, the conjugate-gradient iterations and whether the
-    recession LP ran (``recession_lp``). Returns (λ ``[n]``, at-infinity reports, one per
-    symmetry, relative flow, converged, iterations).
+    convergence criteria are the same as from 0 and for either ``method``. ``fixed`` ``[n]``
+    (float64) holds the generators where it is finite at that value and leaves those where it
+    is NaN free: the result minimises F over the free ones with the held ones in place (the
+    reduced problem; its flows vanish on the free generators only); a held generator is never
+    reported at infinity, and the directions at infinity are sought among the free ones only
+    (a held generator adds a constant factor to its terms, which does not change F's recession
+    cone). ``info`` (optional) receives the method used, the conjugate-gradient iterations and
+    whether the recession LP ran (``recession_lp``). Returns (λ ``[n]``, at-infinity reports,
+    one per symmetry, relative flow of the free generators, converged, iterations).
     """
     up, down = prob.sides()
-    sided = prob.one_sided((up, down))
-    free = sided == 0
+    held = _held_mask(fixed, prob.n)
+    sided = torch.where(held, 0.0, prob.one_sided((up, down)))  # a held one does not run off
+    free = (sided == 0) & ~held
     combined, lp = combined_directions(prob, ~free, up + down)
     for d in combined:
         free &= d == 0
@@ -310,6 +330,8 @@ def solve_diag(
                 " the λ of a previous solve of the same symmetries, or None"
             )
         lam = torch.where(free, init.to(torch.float64), 0.0)
+    if fixed is not None:
+        lam = torch.where(held, fixed.to(torch.float64), lam)
     parts = [(sided, _ONE_SIDED, False)] + [(d, _COMBINED, True) for d in combined]
     reports = _reports(prob, names, parts)
     used = choose_method(method, int(free.sum()))
@@ -359,15 +381,16 @@ def solve_diag(
             converged = rel <= 1e-9
             break
         lam = trial
-        if float(lam.abs().max()) > _LAM_MAX:
+        if float(lam[idx].abs().max()) > _LAM_MAX:
             # Bounded by (R) yet running off: a minimiser beyond |λ| = 40 (terms near the
             # NEGLIGIBLE cut-off), at infinity in float64 terms.
-            direction = lam / lam.norm()
+            direction = torch.where(free, lam, 0.0)
+            direction = direction / direction.norm()
             for s, off in prob.offsets.items():
                 if direction[off : off + s.num_generators].abs().max() <= 1e-3:
                     direction[off : off + s.num_generators] = 0.0
             parts.append((direction, _RUN_OFF, True))
-            return torch.zeros_like(lam), _reports(prob, names, parts), rel, False, it
+            return torch.where(held, lam, 0.0), _reports(prob, names, parts), rel, False, it
     else:
         converged = False
     return lam, reports, rel, converged, it

@@ -164,6 +164,9 @@ class SolveOptions:
     coupled: bool = False
     init: Mapping[str, Any] | None = None  # warm start: element per symmetry name
     method: str = "auto"  # joint Newton systems: "auto", "dense" or "cg" (matrix-free)
+    # diagonal generators held at a value (finite entries; NaN: free), per symmetry name:
+    # λ ``[J]`` float64 on the CPU, the move of this solve step (0 in later sweeps)
+    fixed: Mapping[str, Tensor] | None = None
 
 
 @dataclass

@@ -204,7 +204,8 @@ class DiagonalKernel(Kernel[DiagonalSymmetry, DiagonalStats]):
         """Newton on F(λ) over the generators of all ``syms`` jointly.
 
         ``opts.method``: dense Hessian or matrix-free conjugate gradients, see
-        :mod:`._diag_newton`.
+        :mod:`._diag_newton`. ``opts.fixed``: generators held at given values (the rest solved
+        with them in place).
         """
         prob = _diag_problem(syms, values, stats, nm)
         init = None
@@ -215,6 +216,14 @@ class DiagonalKernel(Kernel[DiagonalSymmetry, DiagonalStats]):
                 if prev is not None:
                     off = prob.offsets[ds]
                     init[off : off + ds.num_generators] = torch.as_tensor(prev).reshape(-1).cpu()
+        fixed = None
+        if opts.fixed:
+            fixed = torch.full((prob.n,), float("nan"), dtype=torch.float64)
+            for ds in syms:
+                held = opts.fixed.get(names[ds])
+                if held is not None:
+                    off = prob.offsets[ds]
+                    fixed[off : off + ds.num_generators] = held.reshape(-1).cpu()
         lam, reps, rel, ok, its = solve_diag(
             prob,
             names,
@@ -222,6 +231,7 @@ class DiagonalKernel(Kernel[DiagonalSymmetry, DiagonalStats]):
             max_iter=opts.max_iter,
             init=init,
             method=NewtonMethod(opts.method),
+            fixed=fixed,
         )
         out = GroupSolve(reports=reps, progress=rel, converged=ok, iterations=its)
         for ds in syms:

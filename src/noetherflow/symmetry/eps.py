@@ -18,7 +18,10 @@ example batch). ``r(λ) ≤ τ`` holds on an interval of λ:
 every generator of a scale invariance is clipped into its interval (for the train-mode and
 the eval-mode variance alike), then the relative output change of the teleport is measured
 on a float64 copy in both modes; while it exceeds the tolerance the clipped steps are halved.
-The :class:`EpsReport` says which generators were clipped and what was measured.
+The :class:`EpsReport` says which generators were clipped and what was measured. Clipping
+alone leaves the coupled generators where the unclipped solve put them;
+:func:`noetherflow.solve_within_eps` (module :mod:`noetherflow.eps_solve`) re-solves them
+with the clipped ones held, from the intervals of :func:`eps_bounds`.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ from noetherflow.symmetry._fx.layers import norm_spec
 from noetherflow.symmetry.scaling import ScaleInvariance
 from noetherflow.symmetry.set import _rebind, _to64, copy_mapping
 
-__all__ = ["EpsClip", "EpsReport", "clip_to_eps", "eps_interval"]
+__all__ = ["EpsClip", "EpsReport", "clip_to_eps", "eps_bounds", "eps_interval", "measurer"]
 
 
 def eps_interval(var: Tensor, eps: float, tol: float) -> tuple[Tensor, Tensor]:
@@ -73,13 +76,24 @@ class EpsClip:
 
 @dataclass
 class EpsReport:
-    """What :func:`clip_to_eps` changed and measured (relative output changes, float64)."""
+    """What :func:`clip_to_eps` or :func:`noetherflow.solve_within_eps` changed and measured.
+
+    Attributes:
+        tolerance: τ, the largest accepted relative output change.
+        clipped: the scale invariances with clipped generators (λ before and after).
+        halvings: how often the steps (:func:`clip_to_eps`) or the eps-safe intervals
+            (``solve_within_eps``) were halved because the measured change exceeded τ.
+        change_train, change_eval: relative output change of the teleport (float64).
+        resolves: equilibrium solves with clipped generators held fixed
+            (``solve_within_eps``; 0 for :func:`clip_to_eps`, which does not re-solve).
+    """
 
     tolerance: float
     clipped: list[EpsClip] = field(default_factory=list)
     halvings: int = 0
     change_train: float = 0.0
     change_eval: float = 0.0
+    resolves: int = 0
 
     def __str__(self) -> str:
         lines = [
@@ -89,7 +103,9 @@ class EpsReport:
         for c in self.clipped:
             lines.append(f"  {c.name}: clipped generators {c.generators}")
         if self.halvings:
-            lines.append(f"  scale-invariance steps halved {self.halvings} times")
+            lines.append(f"  halved {self.halvings} times")
+        if self.resolves:
+            lines.append(f"  re-solved {self.resolves} times with the clipped generators held")
         return "\n".join(lines)
 
 
@@ -125,36 +141,33 @@ def _rel(a: Tensor, b: Tensor) -> float:
     return float((a - b).norm() / b.norm().clamp_min(1e-300))
 
 
-def clip_to_eps(
+def eps_bounds(
     model: nn.Module,
-    solution: EquilibriumSolution,
+    syms: Any,
     inputs: Any,
     *,
-    tolerance: float = 1e-6,
+    tolerance: float,
     seed: int = 0,
-    max_halvings: int = 40,
-) -> tuple[EquilibriumSolution, EpsReport]:
-    """Clip the scale-invariance generators of ``solution`` to the eps-safe region.
+) -> dict[int, tuple[Tensor, Tensor]]:
+    """The eps-safe λ interval of every scale invariance before a normalisation.
+
+    The variance each norm divides by is read on a copy of ``model`` in training mode (batch
+    variance) and in eval mode (running variance where the norm keeps one); the interval of
+    :func:`eps_interval` is the intersection of the two.
 
     Args:
-        model: the model ``solution`` was solved for (not modified).
-        solution: from :func:`noetherflow.solve_equilibrium`.
+        model: the model the symmetries act on (not modified).
+        syms: a :class:`~noetherflow.SymmetrySet`.
         inputs: example inputs (a tensor, a tuple of positional inputs or a dict of keyword
-            inputs, as in :func:`noetherflow.find_symmetries`).
-        tolerance: largest accepted relative change of the outputs, train and eval mode.
-        seed: seeds any dropout in the measuring forward passes.
-        max_halvings: how often the scale-invariance steps may be halved after clipping.
+            inputs).
+        tolerance: τ, 0 < τ < 1.
+        seed: seeds any dropout in the forward passes.
 
     Returns:
-        The clipped solution and an :class:`EpsReport`.
-
-    Raises:
-        ValueError: ``tolerance`` not in (0, 1).
+        Index in ``syms`` → ``(lo, hi)``, each ``[num_generators]`` float64 on the CPU (``hi``
+        may be +inf); symmetries that are not such scale invariances are left out.
     """
-    if not 0 < tolerance < 1:
-        raise ValueError(f"clip_to_eps: tolerance must be in (0, 1), got {tolerance}.")
     args = ModelInputs.of(inputs, "clip_to_eps")
-    syms, names = solution.syms, solution.syms.names
     bounds: dict[int, tuple[Tensor, Tensor]] = {}
     seen: dict[int, list[Tensor]] = {}
     for i, s in enumerate(syms):
@@ -181,6 +194,46 @@ def clip_to_eps(
             his.append(hi)
         if los:
             bounds[i] = (torch.stack(los).amax(0), torch.stack(his).amin(0))
+    return bounds
+
+
+def clip_to_eps(
+    model: nn.Module,
+    solution: EquilibriumSolution,
+    inputs: Any,
+    *,
+    tolerance: float = 1e-6,
+    seed: int = 0,
+    max_halvings: int = 40,
+) -> tuple[EquilibriumSolution, EpsReport]:
+    """Clip the scale-invariance generators of ``solution`` to the eps-safe region.
+
+    Only the clipped steps change: the generators coupled to them (e.g. rescalings sharing
+    parameters with a clipped scale invariance) keep the values solved as if the clipped ones
+    had moved all the way, so their flows do not vanish after the teleport. To solve them
+    again with the clipped generators held in place, use
+    :func:`noetherflow.solve_within_eps` instead (it needs the statistics); this function
+    applies to any solution, e.g. random group elements.
+
+    Args:
+        model: the model ``solution`` was solved for (not modified).
+        solution: from :func:`noetherflow.solve_equilibrium`.
+        inputs: example inputs (a tensor, a tuple of positional inputs or a dict of keyword
+            inputs, as in :func:`noetherflow.find_symmetries`).
+        tolerance: largest accepted relative change of the outputs, train and eval mode.
+        seed: seeds any dropout in the measuring forward passes.
+        max_halvings: how often the scale-invariance steps may be halved after clipping.
+
+    Returns:
+        The clipped solution and an :class:`EpsReport`.
+
+    Raises:
+        ValueError: ``tolerance`` not in (0, 1).
+    """
+    check_tolerance(tolerance, "clip_to_eps")
+    args = ModelInputs.of(inputs, "clip_to_eps")
+    syms, names = solution.syms, solution.syms.names
+    bounds = eps_bounds(model, syms, args, tolerance=tolerance, seed=seed)
     report = EpsReport(tolerance)
     steps = list(solution.steps)
     cum: dict[int, Tensor] = {}
@@ -205,7 +258,7 @@ def clip_to_eps(
                 torch.zeros(1, dtype=torch.float64),
             )
             report.clipped.append(EpsClip(names[i], sorted(gens), total, cum[i]))
-    measure = _measurer(model, args, seed)
+    measure = measurer(model, args, seed)
     while True:
         report.change_train, report.change_eval = measure(syms, new_steps)
         ok = max(report.change_train, report.change_eval) <= tolerance
@@ -230,7 +283,16 @@ def _qualname(model: nn.Module, target: nn.Module) -> str:
     )
 
 
-def _measurer(
+def check_tolerance(tolerance: float, who: str) -> None:
+    """Raise ValueError unless 0 < ``tolerance`` < 1 (the eps tolerance τ)."""
+    if not 0 < tolerance < 1:
+        raise ValueError(
+            f"{who}: tolerance must be in (0, 1) (the largest relative output change), got "
+            f"{tolerance}; e.g. 1e-6."
+        )
+
+
+def measurer(
     model: nn.Module, args: ModelInputs, seed: int
 ) -> Callable[[Any, list[tuple[int, Any]]], tuple[float, float]]:
     """Relative output change of applying ``steps`` on float64 copies, train and eval mode."""

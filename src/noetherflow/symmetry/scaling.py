@@ -27,7 +27,9 @@ class ScaleInvariance(DiagonalSymmetry):
         per_channel: one generator per index along dim 0 (all params must share that size),
             e.g. the per-channel invariance of a conv feeding BatchNorm in training mode.
         label: optional name shown in tables.
-        norm: the BatchNorm reading the scaled features, if any. ``apply_`` then also scales
+        norm: the normalisation reading the scaled features, if any: its eps bounds the
+            eps-safe moves (:func:`noetherflow.clip_to_eps`,
+            :func:`noetherflow.solve_within_eps`), and for a BatchNorm ``apply_`` also scales
             its running statistics (mean by e^λ, variance by e^{2λ}), so that the eval-mode
             function changes only through eps.
     """

@@ -282,7 +282,8 @@ class ScalePattern:
             Proposal(
                 Family.SCALE,
                 label,
-                lambda: ScaleInvariance(params, label=label),
+                # the norm rides along so that clip_to_eps / solve_within_eps read its eps
+                lambda: ScaleInvariance(params, label=label, norm=norm),
                 params,
                 info.order[src.node],
                 note=f"whole layer; exact up to {type(norm).__name__} eps",
