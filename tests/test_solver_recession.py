@@ -199,3 +199,36 @@ def test_pinned_problems_skip_the_lp() -> None:
         info: dict[str, Any] = {}
         *_, ok, _ = solve_diag(prob, names, tol=1e-12, max_iter=200, info=info)
         assert ok and info["recession_lp"] is False
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_held_generators_and_combined_directions(seed: int) -> None:
+    """``fixed`` with a combined direction (the bnfix × recession merge): holding one of its
+    generators leaves the other bounded alone, so nothing is at infinity and both solvers
+    agree; holding a generator outside it keeps the direction reported, the held value in
+    place, and no held generator in any report."""
+    widths = [4, 3, 5]
+    prob, names = _chain(seed, widths, 1, shared=False)
+    d0 = _injected(0, widths, seed, prob)
+    _inject(prob, d0)
+    inside = int(d0.nonzero()[0])
+    outside = int((d0 == 0).nonzero()[-1])
+    for held_at, expect_report in ((inside, False), (outside, True)):
+        fixed = torch.full((prob.n,), float("nan"), dtype=DT)
+        fixed[held_at] = 0.3
+        res = {}
+        for method in (DENSE, CG):
+            lam, reps, rel, ok, _ = solve_diag(
+                prob, names, tol=1e-12, max_iter=200, method=method, fixed=fixed
+            )
+            assert ok and rel <= 1e-12
+            assert float(lam[held_at]) == 0.3
+            d = _direction(prob, reps, names)
+            assert float(d[held_at]) == 0.0
+            if expect_report:
+                assert torch.allclose(d, d0, rtol=0, atol=1e-9)
+            else:
+                assert not reps
+                assert _oracle_bounded(prob, torch.arange(prob.n) != held_at)
+            res[method] = lam
+        assert _agree(res[CG], res[DENSE])
