@@ -60,7 +60,14 @@ NOTES = (
     "seeds at η* (was 1/3), accuracy −0.86 below warmup. At η* = 1.0 every run without "
     "warmup collapses to one predicted class (test accuracy 0.0845 for no warmup, both "
     "teleports and the baseline alike; their test losses differ), so equal accuracies there "
-    "are a shared collapse, not an empty teleport."
+    "are a shared collapse, not an empty teleport. Correction (re-run of the current code, "
+    "2026-12-03): the '0/3, −0.86' above was measured before detection found the two "
+    "ChannelRescalings between each BatchNorm's affine and the next layer "
+    "(docs/architecture-verdicts.md); with them the quick run's equilibrium teleport at start "
+    "trains 1/3 seeds at η* = 1.0, accuracy −0.62 below warmup (every k: −0.61), and the "
+    "grad-norm baseline's gain is 14.0× (range 11.7–17.2), not 3.4×; "
+    "microbatch_stats_sufficient 0.117 (fails, per seed 0.117/0.069/0.084). Quick 2/9, full "
+    "3/9; no setting changed."
 )
 
 METHODS = (
