@@ -48,18 +48,24 @@ def bert() -> tuple[nn.Module, Any]:
     return T.BertModel(cfg), torch.randint(0, 32, (2, 5))
 
 
-def llama() -> tuple[nn.Module, Any]:
-    """Llama-style: RMSNorm, SwiGLU, rotary embeddings, grouped-query attention (4 q, 2 kv)."""
+def llama(**config: Any) -> tuple[nn.Module, Any]:
+    """Llama-style: RMSNorm, SwiGLU, rotary embeddings, grouped-query attention (4 q, 2 kv).
+
+    ``config`` overrides entries of the ``LlamaConfig`` (e.g. ``attn_implementation``).
+    """
     import transformers as T
 
     cfg = T.LlamaConfig(
-        num_hidden_layers=1,
-        hidden_size=16,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=24,
-        vocab_size=32,
-        max_position_embeddings=16,
+        **{
+            "num_hidden_layers": 1,
+            "hidden_size": 16,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "intermediate_size": 24,
+            "vocab_size": 32,
+            "max_position_embeddings": 16,
+            **config,
+        }
     )
     return T.LlamaModel(cfg), torch.randint(0, 32, (2, 5))
 

@@ -95,19 +95,11 @@ class _Head(nn.Module):
 
 
 def _tiny_llama() -> nn.Module:
-    T = pytest.importorskip("transformers")
-    cfg = T.LlamaConfig(
-        num_hidden_layers=1,
-        hidden_size=16,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=24,
-        vocab_size=32,
-        max_position_embeddings=16,
-        attn_implementation="eager",
-    )
+    pytest.importorskip("transformers")
+    import real_models as RM
+
     torch.manual_seed(0)
-    return _Head(T.LlamaModel(cfg), 16).to(DT)
+    return _Head(RM.llama(attn_implementation="eager")[0], 16).to(DT)
 
 
 # torch.func's vmap has no batching rule for CPU flash attention (the reference estimator)
