@@ -118,9 +118,11 @@ def test_fixed_is_checked() -> None:
     kw: dict[str, Any] = {"batch_size": 8, **HYPER}
     with pytest.raises(KeyError, match=r"'nope', which is not in the set"):
         nf.solve_equilibrium(syms, stats, fixed={"nope": [0.0]}, **kw)
-    with pytest.raises(ValueError, match=r"has 2 entries \(0 infinite\); expected 6"):
+    with pytest.raises(ValueError, match=r"has shape \(2,\); expected \(6,\)"):
         nf.solve_equilibrium(syms, stats, fixed={n0: [0.0, 1.0]}, **kw)
-    with pytest.raises(ValueError, match=r"\(1 infinite\)"):
+    with pytest.raises(ValueError, match=r"has shape \(2, 3\); expected \(6,\)"):
+        nf.solve_equilibrium(syms, stats, fixed={n0: torch.zeros(2, 3)}, **kw)
+    with pytest.raises(ValueError, match=r"has 1 infinite entries; expected finite"):
         nf.solve_equilibrium(syms, stats, fixed={n0: [float("inf")] + [0.0] * 5}, **kw)
 
 

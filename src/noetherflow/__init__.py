@@ -6,6 +6,7 @@ of the docs' Concepts pages (docs/concepts/flow.md says where they differ from t
 """
 
 from noetherflow._errors import (
+    EpsWarning,
     NonFiniteGradientError,
     StatisticsError,
     SymmetryDefinitionError,
@@ -82,6 +83,7 @@ __all__ = [
     "CoverageReport",
     "CoverageStatus",
     "EpsReport",
+    "EpsWarning",
     "ParamCoverage",
     "clip_to_eps",
     "find_symmetries",

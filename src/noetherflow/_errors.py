@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 __all__ = [
+    "EpsWarning",
     "NonFiniteGradientError",
     "StatisticsError",
     "SymmetryDefinitionError",
@@ -29,3 +30,13 @@ class NonFiniteGradientError(StatisticsError):
 
 class UnsupportedLayerError(StatisticsError):
     """The chosen estimator does not support a layer that a symmetry acts on."""
+
+
+class EpsWarning(UserWarning):
+    """A teleport moves scale invariances that a normalisation's eps makes approximate.
+
+    Raised (as a warning) by :func:`noetherflow.teleport` for a solution that was not kept
+    within an eps tolerance (:func:`noetherflow.solve_within_eps`,
+    :func:`noetherflow.clip_to_eps`): the outputs change through eps, by how much depends on
+    the variance each normalisation divides by.
+    """

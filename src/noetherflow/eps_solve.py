@@ -26,6 +26,7 @@ terminating rule rather than the minimum of F over the box).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -161,4 +162,4 @@ def solve_within_eps(
     for name, lam in held.items():
         gens = torch.isfinite(lam).nonzero().flatten().tolist()
         report.clipped.append(EpsClip(name, gens, _lam(first, name), _lam(sol, name)))
-    return sol, report
+    return replace(sol, eps_tolerance=tolerance), report

@@ -89,6 +89,11 @@ class EquilibriumSolution:
         fingerprint: signature of the parameters the solution was computed at
             (:func:`fingerprint` of ``syms.params()``); :func:`noetherflow.teleport` refuses
             parameters that changed since. None: not checked.
+        eps_tolerance: the tolerance on the relative output change that the scale
+            invariances before normalisations were kept within
+            (:func:`noetherflow.solve_within_eps`, :func:`noetherflow.clip_to_eps`); None: not
+            checked, and :func:`noetherflow.teleport` warns (:class:`noetherflow.EpsWarning`)
+            if it moves such a scale invariance.
     """
 
     syms: SymmetrySet
@@ -100,6 +105,7 @@ class EquilibriumSolution:
     converged: bool = True
     iterations: int = 0
     fingerprint: tuple[tuple[float, float, float], ...] | None = None
+    eps_tolerance: float | None = None
 
     def max_distance(self) -> float:
         """The largest distance over all symmetries (0 when already at equilibrium)."""
@@ -360,13 +366,20 @@ def _check_fixed(syms: SymmetrySet, fixed: Mapping[str, Any] | None) -> dict[str
                 f"solve_equilibrium: fixed holds {name!r}, a {s.family.value} symmetry; only "
                 "diagonal generators (rescaling, scale) can be held. Leave it out of fixed."
             )
-        lam = torch.as_tensor(value, dtype=torch.float64).detach().cpu().reshape(-1)
+        lam = torch.as_tensor(value, dtype=torch.float64).detach().cpu()
         size = cast(DiagonalSymmetry, s).num_generators
-        if lam.numel() != size or bool(torch.isinf(lam).any()):
+        if tuple(lam.shape) != (size,):
             raise ValueError(
-                f"solve_equilibrium: fixed[{name!r}] has {lam.numel()} entries "
-                f"({int(torch.isinf(lam).sum())} infinite); expected {size}, one per "
-                "generator: the λ to hold it at, or NaN to leave it free."
+                f"solve_equilibrium: fixed[{name!r}] has shape {tuple(lam.shape)}; expected "
+                f"({size},), one λ per generator: the value to hold it at, or NaN to leave it "
+                "free."
+            )
+        if bool(torch.isinf(lam).any()):
+            raise ValueError(
+                f"solve_equilibrium: fixed[{name!r}] has {int(torch.isinf(lam).sum())} infinite "
+                "entries; expected finite values to hold (or NaN to leave a generator free). A "
+                "generator cannot be held at infinity: leave it free and read "
+                "solution.at_infinity."
             )
         out[name] = lam
     return out

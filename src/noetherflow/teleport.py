@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
+from noetherflow._errors import EpsWarning
 from noetherflow.equilibrium import EquilibriumSolution, fingerprint
+from noetherflow.symmetry.scaling import ScaleInvariance
 from noetherflow.symmetry.set import SymmetrySet, rebind_symmetry
 
 __all__ = ["TeleportError", "TeleportHandle", "teleport"]
@@ -92,6 +95,30 @@ def _bind(model: nn.Module, solution: EquilibriumSolution) -> SymmetrySet:
     return out
 
 
+def _warn_eps(syms: SymmetrySet, steps: list[tuple[int, Any]]) -> None:
+    """Warn when ``steps`` move a scale invariance whose normalisation has an eps."""
+    moved = sorted(
+        {
+            syms.names[i]
+            for i, el in steps
+            if isinstance(syms[i], ScaleInvariance)
+            and syms[i].norm is not None  # type: ignore[attr-defined]
+            and bool(torch.as_tensor(el).ne(0).any())
+        }
+    )
+    if moved:
+        more = f" and {len(moved) - 3} more" if len(moved) > 3 else ""
+        warnings.warn(
+            f"teleport moves {len(moved)} scale invariance(s) before a normalisation "
+            f"({', '.join(moved[:3])}{more}); they are exact only as the normalisation's eps → 0, "
+            "so the outputs change through eps (in training mode and, for BatchNorm, in eval "
+            "mode). Keep the change within a tolerance: sol, report = nf.solve_within_eps(model, "
+            "syms, stats, x, tolerance=1e-6, ...) or EquilibriumTeleport(eps_tolerance=1e-6).",
+            EpsWarning,
+            stacklevel=3,
+        )
+
+
 def teleport(*args: Any) -> TeleportHandle:
     """Move the parameters along the symmetry orbits to the solved noise equilibrium.
 
@@ -131,6 +158,8 @@ def teleport(*args: Any) -> TeleportHandle:
                 "a solution is valid only at the parameters it was solved at. Collect the "
                 "statistics and solve again, then teleport."
             )
+    if solution.eps_tolerance is None:
+        _warn_eps(syms, solution.steps)
     saved: dict[Tensor, Tensor] = {p: p.detach().clone() for p in params}
     for s in syms:  # buffers moved with the parameters (ScaleInvariance before a BatchNorm)
         saved.update({b: b.detach().clone() for b in s.state_buffers()})

@@ -48,7 +48,7 @@ from noetherflow._optimizer_state import (
 from noetherflow.eps_solve import solve_within_eps
 from noetherflow.equilibrium import EquilibriumSolution, solve_equilibrium
 from noetherflow.kernels import kernel_for
-from noetherflow.stats.collect import collect_stats
+from noetherflow.stats.collect import check_params_of, collect_stats
 from noetherflow.stats.core import Estimator
 from noetherflow.symmetry.eps import EpsReport, check_tolerance
 from noetherflow.symmetry.set import SymmetrySet
@@ -201,6 +201,7 @@ class EquilibriumTeleport:
                 "EquilibriumTeleport: the symmetry set is empty, there is nothing to teleport "
                 "along; build it with nf.find_symmetries(model, example_inputs)."
             )
+        check_params_of(model, syms, "EquilibriumTeleport")
         self.model = model
         self.syms = syms
         self.loss_fn = loss_fn
@@ -229,7 +230,7 @@ class EquilibriumTeleport:
         self.optimizer_state = OptimizerState(optimizer_state)
         self.solver_kwargs = dict(solver_kwargs or {})
         if eps_tolerance is not None:
-            check_tolerance(float(eps_tolerance), "EquilibriumTeleport(eps_tolerance=...)")
+            check_tolerance(eps_tolerance, "EquilibriumTeleport(eps_tolerance=...)")
         self.eps_tolerance = None if eps_tolerance is None else float(eps_tolerance)
         self._eps_report: EpsReport | None = None
         self.history: list[TeleportRecord] = []

@@ -50,7 +50,7 @@ from noetherflow.monitor.schema import build_schema
 from noetherflow.monitor.steps import StepLog
 from noetherflow.optim.decompose import StepDecomposition
 from noetherflow.plotting import plot_history
-from noetherflow.stats.collect import Capture, capture, collect_stats
+from noetherflow.stats.collect import Capture, capture, check_params_of, collect_stats
 from noetherflow.stats.core import Estimator, GradStats, Reduction, parse_reduction
 from noetherflow.stats.distributed import (
     all_reduce_mean,
@@ -208,6 +208,7 @@ class NoetherMonitor:
             )
         if len(syms) == 0:
             raise ValueError("The symmetry set is empty; there is nothing to monitor.")
+        check_params_of(model, syms, "NoetherMonitor")
         self.model, self.syms = model, syms
         self.every = int(every)
         self.batch_size, self.time = batch_size, time

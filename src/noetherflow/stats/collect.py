@@ -442,6 +442,7 @@ def collect_stats(
     n = inp.batch_size("collect_stats", split=est is not Estimator.HOOKS)
     check_batch(n)
     _check_devices(model, syms, inp.tensors())
+    check_params_of(model, syms, "collect_stats")
     if est is Estimator.HOOKS:
         with capture(
             model,
@@ -513,6 +514,24 @@ def _detached(x: Any, memo: dict[int, Tensor] | None = None) -> Any:
 
 def _names(model: nn.Module) -> dict[int, str]:
     return {id(p): n for n, p in model.named_parameters()}
+
+
+def check_params_of(model: nn.Module, syms: SymmetrySet, where: str) -> None:
+    """Raise unless every parameter of ``syms`` is a parameter of ``model`` (by identity).
+
+    A set found on another model (a copy, a re-created model) would otherwise have its
+    statistics read from parameters the forward pass never touches: zero gradients, no error.
+    """
+    own = {id(p) for p in unwrap_ddp(model).parameters()}
+    for name, sym in syms.items():
+        foreign = [p for p in sym.params if id(p) not in own]
+        if foreign:
+            raise StatisticsError(
+                f"{where}: symmetry {name!r} acts on a parameter of shape "
+                f"{tuple(foreign[0].shape)} that is not a parameter of this model (the set was "
+                "found on another model, e.g. before copy.deepcopy or on a re-created model). "
+                "Call nf.find_symmetries(model, x) on the model whose statistics you collect."
+            )
 
 
 def _check_devices(model: nn.Module, syms: SymmetrySet, xs: list[Tensor]) -> None:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import copy
 import math
+import numbers
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -270,7 +271,8 @@ def clip_to_eps(
     for i, total in cum.items():
         if names[i] in elements:
             elements[names[i]] = total * 0.5**report.halvings
-    return replace(solution, steps=new_steps, elements=elements), report
+    out = replace(solution, steps=new_steps, elements=elements, eps_tolerance=tolerance)
+    return out, report
 
 
 def _qualname(model: nn.Module, target: nn.Module) -> str:
@@ -284,7 +286,12 @@ def _qualname(model: nn.Module, target: nn.Module) -> str:
 
 
 def check_tolerance(tolerance: float, who: str) -> None:
-    """Raise ValueError unless 0 < ``tolerance`` < 1 (the eps tolerance τ)."""
+    """Raise ValueError unless ``tolerance`` is a real number with 0 < τ < 1 (the eps tolerance)."""
+    if isinstance(tolerance, bool) or not isinstance(tolerance, numbers.Real):
+        raise ValueError(
+            f"{who}: tolerance={tolerance!r} is a {type(tolerance).__name__}; expected a number "
+            "in (0, 1) (the largest relative output change), e.g. 1e-6."
+        )
     if not 0 < tolerance < 1:
         raise ValueError(
             f"{who}: tolerance must be in (0, 1) (the largest relative output change), got "
