@@ -20,6 +20,7 @@ import argparse
 import statistics
 import sys
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -111,7 +112,10 @@ def bench(name: str, wl: dict[str, Any], reps: int, every: int) -> dict[str, Any
         ),
         reps,
     )  # fmt: skip
-    t_tele = _median_time(lambda: tp.teleport(x, y), reps)
+    with warnings.catch_warnings():
+        # Timing only: the BatchNorm workload's teleport is not kept within an eps tolerance.
+        warnings.simplefilter("ignore", nf.EpsWarning)
+        t_tele = _median_time(lambda: tp.teleport(x, y), reps)
     has_diag = any(s.is_diagonal for s in syms)
     t_gn = (
         _median_time(lambda: gradient_norm_teleport(model, syms, loss_fn, x, y, steps=10), reps)

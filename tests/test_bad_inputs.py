@@ -247,3 +247,26 @@ class TestDistributed:
         msg = ranks[0]["skip"]
         assert "did not join" in msg and "same number of times" in msg, msg
         assert ranks[0]["skip_seconds"] < 8
+
+
+class TestSymmetriesOfAnotherModel:
+    """Symmetries found on the original, statistics asked of a copy: the micro-batch estimator
+    returned zero gradients silently (the copy's forward never touches the original's
+    parameters) and the hooks blamed the layer types."""
+
+    @pytest.mark.parametrize("estimator", ["hooks", "reference", "microbatch"])
+    def test_collect_stats_refuses(self, estimator: str) -> None:
+        m, syms, x, y = _mlp()
+        other = copy.deepcopy(m)
+        with pytest.raises(nf.StatisticsError, match=r"symmetry 'r' acts on a parameter of shape"):
+            nf.collect_stats(
+                other, syms, nn.MSELoss(), x, y, estimator=estimator, micro_batch_size=4
+            )
+
+    def test_monitor_and_teleporter_refuse(self) -> None:
+        m, syms, _, _ = _mlp()
+        other = copy.deepcopy(m)
+        with pytest.raises(nf.StatisticsError, match=r"NoetherMonitor: .*find_symmetries"):
+            nf.NoetherMonitor(other, syms, lr=0.1, batch_size=16)
+        with pytest.raises(nf.StatisticsError, match=r"EquilibriumTeleport: .*not a parameter"):
+            nf.EquilibriumTeleport(other, syms, nn.MSELoss(), lr=0.1, batch_size=16)

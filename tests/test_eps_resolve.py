@@ -10,6 +10,7 @@ and eval mode; plain clipping (``clip_to_eps``) leaves the coupled flows, which 
 from __future__ import annotations
 
 import copy
+import warnings
 from typing import Any
 
 import pytest
@@ -326,3 +327,27 @@ def test_intervals_are_halved_until_the_change_is_within_tolerance(
         nf.solve_within_eps(model, syms, stats, x, nm, tolerance=0)
     with pytest.raises(TypeError, match="fixed= is set by this function"):
         nf.solve_within_eps(model, syms, stats, x, nm, fixed={})
+
+
+def test_unchecked_teleport_of_a_scale_invariance_before_a_norm_warns() -> None:
+    """An unchecked solution moving a scale invariance before BatchNorm warns (and the output
+    change it warns about is real); the eps-checked one neither warns nor changes more than τ."""
+    model, x, y, est = _setup("batchnorm")
+    syms = nf.find_symmetries(model, x)
+    nm = NoiseModel.create(batch_size=8, **HYPER)
+    stats = nf.collect_stats(model, syms, _mse, x, y, **est)
+    before = _outputs(model, x)
+    plain = nf.solve_equilibrium(syms, stats, nm)
+    assert plain.eps_tolerance is None
+    with pytest.warns(nf.EpsWarning, match=r"scale invariance\(s\) before a normalisation"):
+        handle = nf.teleport(plain)
+    after = _outputs(model, x)
+    assert float((after[True] - before[True]).norm() / before[True].norm()) > 1e-6
+    handle.undo()
+    checked, _ = nf.solve_within_eps(model, syms, stats, x, nm, tolerance=1e-6)
+    assert checked.eps_tolerance == 1e-6
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", nf.EpsWarning)
+        nf.teleport(checked)
+    with pytest.raises(ValueError, match=r"tolerance='1e-6' is a str; expected a number"):
+        nf.solve_within_eps(model, syms, stats, x, nm, tolerance="1e-6")  # type: ignore[arg-type]

@@ -135,7 +135,8 @@ def test_teleporter_estimator_is_checked_when_built() -> None:
         estimator="microbatch", micro_batch_size=4,
     )  # fmt: skip
     running = m[1].running_var.clone()
-    sol = tp.teleport(x, y)
+    with pytest.warns(nf.EpsWarning):  # no eps tolerance given
+        sol = tp.teleport(x, y)
     assert tp.estimator == "microbatch" and len(tp.history) == 1 and sol.converged
     # the statistics' passes left the buffers; the teleport itself scales the running variance
     # with the weights feeding the BatchNorm (by e^{2λ} of the scale invariance before it)

@@ -20,10 +20,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.optimize import linprog
-from test_solver_cg import CG, DENSE, _agree, _chain
+from test_solver_cg import CG, DENSE, _agree, _chain, _Sym
 
 from noetherflow.kernels._diag_newton import solve_diag
-from noetherflow.kernels._diag_problem import _DiagProblem, _spread
+from noetherflow.kernels._diag_problem import _DiagProblem, _Grid, _spread
 
 DT = torch.float64
 
@@ -232,3 +232,20 @@ def test_held_generators_and_combined_directions(seed: int) -> None:
                 assert _oracle_bounded(prob, torch.arange(prob.n) != held_at)
             res[method] = lam
         assert _agree(res[CG], res[DENSE])
+
+
+def test_a_single_generator_held_back_only_by_negligible_terms_is_not_called_combined() -> None:
+    """Restoring terms each below the cut-off but summing above it: ``one_sided`` (sums)
+    calls the generator bounded, the recession condition (each term) finds it alone at
+    infinity. The report says why, and does not call one generator a combined direction."""
+    g = _Grid(
+        torch.full((1, 1000), 1e-12, dtype=DT), torch.ones(1, 1000, dtype=DT), [(0, 1, 1, 1.0)], []
+    )
+    s = _Sym(1)
+    prob = _DiagProblem(1, {s: 0}, [g])
+    assert not bool(prob.one_sided().ne(0).any())
+    for method in (DENSE, CG):
+        lam, reps, _, ok, _ = solve_diag(prob, {s: "s"}, tol=1e-12, max_iter=200, method=method)
+        assert ok and lam.eq(0).all() and len(reps) == 1
+        assert reps[0].direction.tolist() == [-1.0] and reps[0].coupled == ()
+        assert "below 1e-13" in reps[0].reason and "combined" not in reps[0].reason

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -12,7 +12,7 @@ from torch import Tensor, nn
 
 from noetherflow._errors import EpsWarning
 from noetherflow.equilibrium import EquilibriumSolution, fingerprint
-from noetherflow.symmetry.scaling import ScaleInvariance
+from noetherflow.symmetry.eps import eps_moved
 from noetherflow.symmetry.set import SymmetrySet, rebind_symmetry
 
 __all__ = ["TeleportError", "TeleportHandle", "teleport"]
@@ -27,7 +27,7 @@ class TeleportHandle:
     """Returned by :func:`teleport`; ``undo()`` restores parameters and buffers bit for bit."""
 
     solution: EquilibriumSolution
-    _saved: dict[Tensor, Tensor]
+    _saved: dict[Tensor, Tensor] = field(repr=False)
     _undone: bool = False
 
     def undo(self) -> None:
@@ -97,15 +97,7 @@ def _bind(model: nn.Module, solution: EquilibriumSolution) -> SymmetrySet:
 
 def _warn_eps(syms: SymmetrySet, steps: list[tuple[int, Any]]) -> None:
     """Warn when ``steps`` move a scale invariance whose normalisation has an eps."""
-    moved = sorted(
-        {
-            syms.names[i]
-            for i, el in steps
-            if isinstance(syms[i], ScaleInvariance)
-            and syms[i].norm is not None  # type: ignore[attr-defined]
-            and bool(torch.as_tensor(el).ne(0).any())
-        }
-    )
+    moved = eps_moved(syms, steps)
     if moved:
         more = f" and {len(moved) - 3} more" if len(moved) > 3 else ""
         warnings.warn(

@@ -81,8 +81,7 @@ NOTES = (
     "at the same per-step relaxation). This round: GD now trains through "
     "noetherflow.train.run_gd (its callback sees each state before the update); the charges "
     "equal the former hand-written loop's to 5e-15 and the claim value moved from 1.399e-16 "
-    "to 1.412e-16 (round-off). Later runs (2026-12-03, the experiments on the library's "
-    "engine): 1.212e-16 (round-off of the exact identity; threshold 1e-10)."
+    "to 1.412e-16 (round-off). Later runs (2026-12-03, library engine): 1.212e-16 (round-off)."
 )
 
 _DT = torch.float64

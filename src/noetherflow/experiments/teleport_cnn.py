@@ -67,7 +67,10 @@ NOTES = (
     "trains 1/3 seeds at η* = 1.0, accuracy −0.62 below warmup (every k: −0.61), and the "
     "grad-norm baseline's gain is 14.0× (range 11.7–17.2), not 3.4×; "
     "microbatch_stats_sufficient 0.117 (fails, per seed 0.117/0.069/0.084). Quick 2/9, full "
-    "3/9; no setting changed."
+    "3/9; no setting changed. Its teleports are not kept within an eps tolerance (the "
+    "protocol predates solve_within_eps): the scale invariances before each BatchNorm move by "
+    "the solved λ, which changes the network's outputs through eps (the library's EpsWarning, "
+    "silenced here; the size of that change was not measured in this experiment)."
 )
 
 METHODS = (

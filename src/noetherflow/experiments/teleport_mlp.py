@@ -347,7 +347,9 @@ def train_stacked(
                 xb, yb = view(data[s][0][idx]), data[s][1][idx]
                 stacked.load(r, module)
                 if due_tp:
-                    teleporters[r].teleport(xb, yb)
+                    with warnings.catch_warnings():  # no eps tolerance (teleport-cnn NOTES)
+                        warnings.simplefilter("ignore", nf.EpsWarning)
+                        teleporters[r].teleport(xb, yb)
                 else:
                     res = gradient_norm_teleport(
                         module, syms, F.cross_entropy, xb, yb,

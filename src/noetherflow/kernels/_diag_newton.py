@@ -230,6 +230,12 @@ _COMBINED = (
     "F decreases along this combined direction of generators (each bounded alone): the "
     "equilibrium is at infinity there; left unmoved, the rest solved"
 )
+_FAINT = (
+    "each term that would pull this generator back is below 1e-13 of the gross terms of a "
+    "generator it touches, the cut-off below which a term counts as absent: its equilibrium "
+    "is at infinity by that convention (a finite minimiser would lie beyond |λ| ≈ 7); left "
+    "unmoved"
+)
 _RUN_OFF = (
     "F keeps decreasing along this combined direction: the joint equilibrium is at infinity; "
     "the iterate was stopped, not moved"
@@ -332,7 +338,9 @@ def solve_diag(
         lam = torch.where(free, init.to(torch.float64), 0.0)
     if fixed is not None:
         lam = torch.where(held, fixed.to(torch.float64), lam)
-    parts = [(sided, _ONE_SIDED, False)] + [(d, _COMBINED, True) for d in combined]
+    parts = [(sided, _ONE_SIDED, False)] + [
+        (d, _COMBINED, True) if int((d != 0).sum()) > 1 else (d, _FAINT, False) for d in combined
+    ]
     reports = _reports(prob, names, parts)
     used = choose_method(method, int(free.sum()))
     cg_iters: list[int] = []

@@ -184,6 +184,13 @@ class GradStats:
     samples: dict[nn.Parameter, Tensor] = field(default_factory=dict)
     estimator: str = Estimator.REFERENCE.value
 
+    def __repr__(self) -> str:
+        # The tensors themselves would run to hundreds of lines for a small model.
+        return (
+            f"GradStats(n={self.n}, estimator={self.estimator!r}, params={len(self.mean)}, "
+            f"blocks={sorted(self.blocks)}, samples={len(self.samples)})"
+        )
+
     def __getattr__(self, name: str) -> Any:
         # Only reached when normal lookup fails: a field of some kernel's block.
         if name.startswith("_") or name in ("blocks", "mean", "samples", "n", "estimator"):

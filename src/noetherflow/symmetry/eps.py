@@ -96,6 +96,14 @@ class EpsReport:
     change_eval: float = 0.0
     resolves: int = 0
 
+    def __repr__(self) -> str:
+        clipped = [c.name for c in self.clipped]
+        return (
+            f"EpsReport(tolerance={self.tolerance:g}, clipped={clipped}, "
+            f"halvings={self.halvings}, change_train={self.change_train:.3g}, "
+            f"change_eval={self.change_eval:.3g}, resolves={self.resolves})"
+        )
+
     def __str__(self) -> str:
         lines = [
             f"eps tolerance {self.tolerance:g}: relative output change after the teleport "
@@ -282,6 +290,22 @@ def _qualname(model: nn.Module, target: nn.Module) -> str:
     raise ValueError(
         f"clip_to_eps: the normalisation {type(target).__name__} of a symmetry is not a module "
         "of the model; pass the model the symmetries were found on."
+    )
+
+
+def eps_moved(syms: Any, steps: list[tuple[int, Any]]) -> list[str]:
+    """Names of the scale invariances before a normalisation that ``steps`` move (sorted).
+
+    ``steps``: ``(index in syms, element)`` pairs, as in :attr:`EquilibriumSolution.steps`.
+    """
+    return sorted(
+        {
+            syms.names[i]
+            for i, el in steps
+            if isinstance(syms[i], ScaleInvariance)
+            and syms[i].norm is not None
+            and bool(torch.as_tensor(el).ne(0).any())
+        }
     )
 
 
