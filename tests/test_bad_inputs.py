@@ -224,20 +224,23 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+@pytest.fixture(scope="class")
+def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    """Two gloo ranks' records of the bad calls (module level: pytest 9.2 deprecates
+    class-scoped fixtures that are instance methods)."""
+    out = tmp_path_factory.mktemp("ddp_bad")
+    ctx = mp.get_context("spawn")
+    port = _free_port()
+    procs = [ctx.Process(target=_ddp_worker, args=(r, port, str(out))) for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(2)]
+
+
 class TestDistributed:
     """Different symmetry orders were reduced silently; a skipped call hung for 30 minutes."""
-
-    @pytest.fixture(scope="class")
-    def ranks(self, tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
-        out = tmp_path_factory.mktemp("ddp_bad")
-        ctx = mp.get_context("spawn")
-        port = _free_port()
-        procs = [ctx.Process(target=_ddp_worker, args=(r, port, str(out))) for r in range(2)]
-        for p in procs:
-            p.start()
-        for p in procs:
-            p.join(120)
-        return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(2)]
 
     def test_symmetry_order_differs_across_ranks(self, ranks: list[dict[str, Any]]) -> None:
         for r in ranks:
