@@ -70,7 +70,8 @@ NOTES = (
     "3/9; no setting changed. Its teleports are not kept within an eps tolerance (the "
     "protocol predates solve_within_eps): the scale invariances before each BatchNorm move by "
     "the solved λ, which changes the network's outputs through eps (the library's EpsWarning, "
-    "silenced here; the size of that change was not measured in this experiment)."
+    "silenced here). Measured once outside the runs (one teleport at initialisation per "
+    "seed, this model and η = 1.0, both sizes): the test outputs change by 1e-4–9e-4 relative."
 )
 
 METHODS = (
