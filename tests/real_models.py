@@ -19,17 +19,21 @@ from torch import Tensor, nn
 Factory = Callable[[], tuple[nn.Module, Any]]
 
 
-def gpt2() -> tuple[nn.Module, Any]:
+def gpt2(**config: Any) -> tuple[nn.Module, Any]:
+    """GPT-2 (``Conv1D``, fused ``c_attn``); ``config`` overrides ``GPT2Config`` entries."""
     import transformers as T
 
     cfg = T.GPT2Config(
-        n_layer=1,
-        n_embd=16,
-        n_head=2,
-        vocab_size=32,
-        n_positions=16,
-        bos_token_id=0,
-        eos_token_id=0,
+        **{
+            "n_layer": 1,
+            "n_embd": 16,
+            "n_head": 2,
+            "vocab_size": 32,
+            "n_positions": 16,
+            "bos_token_id": 0,
+            "eos_token_id": 0,
+            **config,
+        }
     )
     return T.GPT2Model(cfg), torch.randint(0, 32, (2, 5))
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import real_models as RM
 import torch
 from torch import nn
 
@@ -23,21 +24,13 @@ from noetherflow.symmetry._fx.scope import ScopeRecorder
 from noetherflow.symmetry.detect import find_symmetries, symmetry_signature
 from noetherflow.symmetry.rescaling import Rescaling
 
-T = pytest.importorskip("transformers")
+pytest.importorskip("transformers")
 
 
 def _gpt2(n_layer: int) -> tuple[nn.Module, torch.Tensor]:
     torch.manual_seed(0)
-    cfg = T.GPT2Config(
-        n_layer=n_layer,
-        n_embd=16,
-        n_head=2,
-        vocab_size=32,
-        n_positions=16,
-        bos_token_id=0,
-        eos_token_id=0,
-    )
-    return T.GPT2Model(cfg).eval(), torch.randint(0, 32, (2, 5))
+    model, ids = RM.gpt2(n_layer=n_layer)
+    return model.eval(), ids
 
 
 def _sigs(model: nn.Module, syms: Any) -> list[Any]:
