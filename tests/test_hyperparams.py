@@ -156,7 +156,8 @@ def test_momentum_zero_is_accepted() -> None:
 @pytest.mark.parametrize(("nesterov", "dampening"), [(False, 0.0), (True, 0.0), (False, 0.3)])
 def test_momentum_sgd_uses_the_momentum_noise_model(nesterov: bool, dampening: float) -> None:
     """SGD(momentum=β, nesterov, dampening): flows, distances and teleports use
-    NoiseModel.create(momentum=β, nesterov=..., dampening=d)."""
+    NoiseModel.create(momentum=β, nesterov=..., dampening=d) and the optimizer's momentum
+    buffers for the cross term (displacement=opt)."""
     m, syms, x, y = problem()
     m.double()
     x, y = x.double(), y.double()
@@ -181,9 +182,10 @@ def test_momentum_sgd_uses_the_momentum_noise_model(nesterov: bool, dampening: f
             loss = F.mse_loss(m(x), y)
             loss.backward()
         stats = nf.collect_stats(m, syms, F.mse_loss, x, y, estimator="reference")
-        want = nf.noether_flow(syms, stats, **kw, **mkw)["rescaling0"]
+        want = nf.noether_flow(syms, stats, **kw, **mkw, displacement=opt)["rescaling0"]
         plain = nf.noether_flow(syms, stats, **kw)["rescaling0"]
-        want_d = nf.solve_equilibrium(syms, stats, **kw, **mkw).distance["rescaling0"]
+        sol = nf.solve_equilibrium(syms, stats, **kw, **mkw, displacement=opt)
+        want_d = sol.distance["rescaling0"]
         row = mon.step(loss)
         assert row is not None
         got = torch.as_tensor(row["flow/rescaling0"])
@@ -196,8 +198,10 @@ def test_momentum_sgd_uses_the_momentum_noise_model(nesterov: bool, dampening: f
     tp = nf.EquilibriumTeleport(m, syms, F.mse_loss, optimizer=opt, batch_size=8)
     read = tp.solve(x, y)
     stats = nf.collect_stats(m, syms, F.mse_loss, x, y, estimator="reference")
-    ref = nf.solve_equilibrium(syms, stats, **kw, **mkw)
+    ref = nf.solve_equilibrium(syms, stats, **kw, **mkw, displacement=opt)
     assert torch.allclose(read.distance["rescaling0"], ref.distance["rescaling0"], rtol=1e-12)
+    no_buffer = nf.solve_equilibrium(syms, stats, **kw, **mkw)  # the cross term matters here
+    assert not torch.allclose(read.distance["rescaling0"], no_buffer.distance["rescaling0"])
 
 
 def test_param_groups() -> None:

@@ -35,6 +35,7 @@ from noetherflow.optim import (
     decompose_step,
     decoupled_stationary_charge,
     from_optimizer,
+    momentum_displacement,
     momentum_noise,
     stationary_moments,
 )
@@ -154,6 +155,7 @@ __all__ = [
     "decompose_step",
     "decoupled_stationary_charge",
     "from_optimizer",
+    "momentum_displacement",
     "momentum_noise",
     "stationary_moments",
 ]

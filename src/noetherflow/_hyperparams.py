@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 __all__ = ["AdamSettings", "HyperSource", "adam_settings", "sgd_hyperparameters"]
 
@@ -313,6 +313,21 @@ class HyperSource:
             )
         _, _, beta, nesterov, d = sgd_settings(self.optimizer, self.params, owner=self.owner)
         return {"momentum": beta, "nesterov": nesterov, "dampening": d}
+
+    def displacement(self) -> dict[nn.Parameter, Tensor] | None:
+        """The momentum displacement v = −η·buffer of SGD with momentum (None otherwise).
+
+        For the cross term c_cross·vᵀA∇L of the flows and solvers; read after ``backward``
+        and before ``step``.
+        """
+        if self.optimizer is None or self.adaptive:
+            return None
+        opt = _unwrap(self.optimizer)
+        if not isinstance(opt, torch.optim.SGD):
+            return None
+        from noetherflow.optim.momentum import momentum_displacement
+
+        return momentum_displacement(opt, self.params) or None
 
     def set(self, name: str, value: float) -> None:
         """Set ``lr`` or ``weight_decay`` by hand (refused when they come from an optimizer)."""

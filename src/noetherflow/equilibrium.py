@@ -42,7 +42,7 @@ from noetherflow.kernels import (
 from noetherflow.kernels._diag_newton import NewtonMethod
 from noetherflow.kernels.base import overlaps, refresh_stats_, stats_from_samples
 from noetherflow.kernels.noise import NoiseModel, TimeModel, resolve_noise
-from noetherflow.stats.core import GradStats
+from noetherflow.stats.core import GradStats, with_displacement
 from noetherflow.symmetry.base import DiagonalSymmetry, Symmetry
 from noetherflow.symmetry.set import SymmetrySet
 
@@ -89,6 +89,12 @@ class EquilibriumSolution:
         fingerprint: signature of the parameters the solution was computed at
             (:func:`fingerprint` of ``syms.params()``); :func:`noetherflow.teleport` refuses
             parameters that changed since. None: not checked.
+        momentum_terms: SGD with momentum (discrete time, γ > 0): per symmetry the stationary
+            (C*, B*, E*) — charge θᵀAθ, cross term θᵀAv and buffer term vᵀAv, each of the
+            charge's shape — that the solution puts the model at
+            (:func:`noetherflow.optim.stationary_terms`, with H* = vᵀA∇L of the displacement
+            moved along with θ; 0 without one). NaN for symmetries with a direction at
+            infinity. Empty otherwise.
         eps_tolerance: the tolerance on the relative output change that the scale
             invariances before normalisations were kept within
             (:func:`noetherflow.solve_within_eps`, :func:`noetherflow.clip_to_eps`); None: not
@@ -106,6 +112,7 @@ class EquilibriumSolution:
     iterations: int = 0
     fingerprint: tuple[tuple[float, float, float], ...] | None = None
     eps_tolerance: float | None = None
+    momentum_terms: dict[str, tuple[Tensor, Tensor, Tensor]] = field(default_factory=dict)
 
     def max_distance(self) -> float:
         """The largest distance over all symmetries (0 when already at equilibrium)."""
@@ -158,6 +165,7 @@ def solve_equilibrium(
     dampening: float | None = None,
     solver: str | NewtonMethod = "auto",
     fixed: Mapping[str, Any] | None = None,
+    displacement: Any = None,
 ) -> EquilibriumSolution:
     """Solve for the noise equilibrium of every symmetry in ``syms`` (paper Thm 4.3, eq. 9).
 
@@ -187,7 +195,7 @@ def solve_equilibrium(
             its diagonal λ warm-start the joint Newton solve (same convergence criteria, so the
             same answer, usually in fewer iterations); other families start from the identity.
         momentum: SGD with momentum β (keyword form; :meth:`NoiseModel.create`): effective
-            coefficients, exact when ⟨vᵀA∇L⟩ = 0; β = 0 is plain SGD exactly.
+            coefficients; β = 0 is plain SGD exactly.
         nesterov: Nesterov momentum (keyword form).
         dampening: PyTorch SGD's momentum dampening d (keyword form).
         solver: the linear systems of the joint diagonal Newton solve: ``"dense"`` (the
@@ -201,6 +209,14 @@ def solve_equilibrium(
             NaN entries free. The solution minimises F over the free generators with the held
             ones in place, so the flows vanish after the teleport on the free generators only
             (e.g. scale invariances clipped by :func:`noetherflow.solve_within_eps`).
+        displacement: SGD with momentum: the ``torch.optim.SGD`` whose buffers to read (after
+            ``backward``, before ``step``) or a mapping parameter → v = −lr·buffer, for the
+            cross term c_cross·vᵀA∇L. v moves along the orbit as a gradient does (as
+            :class:`noetherflow.EquilibriumTeleport` moves the buffer), and the solution puts
+            each charge at the exact stationary value of the (C, B, E) map
+            (docs/concepts/optimizers.md). Without it the term is 0, exact only when
+            ⟨vᵀA∇L⟩ = 0. A coordinate group whose noise term turns negative with it is taken
+            as 0 (its equilibrium then lies at infinity and is reported).
 
     Returns:
         An :class:`EquilibriumSolution`; apply it with :func:`noetherflow.teleport`.
@@ -248,6 +264,7 @@ def solve_equilibrium(
     if ridge is not None and not (math.isfinite(float(ridge)) and float(ridge) >= 0):
         raise ValueError(f"ridge={ridge!r} must be None or a finite number >= 0.")
     _check_inputs(syms, stats)
+    stats = with_displacement(stats, displacement, syms.params(), "solve_equilibrium")
     held = _check_fixed(syms, fixed)
     names: dict[Any, str] = {s: n for n, s in syms.items()}
     index = {s: i for i, s in enumerate(syms)}
@@ -264,6 +281,15 @@ def solve_equilibrium(
     if coupled:
         samples = {p: stats.samples[p].to(torch.float64).clone() for p in params}
         cur = stats_from_samples(samples, syms, estimator=stats.estimator)
+        # the displacement moves with the samples (a cotangent), in place in _move
+        cur.displacement = (
+            {
+                p: stats.displacement.get(p, torch.zeros_like(p)).to(torch.float64).clone()
+                for p in params
+            }
+            if stats.displacement
+            else {}
+        )
         touches = overlaps(list(syms))
     else:
         samples, cur, touches = {}, stats, {}
@@ -314,7 +340,7 @@ def solve_equilibrium(
             for s, element in res.steps:
                 steps.append((index[s], element))
                 totals[s] = k.compose(totals[s], element)
-                _move(s, element, values, samples)
+                _move(s, element, values, samples, cur.displacement if coupled else {})
                 stale.update(dict.fromkeys(touches.get(s, ())))
             for s, r in res.residual.items():
                 residual[names[s]] = r
@@ -348,7 +374,53 @@ def solve_equilibrium(
         converged=converged,
         iterations=iterations,
         fingerprint=stamp,
+        momentum_terms=_momentum_terms(syms, values, stats, nm, steps, set(reports)),
     )
+
+
+def _momentum_terms(
+    syms: SymmetrySet,
+    values: Mapping[nn.Parameter, Tensor],
+    stats: GradStats,
+    nm: NoiseModel,
+    steps: list[tuple[int, Any]],
+    at_infinity: set[str],
+) -> dict[str, tuple[Tensor, Tensor, Tensor]]:
+    """(C*, B*, E*) per symmetry at the solution (SGD with momentum, discrete time)."""
+    if not nm.momentum or nm.time is not TimeModel.DISCRETE or not nm.weight_decay:
+        return {}
+    from noetherflow.optim.momentum import stationary_terms
+
+    params = syms.params()
+    g = {p: stats.mean[p].detach().to(torch.float64).clone() for p in params}
+    v = {
+        p: stats.displacement[p].to(torch.float64).clone()
+        if p in stats.displacement
+        else torch.zeros_like(g[p])
+        for p in params
+    }
+    for i, element in steps:  # both are cotangents: ∇ℓ(Tθ) = T^{-T}∇ℓ(θ)
+        s = syms[i]
+        for t in (g, v):
+            rows = {p: t[p].unsqueeze(0) for p in s.params}
+            s.transport_grads_(element, rows)
+            for p in s.params:
+                t[p] = rows[p][0]
+    out = {}
+    for name, s in syms.items():
+        c = s.charge_of({p: values[p] for p in s.params})
+        # H* = vᵀA∇L by polarisation of the charge's quadratic form
+        plus = s.charge_of({p: v[p] + g[p] for p in s.params})
+        minus = s.charge_of({p: v[p] - g[p] for p in s.params})
+        terms = stationary_terms(c, (plus - minus) / 4, nm)
+        if name in at_infinity:
+            terms = (
+                torch.full_like(terms[0], float("nan")),
+                torch.full_like(terms[1], float("nan")),
+                torch.full_like(terms[2], float("nan")),
+            )
+        out[name] = terms
+    return out
 
 
 def _check_fixed(syms: SymmetrySet, fixed: Mapping[str, Any] | None) -> dict[str, Tensor]:
@@ -396,7 +468,13 @@ def _move(
     element: Any,
     values: Mapping[nn.Parameter, Tensor],
     samples: Mapping[nn.Parameter, Tensor],
+    disp: dict[nn.Parameter, Tensor],
 ) -> None:
     s.act_(element, values)
     if samples:
         s.transport_grads_(element, samples)
+    if disp:
+        moved = {p: disp[p].unsqueeze(0) for p in s.params}
+        s.transport_grads_(element, moved)
+        for p in s.params:
+            disp[p] = moved[p][0]

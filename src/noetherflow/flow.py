@@ -22,7 +22,7 @@ from noetherflow._checks import check_finite_number, check_stats_cover
 from noetherflow._deprecate import is_old_model_call, warn_model
 from noetherflow.kernels import kernel_for
 from noetherflow.kernels.noise import NoiseModel, TimeModel, resolve_noise
-from noetherflow.stats.core import GradStats
+from noetherflow.stats.core import GradStats, with_displacement
 from noetherflow.symmetry.base import Symmetry
 from noetherflow.symmetry.set import SymmetrySet
 
@@ -74,6 +74,7 @@ def noether_flow(
     momentum: float | None = None,
     nesterov: bool | None = None,
     dampening: float | None = None,
+    displacement: Any = None,
 ) -> dict[str, Tensor]:
     """The noise-driven flow of every charge (eq. 7 in our convention, docs/concepts/flow.md).
 
@@ -83,8 +84,11 @@ def noether_flow(
     expected change per SGD step, −κC + η²Tr[A(∇L∇Lᵀ + Σ/S)]. Shapes follow :func:`charges`;
     pass ``charges`` (from :func:`charges`) to reuse them instead of recomputing.
     ``momentum=β`` (and ``nesterov``, ``dampening``) use SGD-with-momentum's effective
-    coefficients (:meth:`NoiseModel.create`; exact for the stationary point when
-    ⟨vᵀA∇L⟩ = 0, β = 0 is plain SGD exactly). The old
+    coefficients (:meth:`NoiseModel.create`; β = 0 is plain SGD exactly), and
+    ``displacement`` its cross term c_cross·vᵀA∇L: the ``torch.optim.SGD`` whose momentum
+    buffers to read (after ``backward``, before ``step``), or a mapping parameter → v =
+    −lr·buffer. Without it the term is 0, exact only when ⟨vᵀA∇L⟩ = 0 (on a normalised net at
+    β = 0.9 it is 5–7% of the noise term; docs/concepts/optimizers.md). The old
     form ``noether_flow(model, syms, stats, ...)`` still works and warns.
     """
     args: tuple[Any, Any, Any] = (syms, stats, noise)
@@ -114,6 +118,7 @@ def noether_flow(
         nesterov=nesterov,
         dampening=dampening,
     )
+    stats = with_displacement(stats, displacement, syms.params(), "noether_flow")
     return {
         name: symmetry_flow(s, stats, nm, None if charges is None else charges[name])
         for name, s in syms.items()

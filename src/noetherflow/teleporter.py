@@ -49,7 +49,7 @@ from noetherflow.eps_solve import solve_within_eps
 from noetherflow.equilibrium import EquilibriumSolution, solve_equilibrium
 from noetherflow.kernels import kernel_for
 from noetherflow.stats.collect import check_params_of, collect_stats
-from noetherflow.stats.core import Estimator
+from noetherflow.stats.core import Estimator, with_displacement
 from noetherflow.symmetry.eps import EpsReport, check_tolerance
 from noetherflow.symmetry.set import SymmetrySet
 from noetherflow.teleport import teleport
@@ -120,9 +120,9 @@ class EquilibriumTeleport:
             ``lr`` is not given, η and γ are read from ``optimizer`` (or the optimizer that
             :meth:`wrap` or the Lightning callback attaches) at every teleport:
             ``torch.optim.SGD(lr=η, weight_decay=w, momentum=β, nesterov=..., dampening=d)``
-            is η, γ = w/2 and SGD-with-momentum's effective noise model (exact for the
-            stationary point when ⟨vᵀA∇L⟩ = 0); Adam-type optimizers are refused (no
-            gradient-step noise model).
+            is η, γ = w/2 and SGD-with-momentum's effective noise model with the cross term
+            of its momentum buffers (the exact stationary point, docs/concepts/optimizers.md);
+            Adam-type optimizers are refused (no gradient-step noise model).
             With both ``lr`` and ``optimizer`` given, ``lr``/``weight_decay`` are the target
             (e.g. the peak learning rate a warmup has not reached yet) and the optimizer is
             used for its state only; ``weight_decay`` without ``lr`` is an error.
@@ -319,6 +319,9 @@ class EquilibriumTeleport:
                 micro_batch_size=self.micro_batch_size,
                 level="solve",
             )
+        # SGD with momentum: the buffers give the cross term c_cross·vᵀA∇L
+        disp = self._source().displacement()
+        stats = with_displacement(stats, disp, self.syms.params(), "EquilibriumTeleport")
         kwargs: dict[str, Any] = {
             "lr": lr,
             "batch_size": self.batch_size,

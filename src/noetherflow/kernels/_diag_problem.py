@@ -21,13 +21,14 @@ generator distinguishes); a term ``(offset, k, block, sign)`` says that generato
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor
 
-__all__ = ["NEGLIGIBLE", "HessianOperator", "Term", "_DiagProblem", "_Grid", "compress"]
+__all__ = ["NEGLIGIBLE", "HessianOperator", "Term", "_DiagProblem", "_Grid", "coarsen", "compress"]
 
 Term = tuple[int, int, int, float]  # (offset in λ, generators k, block b, sign)
 # A term of F below this fraction of the gross terms of its generator counts as absent
@@ -61,6 +62,36 @@ def compress(g: _Grid) -> _Grid:
     if not g.rows and g.m.shape[0] > 1:
         return _Grid(g.m.sum(0, keepdim=True), g.c.sum(0, keepdim=True), g.rows, g.cols)
     return g
+
+
+def coarsen(
+    m: Tensor, c: Tensor | None, rows: list[Term], cols: list[Term]
+) -> tuple[Tensor, Tensor | None, list[Term], list[Term]]:
+    """The same terms of F with coordinates that share every generator summed together.
+
+    A term acts on consecutive blocks of ``block`` rows (columns); rows in one block of
+    b = gcd of the row terms' blocks share every row generator, so their ``m`` and ``c`` add
+    up to one term of F (blocks divided by b). Rows without any term sum to one (as
+    :func:`compress`). ``m``, ``c``: ``[n0, n1]``. Needed before clamping a signed ``m``
+    (the momentum cross term): only the sum of coordinates with one exponent must be
+    non-negative for F to be convex.
+    """
+    for axis, terms in ((0, rows), (1, cols)):
+        size = m.shape[axis]
+        b = size if not terms else math.gcd(*(t[2] for t in terms))
+        if b <= 1:
+            continue
+
+        def fold(v: Tensor, axis: int = axis, b: int = b) -> Tensor:
+            shape = list(v.shape)
+            shape[axis : axis + 1] = [shape[axis] // b, b]
+            return v.reshape(shape).sum(axis + 1)
+
+        m = fold(m)
+        c = fold(c) if c is not None else None
+        new = [(off, k, blk // b, sg) for off, k, blk, sg in terms]
+        rows, cols = (new, cols) if axis == 0 else (rows, new)
+    return m, c, rows, cols
 
 
 def _spread(lam: Tensor, terms: list[Term], n: int) -> Tensor:

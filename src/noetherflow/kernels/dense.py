@@ -27,7 +27,7 @@ from noetherflow.kernels.base import (
     SolveOptions,
     register_kernel,
 )
-from noetherflow.kernels.noise import NoiseModel
+from noetherflow.kernels.noise import NoiseModel, cross_values
 from noetherflow.stats.core import GradStats, Level, StatsBlock
 from noetherflow.symmetry.base import Symmetry
 from noetherflow.symmetry.dense import DenseSymmetry
@@ -59,6 +59,15 @@ def _block(stats: GradStats) -> DenseStats:
     return b
 
 
+def _moment(
+    s: DenseSymmetry, stats: GradStats, nm: NoiseModel, gbar: Tensor, second: Tensor
+) -> Tensor:
+    """M = c_mean·ḡḡᵀ + c_second·E[ggᵀ] (+ c_cross·sym(vḡᵀ) with a displacement). ``[n, n]``."""
+    v = cross_values(stats, nm, s.params)
+    cross = None if v is None else torch.outer(s.flat(v).to(gbar), gbar)
+    return nm.matrix(torch.outer(gbar, gbar), second, cross)
+
+
 def _solve_dense(
     s: DenseSymmetry, values: Mapping[nn.Parameter, Tensor], stats: GradStats, nm: NoiseModel
 ) -> tuple[float, int, float]:
@@ -66,7 +75,7 @@ def _solve_dense(
     mu, q = s.eigvals.cpu(), s.eigvecs.cpu()
     th = q.T @ s.flat(values).cpu()
     gbar = s.flat(stats.mean).cpu()
-    mm = nm.matrix(torch.outer(gbar, gbar), _block(stats).dense[s].to(torch.float64).cpu())
+    mm = _moment(s, stats, nm, gbar, _block(stats).dense[s].to(torch.float64).cpu())
     mt = torch.einsum("ij,ik,kj->j", q, mm, q).clamp(min=0).numpy()
     c = (nm.kappa * th.square()).numpy()
     mun = mu.numpy()
@@ -113,7 +122,7 @@ class DenseKernel(Kernel[DenseSymmetry, DenseStats]):
     def noise(self, s: DenseSymmetry, stats: GradStats, nm: NoiseModel) -> Tensor:
         """Tr[A M], M = c_mean·ḡḡᵀ + c_second·E[ggᵀ]. A scalar."""
         gbar = s.flat(stats.mean)
-        mm = nm.matrix(torch.outer(gbar, gbar), _block(stats).dense[s])
+        mm = _moment(s, stats, nm, gbar, _block(stats).dense[s])
         return (s.A * mm).sum()
 
     def solve(

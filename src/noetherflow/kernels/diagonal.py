@@ -27,7 +27,7 @@ from typing_extensions import override
 
 from noetherflow._errors import StatisticsError
 from noetherflow.kernels._diag_newton import NewtonMethod, solve_diag
-from noetherflow.kernels._diag_problem import _DiagProblem, _Grid, compress
+from noetherflow.kernels._diag_problem import _DiagProblem, _Grid, coarsen, compress
 from noetherflow.kernels.base import (
     GradSource,
     GroupSolve,
@@ -36,7 +36,7 @@ from noetherflow.kernels.base import (
     SolveOptions,
     register_kernel,
 )
-from noetherflow.kernels.noise import NoiseModel
+from noetherflow.kernels.noise import NoiseModel, cross_displacement
 from noetherflow.stats.core import GradStats, Level, StatsBlock, axis_sum
 from noetherflow.symmetry.base import DiagonalSymmetry, Symmetry
 
@@ -121,9 +121,17 @@ def _diag_problem(
     for p, (rows, cols) in per_param.items():
         mean = stats.mean[p].to(torch.float64)
         c = nm.kappa * values[p].to(torch.float64).square()
+        disp = cross_displacement(stats, nm, p)
         if p in block.sq:
-            m = nm.diag(mean, block.sq[p].to(torch.float64)).clamp(min=0)
-            grids.append(compress(_Grid(_to_grid(m), _to_grid(c), rows, cols)))
+            if disp is None:
+                m = nm.diag(mean, block.sq[p].to(torch.float64)).clamp(min=0)
+                grids.append(compress(_Grid(_to_grid(m), _to_grid(c), rows, cols)))
+                continue
+            # signed M (cross term): clamp the sums of coordinates sharing every generator
+            m = nm.diag(mean, block.sq[p].to(torch.float64), disp.to(torch.float64))
+            mg, cg, r2, c2 = coarsen(_to_grid(m), _to_grid(c), rows, cols)
+            assert cg is not None
+            grids.append(_Grid(mg.clamp(min=0), cg, r2, c2))
             continue
         # Generators along one axis only: F depends on the per-neuron sums along it.
         ax = 0 if rows else 1
@@ -135,8 +143,10 @@ def _diag_problem(
                 "them with level='solve' or 'diag' (the default)."
             )
         msq = axis_sum(mean.square(), ax)
-        m = (nm.c_mean * msq + nm.c_second * block.sq_axis[(p, ax)].to(torch.float64)).cpu()
-        m, cs = m.clamp(min=0), axis_sum(c, ax).cpu()
+        m = nm.c_mean * msq + nm.c_second * block.sq_axis[(p, ax)].to(torch.float64)
+        if disp is not None:
+            m = m + nm.c_cross * axis_sum(disp.to(torch.float64) * mean, ax)
+        m, cs = m.cpu().clamp(min=0), axis_sum(c, ax).cpu()
         shape = (-1, 1) if ax == 0 else (1, -1)
         grids.append(_Grid(m.reshape(shape), cs.reshape(shape), rows, cols))
     return _DiagProblem(n, offsets, grids)
@@ -188,6 +198,9 @@ class DiagonalKernel(Kernel[DiagonalSymmetry, DiagonalStats]):
             mean = stats.mean[t.param]
             msq = axis_sum(mean.square(), t.axis)
             m = nm.c_mean * msq + nm.c_second * block.axis_sq(t.param, t.axis)
+            disp = cross_displacement(stats, nm, t.param)
+            if disp is not None:  # the momentum cross term c_cross·vᵀA∇L
+                m = m + nm.c_cross * axis_sum(disp * mean, t.axis)
             out += t.sign * m.to(torch.float64).reshape(t.num_generators, t.block).sum(1)
         return out
 

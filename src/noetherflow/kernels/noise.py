@@ -13,23 +13,28 @@ model reduces to three coefficients (κ, c_mean, c_second):
 
 SGD with heavy-ball (or Nesterov) momentum β, and dampening d (the heavy ball with η(1 − d)),
 enters as effective coefficients (``create(..., momentum=β, nesterov=..., dampening=d)``,
-:func:`noetherflow.optim.momentum_noise`): exact for the
-stationary point when ⟨vᵀA∇L⟩ = 0 (v the momentum displacement), β = 0 gives the plain-SGD
-coefficients above exactly. :meth:`NoiseModel.from_optimizer` reads them from a
+:func:`noetherflow.optim.momentum_noise`) with a fourth, the cross coefficient c_cross:
+
+    flow = −κ·C + Tr[A·M] + c_cross·vᵀA∇L,
+
+v the momentum displacement (−η·buffer, :func:`noetherflow.optim.momentum_displacement`),
+passed as ``displacement=`` to the flows and solvers. With it the stationary point is the
+exact one of the (C, B, E) map (:mod:`noetherflow.optim.momentum`, eq. 3); without it the
+term is taken as 0, exact only when ⟨vᵀA∇L⟩ = 0. β = 0 gives the plain-SGD coefficients
+above exactly (c_cross = 0). :meth:`NoiseModel.from_optimizer` reads them from a
 ``torch.optim.SGD``, one model per param group. Any other effective coefficients:
-:meth:`NoiseModel.from_coefficients`; the kernels and solvers read only (κ, c_mean, c_second).
+:meth:`NoiseModel.from_coefficients`; the kernels and solvers read only (κ, c_mean, c_second,
+c_cross).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import torch
 from torch import Tensor
-
-if TYPE_CHECKING:
-    import torch
 
 from noetherflow._checks import (
     check_finite_number,
@@ -39,7 +44,13 @@ from noetherflow._checks import (
     parse_enum,
 )
 
-__all__ = ["NoiseModel", "TimeModel", "resolve_noise"]
+__all__ = [
+    "NoiseModel",
+    "TimeModel",
+    "cross_displacement",
+    "cross_values",
+    "resolve_noise",
+]
 
 
 class TimeModel(str, Enum):
@@ -56,7 +67,7 @@ def discrete_kappa(lr: float, weight_decay: float) -> float:
 
 @dataclass(frozen=True)
 class NoiseModel:
-    """flow = −κ C + Tr[A M],  M = c_mean·ḡḡᵀ + c_second·E[ggᵀ] (module docstring).
+    """flow = −κC + Tr[A·M], M = c_mean·ḡḡᵀ + c_second·E[ggᵀ] + c_cross·sym(vḡᵀ) (module doc).
 
     Build it once with :meth:`create` from (η, S, γ, time) and pass it to
     :func:`noetherflow.noether_flow`, :func:`noetherflow.solve_equilibrium` and the tools.
@@ -90,9 +101,11 @@ class NoiseModel:
     momentum: float | None = field(default=None, compare=False)
     nesterov: bool | None = field(default=None, compare=False)
     dampening: float | None = field(default=None, compare=False)
+    # weight of the momentum cross term vᵀA∇L (0 without momentum and in continuous time)
+    c_cross: float = 0.0
 
     def __post_init__(self) -> None:
-        for name in ("kappa", "c_mean", "c_second"):
+        for name in ("kappa", "c_mean", "c_second", "c_cross"):
             check_finite_number(getattr(self, name), name, "a NoiseModel coefficient")
         if self.kappa < 0:
             raise ValueError(
@@ -202,6 +215,7 @@ class NoiseModel:
             kappa=eff.kappa,
             c_mean=eff.c_mean,
             c_second=eff.c_second,
+            c_cross=eff.c_cross,
             lr=eta,
             batch_size=s,
             weight_decay=gam,
@@ -260,17 +274,35 @@ class NoiseModel:
         return out
 
     @classmethod
-    def from_coefficients(cls, *, kappa: float, c_mean: float, c_second: float) -> NoiseModel:
+    def from_coefficients(
+        cls, *, kappa: float, c_mean: float, c_second: float, c_cross: float = 0.0
+    ) -> NoiseModel:
         """A noise model given directly by its effective coefficients (e.g. an optimizer's)."""
-        return cls(kappa=float(kappa), c_mean=float(c_mean), c_second=float(c_second))
+        return cls(
+            kappa=float(kappa),
+            c_mean=float(c_mean),
+            c_second=float(c_second),
+            c_cross=float(c_cross),
+        )
 
-    def diag(self, mean: Tensor, sq: Tensor) -> Tensor:
-        """Per-coordinate M_kk from ḡ and E[g²] (same shapes)."""
-        return self.c_mean * mean.square() + self.c_second * sq
+    def diag(self, mean: Tensor, sq: Tensor, disp: Tensor | None = None) -> Tensor:
+        """Per-coordinate M_kk from ḡ, E[g²] and the displacement v (same shapes).
 
-    def matrix(self, mean_outer: Tensor, second: Tensor) -> Tensor:
-        """M from ḡḡᵀ-type and E[ggᵀ]-type matrices."""
-        return self.c_mean * mean_outer + self.c_second * second
+        M_kk = c_mean·ḡ_k² + c_second·E[g_k²] + c_cross·v_k ḡ_k; ``disp=None``: v = 0.
+        """
+        m = self.c_mean * mean.square() + self.c_second * sq
+        if disp is not None and self.c_cross != 0:
+            m = m + self.c_cross * disp * mean
+        return m
+
+    def matrix(
+        self, mean_outer: Tensor, second: Tensor, cross_outer: Tensor | None = None
+    ) -> Tensor:
+        """M from ḡḡᵀ-, E[ggᵀ]- and vḡᵀ-type matrices (the last symmetrised; None: v = 0)."""
+        m = self.c_mean * mean_outer + self.c_second * second
+        if cross_outer is not None and self.c_cross != 0:
+            m = m + self.c_cross * (cross_outer + cross_outer.T) / 2
+        return m
 
 
 def resolve_noise(
@@ -323,3 +355,24 @@ def resolve_noise(
         nesterov=False if nesterov is None else nesterov,
         dampening=0.0 if dampening is None else dampening,
     )
+
+
+def cross_displacement(stats: Any, nm: NoiseModel, p: Any) -> Tensor | None:
+    """The displacement v of ``p`` when the cross term c_cross·vᵀA∇L applies, else None.
+
+    ``stats`` is a :class:`~noetherflow.stats.core.GradStats`; a parameter without a
+    displacement (no buffer yet) has v = 0.
+    """
+    if nm.c_cross == 0:
+        return None
+    return stats.displacement.get(p)
+
+
+def cross_values(stats: Any, nm: NoiseModel, params: Any) -> dict[Any, Tensor] | None:
+    """The displacement v of each of ``params`` (zeros where none), for the cross term.
+
+    None when the term does not apply (c_cross = 0, or no displacement of any of ``params``).
+    """
+    if nm.c_cross == 0 or not any(p in stats.displacement for p in params):
+        return None
+    return {p: stats.displacement.get(p, torch.zeros_like(stats.mean[p])) for p in params}

@@ -28,7 +28,7 @@ from noetherflow.kernels.base import (
     SolveOptions,
     register_kernel,
 )
-from noetherflow.kernels.noise import NoiseModel
+from noetherflow.kernels.noise import NoiseModel, cross_values
 from noetherflow.stats.core import GradStats, Level, StatsBlock
 from noetherflow.symmetry.base import Symmetry
 from noetherflow.symmetry.rotation import Block, DoubleRotation
@@ -171,7 +171,11 @@ class RotationKernel(Kernel[DoubleRotation, RotationStats]):
         sw, su = _block(stats).side[s]
         gw = DoubleRotation.side(s.w_blocks, stats.mean)
         gu = DoubleRotation.side(s.u_blocks, stats.mean)
-        return nm.matrix(gw @ gw.T, sw), nm.matrix(gu @ gu.T, su)
+        v = cross_values(stats, nm, s.params)  # the momentum cross term, sym(vḡᵀ) per side
+        if v is None:
+            return nm.matrix(gw @ gw.T, sw), nm.matrix(gu @ gu.T, su)
+        vw, vu = DoubleRotation.side(s.w_blocks, v), DoubleRotation.side(s.u_blocks, v)
+        return nm.matrix(gw @ gw.T, sw, vw @ gw.T), nm.matrix(gu @ gu.T, su, vu @ gu.T)
 
     def noise(self, s: DoubleRotation, stats: GradStats, nm: NoiseModel) -> Tensor:
         """M_U − M_W: Tr[B(M_U − M_W)] is the noise term of the generator B. ``[d, d]``."""

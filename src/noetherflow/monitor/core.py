@@ -51,7 +51,13 @@ from noetherflow.monitor.steps import StepLog
 from noetherflow.optim.decompose import StepDecomposition
 from noetherflow.plotting import plot_history
 from noetherflow.stats.collect import Capture, capture, check_params_of, collect_stats
-from noetherflow.stats.core import Estimator, GradStats, Reduction, parse_reduction
+from noetherflow.stats.core import (
+    Estimator,
+    GradStats,
+    Reduction,
+    parse_reduction,
+    with_displacement,
+)
 from noetherflow.stats.distributed import (
     all_reduce_mean,
     all_reduce_stats,
@@ -103,7 +109,8 @@ class NoetherMonitor:
         lr, batch_size, weight_decay, time: η, S, γ and the time model of the flows.
         optimizer: read η and γ from this optimizer's param groups at every record instead of
             ``lr``/``weight_decay`` (passing both is an error). ``SGD`` (with or without
-            momentum) gets flows and distances; ``Adam``/``AdamW`` get charges, the step
+            momentum; with it the flows and distances include the cross term of its buffers)
+            gets flows and distances; ``Adam``/``AdamW`` get charges, the step
             decomposition and, for AdamW on scale-invariant symmetries, the random-walk
             prediction ``adamw_charge/*`` (their update is not an SGD step: no flow or
             distance, said once when the monitor is built). With any optimizer the exact
@@ -446,6 +453,10 @@ class NoetherMonitor:
         put_values(row, "charge", ch, self.syms, self.keys, self.schema)
         self._steps.put(row, self.schema)
         if stats is not None:
+            # SGD with momentum: the buffers give the cross term c_cross·vᵀA∇L
+            stats = with_displacement(
+                stats, self._hyper.displacement(), self.syms.params(), "NoetherMonitor"
+            )
             noise = self._noise_kwargs(lr, gamma)
             fl = noether_flow(self.syms, stats, NoiseModel.create(**noise), charges=ch)
             put_values(row, "flow", fl, self.syms, self.keys, self.schema)

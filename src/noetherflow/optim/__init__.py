@@ -23,10 +23,12 @@ from noetherflow.optim.momentum import (
     EffectiveNoise,
     MomentumStep,
     moment_map,
+    momentum_displacement,
     momentum_noise,
     momentum_step_moments,
     stationary_closed_form,
     stationary_moments,
+    stationary_terms,
     update_charge,
 )
 
@@ -44,11 +46,13 @@ __all__ = [
     "from_optimizer",
     "group_for_params",
     "moment_map",
+    "momentum_displacement",
     "momentum_noise",
     "momentum_step_moments",
     "optimizer_kind",
     "rotational_equilibrium_norm",
     "stationary_closed_form",
     "stationary_moments",
+    "stationary_terms",
     "update_charge",
 ]

@@ -68,19 +68,30 @@ M = η_eff²(∇L∇Lᵀ(1 − 1/S) + E[ggᵀ]/S), η_eff = η(1 − d)/(1 − �
 
 (scaled by 1/(1 − β)² so that κ_eff ≈ the per-step decay of C once the buffer has relaxed;
 the scale does not move the equilibrium). β = 0 gives today's discrete (κ, η²(1 − 1/S), η²/S)
-exactly. Where ⟨H⟩ ≠ 0 the reduction is not exact: measure ⟨H⟩ (or ⟨vᵀAg⟩ of the realised
-batches) and use :func:`stationary_moments`.
+exactly. Where ⟨H⟩ ≠ 0, (3) and (3N) are exactly κ_eff·C* = Tr[A·M] + c_cross·⟨H⟩ with
+
+    heavy ball: c_cross = −2βη(1 − d)/(1 − β)²
+    Nesterov:   c_cross = −2ηβ²(1 + β) / ((1 − β)²(1 + β + 2βa + 4β²a))
+
+(tested against :func:`stationary_moments`). H = vᵀAg is a bilinear form of two cotangents, so
+along a symmetry's orbit it moves like M (v is moved as a gradient, as teleport moves the
+buffer): the flows and solvers take it as M + c_cross·sym(vḡᵀ), with v from
+:func:`momentum_displacement` passed as ``displacement=``. In an expectation over the batch
+E[vᵀAg] = vᵀA∇L, so the batch's ḡ gives an unbiased H. Without ``displacement`` the term is
+dropped (H = 0).
 
 **Continuous limit.** η → 0 at fixed β < 1 (the buffer relaxes in ~1/(1 − β) steps, fast
 against the 1/(ηγ) steps of the charge): in the time τ = (steps)·η_eff the charge obeys
-SGF with learning rate η_eff: dC/dτ = −4γC + (η_eff/S)Tr[ΣA]. Both variants (and any
-dampening) have the same limit. It is not defined when β → 1 with η(1 − β)⁻¹ fixed (the
-buffer is then slow too).
+SGF with learning rate η_eff: dC/dτ = −4γC + (η_eff/S)Tr[ΣA]. The cross term is of the
+order of the dropped η_eff²∇L∇Lᵀ term (v ≈ −η_eff∇L + noise), so c_cross = 0 there. Both
+variants (and any dampening) have the same limit. It is not defined when β → 1 with
+η(1 − β)⁻¹ fixed (the buffer is then slow too).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -94,10 +105,12 @@ __all__ = [
     "EffectiveNoise",
     "MomentumStep",
     "moment_map",
+    "momentum_displacement",
     "momentum_noise",
     "momentum_step_moments",
     "stationary_closed_form",
     "stationary_moments",
+    "stationary_terms",
     "update_charge",
 ]
 
@@ -274,24 +287,52 @@ def stationary_moments(
     return out[0], out[1], out[2]
 
 
+def stationary_terms(charge: Tensor, h: Tensor, noise: NoiseModel) -> tuple[Tensor, Tensor, Tensor]:
+    """(C*, B*, E*) of a solved equilibrium from its charge C* and its cross term H* = vᵀA∇L.
+
+    At the solution the flow vanishes, κ_eff·C* = η_eff²⟨G⟩ + c_cross·H*, which gives ⟨G⟩;
+    :func:`stationary_moments` then gives B* and E* (and C* back). ``noise``: a discrete-time
+    :class:`~noetherflow.NoiseModel` built with ``momentum=β > 0``. Shapes: the charge's.
+    """
+    if noise.lr is None or noise.momentum is None or noise.weight_decay is None:
+        raise ValueError(
+            "stationary_terms: the noise model holds no (lr, momentum, weight_decay); build it "
+            "with NoiseModel.create(..., momentum=β, time='discrete')."
+        )
+    step = MomentumStep.create(
+        lr=noise.lr,
+        momentum=noise.momentum,
+        weight_decay=noise.weight_decay,
+        nesterov=bool(noise.nesterov),
+        dampening=noise.dampening or 0.0,
+    )
+    c = charge.to(torch.float64)
+    g = (noise.kappa * c - noise.c_cross * h.to(c)) / (noise.c_mean + noise.c_second)
+    return stationary_moments(g, h.to(c), step)
+
+
 @dataclass(frozen=True)
 class EffectiveNoise:
-    """flow = −κ C + Tr[A M],  M = c_mean·ḡḡᵀ + c_second·E[ggᵀ]: the form of ``NoiseModel``.
+    """flow = −κ C + Tr[A M] + c_cross·vᵀA∇L,  M = c_mean·ḡḡᵀ + c_second·E[ggᵀ].
 
-    ``exact_when`` says under which condition the stationary point of this flow is the
-    stationary point of the optimizer.
+    The form of ``NoiseModel``. ``exact_when`` says under which condition the stationary point
+    of this flow without its cross term (v unknown) is the stationary point of the optimizer;
+    with the cross term it is exact always.
     """
 
     kappa: float
     c_mean: float
     c_second: float
     exact_when: str = "always"
+    c_cross: float = 0.0
 
     def to_noise_model(self) -> NoiseModel:
         """The same coefficients as a :class:`noetherflow.NoiseModel` (for the flows/solvers)."""
         from noetherflow.flow import NoiseModel
 
-        return NoiseModel(kappa=self.kappa, c_mean=self.c_mean, c_second=self.c_second)
+        return NoiseModel(
+            kappa=self.kappa, c_mean=self.c_mean, c_second=self.c_second, c_cross=self.c_cross
+        )
 
 
 def momentum_noise(
@@ -306,10 +347,11 @@ def momentum_noise(
 ) -> EffectiveNoise:
     """Effective (κ_eff, c_mean, c_second) of SGD with momentum (module docstring).
 
-    ``time="discrete"``: κ_eff as in the module docstring, c_mean = η_eff²(1 − 1/S),
-    c_second = η_eff²/S, η_eff = η(1 − d)/(1 − β); exact for the stationary point when
-    ⟨vᵀA∇L⟩ = 0. ``time="continuous"``: the η → 0 limit, SGF with η_eff (κ = 4γ,
-    c = ∓η_eff/S), per unit τ = steps·η_eff. β = 0 gives ``NoiseModel.create(...)`` exactly.
+    ``time="discrete"``: κ_eff and c_cross as in the module docstring, c_mean =
+    η_eff²(1 − 1/S), c_second = η_eff²/S, η_eff = η(1 − d)/(1 − β); exact for the stationary
+    point with the measured cross term, or without it when ⟨vᵀA∇L⟩ = 0.
+    ``time="continuous"``: the η → 0 limit, SGF with η_eff (κ = 4γ, c = ∓η_eff/S,
+    c_cross = 0), per unit τ = steps·η_eff. β = 0 gives ``NoiseModel.create(...)`` exactly.
     ``dampening=d`` (heavy ball only, as in PyTorch) is the heavy ball with η(1 − d).
     """
     _check(lr, momentum, weight_decay, dampening, nesterov)
@@ -328,13 +370,42 @@ def momentum_noise(
         raise ValueError(f"time={time!r} is not supported; expected 'continuous' or 'discrete'.")
     a = eta * gam
     if nesterov:
-        kappa = (
-            4
-            * a
-            * (1 - b + 2 * b * a)
-            * (1 + b - a - 2 * b * a)
-            / ((1 - b) ** 2 * (1 + b + 2 * b * a + 4 * b * b * a))
-        )
+        lead = 1 + b + 2 * b * a + 4 * b * b * a
+        kappa = 4 * a * (1 - b + 2 * b * a) * (1 + b - a - 2 * b * a) / ((1 - b) ** 2 * lead)
+        cross = -2 * eta * b * b * (1 + b) / ((1 - b) ** 2 * lead)
     else:
         kappa = 4 * eta * gam * (1 + b - eta * gam) / ((1 - b) * (1 + b))
-    return EffectiveNoise(kappa, eff**2 * (1 - 1 / s), eff**2 / s, when)
+        cross = -2 * b * eta / (1 - b) ** 2
+    return EffectiveNoise(kappa, eff**2 * (1 - 1 / s), eff**2 / s, when, cross)
+
+
+def momentum_displacement(
+    optimizer: torch.optim.Optimizer, params: Iterable[torch.nn.Parameter] | None = None
+) -> dict[torch.nn.Parameter, Tensor]:
+    """The displacement v = −η·buffer of each parameter with a momentum buffer. ``p.shape`` each.
+
+    The v of the module docstring (``torch.optim.SGD``), for ``displacement=`` of the flows
+    and solvers: read it after ``loss.backward()`` and before ``optimizer.step()`` (the
+    buffer of the past steps, independent of this batch). Parameters without a buffer yet
+    (before the first step, or ``momentum=0``) are left out: v = 0 there. ``params``
+    restricts the result (default: all).
+
+    Raises:
+        TypeError: ``optimizer`` is not a ``torch.optim.SGD`` (Adam's first moment is not a
+            displacement of this model).
+    """
+    if not isinstance(optimizer, torch.optim.SGD):
+        raise TypeError(
+            f"momentum_displacement: got a {type(optimizer).__name__}; expected a "
+            "torch.optim.SGD (its momentum_buffer). Adam/AdamW have no SGD noise model."
+        )
+    want = None if params is None else {id(p) for p in params}
+    out: dict[torch.nn.Parameter, Tensor] = {}
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if want is not None and id(p) not in want:
+                continue
+            buf = optimizer.state.get(p, {}).get("momentum_buffer")
+            if buf is not None:
+                out[p] = -float(group["lr"]) * buf.detach()
+    return out

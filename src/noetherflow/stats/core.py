@@ -173,6 +173,10 @@ class GradStats:
         samples: per-sample gradients ``[N, *shape]`` where a solver needs to transport them
             (coupled symmetry sets), else empty.
         estimator: which estimator produced the statistics.
+        displacement: the momentum displacement v = −η·buffer per parameter (SGD with
+            momentum; :func:`noetherflow.optim.momentum_displacement`), for the cross term
+            c_cross·vᵀA∇L of the flows and solvers; empty: v = 0. Set by the ``displacement=``
+            argument of the flows and solvers and by the monitor.
 
     The fields of the blocks read as attributes too (``stats.sq`` is the diagonal block's
     ``sq``; an empty dict when no symmetry of that kind is in the set).
@@ -183,6 +187,7 @@ class GradStats:
     blocks: dict[str, StatsBlock] = field(default_factory=dict)
     samples: dict[nn.Parameter, Tensor] = field(default_factory=dict)
     estimator: str = Estimator.REFERENCE.value
+    displacement: dict[nn.Parameter, Tensor] = field(default_factory=dict)
 
     def __repr__(self) -> str:
         # The tensors themselves would run to hundreds of lines for a small model.
@@ -193,7 +198,14 @@ class GradStats:
 
     def __getattr__(self, name: str) -> Any:
         # Only reached when normal lookup fails: a field of some kernel's block.
-        if name.startswith("_") or name in ("blocks", "mean", "samples", "n", "estimator"):
+        if name.startswith("_") or name in (
+            "blocks",
+            "mean",
+            "samples",
+            "n",
+            "estimator",
+            "displacement",
+        ):
             raise AttributeError(name)
         blocks = self.__dict__.get("blocks", {})
         for cls in StatsBlock.types:
@@ -202,7 +214,7 @@ class GradStats:
                 return getattr(b, name) if b is not None else {}
         raise AttributeError(
             f"GradStats has no attribute {name!r}; its fields are n, mean, blocks, samples, "
-            f"estimator and the fields of the kernels' blocks "
+            f"estimator, displacement and the fields of the kernels' blocks "
             f"{sorted({f.name for c in StatsBlock.types for f in dataclasses.fields(c)})}."
         )
 
@@ -242,3 +254,54 @@ class GradStats:
                     "expected finite per-sample gradients. Lower the learning rate or check "
                     "the data; pass check_finite=False to skip this check."
                 )
+
+
+def with_displacement(
+    stats: GradStats,
+    displacement: Any,
+    params: list[nn.Parameter],
+    who: str,
+) -> GradStats:
+    """``stats`` with the momentum displacement v set (a shallow copy; ``None``: unchanged).
+
+    ``displacement`` maps parameters of ``params`` to v (their shape), or is the
+    ``torch.optim.SGD`` to read it from (:func:`noetherflow.optim.momentum_displacement`).
+
+    Raises:
+        ValueError: a parameter outside ``params``, a wrong shape or non-finite entries.
+    """
+    if displacement is None:
+        return stats
+    import torch
+
+    if isinstance(displacement, torch.optim.Optimizer):
+        from noetherflow.optim.momentum import momentum_displacement
+
+        displacement = momentum_displacement(displacement, params)
+    if not hasattr(displacement, "items"):
+        raise TypeError(
+            f"{who}: displacement is a {type(displacement).__name__}; expected a mapping "
+            "parameter → v = −η·momentum_buffer, or the torch.optim.SGD to read it from."
+        )
+    known = {id(p) for p in params}
+    out: dict[nn.Parameter, Tensor] = {}
+    for p, v in displacement.items():
+        if id(p) not in known:
+            raise ValueError(
+                f"{who}: displacement holds a tensor for a parameter of shape "
+                f"{tuple(getattr(p, 'shape', ()))} that no symmetry of the set acts on; "
+                "expected parameters of the symmetry set (its momentum buffers × −lr)."
+            )
+        v = torch.as_tensor(v)
+        if tuple(v.shape) != tuple(p.shape):
+            raise ValueError(
+                f"{who}: displacement of a parameter of shape {tuple(p.shape)} has shape "
+                f"{tuple(v.shape)}; expected the parameter's shape (v = −lr·momentum_buffer)."
+            )
+        if not is_finite(v):
+            raise NonFiniteGradientError(
+                f"{who}: the displacement of a parameter of shape {tuple(p.shape)} has NaN/Inf "
+                "entries; expected a finite momentum buffer (the run has diverged?)."
+            )
+        out[p] = v.detach().to(stats.mean[p].dtype if p in stats.mean else v.dtype)
+    return dataclasses.replace(stats, displacement=out)

@@ -304,9 +304,16 @@ def eps_moved(syms: Any, steps: list[tuple[int, Any]]) -> list[str]:
             for i, el in steps
             if isinstance(syms[i], ScaleInvariance)
             and syms[i].norm is not None
+            and _eps_of(syms[i].norm) != 0  # eps = 0: the invariance is exact
             and bool(torch.as_tensor(el).ne(0).any())
         }
     )
+
+
+def _eps_of(norm: Any) -> float:
+    """The eps of a normalisation module (nonzero when unknown; None is a default > 0)."""
+    eps = getattr(norm, "eps", getattr(norm, "variance_epsilon", None))
+    return 1.0 if eps is None else float(eps)
 
 
 def check_tolerance(tolerance: float, who: str) -> None:

@@ -1,0 +1,316 @@
+"""The momentum cross term c_cross·vᵀA∇L in the flows and solvers (issue #18).
+
+With it, κ_eff·C* = Tr[A·M] + c_cross·⟨vᵀA∇L⟩ is the exact stationary point of the (C, B, E)
+map (eq. 3 of noetherflow.optim.momentum); without it the effective-coefficient flow assumes
+⟨vᵀA∇L⟩ = 0. Checked here in float64 against slow references: the closed forms and the 3 × 3
+solve; the bilinear form vᵀAḡ by polarisation of the charges (no kernel code); after a solve
+and a teleport that moves v as a gradient, fresh statistics show zero flow, for the diagonal
+families (scale invariance, rescaling), the double rotation and a coupled set.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import noetherflow as nf
+from noetherflow.optim import (
+    MomentumStep,
+    momentum_displacement,
+    momentum_noise,
+    stationary_moments,
+)
+from noetherflow.symmetry.rotation import Block
+
+DT = torch.float64
+KW: dict[str, Any] = {"lr": 0.05, "batch_size": 8, "weight_decay": 0.01, "time": "discrete"}
+
+
+@pytest.mark.parametrize(
+    ("nesterov", "dampening"), [(False, 0.0), (False, 0.3), (True, 0.0)], ids=str
+)
+@pytest.mark.parametrize("beta", [0.5, 0.9])
+def test_cross_coefficient_gives_the_exact_stationary_charge(
+    beta: float, nesterov: bool, dampening: float
+) -> None:
+    """(η_eff²⟨G⟩ + c_cross⟨H⟩)/κ_eff equals the stationary C* of the 3 × 3 map, any G, H."""
+    eta, gam = 0.07, 0.3
+    nm = nf.NoiseModel.create(
+        lr=eta,
+        batch_size=8,
+        weight_decay=gam,
+        time="discrete",
+        momentum=beta,
+        nesterov=nesterov,
+        dampening=dampening,
+    )
+    st = MomentumStep.create(
+        lr=eta, momentum=beta, weight_decay=gam, nesterov=nesterov, dampening=dampening
+    )
+    gen = torch.Generator().manual_seed(0)
+    g = torch.rand(20, generator=gen, dtype=DT) + 0.1
+    h = torch.randn(20, generator=gen, dtype=DT)
+    want, _, _ = stationary_moments(g, h, st)
+    eff2 = nm.c_mean + nm.c_second  # η_eff²: E[G] = Tr A(ḡḡᵀ(1 − 1/S) + E[ggᵀ]/S) per unit
+    got = (eff2 * g + nm.c_cross * h) / nm.kappa
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=0)
+    assert nm.c_cross < 0
+    assert nm.c_cross == momentum_noise(
+        lr=eta, batch_size=8, weight_decay=gam, momentum=beta, nesterov=nesterov,
+        dampening=dampening,
+    ).c_cross  # fmt: skip
+
+
+def test_no_cross_term_without_momentum_or_in_continuous_time() -> None:
+    assert nf.NoiseModel.create(**KW).c_cross == 0.0
+    cont = {**KW, "time": "continuous"}
+    assert nf.NoiseModel.create(**cont, momentum=0.9).c_cross == 0.0
+
+
+# -- models --------------------------------------------------------------------------------
+def _diag_model() -> tuple[nn.Module, nf.SymmetrySet]:
+    """Linear(4, 6) → LayerNorm → Linear(6, 6) → ReLU → Linear(6, 3): scale + rescaling."""
+    torch.manual_seed(0)
+    m = nn.Sequential(
+        nn.Linear(4, 6, bias=False),
+        nn.LayerNorm(6, eps=0.0, elementwise_affine=False),  # exact scale invariance
+        nn.Linear(6, 6),
+        nn.ReLU(),
+        nn.Linear(6, 3),
+    ).to(DT)
+    syms = nf.SymmetrySet(
+        [
+            nf.ScaleInvariance([m[0].weight], norm=m[1], label="scale"),
+            nf.Rescaling(m[2], m[4], label="neuron"),
+        ]
+    )
+    return m, syms
+
+
+def _rotation_model() -> tuple[nn.Module, nf.SymmetrySet]:
+    torch.manual_seed(1)
+    m = nn.Sequential(nn.Linear(4, 3, bias=False), nn.Linear(3, 3)).to(DT)
+    return m, nf.SymmetrySet([nf.DoubleRotation(m[0], m[1], label="rot")])
+
+
+def _coupled_model() -> tuple[nn.Module, nf.SymmetrySet]:
+    """Two per-head rotations sharing weights with a rescaling (a coupled set)."""
+    torch.manual_seed(2)
+    m = nn.Sequential(nn.Linear(5, 12), nn.Linear(12, 6), nn.ReLU(), nn.Linear(6, 3)).to(DT)
+    heads = [
+        nf.DoubleRotation.from_blocks(
+            [Block(m[0].weight, 0, 6 * h, 6 * h + 6), Block(m[0].bias, 0, 6 * h, 6 * h + 6)],
+            [Block(m[1].weight, 1, 6 * h, 6 * h + 6)],
+            label=f"head{h}",
+        )
+        for h in range(2)
+    ]
+    return m, nf.SymmetrySet([*heads, nf.Rescaling(m[1], m[3], label="r")])
+
+
+MODELS = {"diagonal": _diag_model, "rotation": _rotation_model, "coupled": _coupled_model}
+
+
+def _data(m: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(3)
+    n_in = next(iter(m.parameters())).shape[1]
+    return torch.randn(40, n_in, generator=gen, dtype=DT), torch.randn(
+        40, 3, generator=gen, dtype=DT
+    )
+
+
+def _full_grad(m: nn.Module, x: torch.Tensor, y: torch.Tensor) -> dict[nn.Parameter, torch.Tensor]:
+    m.zero_grad()
+    F.mse_loss(m(x), y).backward()
+    return {p: p.grad.detach().clone() for p in m.parameters()}  # type: ignore[union-attr]
+
+
+def _displacement(
+    syms: nf.SymmetrySet, grad: dict[nn.Parameter, torch.Tensor], scale: float
+) -> dict[nn.Parameter, torch.Tensor]:
+    """A buffer-like v: −η_eff·ḡ plus noise of a fiftieth its size (seeded)."""
+    gen = torch.Generator().manual_seed(4)
+    out = {}
+    for p in syms.params():
+        noise = torch.randn(p.shape, generator=gen, dtype=DT) * grad[p].abs().mean()
+        out[p] = scale * (-grad[p] + 0.02 * noise)
+    return out
+
+
+def _bilinear(s: Any, v: dict[Any, torch.Tensor], g: dict[Any, torch.Tensor]) -> torch.Tensor:
+    """vᵀAg by polarisation of the charge: (Q(v + g) − Q(v − g))/4 (the charge's shape)."""
+    plus = s.charge_of({p: v[p] + g[p] for p in s.params})
+    minus = s.charge_of({p: v[p] - g[p] for p in s.params})
+    return (plus - minus) / 4
+
+
+@pytest.mark.parametrize("kind", list(MODELS))
+def test_flow_cross_term_is_c_cross_times_the_bilinear_form(kind: str) -> None:
+    m, syms = MODELS[kind]()
+    x, y = _data(m)
+    grad = _full_grad(m, x, y)
+    nm = nf.NoiseModel.create(**KW, momentum=0.9)
+    stats = nf.collect_stats(m, syms, F.mse_loss, x, y, estimator="reference")
+    v = _displacement(syms, grad, 0.5)
+    with_v = nf.noether_flow(syms, stats, nm, displacement=v)
+    without = nf.noether_flow(syms, stats, nm)
+    for name, s in syms.items():
+        want = nm.c_cross * _bilinear(s, v, grad)
+        torch.testing.assert_close(with_v[name] - without[name], want, rtol=1e-10, atol=1e-15)
+        assert float(want.abs().max()) > 1e-3 * float(without[name].abs().max())
+
+
+@pytest.mark.parametrize("kind", list(MODELS))
+def test_solve_with_displacement_lands_on_zero_flow(kind: str) -> None:
+    """Teleport to the solution, move v as a gradient: fresh statistics give zero flow."""
+    m, syms = MODELS[kind]()
+    x, y = _data(m)
+    grad = _full_grad(m, x, y)
+    nm = nf.NoiseModel.create(**KW, momentum=0.9)
+    stats = nf.collect_stats(m, syms, F.mse_loss, x, y, estimator="reference")
+    v = _displacement(syms, grad, 0.5)
+    sol = nf.solve_equilibrium(syms, stats, nm, displacement=v, max_sweeps=400)
+    assert sol.converged and not sol.at_infinity
+    plain = nf.solve_equilibrium(syms, stats, nm, max_sweeps=400)
+    moved = {p: t.clone() for p, t in v.items()}
+    nf.teleport(m, sol)
+    for i, element in sol.steps:
+        s = syms[i]
+        rows = {p: moved[p].unsqueeze(0) for p in s.params}
+        s.transport_grads_(element, rows)
+        for p in s.params:
+            moved[p] = rows[p][0]
+    after = nf.collect_stats(m, syms, F.mse_loss, x, y, estimator="reference")
+    flows = nf.noether_flow(syms, after, nm, displacement=moved)
+    for name, s in syms.items():
+        scale = nm.kappa * s.charge().abs().max()
+        assert float(flows[name].abs().max() / scale) < 1e-7, name
+    # the cross term moves the equilibrium (else the test above would prove nothing)
+    moved_by = max(float((sol.distance[n] - plain.distance[n]).abs().max()) for n in syms.names)
+    assert moved_by > 1e-4
+
+
+def test_negative_noise_term_is_reported_at_infinity() -> None:
+    """v along +ḡ makes c_cross·vᵀAḡ outweigh Tr[A·M] for the scale invariance."""
+    m, syms = _diag_model()
+    x, y = _data(m)
+    grad = _full_grad(m, x, y)
+    nm = nf.NoiseModel.create(**KW, momentum=0.9)
+    stats = nf.collect_stats(m, syms, F.mse_loss, x, y, estimator="reference")
+    w = m[0].weight
+    v = {w: 1e3 * grad[w]}
+    assert float(nf.noether_flow(syms, stats, nm, displacement=v)["scale"].max()) < 0
+    sol = nf.solve_equilibrium(syms, stats, nm, displacement=v)
+    assert [r.name for r in sol.at_infinity] == ["scale"]
+    assert bool(torch.isfinite(sol.distance["neuron"]).all())
+
+
+def test_momentum_displacement_reads_the_buffers() -> None:
+    m, syms = _diag_model()
+    x, y = _data(m)
+    opt = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)
+    assert momentum_displacement(opt) == {}  # no buffer before the first step
+    for _ in range(2):
+        opt.zero_grad()
+        F.mse_loss(m(x), y).backward()
+        opt.step()
+    v = momentum_displacement(opt, syms.params())
+    assert set(v) == set(syms.params())
+    for p, t in v.items():
+        torch.testing.assert_close(t, -0.05 * opt.state[p]["momentum_buffer"], rtol=0, atol=0)
+    stats = nf.collect_stats(m, syms, F.mse_loss, x, y, estimator="reference")
+    a = nf.noether_flow(syms, stats, **KW, momentum=0.9, displacement=opt)
+    b = nf.noether_flow(syms, stats, **KW, momentum=0.9, displacement=v)
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=0, atol=0)
+    with pytest.raises(TypeError, match=r"expected a torch\.optim\.SGD"):
+        momentum_displacement(torch.optim.Adam(m.parameters()))
+
+
+def test_bad_displacements_are_refused() -> None:
+    m, syms = _diag_model()
+    x, y = _data(m)
+    stats = nf.collect_stats(m, syms, F.mse_loss, x, y, estimator="reference")
+    kw = {**KW, "momentum": 0.9}
+    w = m[0].weight
+    other = nn.Parameter(torch.zeros(2, dtype=DT))
+    with pytest.raises(ValueError, match="no symmetry of the set acts on"):
+        nf.noether_flow(syms, stats, **kw, displacement={other: torch.zeros(2, dtype=DT)})
+    with pytest.raises(ValueError, match=r"has shape \(3,\); expected the parameter's shape"):
+        nf.solve_equilibrium(syms, stats, **kw, displacement={w: torch.zeros(3, dtype=DT)})
+    with pytest.raises(nf.NonFiniteGradientError, match="NaN/Inf"):
+        nf.noether_flow(syms, stats, **kw, displacement={w: torch.full_like(w, float("nan"))})
+    with pytest.raises(TypeError, match="expected a mapping"):
+        nf.noether_flow(syms, stats, **kw, displacement=[1.0])
+
+
+def test_monitor_track_mode_uses_the_cross_term() -> None:
+    """The monitor's first-order distances (track mode) follow the solve with the buffers."""
+    m, syms = _diag_model()
+    x, y = _data(m)
+    opt = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9, weight_decay=0.02)
+    mon = nf.NoetherMonitor(
+        m, syms, every=1, optimizer=opt, batch_size=8, progress=False, time="discrete",
+        distance_every=1, distance_mode="track", solve_every=50,
+    )  # fmt: skip
+    kw = {"lr": 0.05, "batch_size": 8, "weight_decay": 0.01, "time": "discrete", "momentum": 0.9}
+    for _ in range(6):
+        opt.zero_grad(set_to_none=True)
+        with mon.track():
+            loss = F.mse_loss(m(x), y)
+            loss.backward()
+        stats = nf.collect_stats(m, syms, F.mse_loss, x, y, estimator="reference")
+        want = nf.solve_equilibrium(syms, stats, **kw, displacement=opt).distance
+        row = mon.step(loss)
+        assert row is not None
+        for name in syms.names:
+            got = torch.as_tensor(row[f"distance/{name}"])
+            torch.testing.assert_close(got, want[name].reshape(got.shape), rtol=1e-6, atol=1e-9)
+        opt.step()
+    mon.close()
+
+
+@pytest.mark.parametrize("nesterov", [False, True], ids=["heavy-ball", "nesterov"])
+@pytest.mark.parametrize("kind", ["diagonal", "rotation"])
+def test_solution_reports_the_stationary_cross_and_buffer_terms(kind: str, nesterov: bool) -> None:
+    """(C*, B*, E*) of the solution = the 3 × 3 stationary point of ⟨G⟩, ⟨H⟩ measured afresh
+    at the teleported model (v moved as a gradient), and C* its charge."""
+    m, syms = MODELS[kind]()
+    x, y = _data(m)
+    grad = _full_grad(m, x, y)
+    nm = nf.NoiseModel.create(**KW, momentum=0.9, nesterov=nesterov)
+    stats = nf.collect_stats(m, syms, F.mse_loss, x, y, estimator="reference")
+    v = _displacement(syms, grad, 0.5)
+    sol = nf.solve_equilibrium(syms, stats, nm, displacement=v)
+    nf.teleport(m, sol)
+    moved = {p: t.clone() for p, t in v.items()}
+    for i, element in sol.steps:
+        rows = {p: moved[p].unsqueeze(0) for p in syms[i].params}
+        syms[i].transport_grads_(element, rows)
+    after = nf.collect_stats(m, syms, F.mse_loss, x, y, estimator="reference")
+    grad_after = _full_grad(m, x, y)
+    st = MomentumStep.create(lr=0.05, momentum=0.9, weight_decay=0.01, nesterov=nesterov)
+    eff2 = nm.c_mean + nm.c_second
+    plain = nf.NoiseModel.create(**KW)  # its noise term is η²⟨G⟩
+    for name, s in syms.items():
+        c, b, e = sol.momentum_terms[name]
+        torch.testing.assert_close(c, s.charge(), rtol=1e-10, atol=1e-14)
+        g_mean = (nf.noether_flow(syms, after, plain)[name] + plain.kappa * s.charge()) / 0.05**2
+        h = _bilinear(s, moved, grad_after)
+        want = stationary_moments(g_mean, h, st)
+        for got, ref in zip((c, b, e), want, strict=True):
+            torch.testing.assert_close(got, ref, rtol=1e-7, atol=1e-12)
+        assert float(h.abs().max()) > 1e-3 * float(eff2 * g_mean.abs().max())
+
+
+def test_no_momentum_terms_without_momentum() -> None:
+    m, syms = _diag_model()
+    x, y = _data(m)
+    stats = nf.collect_stats(m, syms, F.mse_loss, x, y, estimator="reference")
+    assert nf.solve_equilibrium(syms, stats, **KW).momentum_terms == {}
+    cont = {**KW, "time": "continuous", "momentum": 0.9}
+    assert nf.solve_equilibrium(syms, stats, **cont).momentum_terms == {}
