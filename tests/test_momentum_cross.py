@@ -206,6 +206,7 @@ def test_negative_noise_term_is_reported_at_infinity() -> None:
     assert float(nf.noether_flow(syms, stats, nm, displacement=v)["scale"].max()) < 0
     sol = nf.solve_equilibrium(syms, stats, nm, displacement=v)
     assert [r.name for r in sol.at_infinity] == ["scale"]
+    assert "momentum cross term" in sol.at_infinity[0].reason
     assert bool(torch.isfinite(sol.distance["neuron"]).all())
 
 
@@ -314,3 +315,40 @@ def test_no_momentum_terms_without_momentum() -> None:
     assert nf.solve_equilibrium(syms, stats, **KW).momentum_terms == {}
     cont = {**KW, "time": "continuous", "momentum": 0.9}
     assert nf.solve_equilibrium(syms, stats, **cont).momentum_terms == {}
+
+
+def test_tools_can_drop_the_cross_term_and_say_why_directions_run_off() -> None:
+    """momentum_cross=False gives the H = 0 flows; a negative rotation term says so."""
+    m, syms = _rotation_model()
+    x, y = _data(m)
+    opt = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9, weight_decay=0.02)
+    mons = [
+        nf.NoetherMonitor(
+            m, syms, every=1, optimizer=opt, batch_size=8, progress=False, time="discrete",
+            momentum_cross=cross,
+        )  # fmt: skip
+        for cross in (True, False)
+    ]
+    for _ in range(3):
+        opt.zero_grad(set_to_none=True)
+        with mons[0].track(), mons[1].track():
+            loss = F.mse_loss(m(x), y)
+            loss.backward()
+        stats = nf.collect_stats(m, syms, F.mse_loss, x, y, estimator="reference")
+        kw = {**KW, "weight_decay": 0.01, "momentum": 0.9}
+        with_v = nf.noether_flow(syms, stats, **kw, displacement=opt)["rot"].norm()
+        without = nf.noether_flow(syms, stats, **kw)["rot"].norm()
+        rows = [mon.step(loss) for mon in mons]
+        opt.step()
+    for mon in mons:
+        mon.close()
+    assert rows[0] is not None and rows[1] is not None
+    torch.testing.assert_close(torch.as_tensor(rows[0]["flow/rot"]), with_v, rtol=1e-10, atol=0)
+    torch.testing.assert_close(torch.as_tensor(rows[1]["flow/rot"]), without, rtol=1e-10, atol=0)
+    assert not torch.isclose(with_v, without, rtol=1e-3)
+    grad = _full_grad(m, x, y)
+    v = {p: 3.0 * grad[p] for p in syms.params()}  # v along +ḡ: c_cross·vᵀAḡ dominates
+    stats = nf.collect_stats(m, syms, F.mse_loss, x, y, estimator="reference")
+    sol = nf.solve_equilibrium(syms, stats, **kw, displacement=v)
+    (rep,) = sol.at_infinity
+    assert "negative eigenvalues" in rep.reason and "momentum cross term" in rep.reason

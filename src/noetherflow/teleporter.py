@@ -142,6 +142,9 @@ class EquilibriumTeleport:
             (:func:`~noetherflow.solve_within_eps`, on the teleport's batch); the report is
             :attr:`TeleportRecord.eps`. Without it such generators move to their equilibrium
             however far, and eps may change the function.
+        momentum_cross: with an SGD with momentum, solve with the cross term c_cross·vᵀA∇L
+            of its buffers (default; exact). False drops it (the ⟨vᵀA∇L⟩ = 0
+            approximation, docs/concepts/optimizers.md).
 
     Attributes:
         history: one :class:`TeleportRecord` per teleport.
@@ -193,6 +196,7 @@ class EquilibriumTeleport:
         optimizer_state: OptimizerState | str = OptimizerState.TRANSFORM,
         solver_kwargs: Mapping[str, Any] | None = None,
         eps_tolerance: float | None = None,
+        momentum_cross: bool = True,
     ) -> None:
         if every is not None and int(every) < 1:
             raise ValueError(f"every={every!r}; expected a positive int or None (never again).")
@@ -232,6 +236,7 @@ class EquilibriumTeleport:
         if eps_tolerance is not None:
             check_tolerance(eps_tolerance, "EquilibriumTeleport(eps_tolerance=...)")
         self.eps_tolerance = None if eps_tolerance is None else float(eps_tolerance)
+        self.momentum_cross = bool(momentum_cross)
         self._eps_report: EpsReport | None = None
         self.history: list[TeleportRecord] = []
         self.steps_seen = 0
@@ -320,7 +325,7 @@ class EquilibriumTeleport:
                 level="solve",
             )
         # SGD with momentum: the buffers give the cross term c_cross·vᵀA∇L
-        disp = self._source().displacement()
+        disp = self._source().displacement() if self.momentum_cross else None
         stats = with_displacement(stats, disp, self.syms.params(), "EquilibriumTeleport")
         kwargs: dict[str, Any] = {
             "lr": lr,

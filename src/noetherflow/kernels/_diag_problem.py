@@ -114,12 +114,14 @@ TermValues = list[tuple[_Grid, Tensor, Tensor]]
 class _DiagProblem:
     """F(λ) = ½ Σ_k (M_kk e^{−2a_k·λ} + κθ_k² e^{2a_k·λ}) for all diagonal generators jointly.
 
-    ``offsets`` maps each symmetry to the offset of its generators in λ (``[n]``).
+    ``offsets`` maps each symmetry to the offset of its generators in λ (``[n]``);
+    ``clamped`` counts the terms whose signed M (momentum cross term) was clamped at 0.
     """
 
     n: int
     offsets: dict[Any, int]
     grids: list[_Grid]
+    clamped: int = 0
 
     def terms(self, lam: Tensor) -> TermValues:
         """Per grid, the two halves of F's terms at ``lam``: m e^{−2s} and c e^{2s}."""

@@ -17,6 +17,7 @@ pattern of F's terms, :mod:`._diag_recession`). Both are left unmoved, the rest 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -118,6 +119,7 @@ def _diag_problem(
             else:  # pragma: no cover - the built-in families act along axes 0 and 1
                 raise NotImplementedError(f"diagonal terms along axis {t.axis} are not supported")
     grids = []
+    clamped = 0
     for p, (rows, cols) in per_param.items():
         mean = stats.mean[p].to(torch.float64)
         c = nm.kappa * values[p].to(torch.float64).square()
@@ -131,6 +133,7 @@ def _diag_problem(
             m = nm.diag(mean, block.sq[p].to(torch.float64), disp.to(torch.float64))
             mg, cg, r2, c2 = coarsen(_to_grid(m), _to_grid(c), rows, cols)
             assert cg is not None
+            clamped += int((mg < 0).sum())
             grids.append(_Grid(mg.clamp(min=0), cg, r2, c2))
             continue
         # Generators along one axis only: F depends on the per-neuron sums along it.
@@ -146,10 +149,11 @@ def _diag_problem(
         m = nm.c_mean * msq + nm.c_second * block.sq_axis[(p, ax)].to(torch.float64)
         if disp is not None:
             m = m + nm.c_cross * axis_sum(disp.to(torch.float64) * mean, ax)
+            clamped += int((m < 0).sum())
         m, cs = m.cpu().clamp(min=0), axis_sum(c, ax).cpu()
         shape = (-1, 1) if ax == 0 else (1, -1)
         grids.append(_Grid(m.reshape(shape), cs.reshape(shape), rows, cols))
-    return _DiagProblem(n, offsets, grids)
+    return _DiagProblem(n, offsets, grids, clamped)
 
 
 class DiagonalKernel(Kernel[DiagonalSymmetry, DiagonalStats]):
@@ -246,6 +250,16 @@ class DiagonalKernel(Kernel[DiagonalSymmetry, DiagonalStats]):
             method=NewtonMethod(opts.method),
             fixed=fixed,
         )
+        if prob.clamped:  # say why a generator may have lost its restoring term
+            reps = [
+                dataclasses.replace(
+                    r,
+                    reason=f"{r.reason} (with the momentum cross term c_cross·vᵀA∇L the noise "
+                    f"term of {prob.clamped} coordinate group(s) was negative and taken as 0: "
+                    "the buffer pushes the charge down faster than the noise restores it)",
+                )
+                for r in reps
+            ]
         out = GroupSolve(reports=reps, progress=rel, converged=ok, iterations=its)
         for ds in syms:
             off = prob.offsets[ds]

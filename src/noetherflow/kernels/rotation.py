@@ -151,6 +151,14 @@ def _solve_rotation(
     return eye + q @ (gr - torch.eye(q.shape[1], dtype=gr.dtype)) @ q.T, nb, before, after
 
 
+def _negative(x: Tensor, y: Tensor, rtol: float) -> bool:
+    """Whether X or Y (``[d, d]``) has an eigenvalue below −rtol·(largest |eigenvalue|)."""
+    ex = torch.linalg.eigvalsh((x + x.T) / 2)
+    ey = torch.linalg.eigvalsh((y + y.T) / 2)
+    top = float(max(ex.abs().max(), ey.abs().max()))
+    return bool(min(float(ex.min()), float(ey.min())) < -rtol * top)
+
+
 class RotationKernel(Kernel[DoubleRotation, RotationStats]):
     """Kernel of :class:`~noetherflow.symmetry.rotation.DoubleRotation`, one pair at a time."""
 
@@ -212,15 +220,23 @@ class RotationKernel(Kernel[DoubleRotation, RotationStats]):
         g, nb, pre, res = _solve_rotation(x, y, rtol=opts.rtol_singular, ridge=opts.ridge)
         out = GroupSolve(progress=pre if opts.coupled else res)
         if nb is not None and nb.shape[1] > 0:
+            why = (
+                "no gradient noise and no weight-decay term on one side: the width exceeds "
+                "what the weights and data span"
+            )
+            if _negative(x, y, opts.rtol_singular):
+                why = (
+                    "X or Y has negative eigenvalues: with the momentum cross term "
+                    "c_cross·vᵀA∇L the noise term is negative along them, the buffer pushing "
+                    "the charge faster than the noise restores it"
+                )
             out.reports.append(
                 InfinityReport(
                     names[s],
                     nb,
                     f"{nb.shape[1]} of {s.d} hidden directions lie outside the common range "
-                    "of X = M_U + κWWᵀ and Y = M_W + κUᵀU (no gradient noise and no "
-                    "weight-decay term on one side: the width exceeds what the weights and "
-                    "data span): their equilibrium is at infinity; solved on the rest, "
-                    "those left unmoved",
+                    f"of X = M_U + κWWᵀ and Y = M_W + κUᵀU ({why}): their equilibrium is at "
+                    "infinity; solved on the rest, those left unmoved",
                 )
             )
         out.steps.append((s, g.to(s.params[0].device)))

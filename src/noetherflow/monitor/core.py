@@ -136,6 +136,9 @@ class NoetherMonitor:
         distance_tol: the chord correction (in units of λ, ‖δλ‖∞) at which the incremental
             solve stops; the recorded λ is then that close to the full solve's.
         solver_options: extra keyword arguments of :func:`noetherflow.solve_equilibrium`.
+        momentum_cross: with ``optimizer=torch.optim.SGD(momentum=β)``, include the cross term
+            c_cross·vᵀA∇L of its buffers in the flows and distances (default; exact). False
+            drops it (the ⟨vᵀA∇L⟩ = 0 approximation, docs/concepts/optimizers.md).
         full_matrices: also record the ``[d, d]`` matrix charges and flows of rotations.
         sharpness: ``True`` or :class:`SharpnessOptions` to record the Hessian trace and top
             eigenvalue; needs ``loss_fn`` and a batch (``probe`` or ``step(inputs=, targets=)``).
@@ -187,6 +190,7 @@ class NoetherMonitor:
         progress: bool | None = None,
         total: int | None = None,
         all_reduce: bool | None = None,
+        momentum_cross: bool = True,
     ) -> None:
         if int(every) != every or every < 1:
             raise ValueError(f"every={every!r} must be a positive integer (steps between records).")
@@ -217,6 +221,7 @@ class NoetherMonitor:
             raise ValueError("The symmetry set is empty; there is nothing to monitor.")
         check_params_of(model, syms, "NoetherMonitor")
         self.model, self.syms = model, syms
+        self.momentum_cross = bool(momentum_cross)
         self.every = int(every)
         self.batch_size, self.time = batch_size, time
         self.reduction = parse_reduction(reduction)
@@ -454,9 +459,8 @@ class NoetherMonitor:
         self._steps.put(row, self.schema)
         if stats is not None:
             # SGD with momentum: the buffers give the cross term c_cross·vᵀA∇L
-            stats = with_displacement(
-                stats, self._hyper.displacement(), self.syms.params(), "NoetherMonitor"
-            )
+            disp = self._hyper.displacement() if self.momentum_cross else None
+            stats = with_displacement(stats, disp, self.syms.params(), "NoetherMonitor")
             noise = self._noise_kwargs(lr, gamma)
             fl = noether_flow(self.syms, stats, NoiseModel.create(**noise), charges=ch)
             put_values(row, "flow", fl, self.syms, self.keys, self.schema)
