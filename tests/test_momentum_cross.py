@@ -322,11 +322,9 @@ def test_tools_can_drop_the_cross_term_and_say_why_directions_run_off() -> None:
     m, syms = _rotation_model()
     x, y = _data(m)
     opt = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9, weight_decay=0.02)
+    opts: dict[str, Any] = {"every": 1, "optimizer": opt, "batch_size": 8, "progress": False}
     mons = [
-        nf.NoetherMonitor(
-            m, syms, every=1, optimizer=opt, batch_size=8, progress=False, time="discrete",
-            momentum_cross=cross,
-        )  # fmt: skip
+        nf.NoetherMonitor(m, syms, **opts, time="discrete", momentum_cross=cross)
         for cross in (True, False)
     ]
     for _ in range(3):
