@@ -40,7 +40,12 @@ from noetherflow.kernels import (
     kernels_of,
 )
 from noetherflow.kernels._diag_newton import NewtonMethod
-from noetherflow.kernels.base import overlaps, refresh_stats_, stats_from_samples
+from noetherflow.kernels.base import (
+    overlaps,
+    refresh_stats_,
+    stats_from_samples,
+    transport_cotangent,
+)
 from noetherflow.kernels.noise import NoiseModel, TimeModel, resolve_noise
 from noetherflow.stats.core import GradStats, with_displacement
 from noetherflow.symmetry.base import DiagonalSymmetry, Symmetry
@@ -400,12 +405,8 @@ def _momentum_terms(
         for p in params
     }
     for i, element in steps:  # both are cotangents: ∇ℓ(Tθ) = T^{-T}∇ℓ(θ)
-        s = syms[i]
-        for t in (g, v):
-            rows = {p: t[p].unsqueeze(0) for p in s.params}
-            s.transport_grads_(element, rows)
-            for p in s.params:
-                t[p] = rows[p][0]
+        transport_cotangent(syms[i], element, g)
+        transport_cotangent(syms[i], element, v)
     out = {}
     for name, s in syms.items():
         c = s.charge_of({p: values[p] for p in s.params})
@@ -474,7 +475,4 @@ def _move(
     if samples:
         s.transport_grads_(element, samples)
     if disp:
-        moved = {p: disp[p].unsqueeze(0) for p in s.params}
-        s.transport_grads_(element, moved)
-        for p in s.params:
-            disp[p] = moved[p][0]
+        transport_cotangent(s, element, disp)

@@ -48,6 +48,7 @@ __all__ = [
     "overlaps",
     "refresh_stats_",
     "register_kernel",
+    "transport_cotangent",
 ]
 
 S = TypeVar("S", bound=Symmetry)
@@ -272,11 +273,16 @@ class Kernel(ABC, Generic[S, B]):
         """
         if squared:
             return False
-        _transport_cotangent(s, element, tensors)
+        transport_cotangent(s, element, tensors)
         return True
 
 
-def _transport_cotangent(s: Symmetry, element: Any, tensors: Mapping[nn.Parameter, Tensor]) -> None:
+def transport_cotangent(s: Symmetry, element: Any, tensors: Mapping[nn.Parameter, Tensor]) -> None:
+    """Move single gradient-like tensors by T^{-T}, in place.
+
+    Only the entries of ``s``'s parameters move (zeros stand in for missing ones); other
+    entries of ``tensors`` are left as they are.
+    """
     full = {}
     for p in s.params:
         t = tensors.get(p)
@@ -284,7 +290,8 @@ def _transport_cotangent(s: Symmetry, element: Any, tensors: Mapping[nn.Paramete
     s.transport_grads_(element, full)
     with torch.no_grad():
         for p, t in tensors.items():
-            t.copy_(full[p][0])
+            if p in full:
+                t.copy_(full[p][0])
 
 
 # -- registry ------------------------------------------------------------------------------
