@@ -351,3 +351,14 @@ def test_unchecked_teleport_of_a_scale_invariance_before_a_norm_warns() -> None:
         nf.teleport(checked)
     with pytest.raises(ValueError, match=r"tolerance='1e-6' is a str; expected a number"):
         nf.solve_within_eps(model, syms, stats, x, nm, tolerance="1e-6")  # type: ignore[arg-type]
+    # LayerNorm with eps = 0: the invariance is exact, so an unchecked teleport says nothing
+    # (PyTorch refuses BatchNorm with eps = 0 in training mode)
+    model, x, y, est = _setup("layernorm")
+    for mod in model.modules():
+        if isinstance(mod, torch.nn.LayerNorm):
+            mod.eps = 0.0
+    syms = nf.find_symmetries(model, x)
+    stats = nf.collect_stats(model, syms, _mse, x, y, **est)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", nf.EpsWarning)
+        nf.teleport(nf.solve_equilibrium(syms, stats, nm))
