@@ -239,8 +239,28 @@ def test_bad_displacements_are_refused() -> None:
     kw = {**KW, "momentum": 0.9}
     w = m[0].weight
     other = nn.Parameter(torch.zeros(2, dtype=DT))
-    with pytest.raises(ValueError, match="no symmetry of the set acts on"):
+    with pytest.raises(ValueError, match="holds none of the symmetry set's parameters"):
         nf.noether_flow(syms, stats, **kw, displacement={other: torch.zeros(2, dtype=DT)})
+    # a whole model's buffers: the entries of other parameters are left out
+    full = {p: torch.zeros_like(p) for p in m.parameters()}
+    nf.noether_flow(syms, stats, **kw, displacement=full)
+    with pytest.raises(TypeError, match=r"expected nn\.Parameter keys"):
+        nf.noether_flow(syms, stats, **kw, displacement={n: p for n, p in m.named_parameters()})
+    with pytest.raises(TypeError, match="is a dict; expected a floating-point tensor"):
+        nf.noether_flow(syms, stats, **kw, displacement={w: {"momentum_buffer": w}})
+    for bad in (torch.ones_like(w, dtype=torch.bool), torch.ones_like(w, dtype=torch.int64)):
+        with pytest.raises(TypeError, match="expected a floating-point tensor"):
+            nf.noether_flow(syms, stats, **kw, displacement={w: bad})
+    with pytest.raises(ValueError, match="the noise model has no momentum"):
+        nf.noether_flow(syms, stats, **KW, displacement={w: torch.zeros_like(w)})
+    opt = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)
+    with pytest.raises(ValueError, match=r"optimizer's momentum is \[0.9\] but the noise"):
+        nf.noether_flow(syms, stats, **{**KW, "momentum": 0.5}, displacement=opt)
+    other_opt = torch.optim.SGD([other], lr=0.05, momentum=0.9)
+    with pytest.raises(ValueError, match="holds none of the symmetry set's parameters"):
+        nf.solve_equilibrium(syms, stats, **kw, displacement=other_opt)
+    with pytest.raises(TypeError, match=r"momentum_cross='false' is a str; expected True or"):
+        nf.NoetherMonitor(m, syms, optimizer=opt, batch_size=8, momentum_cross="false")
     with pytest.raises(ValueError, match=r"has shape \(3,\); expected the parameter's shape"):
         nf.solve_equilibrium(syms, stats, **kw, displacement={w: torch.zeros(3, dtype=DT)})
     with pytest.raises(nf.NonFiniteGradientError, match="NaN/Inf"):
@@ -350,3 +370,89 @@ def test_tools_can_drop_the_cross_term_and_say_why_directions_run_off() -> None:
     sol = nf.solve_equilibrium(syms, stats, **kw, displacement=v)
     (rep,) = sol.at_infinity
     assert "negative eigenvalues" in rep.reason and "momentum cross term" in rep.reason
+
+
+def _docs_mlp() -> tuple[nn.Module, nf.SymmetrySet, torch.optim.SGD, torch.Tensor, torch.Tensor]:
+    """The concept page's MLP after 3 SGD(momentum=0.9) steps (float64)."""
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(5, 8), nn.ReLU(), nn.Linear(8, 3)).to(DT)
+    x, y = torch.randn(64, 5, dtype=DT), torch.randn(64, 3, dtype=DT)
+    opt = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9, weight_decay=2e-3)
+    for _ in range(3):
+        opt.zero_grad()
+        F.mse_loss(m(x[:16]), y[:16]).backward()
+        opt.step()
+    return m, nf.SymmetrySet([nf.Rescaling(m[0], m[2], label="r")]), opt, x, y
+
+
+def test_a_negative_side_is_balanced_by_the_other_sides_decay() -> None:
+    """A neuron whose noise term in one parameter (here its bias) turns negative with the
+    cross term still has a stationary point: only the sum of the terms that share an
+    exponent (its incoming weights and bias, M_in, with the outgoing decay κc_out) must be
+    non-negative. The solve finds it (zero flow after the teleport); clamping per parameter
+    did not (a user's report)."""
+    m, syms, opt, x, y = _docs_mlp()
+    (noise,) = nf.NoiseModel.from_optimizer(opt, batch_size=16)
+    stats = nf.collect_stats(m, syms, F.mse_loss, x, y, estimator="reference")
+    v = momentum_displacement(opt, syms.params())
+    w1, b1, w2 = m[0].weight, m[0].bias, m[2].weight
+    sums = [noise.diag(stats.mean[p], stats.sq[p], v[p]).reshape(8, -1).sum(1) for p in (w1, b1)]
+    sums.append(noise.diag(stats.mean[w2], stats.sq[w2], v[w2]).sum(0))
+    assert min(float(t.min()) for t in sums) < 0  # one parameter's part of a neuron
+    sol = nf.solve_equilibrium(syms, stats, noise, displacement=opt)
+    assert sol.converged and not sol.at_infinity
+    nf.teleport(sol)
+    nf.transform_optimizer_state(opt, sol)
+    after = nf.collect_stats(m, syms, F.mse_loss, x, y, estimator="reference")
+    flow = nf.noether_flow(syms, after, noise, displacement=opt)["r"]
+    assert float((flow.abs() / (noise.kappa * syms["r"].charge())).max()) < 1e-9
+
+
+def test_a_neuron_without_a_stationary_point_is_reported_and_left_unmoved() -> None:
+    """Both sides of neuron 0 negative: no stationary point; it is reported (with the cross
+    term's reason), left at λ = 0 with NaN stationary terms, and the others still solved."""
+    m, syms, _, x, y = _docs_mlp()
+    stats = nf.collect_stats(m, syms, F.mse_loss, x, y, estimator="reference")
+    w1, b1, w2 = m[0].weight, m[0].bias, m[2].weight
+    v = {p: torch.zeros_like(p) for p in (w1, b1, w2)}
+    v[w1][0], v[b1][0] = 1e3 * stats.mean[w1][0], 1e3 * stats.mean[b1][0]
+    v[w2][:, 0] = -1e3 * stats.mean[w2][:, 0]
+    nm = nf.NoiseModel.create(**{**KW, "batch_size": 16, "weight_decay": 1e-3}, momentum=0.9)
+    sol = nf.solve_equilibrium(syms, stats, nm, displacement=v)
+    (rep,) = sol.at_infinity
+    assert rep.direction.ne(0).tolist() == [True] + [False] * 7
+    assert "momentum cross term" in rep.reason
+    lam = torch.as_tensor(sol.elements["r"])
+    assert float(lam[0]) == 0.0 and bool(lam[1:].ne(0).all())
+    c = sol.momentum_terms["r"][0]
+    assert bool(c[0].isnan()) and not bool(c[1:].isnan().any())
+    nf.teleport(sol)
+    moved = {p: t.clone() for p, t in v.items()}
+    for i, element in sol.steps:
+        rows = {p: moved[p].unsqueeze(0) for p in syms[i].params}
+        syms[i].transport_grads_(element, rows)
+    after = nf.collect_stats(m, syms, F.mse_loss, x, y, estimator="reference")
+    flow = nf.noether_flow(syms, after, nm, displacement=moved)["r"]
+    assert float((flow[1:].abs() / (nm.kappa * syms["r"].charge()[1:])).max()) < 1e-9
+
+
+def test_a_teleport_that_resets_the_buffers_solves_without_them() -> None:
+    """EquilibriumTeleport(optimizer_state="reset") zeroes the buffers, so v = 0 afterwards:
+    its solve is the solve without displacement."""
+    m, syms, opt, x, y = _docs_mlp()
+    kw = {"batch_size": 16, "time": "discrete", "optimizer": opt}
+    reset = nf.EquilibriumTeleport(m, syms, F.mse_loss, optimizer_state="reset", **kw)
+    keep = nf.EquilibriumTeleport(m, syms, F.mse_loss, **kw)
+    (noise,) = nf.NoiseModel.from_optimizer(opt, batch_size=16)
+    stats = nf.collect_stats(m, syms, F.mse_loss, x, y)
+    want = nf.solve_equilibrium(syms, stats, noise).distance["r"]
+    torch.testing.assert_close(reset.solve(x, y).distance["r"], want, rtol=1e-12, atol=0)
+    assert not torch.allclose(keep.solve(x, y).distance["r"], want, rtol=1e-6)
+
+
+def test_teleport_names_a_wrong_first_argument() -> None:
+    m, syms, _, x, y = _docs_mlp()
+    stats = nf.collect_stats(m, syms, F.mse_loss, x, y)
+    sol = nf.solve_equilibrium(syms, stats, **KW)
+    with pytest.raises(TypeError, match="the first argument is a SymmetrySet; expected the nn"):
+        nf.teleport(syms, sol)  # type: ignore[arg-type]

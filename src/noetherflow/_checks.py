@@ -12,7 +12,10 @@ from collections.abc import Mapping, Sequence
 from enum import Enum
 from typing import Any, TypeVar
 
+import numpy as np
+
 __all__ = [
+    "check_bool",
     "check_finite_number",
     "check_nonnegative",
     "check_positive",
@@ -79,6 +82,13 @@ def check_positive_int(value: object, name: str, meaning: str = "") -> int:
     if not math.isfinite(v) or not v.is_integer() or v < 1:
         raise bad
     return int(v)
+
+
+def check_bool(value: object, name: str) -> bool:
+    """``value`` if it is a bool (NumPy's too), else a ``TypeError`` (no truthiness of strings)."""
+    if not isinstance(value, bool | np.bool_):
+        raise TypeError(f"{name}={value!r} is a {type(value).__name__}; expected True or False.")
+    return bool(value)
 
 
 def check_stats_cover(params: Sequence[Any], mean: Mapping[Any, Any], who: str) -> None:

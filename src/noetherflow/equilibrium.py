@@ -98,8 +98,8 @@ class EquilibriumSolution:
             (C*, B*, E*) — charge θᵀAθ, cross term θᵀAv and buffer term vᵀAv, each of the
             charge's shape — that the solution puts the model at
             (:func:`noetherflow.optim.stationary_terms`, with H* = vᵀA∇L of the displacement
-            moved along with θ; 0 without one). NaN for symmetries with a direction at
-            infinity. Empty otherwise.
+            moved along with θ; 0 without one). NaN where the equilibrium is at infinity (the
+            generators of a diagonal report, a whole rotation). Empty otherwise.
         eps_tolerance: the tolerance on the relative output change that the scale
             invariances before normalisations were kept within
             (:func:`noetherflow.solve_within_eps`, :func:`noetherflow.clip_to_eps`); None: not
@@ -220,8 +220,9 @@ def solve_equilibrium(
             :class:`noetherflow.EquilibriumTeleport` moves the buffer), and the solution puts
             each charge at the exact stationary value of the (C, B, E) map
             (docs/concepts/optimizers.md). Without it the term is 0, exact only when
-            ⟨vᵀA∇L⟩ = 0. A coordinate group whose noise term turns negative with it is taken
-            as 0 (its equilibrium then lies at infinity and is reported).
+            ⟨vᵀA∇L⟩ = 0. The term is signed: terms of F that share an exponent are summed,
+            and a group (or a rotation direction) whose sum is negative has no stationary
+            point; its generators are reported at infinity and left unmoved.
 
     Returns:
         An :class:`EquilibriumSolution`; apply it with :func:`noetherflow.teleport`.
@@ -269,7 +270,7 @@ def solve_equilibrium(
     if ridge is not None and not (math.isfinite(float(ridge)) and float(ridge) >= 0):
         raise ValueError(f"ridge={ridge!r} must be None or a finite number >= 0.")
     _check_inputs(syms, stats)
-    stats = with_displacement(stats, displacement, syms.params(), "solve_equilibrium")
+    stats = with_displacement(stats, displacement, syms.params(), "solve_equilibrium", nm.momentum)
     held = _check_fixed(syms, fixed)
     names: dict[Any, str] = {s: n for n, s in syms.items()}
     index = {s: i for i, s in enumerate(syms)}
@@ -379,7 +380,7 @@ def solve_equilibrium(
         converged=converged,
         iterations=iterations,
         fingerprint=stamp,
-        momentum_terms=_momentum_terms(syms, values, stats, nm, steps, set(reports)),
+        momentum_terms=_momentum_terms(syms, values, stats, nm, steps, reports),
     )
 
 
@@ -389,7 +390,7 @@ def _momentum_terms(
     stats: GradStats,
     nm: NoiseModel,
     steps: list[tuple[int, Any]],
-    at_infinity: set[str],
+    at_infinity: Mapping[str, InfinityReport],
 ) -> dict[str, tuple[Tensor, Tensor, Tensor]]:
     """(C*, B*, E*) per symmetry at the solution (SGD with momentum, discrete time)."""
     if not nm.momentum or nm.time is not TimeModel.DISCRETE or not nm.weight_decay:
@@ -414,11 +415,14 @@ def _momentum_terms(
         plus = s.charge_of({p: v[p] + g[p] for p in s.params})
         minus = s.charge_of({p: v[p] - g[p] for p in s.params})
         terms = stationary_terms(c, (plus - minus) / 4, nm)
-        if name in at_infinity:
-            terms = (
-                torch.full_like(terms[0], float("nan")),
-                torch.full_like(terms[1], float("nan")),
-                torch.full_like(terms[2], float("nan")),
+        rep = at_infinity.get(name)
+        if rep is not None:  # per generator where the direction is one, else all of them
+            off = rep.direction.reshape(c.shape) != 0 if rep.direction.shape == c.shape else None
+            terms = tuple(  # type: ignore[assignment]
+                t.masked_fill(off.to(t.device), float("nan"))
+                if off is not None
+                else torch.full_like(t, float("nan"))
+                for t in terms
             )
         out[name] = terms
     return out

@@ -118,7 +118,7 @@ def noether_flow(
         nesterov=nesterov,
         dampening=dampening,
     )
-    stats = with_displacement(stats, displacement, syms.params(), "noether_flow")
+    stats = with_displacement(stats, displacement, syms.params(), "noether_flow", nm.momentum)
     return {
         name: symmetry_flow(s, stats, nm, None if charges is None else charges[name])
         for name, s in syms.items()

@@ -129,6 +129,12 @@ def teleport(*args: Any) -> TeleportHandle:
         model, solution = None, args[0]
     elif len(args) == 2 and isinstance(args[1], EquilibriumSolution):
         model, solution = args
+        if not isinstance(model, nn.Module):
+            raise TypeError(
+                f"teleport(model, solution): the first argument is a {type(model).__name__}; "
+                "expected the nn.Module to move (or call teleport(solution): the solution "
+                "knows its symmetries)."
+            )
     else:
         raise TypeError(
             "teleport(solution) or teleport(model, solution): got "

@@ -39,6 +39,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from noetherflow._checks import check_bool
 from noetherflow._hyperparams import HyperSource
 from noetherflow._optimizer_state import (
     OptimizerState,
@@ -236,7 +237,7 @@ class EquilibriumTeleport:
         if eps_tolerance is not None:
             check_tolerance(eps_tolerance, "EquilibriumTeleport(eps_tolerance=...)")
         self.eps_tolerance = None if eps_tolerance is None else float(eps_tolerance)
-        self.momentum_cross = bool(momentum_cross)
+        self.momentum_cross = check_bool(momentum_cross, "momentum_cross")
         self._eps_report: EpsReport | None = None
         self.history: list[TeleportRecord] = []
         self.steps_seen = 0
@@ -324,9 +325,6 @@ class EquilibriumTeleport:
                 micro_batch_size=self.micro_batch_size,
                 level="solve",
             )
-        # SGD with momentum: the buffers give the cross term c_cross·vᵀA∇L
-        disp = self._source().displacement() if self.momentum_cross else None
-        stats = with_displacement(stats, disp, self.syms.params(), "EquilibriumTeleport")
         kwargs: dict[str, Any] = {
             "lr": lr,
             "batch_size": self.batch_size,
@@ -335,6 +333,13 @@ class EquilibriumTeleport:
             **self.solver_kwargs,
             **self._source().momentum_kwargs(),
         }
+        # SGD with momentum: the buffers give the cross term c_cross·vᵀA∇L (not when the
+        # teleport resets them: the model then continues with v = 0)
+        keep = self.momentum_cross and self.optimizer_state is not OptimizerState.RESET
+        disp = self._source().displacement() if keep else None
+        stats = with_displacement(
+            stats, disp, self.syms.params(), "EquilibriumTeleport", kwargs["momentum"]
+        )
         self._eps_report = None
         if self.eps_tolerance is None:
             return solve_equilibrium(self.syms, stats, **kwargs)

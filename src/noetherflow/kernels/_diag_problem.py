@@ -21,14 +21,13 @@ generator distinguishes); a term ``(offset, k, block, sign)`` says that generato
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor
 
-__all__ = ["NEGLIGIBLE", "HessianOperator", "Term", "_DiagProblem", "_Grid", "coarsen", "compress"]
+__all__ = ["NEGLIGIBLE", "HessianOperator", "Term", "_DiagProblem", "_Grid", "balance", "compress"]
 
 Term = tuple[int, int, int, float]  # (offset in λ, generators k, block b, sign)
 # A term of F below this fraction of the gross terms of its generator counts as absent
@@ -64,34 +63,65 @@ def compress(g: _Grid) -> _Grid:
     return g
 
 
-def coarsen(
-    m: Tensor, c: Tensor | None, rows: list[Term], cols: list[Term]
-) -> tuple[Tensor, Tensor | None, list[Term], list[Term]]:
-    """The same terms of F with coordinates that share every generator summed together.
+def balance(grids: list[_Grid], n: int) -> tuple[list[_Grid], Tensor]:
+    """Grids with signed ``m`` turned into the same F with non-negative terms, where possible.
 
-    A term acts on consecutive blocks of ``block`` rows (columns); rows in one block of
-    b = gcd of the row terms' blocks share every row generator, so their ``m`` and ``c`` add
-    up to one term of F (blocks divided by b). Rows without any term sum to one (as
-    :func:`compress`). ``m``, ``c``: ``[n0, n1]``. Needed before clamping a signed ``m``
-    (the momentum cross term): only the sum of coordinates with one exponent must be
-    non-negative for F to be convex.
+    F = ½ Σ_b w_b e^{b·λ} once its terms are grouped by exponent b (m terms have b = −2a_k,
+    c terms b = +2a_k; a coordinate's M may be negative with the momentum cross term, and
+    e.g. a neuron's incoming noise M_in e^{−2λ} and its outgoing decay κc_out e^{−2λ} share
+    one exponent). Within a group with w_b ≥ 0 the positive terms are scaled to sum to w_b
+    and the negative ones set to 0: F, its gradient and Hessian are unchanged, and every
+    term is ≥ 0 as the solver and the recession check assume. A group with w_b < 0 makes F
+    unbounded below along b (no stationary point): its terms are set to 0, and the returned
+    ``[n]`` float64 vector holds, on the generators b moves, the sign of the direction in
+    which F decreases (0 elsewhere). Groups are found by hashing b with a fixed random
+    vector (distinct exponents collide with probability 0).
     """
-    for axis, terms in ((0, rows), (1, cols)):
-        size = m.shape[axis]
-        b = size if not terms else math.gcd(*(t[2] for t in terms))
-        if b <= 1:
-            continue
-
-        def fold(v: Tensor, axis: int = axis, b: int = b) -> Tensor:
-            shape = list(v.shape)
-            shape[axis : axis + 1] = [shape[axis] // b, b]
-            return v.reshape(shape).sum(axis + 1)
-
-        m = fold(m)
-        c = fold(c) if c is not None else None
-        new = [(off, k, blk // b, sg) for off, k, blk, sg in terms]
-        rows, cols = (new, cols) if axis == 0 else (rows, new)
-    return m, c, rows, cols
+    gen = torch.Generator().manual_seed(0x5EED)
+    r = 1.0 + torch.rand(n, generator=gen, dtype=torch.float64)
+    keys, vals, where = [], [], []
+    for gi, g in enumerate(grids):
+        n0, n1 = g.m.shape
+        s = _spread(r, g.rows, n0)[:, None] + _spread(r, g.cols, n1)[None, :]
+        for half, sign, t in ((0, -1.0, g.m), (1, 1.0, g.c)):
+            keys.append((sign * s).reshape(-1))
+            vals.append(t.to(torch.float64).cpu().reshape(-1))
+            where.append((gi, half, t.numel()))
+    key = torch.cat(keys)
+    val = torch.cat(vals)
+    scale = float(key.abs().max()) if key.numel() else 1.0
+    _, group = torch.unique(torch.round(key / scale * 2.0**40), return_inverse=True)
+    total = torch.zeros(int(group.max()) + 1 if group.numel() else 0, dtype=torch.float64)
+    total.index_add_(0, group, val)
+    pos = torch.zeros_like(total).index_add_(0, group, val.clamp(min=0))
+    gross = torch.zeros_like(total).index_add_(0, group, val.abs())
+    negative = total < -1e-12 * gross  # beyond round-off of the group's own terms
+    ratio = torch.where(negative | (pos == 0), 0.0, total.clamp(min=0) / pos.clamp_min(1e-300))
+    new = val.clamp(min=0) * ratio[group]
+    direction = torch.zeros(n, dtype=torch.float64)
+    out: list[_Grid] = []
+    start = 0
+    parts: dict[tuple[int, int], Tensor] = {}
+    for gi, half, size in where:
+        parts[(gi, half)] = new[start : start + size]
+        bad = negative[group[start : start + size]]
+        if half == 0 and bool(bad.any()):
+            g = grids[gi]
+            cells = bad.reshape(g.m.shape).nonzero()
+            for terms, idx in ((g.rows, cells[:, 0]), (g.cols, cells[:, 1])):
+                for off, _, blk, sg in terms:  # m e^{−2a·λ}: F falls as a·λ → −∞
+                    direction[off + torch.div(idx, blk, rounding_mode="floor")] = -sg
+        start += size
+    for gi, g in enumerate(grids):
+        out.append(
+            _Grid(
+                parts[(gi, 0)].reshape(g.m.shape).to(g.m),
+                parts[(gi, 1)].reshape(g.c.shape).to(g.c),
+                g.rows,
+                g.cols,
+            )
+        )
+    return out, direction
 
 
 def _spread(lam: Tensor, terms: list[Term], n: int) -> Tensor:
@@ -115,13 +145,14 @@ class _DiagProblem:
     """F(λ) = ½ Σ_k (M_kk e^{−2a_k·λ} + κθ_k² e^{2a_k·λ}) for all diagonal generators jointly.
 
     ``offsets`` maps each symmetry to the offset of its generators in λ (``[n]``);
-    ``clamped`` counts the terms whose signed M (momentum cross term) was clamped at 0.
+    ``negative`` (``[n]``, or None) marks with the sign of their run-off the generators of
+    term groups whose signed M (momentum cross term) left F unbounded below (:func:`balance`).
     """
 
     n: int
     offsets: dict[Any, int]
     grids: list[_Grid]
-    clamped: int = 0
+    negative: Tensor | None = None
 
     def terms(self, lam: Tensor) -> TermValues:
         """Per grid, the two halves of F's terms at ``lam``: m e^{−2s} and c e^{2s}."""

@@ -28,7 +28,7 @@ from typing_extensions import override
 
 from noetherflow._errors import StatisticsError
 from noetherflow.kernels._diag_newton import NewtonMethod, solve_diag
-from noetherflow.kernels._diag_problem import _DiagProblem, _Grid, coarsen, compress
+from noetherflow.kernels._diag_problem import _DiagProblem, _Grid, balance, compress
 from noetherflow.kernels.base import (
     GradSource,
     GroupSolve,
@@ -119,22 +119,18 @@ def _diag_problem(
             else:  # pragma: no cover - the built-in families act along axes 0 and 1
                 raise NotImplementedError(f"diagonal terms along axis {t.axis} are not supported")
     grids = []
-    clamped = 0
+    signed = False
     for p, (rows, cols) in per_param.items():
         mean = stats.mean[p].to(torch.float64)
         c = nm.kappa * values[p].to(torch.float64).square()
         disp = cross_displacement(stats, nm, p)
+        signed = signed or disp is not None
         if p in block.sq:
-            if disp is None:
-                m = nm.diag(mean, block.sq[p].to(torch.float64)).clamp(min=0)
-                grids.append(compress(_Grid(_to_grid(m), _to_grid(c), rows, cols)))
-                continue
-            # signed M (cross term): clamp the sums of coordinates sharing every generator
-            m = nm.diag(mean, block.sq[p].to(torch.float64), disp.to(torch.float64))
-            mg, cg, r2, c2 = coarsen(_to_grid(m), _to_grid(c), rows, cols)
-            assert cg is not None
-            clamped += int((mg < 0).sum())
-            grids.append(_Grid(mg.clamp(min=0), cg, r2, c2))
+            sq = block.sq[p].to(torch.float64)
+            m = nm.diag(mean, sq, None if disp is None else disp.to(torch.float64))
+            if disp is None:  # else signed: balance() below
+                m = m.clamp(min=0)
+            grids.append(compress(_Grid(_to_grid(m), _to_grid(c), rows, cols)))
             continue
         # Generators along one axis only: F depends on the per-neuron sums along it.
         ax = 0 if rows else 1
@@ -147,13 +143,56 @@ def _diag_problem(
             )
         msq = axis_sum(mean.square(), ax)
         m = nm.c_mean * msq + nm.c_second * block.sq_axis[(p, ax)].to(torch.float64)
-        if disp is not None:
+        if disp is None:
+            m = m.clamp(min=0)
+        else:  # signed: balance() below
             m = m + nm.c_cross * axis_sum(disp.to(torch.float64) * mean, ax)
-            clamped += int((m < 0).sum())
-        m, cs = m.cpu().clamp(min=0), axis_sum(c, ax).cpu()
+        m, cs = m.cpu(), axis_sum(c, ax).cpu()
         shape = (-1, 1) if ax == 0 else (1, -1)
         grids.append(_Grid(m.reshape(shape), cs.reshape(shape), rows, cols))
-    return _DiagProblem(n, offsets, grids, clamped)
+    if not signed:
+        return _DiagProblem(n, offsets, grids)
+    grids, negative = balance(grids, n)
+    return _DiagProblem(n, offsets, grids, negative if bool(negative.ne(0).any()) else None)
+
+
+_CROSS_REASON = (
+    "with the momentum cross term c_cross·vᵀA∇L the noise term of a group of coordinates "
+    "sharing these generators is negative (beyond the weight decay on that side): the buffer "
+    "pushes the charges faster than the noise restores them, so there is no stationary point "
+    "along them; left unmoved"
+)
+
+
+def _cross_reports(
+    syms: Sequence[DiagonalSymmetry],
+    offsets: Mapping[DiagonalSymmetry, int],
+    names: Mapping[Symmetry, str],
+    runoff: Tensor,
+    reps: list[InfinityReport],
+) -> list[InfinityReport]:
+    """``reps`` with the generators that the cross term leaves without a stationary point.
+
+    ``runoff`` ``[n]``: the sign of their run-off, 0 elsewhere. A symmetry with a report
+    already gets one report with both parts.
+    """
+    by_name = {r.name: r for r in reps}
+    for ds in syms:
+        off = offsets[ds]
+        part = runoff[off : off + ds.num_generators]
+        if not bool(part.ne(0).any()):
+            continue
+        name = names[ds]
+        old = by_name.get(name)
+        if old is None:
+            by_name[name] = InfinityReport(name, part.clone(), _CROSS_REASON)
+            continue
+        d = old.direction.reshape(-1).clone().to(part)
+        d = torch.where(d == 0, part, d)
+        by_name[name] = dataclasses.replace(
+            old, direction=d.reshape(old.direction.shape), reason=f"{old.reason}; {_CROSS_REASON}"
+        )
+    return list(by_name.values())
 
 
 class DiagonalKernel(Kernel[DiagonalSymmetry, DiagonalStats]):
@@ -241,6 +280,13 @@ class DiagonalKernel(Kernel[DiagonalSymmetry, DiagonalStats]):
                 if held is not None:
                     off = prob.offsets[ds]
                     fixed[off : off + ds.num_generators] = held.reshape(-1).cpu()
+        runoff = None  # generators of term groups left negative by the cross term
+        if prob.negative is not None:
+            free = prob.negative.ne(0) if fixed is None else prob.negative.ne(0) & fixed.isnan()
+            runoff = torch.where(free, prob.negative, 0.0)
+            if fixed is None:
+                fixed = torch.full((prob.n,), float("nan"), dtype=torch.float64)
+            fixed[free] = 0.0  # left unmoved, reported below
         lam, reps, rel, ok, its = solve_diag(
             prob,
             names,
@@ -250,16 +296,8 @@ class DiagonalKernel(Kernel[DiagonalSymmetry, DiagonalStats]):
             method=NewtonMethod(opts.method),
             fixed=fixed,
         )
-        if prob.clamped:  # say why a generator may have lost its restoring term
-            reps = [
-                dataclasses.replace(
-                    r,
-                    reason=f"{r.reason} (with the momentum cross term c_cross·vᵀA∇L the noise "
-                    f"term of {prob.clamped} coordinate group(s) was negative and taken as 0: "
-                    "the buffer pushes the charge down faster than the noise restores it)",
-                )
-                for r in reps
-            ]
+        if runoff is not None and bool(runoff.ne(0).any()):
+            reps = _cross_reports(syms, prob.offsets, names, runoff, reps)
         out = GroupSolve(reports=reps, progress=rel, converged=ok, iterations=its)
         for ds in syms:
             off = prob.offsets[ds]

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from noetherflow._checks import check_bool
 from noetherflow._display import ProgressDisplay, is_terminal
 from noetherflow._history import (
     CSV_NAME,
@@ -221,7 +222,7 @@ class NoetherMonitor:
             raise ValueError("The symmetry set is empty; there is nothing to monitor.")
         check_params_of(model, syms, "NoetherMonitor")
         self.model, self.syms = model, syms
-        self.momentum_cross = bool(momentum_cross)
+        self.momentum_cross = check_bool(momentum_cross, "momentum_cross")
         self.every = int(every)
         self.batch_size, self.time = batch_size, time
         self.reduction = parse_reduction(reduction)
@@ -459,9 +460,11 @@ class NoetherMonitor:
         self._steps.put(row, self.schema)
         if stats is not None:
             # SGD with momentum: the buffers give the cross term c_cross·vᵀA∇L
-            disp = self._hyper.displacement() if self.momentum_cross else None
-            stats = with_displacement(stats, disp, self.syms.params(), "NoetherMonitor")
             noise = self._noise_kwargs(lr, gamma)
+            disp = self._hyper.displacement() if self.momentum_cross else None
+            stats = with_displacement(
+                stats, disp, self.syms.params(), "NoetherMonitor", noise["momentum"]
+            )
             fl = noether_flow(self.syms, stats, NoiseModel.create(**noise), charges=ch)
             put_values(row, "flow", fl, self.syms, self.keys, self.schema)
             if self.distance and i % self.distance_every == 0 and stats.all_finite():

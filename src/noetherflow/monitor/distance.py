@@ -100,11 +100,14 @@ class DistanceTracker:
         ``kw`` are the noise keywords of :func:`noetherflow.solve_equilibrium` (η, S, γ, time,
         momentum); ``nm`` is the same noise model; ``hyper`` is (η, γ).
         """
-        if self._fac is not None and not self._due(step, hyper):
+        # The first-order update assumes F's terms are non-negative, which the signed momentum
+        # cross term breaks: with it every record takes the full solve.
+        signed = nm.c_cross != 0 and bool(stats.displacement)
+        if self._fac is not None and not signed and not self._due(step, hyper):
             res = self._update(stats, nm)
             if res is not None:
                 return res
-        return self._solve(step, stats, nm, hyper, **kw)
+        return self._solve(step, stats, nm, hyper, track=not signed, **kw)
 
     def _due(self, step: int, hyper: tuple[float, float]) -> bool:
         if step - self._solved_at >= self.solve_every:
@@ -138,7 +141,13 @@ class DistanceTracker:
         )
 
     def _solve(
-        self, step: int, stats: GradStats, nm: NoiseModel, hyper: tuple[float, float], **kw: Any
+        self,
+        step: int,
+        stats: GradStats,
+        nm: NoiseModel,
+        hyper: tuple[float, float],
+        track: bool = True,
+        **kw: Any,
     ) -> DistanceResult:
         sol = solve_equilibrium(
             self.syms, stats, **{"init": self.warm, **self.solver_options}, **kw
@@ -147,7 +156,7 @@ class DistanceTracker:
         # Warm start of the next solve; a failed solve is not a good start.
         self.warm = sol if sol.converged else None
         self._fac = None
-        if self.trackable and sol.converged:
+        if self.trackable and track and sol.converged:
             self._fac = self._factor(sol, stats, nm)
             self._lam = None if self._fac is None else self._fac.lam0
             self._solved_at, self._hyper, self._reports = step, hyper, list(sol.at_infinity)

@@ -44,9 +44,8 @@ import torch
 from torch import Tensor, nn
 
 from noetherflow._errors import StatisticsError
-from noetherflow.kernels._diag_problem import coarsen
 from noetherflow.kernels.diagonal import DiagonalStats
-from noetherflow.kernels.noise import NoiseModel, cross_displacement
+from noetherflow.kernels.noise import NoiseModel
 from noetherflow.stats.core import GradStats, axis_sum
 
 __all__ = [
@@ -211,9 +210,8 @@ def diagonal_problem(
     """F(λ) of the diagonal symmetries ``syms`` (``(name, symmetry)``) at ``values``.
 
     The same F as the joint solve of :func:`noetherflow.solve_equilibrium`: per-coordinate
-    M = c_mean·ḡ² + c_second·E[g²] (+ c_cross·vḡ with a momentum displacement) where
-    generators act on two axes of a weight, per-neuron sums along the one axis they act on
-    elsewhere (``level="solve"`` statistics suffice).
+    M = c_mean·ḡ² + c_second·E[g²] where generators act on two axes of a weight, per-neuron
+    sums along the one axis they act on elsewhere (``level="solve"`` statistics suffice).
     """
     block = stats.block(DiagonalStats.key)
     if not isinstance(block, DiagonalStats):
@@ -234,18 +232,12 @@ def diagonal_problem(
     for p, (rows, cols) in per_param.items():
         mean = stats.mean[p]
         theta = values[p]
-        disp = cross_displacement(stats, nm, p)
         if p in block.sq:
             # In the statistics' dtype: the matrix–vector products are the cost of a step.
             m = torch.addcmul(nm.c_second * block.sq[p], mean, mean, value=nm.c_mean)
+            m = _to_grid(m.clamp_(min=0))
             c = _to_grid(nm.kappa * theta.square()) if nm.kappa else None
-            if disp is None:
-                grids.append(_Grid(_to_grid(m.clamp_(min=0)), c, rows, cols))
-                continue
-            # signed M (momentum cross term): clamp the sums of coordinates sharing generators
-            m.add_(nm.c_cross * disp.to(m.dtype) * mean)
-            mg, cg, r2, c2 = coarsen(_to_grid(m), c, rows, cols)
-            grids.append(_Grid(mg.clamp(min=0), cg, r2, c2))
+            grids.append(_Grid(m, c, rows, cols))
             continue
         ax = 0 if rows else 1
         if (rows and cols) or (p, ax) not in block.sq_axis:
@@ -255,10 +247,7 @@ def diagonal_problem(
                 "per-neuron sums (level='neuron'); collect them with level='solve' or 'diag'."
             )
         msq = axis_sum(mean.square(), ax)
-        m = nm.c_mean * msq + nm.c_second * block.sq_axis[(p, ax)]
-        if disp is not None:
-            m = m + nm.c_cross * axis_sum(disp.to(mean.dtype) * mean, ax)
-        m = m.to(_DT).clamp(min=0)
+        m = (nm.c_mean * msq + nm.c_second * block.sq_axis[(p, ax)]).to(_DT).clamp(min=0)
         shape = (-1, 1) if ax == 0 else (1, -1)
         c = axis_sum(theta.to(_DT).square(), ax) * nm.kappa if nm.kappa else None
         grids.append(_Grid(m.reshape(shape), None if c is None else c.reshape(shape), rows, cols))

@@ -8,7 +8,7 @@ finiteness check, the solver) walk a block's tensors without knowing its fields.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, ClassVar
@@ -261,38 +261,80 @@ def with_displacement(
     displacement: Any,
     params: list[nn.Parameter],
     who: str,
+    momentum: float | None = None,
 ) -> GradStats:
     """``stats`` with the momentum displacement v set (a shallow copy; ``None``: unchanged).
 
-    ``displacement`` maps parameters of ``params`` to v (their shape), or is the
-    ``torch.optim.SGD`` to read it from (:func:`noetherflow.optim.momentum_displacement`).
+    ``displacement`` maps parameters to v (their shape; entries of parameters outside
+    ``params`` are left out, but at least one must be in it), or is the ``torch.optim.SGD``
+    to read it from (:func:`noetherflow.optim.momentum_displacement`). ``momentum``: the β of
+    the noise model it is used with (checked against the optimizer's; a displacement without
+    momentum is refused).
 
     Raises:
-        ValueError: a parameter outside ``params``, a wrong shape or non-finite entries.
+        TypeError: not a mapping or an SGD, keys that are not parameters, values that are not
+            floating-point tensors.
+        ValueError: no parameter of ``params``, a wrong shape, a noise model without
+            momentum, or a β other than the optimizer's.
+        NonFiniteGradientError: NaN/Inf entries.
     """
     if displacement is None:
         return stats
     import torch
 
+    fix = "pass the SGD itself (displacement=opt) or nf.momentum_displacement(opt, syms.params())"
+    if not momentum:
+        raise ValueError(
+            f"{who}: displacement= was given but the noise model has no momentum (β = "
+            f"{momentum!r}), so its cross term would be dropped; expected momentum=β of the "
+            "SGD whose buffers these are (or NoiseModel.from_optimizer(opt, batch_size))."
+        )
     if isinstance(displacement, torch.optim.Optimizer):
         from noetherflow.optim.momentum import momentum_displacement
 
+        ids = {id(p) for p in params}
+        groups = [g for g in displacement.param_groups if any(id(p) in ids for p in g["params"])]
+        if not groups:
+            raise ValueError(
+                f"{who}: the {type(displacement).__name__} given as displacement= holds none of "
+                "the symmetry set's parameters (another model, or a copy?); expected the "
+                "optimizer that trains these parameters."
+            )
+        betas = sorted({float(g.get("momentum", 0.0)) for g in groups})
+        if betas != [float(momentum)]:
+            raise ValueError(
+                f"{who}: the optimizer's momentum is {betas} but the noise model's is "
+                f"{momentum!r}; expected the same β (NoiseModel.from_optimizer(opt, batch_size) "
+                "reads it)."
+            )
         displacement = momentum_displacement(displacement, params)
-    if not hasattr(displacement, "items"):
+    if not isinstance(displacement, Mapping):
         raise TypeError(
             f"{who}: displacement is a {type(displacement).__name__}; expected a mapping "
-            "parameter → v = −η·momentum_buffer, or the torch.optim.SGD to read it from."
+            f"parameter → v = −lr·momentum_buffer, or the torch.optim.SGD: {fix}."
         )
     known = {id(p) for p in params}
-    out: dict[nn.Parameter, Tensor] = {}
     for p, v in displacement.items():
-        if id(p) not in known:
-            raise ValueError(
-                f"{who}: displacement holds a tensor for a parameter of shape "
-                f"{tuple(getattr(p, 'shape', ()))} that no symmetry of the set acts on; "
-                "expected parameters of the symmetry set (its momentum buffers × −lr)."
+        if not isinstance(p, torch.Tensor):
+            raise TypeError(
+                f"{who}: displacement has a key of type {type(p).__name__} ({p!r:.40}); "
+                f"expected nn.Parameter keys (the parameters themselves, not names): {fix}."
             )
-        v = torch.as_tensor(v)
+        if not isinstance(v, torch.Tensor) or not (v.is_floating_point() and not v.is_meta):
+            what = type(v).__name__ if not isinstance(v, torch.Tensor) else f"{v.dtype} tensor"
+            raise TypeError(
+                f"{who}: the displacement of a parameter of shape {tuple(p.shape)} is a {what}; "
+                f"expected a floating-point tensor v = −lr·momentum_buffer: {fix}."
+            )
+    mine = {p: v for p, v in displacement.items() if id(p) in known}
+    if displacement and not mine:
+        raise ValueError(
+            f"{who}: displacement holds none of the symmetry set's parameters (another model's "
+            f"parameters?); expected tensors keyed by the parameters the symmetries act on: "
+            f"{fix}."
+        )
+    out: dict[nn.Parameter, Tensor] = {}
+    for p, v in mine.items():
         if tuple(v.shape) != tuple(p.shape):
             raise ValueError(
                 f"{who}: displacement of a parameter of shape {tuple(p.shape)} has shape "
