@@ -456,3 +456,44 @@ def test_teleport_names_a_wrong_first_argument() -> None:
     sol = nf.solve_equilibrium(syms, stats, **KW)
     with pytest.raises(TypeError, match="the first argument is a SymmetrySet; expected the nn"):
         nf.teleport(syms, sol)  # type: ignore[arg-type]
+
+
+def test_balance_keeps_f_and_finds_negative_groups() -> None:
+    """balance() on signed terms: F, ∇F and the Hessian unchanged at random λ, every term
+    ≥ 0; a group whose terms sum below 0 is dropped and its generators marked with the sign
+    along which F falls (oracle: the exponents written out by hand)."""
+    from noetherflow.kernels._diag_problem import _DiagProblem, _Grid, balance
+
+    gen = torch.Generator().manual_seed(7)
+
+    def grid(shape: tuple[int, int], rows: list[Any], cols: list[Any]) -> _Grid:
+        return _Grid(
+            torch.rand(shape, generator=gen, dtype=DT) + 0.1,
+            torch.rand(shape, generator=gen, dtype=DT) + 0.1,
+            rows,
+            cols,
+        )
+
+    # three neurons (generators 0–2): incoming W [3, 4] and bias [3, 1] by rows (+1),
+    # outgoing V [2, 3] by columns (−1). Neuron i's terms at e^{−2λᵢ}: W's and b's M, V's κθ².
+    w = grid((3, 4), [(0, 3, 1, 1.0)], [])
+    b = grid((3, 1), [(0, 3, 1, 1.0)], [])
+    v = grid((2, 3), [], [(0, 3, 1, -1.0)])
+    b.m[1, 0] = -0.9 * float(w.m[1].sum() + v.c[:, 1].sum())  # negative, outweighed
+    v.m[0, 0] = -0.9 * float(v.m[1, 0] + w.c[0].sum() + b.c[0, 0])  # the same at e^{+2λ₀}
+    prob = _DiagProblem(3, {}, [w, b, v])
+    grids, neg = balance(prob.grids, 3)
+    assert not bool(neg.ne(0).any())
+    assert all(bool((g.m >= 0).all()) and bool((g.c >= 0).all()) for g in grids)
+    new = _DiagProblem(3, {}, grids)
+    for _ in range(3):
+        lam = torch.randn(3, generator=gen, dtype=DT)
+        assert abs(new.value(lam) - prob.value(lam)) <= 1e-13 * abs(prob.value(lam))
+        for got, want in zip(new.derivatives(lam), prob.derivatives(lam), strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-15)
+    # neuron 2's terms at e^{−2λ₂} below 0 overall: F falls as λ₂ → −∞; nothing else moves
+    b.m[2, 0] = -2.0 * float(w.m[2].sum() + v.c[:, 2].sum())
+    grids, neg = balance([w, b, v], 3)
+    assert neg.tolist() == [0.0, 0.0, -1.0]
+    assert float(grids[1].m[2, 0]) == 0.0 and bool(grids[0].m[2].eq(0).all())
+    assert bool(grids[2].c[:, 2].eq(0).all()) and bool(grids[0].c[2].gt(0).all())
