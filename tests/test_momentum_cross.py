@@ -24,7 +24,6 @@ from noetherflow.optim import (
     momentum_noise,
     stationary_moments,
 )
-from noetherflow.symmetry.rotation import Block
 
 DT = torch.float64
 KW: dict[str, Any] = {"lr": 0.05, "batch_size": 8, "weight_decay": 0.01, "time": "discrete"}
@@ -98,18 +97,12 @@ def _rotation_model() -> tuple[nn.Module, nf.SymmetrySet]:
 
 
 def _coupled_model() -> tuple[nn.Module, nf.SymmetrySet]:
-    """Two per-head rotations sharing weights with a rescaling (a coupled set)."""
-    torch.manual_seed(2)
-    m = nn.Sequential(nn.Linear(5, 12), nn.Linear(12, 6), nn.ReLU(), nn.Linear(6, 3)).to(DT)
-    heads = [
-        nf.DoubleRotation.from_blocks(
-            [Block(m[0].weight, 0, 6 * h, 6 * h + 6), Block(m[0].bias, 0, 6 * h, 6 * h + 6)],
-            [Block(m[1].weight, 1, 6 * h, 6 * h + 6)],
-            label=f"head{h}",
-        )
-        for h in range(2)
-    ]
-    return m, nf.SymmetrySet([*heads, nf.Rescaling(m[1], m[3], label="r")])
+    """Two per-head rotations sharing weights with a rescaling: test_solver_coupled's model at
+    another seed (at its seed a head's direction runs off with this test's displacement)."""
+    from test_solver_coupled import _model
+
+    m, syms, _, _ = _model(seed=2)
+    return m, syms
 
 
 MODELS = {"diagonal": _diag_model, "rotation": _rotation_model, "coupled": _coupled_model}
@@ -141,6 +134,25 @@ def _displacement(
     return out
 
 
+def _setup(kind: str, **noise: Any) -> tuple[Any, ...]:
+    """(model, syms, x, y, ∇L, noise model with β = 0.9, statistics, a displacement v)."""
+    m, syms = MODELS[kind]()
+    x, y = _data(m)
+    grad = _full_grad(m, x, y)
+    nm = nf.NoiseModel.create(**KW, momentum=0.9, **noise)
+    stats = nf.collect_stats(m, syms, F.mse_loss, x, y, estimator="reference")
+    return m, syms, x, y, grad, nm, stats, _displacement(syms, grad, 0.5)
+
+
+def _moved(syms: nf.SymmetrySet, sol: Any, v: dict[Any, torch.Tensor]) -> dict[Any, torch.Tensor]:
+    """v moved along the solution's steps as a gradient (T^{-T}), as a teleport moves it."""
+    out = {p: t.clone() for p, t in v.items()}
+    for i, element in sol.steps:
+        rows = {p: out[p].unsqueeze(0) for p in syms[i].params if p in out}
+        syms[i].transport_grads_(element, rows)
+    return out
+
+
 def _bilinear(s: Any, v: dict[Any, torch.Tensor], g: dict[Any, torch.Tensor]) -> torch.Tensor:
     """vᵀAg by polarisation of the charge: (Q(v + g) − Q(v − g))/4 (the charge's shape)."""
     plus = s.charge_of({p: v[p] + g[p] for p in s.params})
@@ -150,12 +162,7 @@ def _bilinear(s: Any, v: dict[Any, torch.Tensor], g: dict[Any, torch.Tensor]) ->
 
 @pytest.mark.parametrize("kind", list(MODELS))
 def test_flow_cross_term_is_c_cross_times_the_bilinear_form(kind: str) -> None:
-    m, syms = MODELS[kind]()
-    x, y = _data(m)
-    grad = _full_grad(m, x, y)
-    nm = nf.NoiseModel.create(**KW, momentum=0.9)
-    stats = nf.collect_stats(m, syms, F.mse_loss, x, y, estimator="reference")
-    v = _displacement(syms, grad, 0.5)
+    _, syms, _, _, grad, nm, stats, v = _setup(kind)
     with_v = nf.noether_flow(syms, stats, nm, displacement=v)
     without = nf.noether_flow(syms, stats, nm)
     for name, s in syms.items():
@@ -167,23 +174,12 @@ def test_flow_cross_term_is_c_cross_times_the_bilinear_form(kind: str) -> None:
 @pytest.mark.parametrize("kind", list(MODELS))
 def test_solve_with_displacement_lands_on_zero_flow(kind: str) -> None:
     """Teleport to the solution, move v as a gradient: fresh statistics give zero flow."""
-    m, syms = MODELS[kind]()
-    x, y = _data(m)
-    grad = _full_grad(m, x, y)
-    nm = nf.NoiseModel.create(**KW, momentum=0.9)
-    stats = nf.collect_stats(m, syms, F.mse_loss, x, y, estimator="reference")
-    v = _displacement(syms, grad, 0.5)
+    m, syms, x, y, _, nm, stats, v = _setup(kind)
     sol = nf.solve_equilibrium(syms, stats, nm, displacement=v, max_sweeps=400)
     assert sol.converged and not sol.at_infinity
     plain = nf.solve_equilibrium(syms, stats, nm, max_sweeps=400)
-    moved = {p: t.clone() for p, t in v.items()}
     nf.teleport(m, sol)
-    for i, element in sol.steps:
-        s = syms[i]
-        rows = {p: moved[p].unsqueeze(0) for p in s.params}
-        s.transport_grads_(element, rows)
-        for p in s.params:
-            moved[p] = rows[p][0]
+    moved = _moved(syms, sol, v)
     after = nf.collect_stats(m, syms, F.mse_loss, x, y, estimator="reference")
     flows = nf.noether_flow(syms, after, nm, displacement=moved)
     for name, s in syms.items():
@@ -300,18 +296,10 @@ def test_monitor_track_mode_uses_the_cross_term() -> None:
 def test_solution_reports_the_stationary_cross_and_buffer_terms(kind: str, nesterov: bool) -> None:
     """(C*, B*, E*) of the solution = the 3 × 3 stationary point of ⟨G⟩, ⟨H⟩ measured afresh
     at the teleported model (v moved as a gradient), and C* its charge."""
-    m, syms = MODELS[kind]()
-    x, y = _data(m)
-    grad = _full_grad(m, x, y)
-    nm = nf.NoiseModel.create(**KW, momentum=0.9, nesterov=nesterov)
-    stats = nf.collect_stats(m, syms, F.mse_loss, x, y, estimator="reference")
-    v = _displacement(syms, grad, 0.5)
+    m, syms, x, y, _, nm, stats, v = _setup(kind, nesterov=nesterov)
     sol = nf.solve_equilibrium(syms, stats, nm, displacement=v)
     nf.teleport(m, sol)
-    moved = {p: t.clone() for p, t in v.items()}
-    for i, element in sol.steps:
-        rows = {p: moved[p].unsqueeze(0) for p in syms[i].params}
-        syms[i].transport_grads_(element, rows)
+    moved = _moved(syms, sol, v)
     after = nf.collect_stats(m, syms, F.mse_loss, x, y, estimator="reference")
     grad_after = _full_grad(m, x, y)
     st = MomentumStep.create(lr=0.05, momentum=0.9, weight_decay=0.01, nesterov=nesterov)
@@ -427,10 +415,7 @@ def test_a_neuron_without_a_stationary_point_is_reported_and_left_unmoved() -> N
     c = sol.momentum_terms["r"][0]
     assert bool(c[0].isnan()) and not bool(c[1:].isnan().any())
     nf.teleport(sol)
-    moved = {p: t.clone() for p, t in v.items()}
-    for i, element in sol.steps:
-        rows = {p: moved[p].unsqueeze(0) for p in syms[i].params}
-        syms[i].transport_grads_(element, rows)
+    moved = _moved(syms, sol, v)
     after = nf.collect_stats(m, syms, F.mse_loss, x, y, estimator="reference")
     flow = nf.noether_flow(syms, after, nm, displacement=moved)["r"]
     assert float((flow[1:].abs() / (nm.kappa * syms["r"].charge()[1:])).max()) < 1e-9

@@ -20,10 +20,10 @@ from noetherflow.symmetry.rotation import Block
 DT = torch.float64
 
 
-def _model() -> tuple[nn.Module, nf.SymmetrySet, torch.Tensor, torch.Tensor]:
+def _model(seed: int = 0) -> tuple[nn.Module, nf.SymmetrySet, torch.Tensor, torch.Tensor]:
     """Linear(5, 12) → Linear(12, 6) → ReLU → Linear(6, 3); heads of 6 between the first two
     (W1 rows and b1, W2 columns), a rescaling between the last two (W2 rows, W4 columns)."""
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     m = nn.Sequential(nn.Linear(5, 12), nn.Linear(12, 6), nn.ReLU(), nn.Linear(6, 3)).double()
     heads = [
         nf.DoubleRotation.from_blocks(
