@@ -46,6 +46,8 @@ def test_symmetry_keys_are_ascii_stable_and_unique() -> None:
     assert symmetry_key("layer1↔layer2") == "layer1_and_layer2"
     assert symmetry_key("rotation:attn/q→attn/k") == "rotation.attn.q_to_attn.k"
     assert symmetry_key("échelle (fc1)") == "echelle_fc1"
+    # a non-ASCII separator becomes "_", not nothing (BERT's "rotation:…query·…key[h0]")
+    assert symmetry_key("rotation:attn.query·attn.key[h0]") == "rotation.attn.query_attn.key_h0"
     assert symmetry_key("rescaling0") == "rescaling0"
     for k in ("rescaling.0_to_2", "layer1_and_layer2", "a-b_c.d"):
         assert symmetry_key(k) == k  # idempotent on keys

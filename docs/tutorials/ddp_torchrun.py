@@ -89,6 +89,7 @@ def train(n_steps: int) -> float:
     if rank == 0:
         print(f"{world} ranks, local batches {LOCAL}; records at steps {h['step'].tolist()}")
         print(f"max |flow(DDP monitor) − flow(one process, concatenated batch)| = {err:.2e}")
+    dist.barrier()  # tear down together: a rank whose peer already closed can abort (gloo)
     dist.destroy_process_group()
     assert err < 1e-10, err
     return err

@@ -89,7 +89,13 @@ def symmetry_key(name: str) -> str:
     out = name
     for k, v in _WORDS.items():
         out = out.replace(k, v)
-    out = unicodedata.normalize("NFKD", out).encode("ascii", "ignore").decode("ascii")
+    # accents go (their combining marks), any other non-ASCII character (e.g. the "·" of
+    # "rotation:q·k") is one of "any other characters": dropping it would glue two names
+    out = "".join(
+        c if c.isascii() else "_"
+        for c in unicodedata.normalize("NFKD", out)
+        if not unicodedata.combining(c)
+    )
     out = _NOT_KEY.sub("_", out).strip("_")
     return out or "symmetry"
 
