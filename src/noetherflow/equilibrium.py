@@ -288,14 +288,7 @@ def solve_equilibrium(
         samples = {p: stats.samples[p].to(torch.float64).clone() for p in params}
         cur = stats_from_samples(samples, syms, estimator=stats.estimator)
         # the displacement moves with the samples (a cotangent), in place in _move
-        cur.displacement = (
-            {
-                p: stats.displacement.get(p, torch.zeros_like(p)).to(torch.float64).clone()
-                for p in params
-            }
-            if stats.displacement
-            else {}
-        )
+        cur.displacement = {p: v.to(torch.float64).clone() for p, v in stats.displacement.items()}
         touches = overlaps(list(syms))
     else:
         samples, cur, touches = {}, stats, {}

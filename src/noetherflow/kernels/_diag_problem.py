@@ -79,14 +79,12 @@ def balance(grids: list[_Grid], n: int) -> tuple[list[_Grid], Tensor]:
     """
     gen = torch.Generator().manual_seed(0x5EED)
     r = 1.0 + torch.rand(n, generator=gen, dtype=torch.float64)
-    keys, vals, where = [], [], []
-    for gi, g in enumerate(grids):
+    keys, vals = [], []
+    for g in grids:
         n0, n1 = g.m.shape
         s = _spread(r, g.rows, n0)[:, None] + _spread(r, g.cols, n1)[None, :]
-        for half, sign, t in ((0, -1.0, g.m), (1, 1.0, g.c)):
-            keys.append((sign * s).reshape(-1))
-            vals.append(t.to(torch.float64).cpu().reshape(-1))
-            where.append((gi, half, t.numel()))
+        keys += [-s.reshape(-1), s.reshape(-1)]  # m terms e^{−2s}, c terms e^{2s}
+        vals += [g.m.to(torch.float64).cpu().reshape(-1), g.c.to(torch.float64).cpu().reshape(-1)]
     key = torch.cat(keys)
     val = torch.cat(vals)
     scale = float(key.abs().max()) if key.numel() else 1.0
@@ -101,26 +99,21 @@ def balance(grids: list[_Grid], n: int) -> tuple[list[_Grid], Tensor]:
     direction = torch.zeros(n, dtype=torch.float64)
     out: list[_Grid] = []
     start = 0
-    parts: dict[tuple[int, int], Tensor] = {}
-    for gi, half, size in where:
-        parts[(gi, half)] = new[start : start + size]
-        bad = negative[group[start : start + size]]
-        if half == 0 and bool(bad.any()):
-            g = grids[gi]
-            cells = bad.reshape(g.m.shape).nonzero()
+    for g in grids:
+        size = g.m.numel()
+        m_new, c_new = new[start : start + size], new[start + size : start + 2 * size]
+        bad = negative[group[start : start + size]].reshape(g.m.shape)
+        if bool(bad.any()):
+            cells = bad.nonzero()
             for terms, idx in ((g.rows, cells[:, 0]), (g.cols, cells[:, 1])):
                 for off, _, blk, sg in terms:  # m e^{−2a·λ}: F falls as a·λ → −∞
                     direction[off + torch.div(idx, blk, rounding_mode="floor")] = -sg
-        start += size
-    for gi, g in enumerate(grids):
         out.append(
             _Grid(
-                parts[(gi, 0)].reshape(g.m.shape).to(g.m),
-                parts[(gi, 1)].reshape(g.c.shape).to(g.c),
-                g.rows,
-                g.cols,
+                m_new.reshape(g.m.shape).to(g.m), c_new.reshape(g.c.shape).to(g.c), g.rows, g.cols
             )
         )
+        start += 2 * size
     return out, direction
 
 

@@ -94,6 +94,19 @@ def _to_grid(v: Tensor) -> Tensor:
     return v.reshape(v.shape[0], v.shape[1], -1).sum(-1)
 
 
+def _axis_m(
+    nm: NoiseModel, mean: Tensor, axis_sq: Tensor, disp: Tensor | None, axis: int
+) -> Tensor:
+    """Σ of M_kk over every axis but ``axis``: c_mean·ḡ² + c_second·E[g²] (+ c_cross·vḡ).
+
+    ``mean``, ``disp``: the parameter's shape; ``axis_sq`` and the result ``[p.shape[axis]]``.
+    """
+    m = nm.c_mean * axis_sum(mean.square(), axis) + nm.c_second * axis_sq.to(mean.dtype)
+    if disp is not None:  # the momentum cross term c_cross·vᵀA∇L
+        m = m + nm.c_cross * axis_sum(disp.to(mean.dtype) * mean, axis)
+    return m
+
+
 def _diag_problem(
     syms: Sequence[DiagonalSymmetry],
     values: Mapping[nn.Parameter, Tensor],
@@ -141,12 +154,9 @@ def _diag_problem(
                 "), but these statistics hold only per-neuron sums (level='neuron'); collect "
                 "them with level='solve' or 'diag' (the default)."
             )
-        msq = axis_sum(mean.square(), ax)
-        m = nm.c_mean * msq + nm.c_second * block.sq_axis[(p, ax)].to(torch.float64)
-        if disp is None:
+        m = _axis_m(nm, mean, block.sq_axis[(p, ax)], disp, ax)
+        if disp is None:  # else signed: balance() below
             m = m.clamp(min=0)
-        else:  # signed: balance() below
-            m = m + nm.c_cross * axis_sum(disp.to(torch.float64) * mean, ax)
         m, cs = m.cpu(), axis_sum(c, ax).cpu()
         shape = (-1, 1) if ax == 0 else (1, -1)
         grids.append(_Grid(m.reshape(shape), cs.reshape(shape), rows, cols))
@@ -238,12 +248,8 @@ class DiagonalKernel(Kernel[DiagonalSymmetry, DiagonalStats]):
         block = _block(stats)
         out = torch.zeros(s.num_generators, dtype=torch.float64, device=s.params[0].device)
         for t in s.terms():
-            mean = stats.mean[t.param]
-            msq = axis_sum(mean.square(), t.axis)
-            m = nm.c_mean * msq + nm.c_second * block.axis_sq(t.param, t.axis)
             disp = cross_displacement(stats, nm, t.param)
-            if disp is not None:  # the momentum cross term c_cross·vᵀA∇L
-                m = m + nm.c_cross * axis_sum(disp * mean, t.axis)
+            m = _axis_m(nm, stats.mean[t.param], block.axis_sq(t.param, t.axis), disp, t.axis)
             out += t.sign * m.to(torch.float64).reshape(t.num_generators, t.block).sum(1)
         return out
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, ClassVar
 
+import torch
 from torch import Tensor, nn
 
 from noetherflow._checks import parse_enum
@@ -280,8 +281,6 @@ def with_displacement(
     """
     if displacement is None:
         return stats
-    import torch
-
     fix = "pass the SGD itself (displacement=opt) or nf.momentum_displacement(opt, syms.params())"
     if not momentum:
         raise ValueError(
