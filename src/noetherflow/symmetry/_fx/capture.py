@@ -33,6 +33,7 @@ from torch.fx.proxy import Attribute
 
 from noetherflow._inputs import ModelInputs
 from noetherflow.symmetry._fx.engine import ROTARY_FUNCTIONS, GraphInfo
+from noetherflow.symmetry._fx.hub import out_of_tree_call
 from noetherflow.symmetry._fx.layers import is_known_module
 
 __all__ = ["Capture", "ConcreteTracer", "capture", "flat_outputs", "is_leaf"]
@@ -71,6 +72,26 @@ _DATA_DEPENDENT = (
 )
 # Functions wrapped as one node (registry by name): the engine understands them as a whole.
 LEAF_FUNCTIONS = tuple(sorted(ROTARY_FUNCTIONS))
+
+
+class _Tracer(fx.Tracer):
+    """fx's tracer with this module's leaves, tracing through modules outside the tree."""
+
+    def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
+        return is_leaf(m)
+
+    def call_module(
+        self,
+        m: nn.Module,
+        forward: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> Any:
+        try:
+            self.path_of_module(m)
+        except NameError:  # not a submodule of the root (hub-kernel wrappers): see hub.py
+            return out_of_tree_call(self, m, forward, args, kwargs, frozenset(LEAF_FUNCTIONS))
+        return super().call_module(m, forward, args, kwargs)
 
 
 def is_leaf(m: nn.Module) -> bool:
@@ -134,7 +155,7 @@ class _ConcreteProxy(fx.Proxy):
         self.tracer.create_proxy("call_function", operator.setitem, (self, key, val), {})
 
 
-class ConcreteTracer(fx.Tracer):
+class ConcreteTracer(_Tracer):
     """Trace ``root`` called on fixed ``args``/``kwargs``, with concrete values on proxies."""
 
     def __init__(
@@ -143,9 +164,6 @@ class ConcreteTracer(fx.Tracer):
         super().__init__(autowrap_functions=autowrap)
         self._cargs = args
         self._ckwargs = kwargs
-
-    def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
-        return is_leaf(m)
 
     def create_args_for_root(
         self, root_fn: Callable[..., Any], is_module: bool, concrete_args: Any = None
@@ -223,10 +241,6 @@ def _leaf_functions(model: nn.Module) -> tuple[Any, ...]:
 
 
 def _symbolic(model: nn.Module) -> fx.GraphModule:
-    class _Tracer(fx.Tracer):
-        def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
-            return is_leaf(m)
-
     tracer = _Tracer()
     tracer.proxy_buffer_attributes = True
     graph = tracer.trace(model)
