@@ -56,3 +56,44 @@ def test_theory_names_are_importable_from_ziyin2024() -> None:
         obj = getattr(th, name)
         if inspect.isfunction(obj) or inspect.isclass(obj):
             assert obj.__module__.startswith("noetherflow.theory.ziyin2024"), name
+
+
+def test_public_api_is_the_stub() -> None:
+    """``noetherflow.__all__`` (attached lazily) is the stub's ``__all__``, every name resolves."""
+    import noetherflow
+
+    tree = ast.parse((PACKAGE / "__init__.pyi").read_text(encoding="utf-8"))
+    (listed,) = [
+        ast.literal_eval(n.value)
+        for n in tree.body
+        if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", "") == "__all__"
+    ]
+    assert sorted(listed) == sorted(noetherflow.__all__)
+    assert len(set(listed)) == len(listed)
+    for name in listed:
+        assert getattr(noetherflow, name) is not None, name
+    import noetherflow.teleport  # the module of the same name does not shadow it
+
+    assert callable(noetherflow.teleport) and noetherflow.teleport.__name__ == "teleport"
+
+
+def test_help_and_version_do_not_import_torch() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from noetherflow.cli import main\n"
+        "for argv in (['--version'], ['--help'], ['reproduce', '--help']):\n"
+        "    try:\n"
+        "        main(argv)\n"
+        "    except SystemExit as e:\n"
+        "        assert e.code == 0, (argv, e.code)\n"
+        "heavy = sorted(m for m in ('torch', 'numpy', 'matplotlib') if m in sys.modules)\n"
+        "print(','.join(heavy) or 'none')\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert out.stdout.strip().splitlines()[-1] == "none", out.stdout
+    assert "noetherflow 0.1.0" in out.stdout

@@ -1,0 +1,161 @@
+"""Static view of :mod:`noetherflow`'s public API (read by type checkers and the docs).
+
+At run time ``__init__.py`` attaches these names lazily (``lazy_loader``), so that
+``noetherflow --help`` and ``--version`` answer without importing torch. A name is public when
+it is imported here and listed in ``__all__`` (tests/test_layout.py checks both agree).
+"""
+
+from ._errors import (
+    EpsWarning,
+    NonFiniteGradientError,
+    StatisticsError,
+    SymmetryDefinitionError,
+    SymmetryNotPresentError,
+    UnsupportedLayerError,
+)
+from ._optimizer_state import OptimizerState, transform_optimizer_state
+from .baselines.zhao2022 import GradNormTeleportResult, gradient_norm_teleport
+from .eps_solve import solve_within_eps
+from .equilibrium import (
+    EquilibriumSolution,
+    InfinityReport,
+    geometric_mean,
+    solve_equilibrium,
+)
+from .flow import charges, exact_step_charges, noether_flow
+from .kernels import Kernel, StatsBlock, kernel_for, register_kernel
+from .kernels.noise import NoiseModel, TimeModel
+from .monitor import NoetherMonitor, SharpnessOptions, load_history
+from .optim import (
+    GroupNoise,
+    MomentumStep,
+    StepDecomposition,
+    StepRecorder,
+    adamw_equilibrium_charge,
+    decompose_step,
+    decoupled_stationary_charge,
+    from_optimizer,
+    momentum_displacement,
+    momentum_noise,
+    stationary_moments,
+)
+from .sharpness import (
+    EigenEstimate,
+    HVPMethod,
+    Sharpness,
+    TraceEstimate,
+    hessian_trace,
+    hvp,
+    sharpness,
+    top_eigenvalue,
+)
+from .stats.collect import Capture, capture, collect_stats
+from .stats.core import Estimator, GradStats, Level, Reduction
+from .stats.distributed import all_reduce_stats
+from .stats.registry import LayerHandler, register_layer
+from .symmetry.base import Family, Symmetry
+from .symmetry.channel import ChannelRescaling
+from .symmetry.coverage import CoverageReport, CoverageStatus, ParamCoverage
+from .symmetry.dense import DenseSymmetry
+from .symmetry.detect import DetectionError, find_symmetries, symmetry_signature
+from .symmetry.eps import EpsReport, clip_to_eps
+from .symmetry.rescaling import Rescaling
+from .symmetry.rotation import Block, DoubleRotation
+from .symmetry.scaling import ScaleInvariance
+from .symmetry.set import SymmetrySet, VerifyResult
+from .teleport import TeleportError, TeleportHandle, teleport
+from .teleporter import EquilibriumTeleport, TeleportingOptimizer, TeleportRecord
+
+__version__: str
+
+__all__ = [
+    # symmetries
+    "Block",
+    "ChannelRescaling",
+    "DenseSymmetry",
+    "DoubleRotation",
+    "Family",
+    "Rescaling",
+    "ScaleInvariance",
+    "Symmetry",
+    "SymmetrySet",
+    "VerifyResult",
+    # detection
+    "CoverageReport",
+    "CoverageStatus",
+    "EpsReport",
+    "EpsWarning",
+    "ParamCoverage",
+    "clip_to_eps",
+    "find_symmetries",
+    "symmetry_signature",
+    # statistics
+    "Capture",
+    "Estimator",
+    "GradStats",
+    "Level",
+    "Reduction",
+    "LayerHandler",
+    "capture",
+    "collect_stats",
+    "register_layer",
+    # charges and flows
+    "NoiseModel",
+    "TimeModel",
+    "charges",
+    "exact_step_charges",
+    "noether_flow",
+    # extending: one kernel per symmetry family
+    "Kernel",
+    "StatsBlock",
+    "kernel_for",
+    "register_kernel",
+    # monitoring and sharpness
+    "EigenEstimate",
+    "HVPMethod",
+    "NoetherMonitor",
+    "Sharpness",
+    "SharpnessOptions",
+    "TraceEstimate",
+    "all_reduce_stats",
+    "hessian_trace",
+    "hvp",
+    "load_history",
+    "sharpness",
+    "top_eigenvalue",
+    # equilibrium and teleport
+    "EquilibriumSolution",
+    "InfinityReport",
+    "TeleportHandle",
+    "EquilibriumTeleport",
+    "GradNormTeleportResult",
+    "OptimizerState",
+    "TeleportingOptimizer",
+    "TeleportRecord",
+    "gradient_norm_teleport",
+    "transform_optimizer_state",
+    "geometric_mean",
+    "solve_equilibrium",
+    "solve_within_eps",
+    "teleport",
+    # errors
+    "DetectionError",
+    "NonFiniteGradientError",
+    "StatisticsError",
+    "SymmetryDefinitionError",
+    "SymmetryNotPresentError",
+    "TeleportError",
+    "UnsupportedLayerError",
+    # optimizers beyond plain SGD (issue #18)
+    "GroupNoise",
+    "MomentumStep",
+    "StepDecomposition",
+    "StepRecorder",
+    "adamw_equilibrium_charge",
+    "decompose_step",
+    "decoupled_stationary_charge",
+    "from_optimizer",
+    "momentum_displacement",
+    "momentum_noise",
+    "stationary_moments",
+]
