@@ -329,27 +329,32 @@ class NoiseModel:
         batch_size: int,
         *,
         time: str | TimeModel = "discrete",
-    ) -> list[NoiseModel]:
+        per_group: bool = True,
+    ) -> Any:
         """One :class:`NoiseModel` per param group of a ``torch.optim.SGD`` (momentum allowed).
 
         Reads each group's lr η, momentum β, nesterov, dampening d and coupled
         ``weight_decay=λ`` (γ = λ/2 of γ‖θ‖²) via :func:`noetherflow.optim.from_optimizer` and
         returns ``create(lr=η, batch_size=S, weight_decay=λ/2, momentum=β, nesterov=...,
         dampening=d, time=time)``.
-        Discrete time by default (the optimizer takes steps).
+        Discrete time by default (the optimizer takes steps). ``per_group=False`` returns one
+        model for the whole optimizer instead, with γ per parameter from each group's
+        weight decay (a no-decay group of biases and norm weights; docs/concepts/flow.md):
+        the groups must then agree on lr, momentum, nesterov and dampening.
 
         Raises:
             ValueError: an Adam/AdamW optimizer (its update is not a gradient step, so it has
                 no (κ, c_mean, c_second) model; use ``noetherflow.optim.from_optimizer`` and
-                ``noetherflow.optim.adamw_equilibrium_charge``), dampening ≥ 1 or
-                maximize=True.
+                ``noetherflow.optim.adamw_equilibrium_charge``), dampening ≥ 1,
+                maximize=True, or (``per_group=False``) groups that differ in more than
+                their weight decay.
             TypeError: an optimizer other than SGD, Adam or AdamW.
         """
         from noetherflow.optim.hyper import from_optimizer
 
         tm = parse_enum(TimeModel, time, "time", "'continuous' (SGF) or 'discrete' (SGD steps)")
-        out = []
-        for g in from_optimizer(opt, batch_size, time=tm.value):
+        groups = from_optimizer(opt, batch_size, time=tm.value)
+        for g in groups:
             if g.kind != "sgd":
                 raise ValueError(
                     f"param group {g.index} of {type(opt).__name__} is {g.kind}: its update is "
@@ -357,18 +362,30 @@ class NoiseModel:
                     "it; expected torch.optim.SGD. Use noetherflow.optim.from_optimizer and "
                     "noetherflow.optim.adamw_equilibrium_charge for Adam(W)."
                 )
-            out.append(
-                cls.create(
-                    lr=g.lr,
-                    batch_size=g.batch_size,
-                    weight_decay=g.weight_decay,
-                    time=tm,
-                    momentum=g.momentum,
-                    nesterov=g.nesterov,
-                    dampening=g.dampening,
-                )
+
+        def one(g: Any, decay: Any) -> NoiseModel:
+            return cls.create(
+                lr=g.lr,
+                batch_size=g.batch_size,
+                weight_decay=decay,
+                time=tm,
+                momentum=g.momentum,
+                nesterov=g.nesterov,
+                dampening=g.dampening,
             )
-        return out
+
+        if per_group:
+            return [one(g, g.weight_decay) for g in groups]
+        shared = {(g.lr, g.momentum, g.nesterov, g.dampening) for g in groups}
+        if len(shared) > 1:
+            raise ValueError(
+                f"NoiseModel.from_optimizer(per_group=False): the param groups differ in "
+                f"(lr, momentum, nesterov, dampening) {sorted(shared)}; one model has one η "
+                "and one momentum (only the weight decay may differ per group). Use "
+                "per_group=True for one model per group."
+            )
+        decay = ParamDecay({p: g.weight_decay for g in groups for p in g.params})
+        return one(groups[0], decay)
 
     @classmethod
     def from_coefficients(

@@ -38,7 +38,7 @@ from noetherflow._hyperparams import HyperSource
 from noetherflow._optimizer_state import preserved
 from noetherflow._tracking import monitor_advice, refuse_accumulation
 from noetherflow.flow import charges, noether_flow
-from noetherflow.kernels.noise import NoiseModel
+from noetherflow.kernels.noise import NoiseModel, check_decay
 from noetherflow.monitor.distance import DistanceTracker
 from noetherflow.monitor.options import (
     DistanceMode,
@@ -203,15 +203,20 @@ class NoetherMonitor:
             params=syms.params(),
             adaptive=True,
         )
-        lr0, gamma0 = self._hyper.current()
+        lr0, _ = self._hyper.current()
         self.sgd = not self._hyper.adaptive  # flows and distances need SGD's noise model
         if self.sgd:
-            NoiseModel.create(
-                lr=lr0,
-                batch_size=batch_size,
-                weight_decay=gamma0,
-                time=time,
-                **self._hyper.momentum_kwargs(),
+            # per-group weight decay: γ per parameter (checked against the symmetries here)
+            check_decay(
+                NoiseModel.create(
+                    lr=lr0,
+                    batch_size=batch_size,
+                    weight_decay=self._hyper.decay(),
+                    time=time,
+                    **self._hyper.momentum_kwargs(),
+                ),
+                syms,
+                "NoetherMonitor",
             )
         bad = [f for f in formats if f not in _FORMATS]
         if bad:
@@ -511,7 +516,7 @@ class NoetherMonitor:
         return {
             "lr": lr,
             "batch_size": self.batch_size,
-            "weight_decay": gamma,
+            "weight_decay": self._hyper.decay(),  # γ per parameter where groups differ
             "time": self.time,
             **self._hyper.momentum_kwargs(),
         }
