@@ -252,7 +252,7 @@ class HyperSource:
 
     owner: str
     lr: float | None
-    weight_decay: float | Mapping[nn.Parameter, float] | None
+    weight_decay: float | Mapping[nn.Parameter, float] | ParamDecay | None
     optimizer: torch.optim.Optimizer | None
     params: tuple[nn.Parameter, ...]
     adaptive: bool = False
@@ -263,7 +263,7 @@ class HyperSource:
         owner: str,
         *,
         lr: float | None,
-        weight_decay: float | Mapping[nn.Parameter, float] | None,
+        weight_decay: float | Mapping[nn.Parameter, float] | ParamDecay | None,
         optimizer: torch.optim.Optimizer | None,
         params: Iterable[nn.Parameter],
         adaptive: bool = False,

@@ -107,7 +107,7 @@ def _gamma_vec(s: DenseSymmetry, gamma: Mapping[nn.Parameter, float]) -> Tensor:
 
 
 def mixed_dense_flow(
-    a: Tensor, theta: Tensor, gbar: Tensor, noise: Tensor, gam: Tensor, nm: NoiseModel
+    a: Tensor, theta: Tensor, gbar: Tensor, noise: Tensor | float, gam: Tensor, nm: NoiseModel
 ) -> Tensor:
     """The flow with a per-coordinate Γ that need not commute with A (eqs. PD1–PD2).
 

@@ -261,8 +261,8 @@ class NoiseModel:
             raise ValueError(
                 f"{who or 'NoiseModel'}: discrete time with momentum β={self.momentum} and "
                 f"parameters of one symmetry with different weight decay "
-                f"{sorted({m.weight_decay for m in subs})}: the exact (C, B, E) map of SGD "
-                "with momentum needs one γ per symmetry. Use time='continuous' (exact in "
+                f"{sorted({float(m.weight_decay or 0.0) for m in subs})}: the exact (C, B, E) "
+                "map of SGD with momentum needs one γ per symmetry. Use time='continuous' (exact in "
                 "the η → 0 limit), or one weight decay for the parameters of each symmetry."
             )
         base = subs[0]
