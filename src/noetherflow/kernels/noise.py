@@ -262,8 +262,9 @@ class NoiseModel:
                 f"{who or 'NoiseModel'}: discrete time with momentum β={self.momentum} and "
                 f"parameters of one symmetry with different weight decay "
                 f"{sorted({float(m.weight_decay or 0.0) for m in subs})}: the exact (C, B, E) "
-                "map of SGD with momentum needs one γ per symmetry. Use time='continuous' (exact in "
-                "the η → 0 limit), or one weight decay for the parameters of each symmetry."
+                "map of SGD with momentum needs one γ per symmetry. Use time='continuous' "
+                "(exact in the η → 0 limit), or one weight decay for the parameters of each "
+                "symmetry."
             )
         base = subs[0]
         # continuous time and plain SGD: the noise coefficients do not depend on γ
