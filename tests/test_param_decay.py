@@ -422,3 +422,116 @@ def test_adamw_monitor_per_group_decay() -> None:
     )
     np.testing.assert_allclose(mon.history[f"adamw_charge/{key}"][-1], want.numpy(), rtol=1e-12)
     mon.close()
+
+
+@pytest.mark.parametrize("time", ["continuous", "discrete"])
+def test_monitor_tracked_distance_with_no_decay_group(time: str) -> None:
+    """Incremental (first-order) rows with per-parameter κ equal full solves (continuous);
+    discrete time, whose decay cross term the chord steps do not carry, solves every record."""
+    m, syms, _, x = build("diagonal")
+    y = targets(m, x)
+    opt = _groups(m, torch.optim.SGD, lr=0.05)
+    dec = {p: 0.03 if p.ndim > 1 else 0.0 for p in m.parameters()}
+    mon = nf.NoetherMonitor(
+        m,
+        syms,
+        every=1,
+        distance_every=1,
+        solve_every=100,
+        distance_tol=1e-11,
+        optimizer=opt,
+        batch_size=8,
+        time=time,
+        estimator="reference",
+        loss_fn=LOSS,
+        progress=False,
+    )
+    idx = torch.arange(24)
+    for _ in range(5):
+        opt.zero_grad()
+        loss = LOSS(m(x[idx]), y[idx])
+        loss.backward()
+        row = mon.step(loss, inputs=x[idx], targets=y[idx])
+        assert row is not None
+        st = nf.collect_stats(m, syms, LOSS, x[idx], y[idx])
+        sol = nf.solve_equilibrium(syms, st, lr=0.05, batch_size=8, weight_decay=dec, time=time)
+        for name, key in mon.keys.items():
+            assert np.abs(row[f"distance/{key}"] - sol.distance[name].numpy()).max() <= 1e-9
+        opt.step()
+    exact = mon.history["distance_exact"]
+    if time == "continuous":
+        assert exact[0] == 1 and (exact[1:] == 0).all()  # one full solve, then incremental
+    else:
+        assert (exact == 1).all()
+    mon.close()
+
+
+def test_coupled_rotation_chain_with_no_decay_biases() -> None:
+    """Coupled sweeps (two rotations sharing a layer) with biases at γ = 0, discrete time."""
+    torch.manual_seed(3)
+    m = nn.Sequential(nn.Linear(3, 3), nn.Linear(3, 3), nn.Linear(3, 4)).to(DT)
+    syms = nf.SymmetrySet([nf.DoubleRotation(m[0], m[1]), nf.DoubleRotation(m[1], m[2])])
+    dec = {p: 0.0 if p.ndim == 1 else 0.04 for p in m.parameters()}
+    x = torch.randn(64, 3, dtype=DT)
+    y = targets(m, x)
+    nm = nf.NoiseModel.create(lr=LR, batch_size=S, weight_decay=dec, time="discrete")
+    st = nf.collect_stats(m, syms, LOSS, x, y)
+    before = nf.noether_flow(syms, st, nm)
+    sol = nf.solve_equilibrium(syms, st, nm, tol=1e-13, max_sweeps=500)
+    assert sol.converged and not sol.at_infinity
+    nf.teleport(sol)
+    after = nf.noether_flow(syms, nf.collect_stats(m, syms, LOSS, x, y), nm)
+    for k in after:
+        assert float(after[k].abs().max()) < 1e-9 * float(before[k].abs().max())
+
+
+def test_momentum_with_one_decay_per_symmetry() -> None:
+    """SGD momentum, discrete: symmetries each with one γ (different from each other) solve
+    jointly as each alone with its float γ, cross term of the buffers included."""
+    torch.manual_seed(0)
+    l1, l2 = nn.Linear(4, 6).to(DT), nn.Linear(6, 5).to(DT)
+    n1 = nn.LayerNorm(6, elementwise_affine=False, eps=0.0).to(DT)
+    n2 = nn.LayerNorm(5, elementwise_affine=False, eps=0.0).to(DT)
+    head = nn.Linear(5, 2).to(DT)
+    m = nn.Sequential(l1, n1, l2, n2, head)
+    s1 = nf.ScaleInvariance([l1.weight, l1.bias])
+    s2 = nf.ScaleInvariance([l2.weight, l2.bias])
+    syms = nf.SymmetrySet([s1, s2])
+    x = torch.randn(32, 4, dtype=DT)
+    y = targets(m, x)
+    opt = torch.optim.SGD(m.parameters(), lr=LR, momentum=0.9)
+    for _ in range(3):  # momentum buffers
+        opt.zero_grad()
+        LOSS(m(x), y).backward()
+        opt.step()
+    opt.zero_grad()
+    LOSS(m(x), y).backward()
+    st = nf.collect_stats(m, syms, LOSS, x, y)
+    dec = {l1.weight: 0.02, l1.bias: 0.02, l2.weight: 0.05, l2.bias: 0.05}
+    kw = {"lr": LR, "batch_size": S, "time": "discrete", "momentum": 0.9, "displacement": opt}
+    joint = nf.solve_equilibrium(syms, st, weight_decay=dec, **kw)
+    flows = nf.noether_flow(syms, st, weight_decay=dec, **kw)
+    for name, s, gam in ((syms.names[0], s1, 0.02), (syms.names[1], s2, 0.05)):
+        alone = nf.solve_equilibrium(nf.SymmetrySet([s]), st, weight_decay=gam, **kw)
+        (other,) = alone.elements.values()
+        np.testing.assert_allclose(
+            torch.as_tensor(joint.elements[name]).numpy(),
+            torch.as_tensor(other).numpy(),
+            rtol=1e-9,
+        )
+        (f,) = nf.noether_flow(nf.SymmetrySet([s]), st, weight_decay=gam, **kw).values()
+        assert torch.equal(flows[name], f)
+
+
+def test_equilibrium_teleport_reads_no_decay_groups() -> None:
+    m, syms, _, x = build("diagonal")
+    y = targets(m, x)
+    opt = _groups(m, torch.optim.SGD, lr=LR)
+    dec = {p: 0.03 if p.ndim > 1 else 0.0 for p in m.parameters()}
+    kw = {"lr": LR, "batch_size": S, "weight_decay": dec, "time": "discrete"}
+    before = nf.noether_flow(syms, nf.collect_stats(m, syms, LOSS, x, y), **kw)
+    tp = nf.EquilibriumTeleport(m, syms, LOSS, optimizer=opt, batch_size=S, time="discrete")
+    tp.teleport(x, y)
+    after = nf.noether_flow(syms, nf.collect_stats(m, syms, LOSS, x, y), **kw)
+    for k in after:
+        assert float(after[k].abs().max()) < 1e-9 * float(before[k].abs().max())
