@@ -535,3 +535,14 @@ def test_equilibrium_teleport_reads_no_decay_groups() -> None:
     after = nf.noether_flow(syms, nf.collect_stats(m, syms, LOSS, x, y), **kw)
     for k in after:
         assert float(after[k].abs().max()) < 1e-9 * float(before[k].abs().max())
+
+
+def test_optim_group_reading_per_parameter_decay() -> None:
+    m, syms, _, _ = build("diagonal")
+    for cls, want in ((torch.optim.SGD, 0.03), (torch.optim.AdamW, 0.06)):
+        opt = _groups(m, cls, lr=LR)
+        groups = nf.optim.from_optimizer(opt, S)
+        with pytest.raises(ValueError, match="differ in weight decay only"):
+            nf.optim.group_for_params(groups, syms.params())
+        dec = nf.optim.decay_for_params(groups, syms.params())
+        assert dec == {p: want if p.ndim > 1 else 0.0 for p in syms.params()}
