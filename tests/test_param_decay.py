@@ -546,3 +546,38 @@ def test_optim_group_reading_per_parameter_decay() -> None:
             nf.optim.group_for_params(groups, syms.params())
         dec = nf.optim.decay_for_params(groups, syms.params())
         assert dec == {p: want if p.ndim > 1 else 0.0 for p in syms.params()}
+
+
+def test_explicit_mapping_in_the_monitor_and_teleporter() -> None:
+    """lr= and weight_decay= a mapping by hand (no optimizer) work like the optimizer path."""
+    m, syms, dec, x = build("diagonal")
+    y = targets(m, x)
+    mon = nf.NoetherMonitor(
+        m,
+        syms,
+        lr=LR,
+        weight_decay=dec,
+        batch_size=S,
+        every=1,
+        time="discrete",
+        estimator="reference",
+        loss_fn=LOSS,
+        progress=False,
+    )
+    opt = torch.optim.SGD(m.parameters(), lr=LR)
+    opt.zero_grad()
+    loss = LOSS(m(x), y)
+    loss.backward()
+    row = mon.step(loss, inputs=x, targets=y)
+    assert row is not None
+    st = nf.collect_stats(m, syms, LOSS, x, y)
+    want = nf.noether_flow(syms, st, lr=LR, batch_size=S, weight_decay=dec, time="discrete")
+    for name, key in mon.keys.items():
+        np.testing.assert_allclose(row[f"flow/{key}"], want[name].numpy(), rtol=1e-10)
+    mon.close()
+    kw = {"lr": LR, "batch_size": S, "weight_decay": dec, "time": "discrete"}
+    before = nf.noether_flow(syms, st, **kw)
+    nf.EquilibriumTeleport(m, syms, LOSS, **kw).teleport(x, y)
+    after = nf.noether_flow(syms, nf.collect_stats(m, syms, LOSS, x, y), **kw)
+    for k in after:
+        assert float(after[k].abs().max()) < 1e-9 * float(before[k].abs().max())

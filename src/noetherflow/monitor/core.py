@@ -116,7 +116,9 @@ class NoetherMonitor:
             prediction ``adamw_charge/*`` (their update is not an SGD step: no flow or
             distance, said once when the monitor is built). With any optimizer the exact
             decomposition of the step before each record is recorded (``step_*``,
-            :attr:`last_step`).
+            :attr:`last_step`). SGD param groups that differ in weight decay only (no-decay
+            groups) give γ per parameter (docs/concepts/flow.md); ``weight_decay`` by hand
+            may be such a mapping too. The row's ``weight_decay`` is then the largest γ.
         reduction: whether the training loss is the batch ``"mean"`` or ``"sum"``.
         log_dir: directory for ``history.csv``/``history.jsonl``/``monitor.json`` (and
             TensorBoard); ``None`` keeps the history in memory only. Existing history files
@@ -169,7 +171,7 @@ class NoetherMonitor:
         every: int = 10,
         lr: float | None = None,
         batch_size: int,
-        weight_decay: float | None = None,
+        weight_decay: float | Mapping[nn.Parameter, float] | None = None,
         optimizer: torch.optim.Optimizer | None = None,
         time: str = "continuous",
         reduction: str | Reduction = "mean",
