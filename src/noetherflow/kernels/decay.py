@@ -46,6 +46,10 @@ class ParamDecay:
             a symmetry acts on that is not in the mapping is an error (a forgotten parameter
             would otherwise get a silent γ).
 
+    Entries for parameters no symmetry acts on are allowed and unused (a mapping over all of
+    ``model.parameters()`` is the usual form); a mapping none of whose parameters a symmetry
+    acts on is refused by the flows and solvers (a mapping of another model).
+
     Raises:
         TypeError: a key that is not an ``nn.Parameter`` (a name, a detached tensor).
         ValueError: a negative, NaN or infinite γ.
