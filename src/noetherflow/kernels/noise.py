@@ -331,7 +331,7 @@ class NoiseModel:
         *,
         time: str | TimeModel = "discrete",
         per_group: bool = True,
-    ) -> Any:
+    ) -> list[NoiseModel] | NoiseModel:
         """One :class:`NoiseModel` per param group of a ``torch.optim.SGD`` (momentum allowed).
 
         Reads each group's lr η, momentum β, nesterov, dampening d and coupled
