@@ -327,7 +327,8 @@ class HyperSource:
         else:
             assert self.lr is not None
             dec = parse_decay(0.0 if self.weight_decay is None else self.weight_decay)
-            lr, gamma = float(self.lr), max(dec.values()) if isinstance(dec, ParamDecay) else dec
+            lr = float(self.lr)
+            gamma = max(dec.values(), default=0.0) if isinstance(dec, ParamDecay) else dec
         if not (math.isfinite(lr) and lr > 0):
             raise ValueError(f"{self.owner}: lr={lr!r} must be a positive finite learning rate η.")
         if not (math.isfinite(gamma) and gamma >= 0):
@@ -337,7 +338,7 @@ class HyperSource:
             )
         return lr, gamma
 
-    def decay(self) -> float | dict[nn.Parameter, float]:
+    def decay(self) -> float | dict[nn.Parameter, float] | ParamDecay:
         """γ for the flows' ``weight_decay=``: one float, or γ per parameter of ``params``.
 
         A dict only when the optimizer's param groups holding the watched parameters have
@@ -349,7 +350,7 @@ class HyperSource:
         if self.optimizer is None and self.weight_decay is not None:
             dec = parse_decay(self.weight_decay)
             if isinstance(dec, ParamDecay):
-                return dec  # type: ignore[return-value]
+                return dec
         return self.current()[1]
 
     def momentum_kwargs(self) -> dict[str, Any]:
