@@ -24,7 +24,7 @@ from .equilibrium import (
 )
 from .flow import charges, exact_step_charges, noether_flow
 from .kernels import Kernel, StatsBlock, kernel_for, register_kernel
-from .kernels.noise import NoiseModel, TimeModel
+from .kernels.noise import NoiseModel, ParamDecay, TimeModel
 from .monitor import NoetherMonitor, SharpnessOptions, load_history
 from .optim import (
     GroupNoise,
@@ -101,6 +101,7 @@ __all__ = [
     "register_layer",
     # charges and flows
     "NoiseModel",
+    "ParamDecay",
     "TimeModel",
     "charges",
     "exact_step_charges",
