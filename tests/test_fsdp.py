@@ -1,12 +1,25 @@
-"""FSDP (``fully_shard``, gloo on CPU, 2 processes): the statistics refuse sharded
-parameters with a clear error instead of returning per-shard numbers."""
+"""FSDP2 (``fully_shard``, gloo on CPU, 2 processes) equals one process on the global batch.
+
+The symmetries are found before sharding (the supported order), on a model with a rescaling
+(Linear-ReLU-Linear), a double rotation (two Linears with nothing between), a LayerNorm scale
+invariance (eps = 0: exact) and the LayerNorm affine's channel rescaling; the rotation shares
+parameters with the others, so the set is coupled (per-sample gradients gathered, Gauss-Seidel
+solve). Widths are odd so that ``Shard(0)`` splits rows unevenly (3 + 2), batches are uneven
+(5 + 8). Every rank saves its results (whole tensors, by parameter name); the parent compares
+them in float64 at 1e-10 with the same calls in one process on the concatenated batch:
+``collect_stats`` (hooks), charges, ``noether_flow``, ``solve_equilibrium``, ``teleport``
+(the parameters after it, and the function kept) and ``NoetherMonitor`` rows over SGD steps.
+All checks share one 2-process spawn (start-up dominates).
+"""
 
 from __future__ import annotations
 
 import os
 import socket
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
@@ -14,8 +27,138 @@ import torch.multiprocessing as mp
 from torch import nn
 
 import noetherflow as nf
+from noetherflow import _shard
+from noetherflow.monitor import NoetherMonitor
 
 fsdp = pytest.importorskip("torch.distributed.fsdp")
+
+DT = torch.float64
+SIZES = (5, 8)  # uneven local batches
+EVEN = 6  # the monitor's per-rank batch: FSDP's gradient is the mean of the ranks' means
+LR, S, WD, STEPS = 0.05, 13, 1e-3, 3
+LOSS = nn.functional.cross_entropy
+
+
+def _model(seed: int = 0) -> nn.Sequential:
+    torch.manual_seed(seed)
+    return nn.Sequential(
+        nn.Linear(4, 6),
+        nn.ReLU(),
+        nn.Linear(6, 5),
+        nn.Linear(5, 5),
+        nn.LayerNorm(5, eps=0.0),
+        nn.Linear(5, 3),
+    ).to(DT)
+
+
+def _batch() -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(sum(SIZES), 4, generator=g, dtype=DT)
+    return x, torch.randint(0, 3, (sum(SIZES),), generator=g)
+
+
+def _even(x: torch.Tensor, y: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return x[rank * EVEN : (rank + 1) * EVEN], y[rank * EVEN : (rank + 1) * EVEN]
+
+
+def _symmetries(m: nn.Module) -> nf.SymmetrySet:
+    syms = nf.find_symmetries(
+        m, torch.randn(16, 4, generator=torch.Generator().manual_seed(2), dtype=DT)
+    )
+    assert sorted(type(s).__name__ for s in syms) == [
+        "ChannelRescaling",
+        "DoubleRotation",
+        "Rescaling",
+        "ScaleInvariance",
+    ]
+    return syms
+
+
+def _names(m: nn.Module) -> dict[int, str]:
+    return {id(p): n for n, p in m.named_parameters()}
+
+
+def _whole(t: torch.Tensor) -> torch.Tensor:
+    return _shard.full(t.detach()).clone()
+
+
+def _entry_key(e: Any, names: dict[int, str]) -> str:
+    """A block entry's key with its parameters and symmetries by name."""
+    if isinstance(e, tuple):
+        return "(" + ", ".join(_entry_key(v, names) for v in e) + ")"
+    if isinstance(e, torch.Tensor | nf.Symmetry):
+        return names[id(e)]
+    return repr(e)
+
+
+def _stats(st: nf.GradStats, m: nn.Module, syms: nf.SymmetrySet) -> dict[str, Any]:
+    """GradStats keyed by parameter names (they survive pickling and sharding)."""
+    n = _names(m) | {id(s): k for k, s in syms.items()}
+    return {
+        "n": st.n,
+        "mean": {n[id(p)]: t.clone() for p, t in st.mean.items()},
+        "blocks": {
+            k: {_entry_key(e, n): b.get_entry(e).clone() for e in b.entries()}
+            for k, b in sorted(st.blocks.items())
+        },
+        "samples": {n[id(p)]: t.clone() for p, t in st.samples.items()},
+    }
+
+
+def _run(m: nn.Module, syms: nf.SymmetrySet, x: torch.Tensor, y: torch.Tensor) -> dict[str, Any]:
+    """Everything compared, on this process's batch (sharded or not)."""
+    res: dict[str, Any] = {}
+    st = nf.collect_stats(m, syms, LOSS, x, y)
+    res["stats"] = _stats(st, m, syms)
+    res["charges"] = {k: v.clone() for k, v in nf.charges(syms).items()}
+    res["flow"] = nf.noether_flow(syms, st, lr=LR, batch_size=S, weight_decay=WD)
+    sol = nf.solve_equilibrium(syms, st, lr=LR, batch_size=S, weight_decay=WD)
+    res["elements"] = {k: torch.as_tensor(v).clone() for k, v in sol.elements.items()}
+    probe = torch.randn(7, 4, generator=torch.Generator().manual_seed(3), dtype=DT)
+    with torch.no_grad():
+        before = m(probe)
+    nf.teleport(m, sol)
+    with torch.no_grad():
+        res["function_gap"] = float((m(probe) - before).abs().max())
+    res["teleported"] = {n: _whole(p) for n, p in m.named_parameters()}
+    res["charges_after"] = {k: v.clone() for k, v in nf.charges(syms).items()}
+    return res
+
+
+def _monitor(
+    m: nn.Module, syms: nf.SymmetrySet, x: torch.Tensor, y: torch.Tensor
+) -> list[dict[str, Any]]:
+    opt = torch.optim.SGD(m.parameters(), lr=LR, weight_decay=2 * WD)
+    mon = NoetherMonitor(
+        m,
+        syms,
+        every=1,
+        optimizer=opt,
+        batch_size=S,
+        progress=False,
+        tensorboard=False,
+        distance_every=1,
+        solve_every=2,
+    )
+    rows = []
+    for _ in range(STEPS):
+        with mon.track():
+            loss = LOSS(m(x), y)
+            loss.backward()
+        row = mon.step(loss)
+        assert row is not None
+        rows.append(row)
+        opt.step()
+        opt.zero_grad()
+    mon.close()
+    return rows
+
+
+def _shard_model(m: nn.Sequential) -> None:
+    for layer in m:
+        if any(True for _ in layer.parameters()):
+            fsdp.fully_shard(layer)
+    fsdp.fully_shard(m)
 
 
 def _worker(rank: int, world: int, port: int, out: str) -> None:
@@ -23,27 +166,41 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=world)
     torch.set_num_threads(1)
     try:
-        torch.manual_seed(0)
-        m = nn.Sequential(nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, 3)).double()
-        syms = nf.SymmetrySet([nf.Rescaling(m[0], m[2])])
-        fsdp.fully_shard(m)
-        x, y = torch.randn(4, 4, dtype=torch.float64), torch.randn(4, 3, dtype=torch.float64)
-        msgs = []
-        for est in ("hooks", "reference"):
-            try:
-                nf.collect_stats(m, syms, nn.MSELoss(), x, y, estimator=est)
-                msgs.append("no error")
-            except nf.UnsupportedLayerError as e:
-                msgs.append(str(e))
-        try:
-            with nf.capture(m, syms) as cap:
-                nn.MSELoss()(m(x), y).backward()
-            _ = cap.stats
-            msgs.append("no error")
-        except nf.UnsupportedLayerError as e:
-            msgs.append(str(e))
-        Path(out, f"rank{rank}.txt").write_text("\n---\n".join(msgs))
+        x, y = _batch()
+        lo = sum(SIZES[:rank])
+        xs, ys = x[lo : lo + SIZES[rank]], y[lo : lo + SIZES[rank]]
+        m = _model()
+        syms = _symmetries(m)
+        modules = {
+            n: [v for v in vars(s).values() if isinstance(v, nn.Module)] for n, s in syms.items()
+        }
+        objects = list(syms)
+        _shard_model(m)
+        res = _run(m, syms, xs, ys)
+        # the same symmetry objects, on the same (now FSDP…) modules, on the sharded parameters
+        res["same_objects"] = all(a is b for a, b in zip(objects, syms, strict=True))
+        res["same_modules"] = all(
+            all(
+                a is b
+                for a, b in zip(
+                    mods,
+                    [v for v in vars(syms[n]).values() if isinstance(v, nn.Module)],
+                    strict=True,
+                )
+            )
+            for n, mods in modules.items()
+        )
+        res["classes"] = sorted({type(v).__name__ for ms in modules.values() for v in ms})
+        own = {id(p) for p in m.parameters()}
+        res["bound"] = all(id(p) in own and _shard.is_sharded(p) for p in syms.params())
+        m2 = _model(seed=4)
+        syms2 = _symmetries(m2)
+        _shard_model(m2)
+        res["rows"] = _monitor(m2, syms2, *_even(x, y, rank))
+        res["after_steps"] = {n: _whole(p) for n, p in m2.named_parameters()}
+        torch.save(res, Path(out) / f"rank{rank}.pt")
     finally:
+        dist.barrier()
         dist.destroy_process_group()
 
 
@@ -53,10 +210,77 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def test_fsdp_statistics_raise_a_clear_error(tmp_path: Path) -> None:
-    mp.spawn(_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True)
-    for r in range(2):
-        msgs = (tmp_path / f"rank{r}.txt").read_text().split("\n---\n")
-        assert len(msgs) == 3
-        for msg in msgs:
-            assert "FSDP fully_shard" in msg and "'0.weight'" in msg, msg
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    out = tmp_path_factory.mktemp("fsdp")
+    mp.spawn(_worker, args=(2, _free_port(), str(out)), nprocs=2, join=True)
+    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(2)]
+
+
+@pytest.fixture(scope="module")
+def single() -> dict[str, Any]:
+    x, y = _batch()
+    m = _model()
+    res = _run(m, _symmetries(m), x, y)
+    m2 = _model(seed=4)
+    res["rows"] = _monitor(m2, _symmetries(m2), x[: 2 * EVEN], y[: 2 * EVEN])
+    res["after_steps"] = {n: p.detach().clone() for n, p in m2.named_parameters()}
+    return res
+
+
+def _close(a: Any, b: Any, what: str) -> None:
+    if isinstance(a, dict):
+        assert a.keys() == b.keys(), what
+        for k in a:
+            _close(a[k], b[k], f"{what}.{k}")
+    elif isinstance(a, list | tuple):
+        assert len(a) == len(b), what
+        for i, (u, v) in enumerate(zip(a, b, strict=True)):
+            _close(u, v, f"{what}[{i}]")
+    elif isinstance(a, torch.Tensor | np.ndarray):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=1e-10, err_msg=what)
+    else:
+        assert a == b, what
+
+
+@pytest.mark.parametrize(
+    "key", ["stats", "charges", "flow", "elements", "teleported", "charges_after", "after_steps"]
+)
+def test_fsdp_equals_one_process(
+    ranks: list[dict[str, Any]], single: dict[str, Any], key: str
+) -> None:
+    assert single["stats"]["samples"], "the coupled set keeps per-sample gradients"
+    for r in ranks:
+        _close(r[key], single[key], key)
+
+
+def test_fsdp_teleport_keeps_the_function(
+    ranks: list[dict[str, Any]], single: dict[str, Any]
+) -> None:
+    assert single["function_gap"] < 1e-12
+    moved = max(
+        float((a - b).abs().max())
+        for a, b in zip(single["teleported"].values(), _model().state_dict().values(), strict=True)
+    )
+    assert moved > 1e-3, "the teleport moved the parameters"
+    for r in ranks:
+        assert r["function_gap"] < 1e-12
+
+
+def test_fsdp_monitor_rows_equal_one_process(
+    ranks: list[dict[str, Any]], single: dict[str, Any]
+) -> None:
+    ref = single["rows"]
+    for r in ranks:
+        for row, want in zip(r["rows"], ref, strict=True):
+            assert row.keys() == want.keys()
+            for k in want:
+                if k in ("time", "monitor_time"):
+                    continue
+                np.testing.assert_allclose(row[k], want[k], rtol=1e-9, atol=1e-10, err_msg=k)
+
+
+def test_fsdp_symmetries_stay_on_their_modules(ranks: list[dict[str, Any]]) -> None:
+    for r in ranks:
+        assert r["same_objects"] and r["same_modules"] and r["bound"]
+        assert r["classes"] == ["FSDPLayerNorm", "FSDPLinear"]
