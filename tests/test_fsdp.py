@@ -128,7 +128,7 @@ def _run(m: nn.Module, syms: nf.SymmetrySet, x: torch.Tensor, y: torch.Tensor) -
 def _monitor(
     m: nn.Module, syms: nf.SymmetrySet, x: torch.Tensor, y: torch.Tensor
 ) -> list[dict[str, Any]]:
-    opt = torch.optim.SGD(m.parameters(), lr=LR, weight_decay=2 * WD)
+    opt = torch.optim.SGD(m.parameters(), lr=LR, momentum=0.9, weight_decay=2 * WD)
     mon = NoetherMonitor(
         m,
         syms,
@@ -154,11 +154,65 @@ def _monitor(
     return rows
 
 
+def _dim1(p: nn.Parameter) -> Any:
+    from torch.distributed.tensor import Shard
+
+    return Shard(1) if p.ndim == 2 else None
+
+
 def _shard_model(m: nn.Sequential) -> None:
-    for layer in m:
+    # the first weight along its input axis (Shard(1)): the rescaling's rows stay whole
+    fsdp.fully_shard(m[0], shard_placement_fn=_dim1)
+    for layer in m[1:]:
         if any(True for _ in layer.parameters()):
             fsdp.fully_shard(layer)
     fsdp.fully_shard(m)
+
+
+def _gathers(syms: nf.SymmetrySet, m: nn.Module) -> dict[str, list[str]]:
+    """The parameters each symmetry's charge all-gathers (DTensor.full_tensor calls)."""
+    from torch.distributed.tensor import DTensor
+
+    names = {p.to_local().data_ptr(): n for n, p in m.named_parameters()}  # a detached view
+    seen: list[str] = []
+    orig = DTensor.full_tensor
+
+    def spy(self: DTensor, *a: Any, **k: Any) -> torch.Tensor:
+        seen.append(names.get(self.to_local().data_ptr(), str(tuple(self.shape))))
+        return orig(self, *a, **k)
+
+    out = {}
+    DTensor.full_tensor = spy  # type: ignore[method-assign]
+    try:
+        for name, s in syms.items():
+            seen.clear()
+            s.charge()
+            out[name] = sorted(seen)
+    finally:
+        DTensor.full_tensor = orig  # type: ignore[method-assign]
+    return out
+
+
+def _errors(m: nn.Module, syms: nf.SymmetrySet, x: torch.Tensor, y: torch.Tensor) -> list[str]:
+    """What a sharded model refuses, as messages."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    msgs = []
+    for call in (
+        lambda: nf.collect_stats(m, syms, LOSS, x, y, estimator="reference"),
+        lambda: nf.find_symmetries(m, x),
+    ):
+        with pytest.raises(nf.UnsupportedLayerError) as e:
+            call()
+        msgs.append(str(e.value))
+    hsdp = _model()
+    hsyms = _symmetries(hsdp)
+    mesh = init_device_mesh("cpu", (1, 2), mesh_dim_names=("replicate", "shard"))
+    fsdp.fully_shard(hsdp, mesh=mesh)  # HSDP: a 2-D mesh
+    with pytest.raises(nf.UnsupportedLayerError) as e:
+        nf.collect_stats(hsdp, hsyms, LOSS, x, y)
+    msgs.append(str(e.value))
+    return msgs
 
 
 def _worker(rank: int, world: int, port: int, out: str) -> None:
@@ -177,6 +231,8 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
         objects = list(syms)
         _shard_model(m)
         res = _run(m, syms, xs, ys)
+        res["gathers"] = _gathers(syms, m)  # (syms are on the sharded parameters now)
+        res["errors"] = _errors(m, syms, xs, ys)
         # the same symmetry objects, on the same (now FSDP…) modules, on the sharded parameters
         res["same_objects"] = all(a is b for a, b in zip(objects, syms, strict=True))
         res["same_modules"] = all(
@@ -284,3 +340,24 @@ def test_fsdp_symmetries_stay_on_their_modules(ranks: list[dict[str, Any]]) -> N
     for r in ranks:
         assert r["same_objects"] and r["same_modules"] and r["bound"]
         assert r["classes"] == ["FSDPLayerNorm", "FSDPLinear"]
+
+
+def test_fsdp_charges_gather_only_what_they_need(ranks: list[dict[str, Any]]) -> None:
+    # diagonal charges are sums over shards; the rotation gathers its first layer (sharded
+    # along the hidden axis d, rows of 2.weight and 2.bias) but not the second (3.weight,
+    # whose hidden axis is its input axis, whole on every rank)
+    for r in ranks:
+        assert r["gathers"] == {
+            "rescaling:0→2": [],
+            "rotation:2→3": ["2.bias", "2.weight"],
+            "scale:3→4": [],
+            "rescaling:4→5": [],
+        }
+
+
+def test_fsdp_refuses_what_it_does_not_support(ranks: list[dict[str, Any]]) -> None:
+    for r in ranks:
+        ref, detect, hsdp = r["errors"]
+        assert "estimator='reference'" in ref and "estimator='hooks'" in ref
+        assert "before sharding" in detect and "'0.weight'" in detect
+        assert "2-D device mesh" in hsdp and "Replicate()" in hsdp and "Shard(dim=0)" in hsdp
