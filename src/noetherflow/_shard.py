@@ -36,6 +36,7 @@ __all__ = [
     "local_slice",
     "refuse_sharded_detection",
     "sum_over_shards",
+    "write_local",
 ]
 
 
@@ -106,7 +107,7 @@ def full(t: Tensor) -> Tensor:
     if not is_sharded(t):
         return t
     check_layout(t)
-    return t.full_tensor()  # type: ignore[attr-defined, no-any-return]
+    return t.full_tensor()  # type: ignore[attr-defined]
 
 
 def sum_over_shards(partial: Tensor, group: Any) -> Tensor:
@@ -191,3 +192,12 @@ def all_finite(t: Tensor, is_finite: Any) -> bool:
         return bool(is_finite(t))
     bad = torch.tensor([0.0 if is_finite(ls.local) else 1.0], dtype=torch.float64, device=t.device)
     return float(sum_over_shards(bad, ls.group)) == 0.0
+
+
+def write_local(t: Tensor, whole: Tensor) -> None:
+    """Write into ``t`` (plain or sharded) the part of ``whole`` (``t``'s global shape) it holds."""
+    ls = local_slice(t)
+    if ls.group is None:
+        ls.local.copy_(whole)
+    else:
+        ls.local.copy_(whole.narrow(ls.dim, ls.offset, ls.local.shape[ls.dim]))

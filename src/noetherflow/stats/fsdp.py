@@ -75,8 +75,8 @@ def bind_sharded(model: nn.Module, syms: SymmetrySet) -> SymmetrySet:
         UnsupportedLayerError: a sharded parameter has a layout other than FSDP2's.
     """
     own = {id(p): p for p in model.parameters()}
-    for name, p in model.named_parameters():
-        _shard.check_layout(p, f"parameter {name!r}")
+    for pname, p in model.named_parameters():
+        _shard.check_layout(p, f"parameter {pname!r}")
     params = syms.params()
     stale = [p for p in params if id(p) not in own]
     if not stale or not is_sharded_model(model):

@@ -164,7 +164,7 @@ class Symmetry(ABC):
             whole = {p: _shard.full(p.detach()).clone() for p in self.params}
             self.act_(element, whole)
             for p, v in whole.items():
-                _write_local(p, v)
+                _shard.write_local(p.data, v)
 
     @abstractmethod
     def transport_grads_(self, element: Any, grads: Mapping[nn.Parameter, Tensor]) -> None:
@@ -312,15 +312,6 @@ class DiagonalSymmetry(Symmetry):
     def identity_element(self) -> Tensor:
         p = self.terms()[0].param
         return torch.zeros(self.num_generators, dtype=torch.float64, device=p.device)
-
-
-def _write_local(p: Tensor, whole: Tensor) -> None:
-    """Write the slice of ``whole`` (``p``'s global shape) that this rank holds into ``p``."""
-    ls = _shard.local_slice(p.data)
-    if ls.group is None:
-        ls.local.copy_(whole)
-    else:
-        ls.local.copy_(whole.narrow(ls.dim, ls.offset, ls.local.shape[ls.dim]))
 
 
 def unique_params(symmetries: Iterable[Symmetry]) -> list[nn.Parameter]:

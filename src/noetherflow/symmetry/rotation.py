@@ -223,8 +223,7 @@ class DoubleRotation(Symmetry):
             values.update({p: _shard.full(p.detach()).clone() for p in gathered})
             self.act_(element, values)
             for p in gathered:
-                ls = local[p]
-                ls.local.copy_(values[p].narrow(ls.dim, ls.offset, ls.local.shape[ls.dim]))
+                _shard.write_local(p.data, values[p])
 
     @staticmethod
     def _act(blocks: Sequence[Block], mat: Tensor, values: Mapping[nn.Parameter, Tensor]) -> None:
