@@ -29,6 +29,7 @@ from torch import nn
 import noetherflow as nf
 from noetherflow import _shard
 from noetherflow.monitor import NoetherMonitor
+from noetherflow.stats.fsdp import bind_sharded
 
 fsdp = pytest.importorskip("torch.distributed.fsdp")
 
@@ -72,6 +73,11 @@ def _symmetries(m: nn.Module) -> nf.SymmetrySet:
         "ScaleInvariance",
     ]
     return syms
+
+
+def _hand_built(m: nn.Module) -> nf.SymmetrySet:
+    """A set built by hand (no parameter names recorded)."""
+    return nf.SymmetrySet([nf.Rescaling(m[0], m[2], label="h"), nf.DoubleRotation(m[2], m[3])])
 
 
 def _names(m: nn.Module) -> dict[int, str]:
@@ -237,8 +243,10 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
             n: [v for v in vars(s).values() if isinstance(v, nn.Module)] for n, s in syms.items()
         }
         objects = list(syms)
+        hand = _hand_built(m)
         _shard_model(m)
         res = _run(m, syms, xs, ys)
+        res["hand_charges"] = nf.charges(bind_sharded(m, hand))  # no names: FSDP's record
         res["gathers"] = _gathers(syms, m)  # (syms are on the sharded parameters now)
         res["errors"] = _errors(m, syms, xs, ys)
         # the same symmetry objects, on the same (now FSDP…) modules, on the sharded parameters
@@ -284,7 +292,9 @@ def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
 def single() -> dict[str, Any]:
     x, y = _batch()
     m = _model()
+    hand = _hand_built(m)
     res = _run(m, _symmetries(m), x, y)
+    res["hand_charges"] = nf.charges(hand)
     m2 = _model(seed=4)
     res["train"] = _monitor(m2, _symmetries(m2), x[: 2 * EVEN], y[: 2 * EVEN])
     return res
@@ -306,7 +316,7 @@ def _close(a: Any, b: Any, what: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "key", ["stats", "charges", "flow", "elements", "teleported", "charges_after"]
+    "key", ["stats", "charges", "flow", "elements", "teleported", "charges_after", "hand_charges"]
 )
 def test_fsdp_equals_one_process(
     ranks: list[dict[str, Any]], single: dict[str, Any], key: str

@@ -48,18 +48,26 @@ def _original_uids(model: nn.Module) -> dict[int, nn.Parameter]:
     for m in model.modules():
         if not isinstance(m, FSDPModule):
             continue
-        group = getattr(m._get_fsdp_state(), "_fsdp_param_group", None)
+        # FSDP's private record (torch 2.4+); without it only sets with names can be bound
+        state = getattr(m, "_get_fsdp_state", lambda: None)()
+        group = getattr(state, "_fsdp_param_group", None)
         for fp in getattr(group, "fsdp_params", ()):
-            out[int(fp._orig_param_uid)] = fp.sharded_param
+            uid, param = getattr(fp, "_orig_param_uid", None), getattr(fp, "sharded_param", None)
+            if uid is not None and param is not None:
+                out[int(uid)] = param
     return out
 
 
-def _rebind_(sym: Symmetry, mapping: dict[int, nn.Parameter]) -> None:
-    """Point ``sym`` (the same object, the same modules) at ``mapping``'s parameters."""
-    memo: dict[int, Any] = dict(mapping)
-    for value in vars(sym).values():
-        if isinstance(value, nn.Module):  # modules stay the same objects (now FSDP subclasses)
-            memo[id(value)] = value
+def _rebind_(sym: Symmetry, mapping: dict[int, nn.Parameter], model: nn.Module) -> None:
+    """Point ``sym`` (the same object, the same modules) at ``mapping``'s parameters.
+
+    A deep copy of the symmetry's state in which every module, parameter and buffer of
+    ``model`` stands for itself and each old parameter for its sharded one, written back
+    into the same object.
+    """
+    memo: dict[int, Any] = {id(m): m for m in model.modules()}
+    memo.update({id(t): t for t in (*model.parameters(), *model.buffers())})
+    memo.update(mapping)
     sym.__dict__.update(copy.deepcopy(sym, memo).__dict__)
 
 
@@ -99,7 +107,7 @@ def bind_sharded(model: nn.Module, syms: SymmetrySet) -> SymmetrySet:
         mapping[id(p)] = q
     for s in syms:
         if any(id(p) in mapping for p in s.params):
-            _rebind_(s, mapping)
+            _rebind_(s, mapping, model)
     syms._params = None
     names = {id(p): n for n, p in model.named_parameters()}
     syms.param_names = {
