@@ -52,6 +52,44 @@ def _model(seed: int = 0) -> nn.Sequential:
     ).to(DT)
 
 
+def _diagonal_model() -> nn.Sequential:
+    """Rescaling, scale invariance and channel rescaling only: the joint Newton solve, and
+    the monitor's incremental (chord) distance between full solves."""
+    torch.manual_seed(6)
+    return nn.Sequential(
+        nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, 5), nn.LayerNorm(5, eps=0.0), nn.Linear(5, 3)
+    ).to(DT)
+
+
+def _diagonal_rows(m: nn.Module, x: torch.Tensor, y: torch.Tensor, shard: bool) -> list[Any]:
+    """NoetherMonitor rows over plain SGD steps: a full solve every 3 records, chords between."""
+    syms = nf.find_symmetries(m, x)
+    if shard:
+        _shard_model(m)
+    opt = torch.optim.SGD(m.parameters(), lr=LR, weight_decay=2 * WD)
+    mon = NoetherMonitor(
+        m,
+        syms,
+        every=1,
+        optimizer=opt,
+        batch_size=S,
+        progress=False,
+        tensorboard=False,
+        distance_every=1,
+        solve_every=3,
+    )
+    rows = []
+    for _ in range(STEPS):
+        with mon.track():
+            loss = LOSS(m(x), y)
+            loss.backward()
+        rows.append(mon.step(loss))
+        opt.step()
+        opt.zero_grad()
+    mon.close()
+    return rows
+
+
 def _batch() -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(1)
     x = torch.randn(sum(SIZES), 4, generator=g, dtype=DT)
@@ -269,6 +307,7 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
         syms2 = _symmetries(m2)
         _shard_model(m2)
         res["train"] = _monitor(m2, syms2, *_even(x, y, rank))
+        res["diagonal_rows"] = _diagonal_rows(_diagonal_model(), *_even(x, y, rank), shard=True)
         torch.save(res, Path(out) / f"rank{rank}.pt")
     finally:
         dist.barrier()
@@ -297,6 +336,9 @@ def single() -> dict[str, Any]:
     res["hand_charges"] = nf.charges(hand)
     m2 = _model(seed=4)
     res["train"] = _monitor(m2, _symmetries(m2), x[: 2 * EVEN], y[: 2 * EVEN])
+    res["diagonal_rows"] = _diagonal_rows(
+        _diagonal_model(), x[: 2 * EVEN], y[: 2 * EVEN], shard=False
+    )
     return res
 
 
@@ -339,18 +381,30 @@ def test_fsdp_teleport_keeps_the_function(
         assert r["function_gap"] < 1e-12
 
 
+def _rows_close(rows: list[Any], ref: list[Any]) -> None:
+    assert all(np.isfinite(row[k]).all() for row in ref for k in row if k.startswith("distance"))
+    for row, want in zip(rows, ref, strict=True):
+        assert row.keys() == want.keys()
+        for k in want:
+            if k in ("time", "monitor_time"):
+                continue
+            np.testing.assert_allclose(row[k], want[k], rtol=1e-9, atol=1e-10, err_msg=k)
+
+
 def test_fsdp_monitor_rows_equal_one_process(
     ranks: list[dict[str, Any]], single: dict[str, Any]
 ) -> None:
-    ref = single["train"]["rows"]
-    assert all(np.isfinite(row[k]).all() for row in ref for k in row if k.startswith("distance"))
+    for r in ranks:  # SGD momentum, coupled set: a full solve at every record
+        _rows_close(r["train"]["rows"], single["train"]["rows"])
+
+
+def test_fsdp_monitor_incremental_distance(
+    ranks: list[dict[str, Any]], single: dict[str, Any]
+) -> None:
+    ref = single["diagonal_rows"]
+    assert [float(row["distance_exact"]) for row in ref] == [1.0, 0.0, 0.0]  # chords between
     for r in ranks:
-        for row, want in zip(r["train"]["rows"], ref, strict=True):
-            assert row.keys() == want.keys()
-            for k in want:
-                if k in ("time", "monitor_time"):
-                    continue
-                np.testing.assert_allclose(row[k], want[k], rtol=1e-9, atol=1e-10, err_msg=k)
+        _rows_close(r["diagonal_rows"], ref)
 
 
 def test_fsdp_symmetries_stay_on_their_modules(ranks: list[dict[str, Any]]) -> None:
