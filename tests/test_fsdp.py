@@ -37,7 +37,7 @@ DT = torch.float64
 SIZES = (5, 8)  # uneven local batches
 EVEN = 6  # the monitor's per-rank batch: FSDP's gradient is the mean of the ranks' means
 LR, S, WD, STEPS = 0.05, 13, 1e-3, 3
-LOSS = nn.functional.cross_entropy
+LOSS = nn.functional.mse_loss
 
 
 def _model(seed: int = 0) -> nn.Sequential:
@@ -49,6 +49,7 @@ def _model(seed: int = 0) -> nn.Sequential:
         nn.Linear(5, 5),
         nn.LayerNorm(5, eps=0.0),
         nn.Linear(5, 3),
+        nn.Linear(3, 1),  # one row over two ranks: rank 1's shard of its weight is empty
     ).to(DT)
 
 
@@ -57,7 +58,7 @@ def _diagonal_model() -> nn.Sequential:
     the monitor's incremental (chord) distance between full solves."""
     torch.manual_seed(6)
     return nn.Sequential(
-        nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, 5), nn.LayerNorm(5, eps=0.0), nn.Linear(5, 3)
+        nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, 5), nn.LayerNorm(5, eps=0.0), nn.Linear(5, 1)
     ).to(DT)
 
 
@@ -93,7 +94,7 @@ def _diagonal_rows(m: nn.Module, x: torch.Tensor, y: torch.Tensor, shard: bool) 
 def _batch() -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(1)
     x = torch.randn(sum(SIZES), 4, generator=g, dtype=DT)
-    return x, torch.randint(0, 3, (sum(SIZES),), generator=g)
+    return x, torch.randn(sum(SIZES), 1, generator=g, dtype=DT)
 
 
 def _even(x: torch.Tensor, y: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -106,6 +107,7 @@ def _symmetries(m: nn.Module) -> nf.SymmetrySet:
     )
     assert sorted(type(s).__name__ for s in syms) == [
         "ChannelRescaling",
+        "DoubleRotation",
         "DoubleRotation",
         "Rescaling",
         "ScaleInvariance",
@@ -423,6 +425,7 @@ def test_fsdp_charges_gather_only_what_they_need(ranks: list[dict[str, Any]]) ->
             "rotation:2→3": ["2.bias", "2.weight"],
             "scale:3→4": [],
             "rescaling:4→5": [],
+            "rotation:5→6": ["5.bias", "5.weight"],  # 6.weight: rank 1's shard is empty
         }
 
 

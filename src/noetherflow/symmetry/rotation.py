@@ -12,6 +12,7 @@ UᵀU − W̃W̃ᵀ = U_f U_fᵀ − W_f W_fᵀ.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -44,7 +45,7 @@ class Block:
     def front(self, value: Tensor) -> Tensor:
         """The d-front matrix view of ``value`` (shape of ``param``). Has shape ``[d, m]``."""
         v = value.movedim(self.axis, 0)[self.start : self.stop]
-        return v.reshape(self.d, -1)
+        return v.reshape(self.d, math.prod(v.shape[1:]))  # explicit m: an empty FSDP shard
 
     def front_batched(self, value: Tensor) -> Tensor:
         """Per-sample version: ``[N, *param.shape]`` → ``[N, d, m]``."""
@@ -199,11 +200,12 @@ class DoubleRotation(Symmetry):
         return _shard.sum_over_shards(partial, group) + exact
 
     def _whole(self, local: Mapping[nn.Parameter, _shard.LocalSlice]) -> list[nn.Parameter]:
-        """Sharded parameters that must be gathered: split along a hidden axis, or empty here."""
+        """Sharded parameters that must be gathered: those split along a hidden axis."""
         out = []
         for p, ls in local.items():
             axes = {b.axis for b in (*self.w_blocks, *self.u_blocks) if b.param is p}
-            if ls.group is not None and (ls.dim in axes or ls.local.numel() == 0):
+            # the same answer on every rank (a gather is a collective): never by shard size
+            if ls.group is not None and ls.dim in axes:
                 out.append(p)
         return out
 
