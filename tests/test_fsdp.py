@@ -255,6 +255,8 @@ def _errors(m: nn.Module, syms: nf.SymmetrySet, x: torch.Tensor, y: torch.Tensor
     for call in (
         lambda: nf.collect_stats(m, syms, LOSS, x, y, estimator="reference"),
         lambda: nf.find_symmetries(m, x),
+        lambda: syms.verify(m, x),
+        lambda: nf.hessian_trace(m, LOSS, x, y),
     ):
         with pytest.raises(nf.UnsupportedLayerError) as e:
             call()
@@ -431,9 +433,11 @@ def test_fsdp_charges_gather_only_what_they_need(ranks: list[dict[str, Any]]) ->
 
 def test_fsdp_refuses_what_it_does_not_support(ranks: list[dict[str, Any]]) -> None:
     for r in ranks:
-        ref, detect, hsdp = r["errors"]
+        ref, detect, verify, sharp, hsdp = r["errors"]
         assert "estimator='reference'" in ref and "estimator='hooks'" in ref
         assert "before sharding" in detect and "'0.weight'" in detect
+        assert "SymmetrySet.verify" in verify and "before sharding" in verify
+        assert "sharpness" in sharp and "unsharded copy" in sharp
         assert "2-D device mesh" in hsdp and "Replicate()" in hsdp and "Shard(dim=0)" in hsdp
 
 

@@ -34,7 +34,7 @@ __all__ = [
     "full",
     "is_sharded",
     "local_slice",
-    "refuse_sharded_detection",
+    "refuse_sharded",
     "sum_over_shards",
     "write_local",
 ]
@@ -147,20 +147,25 @@ def axis_sums(ls: LocalSlice, axis: int, size: int) -> Tensor:
     return out
 
 
-def refuse_sharded_detection(model: Any, who: str = "find_symmetries") -> None:
-    """Raise if ``model`` holds sharded parameters: detection needs whole ones.
+_DETECTION = (
+    "detection perturbs whole parameters and traces the model, so it runs before sharding: "
+    "syms = nf.find_symmetries(model, x), then fully_shard(...). collect_stats, the solver, "
+    "teleport and NoetherMonitor then point the set at the sharded parameters themselves."
+)
+
+
+def refuse_sharded(model: Any, who: str = "find_symmetries", why: str = _DETECTION) -> None:
+    """Raise if ``model`` holds sharded parameters, for a tool that needs whole ones.
 
     Raises:
-        UnsupportedLayerError: naming the sharded parameters and the order that works.
+        UnsupportedLayerError: naming the sharded parameters, why ``who`` needs whole ones
+            and what works instead (``why``).
     """
     bad = [n for n, p in model.named_parameters() if is_sharded(p)]
     if bad:
         raise UnsupportedLayerError(
             f"{who}: parameters {bad[:3]}{' ...' if len(bad) > 3 else ''} are sharded by FSDP "
-            "(fully_shard); detection perturbs whole parameters and traces the model, so it "
-            "runs before sharding: syms = nf.find_symmetries(model, x), then fully_shard(...). "
-            "collect_stats, the solver, teleport and NoetherMonitor then point the set at the "
-            "sharded parameters themselves."
+            f"(fully_shard); {why}"
         )
 
 
