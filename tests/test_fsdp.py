@@ -286,7 +286,10 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
         objects = list(syms)
         hand = _hand_built(m)
         _shard_model(m)
+        with pytest.raises(nf.StatisticsError) as stale:  # no model yet: the old tensors
+            nf.charges(syms)
         res = _run(m, syms, xs, ys)
+        res["stale"] = str(stale.value)
         res["hand_charges"] = nf.charges(bind_sharded(m, hand))  # no names: FSDP's record
         res["gathers"] = _gathers(syms, m)  # (syms are on the sharded parameters now)
         res["errors"] = _errors(m, syms, xs, ys)
@@ -432,6 +435,7 @@ def test_fsdp_charges_gather_only_what_they_need(ranks: list[dict[str, Any]]) ->
 
 def test_fsdp_refuses_what_it_does_not_support(ranks: list[dict[str, Any]]) -> None:
     for r in ranks:
+        assert "replaced by fully_shard" in r["stale"] and "bind_sharded" in r["stale"]
         ref, detect, verify, sharp, hsdp = r["errors"]
         assert "estimator='reference'" in ref and "estimator='hooks'" in ref
         assert "before sharding" in detect and "'0.weight'" in detect

@@ -30,6 +30,7 @@ from noetherflow._errors import UnsupportedLayerError
 
 __all__ = [
     "LocalSlice",
+    "check_current",
     "check_layout",
     "full",
     "is_sharded",
@@ -206,3 +207,25 @@ def write_local(t: Tensor, whole: Tensor) -> None:
         ls.local.copy_(whole)
     else:
         ls.local.copy_(whole.narrow(ls.dim, ls.offset, ls.local.shape[ls.dim]))
+
+
+def check_current(params: Any, who: str) -> None:
+    """Raise if a parameter was replaced by ``fully_shard`` (the set still holds the old one).
+
+    FSDP2 marks each original parameter it replaces (``_fsdp_orig_uid``); its values stay
+    those from before sharding, so a charge or a move computed on it would be silently stale.
+
+    Raises:
+        StatisticsError: naming the fix (bind the set to the sharded model).
+    """
+    stale = [tuple(p.shape) for p in params if hasattr(p, "_fsdp_orig_uid")]
+    if stale:
+        from noetherflow._errors import StatisticsError
+
+        raise StatisticsError(
+            f"{who}: parameters of shapes {stale[:3]} were replaced by fully_shard after this "
+            "symmetry set was built; the set still holds the old (unsharded, no longer "
+            "trained) tensors. Point it at the sharded model first: any of nf.collect_stats, "
+            "nf.capture, nf.NoetherMonitor or nf.teleport(model, ...) does so, or call "
+            "noetherflow.stats.fsdp.bind_sharded(model, syms)."
+        )

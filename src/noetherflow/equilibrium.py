@@ -137,6 +137,7 @@ class EquilibriumSolution:
 
 
 def _check_inputs(syms: SymmetrySet, stats: GradStats) -> None:
+    _shard.check_current(syms.params(), "solve_equilibrium")
     check_stats_cover(syms.params(), stats.mean, "solve_equilibrium")
     try:
         stats.check_finite()

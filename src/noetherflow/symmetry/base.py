@@ -144,6 +144,7 @@ class Symmetry(ABC):
         Parameters sharded by FSDP2 are passed as they are: the diagonal families and the
         rotation sum over shards (``charge_of`` takes sharded values), the others gather.
         """
+        _shard.check_current(self.params, "charge")
         with torch.no_grad():
             return self.charge_of({p: p.detach() for p in self.params})
 
@@ -157,6 +158,7 @@ class Symmetry(ABC):
         A parameter sharded by FSDP2 is gathered whole, moved, and its local shard written
         back (families override this to act shard by shard where the action allows it).
         """
+        _shard.check_current(self.params, "apply_")
         with torch.no_grad():
             if not any(_shard.is_sharded(p) for p in self.params):
                 self.act_(element, {p: p.data for p in self.params})
