@@ -476,7 +476,7 @@ def collect_stats(
                 check=check,
             )
         st = cap.stats
-        if check:
+        if check and not sharded:  # under FSDP the mean-gradient half of the check did not run
             _mark_loss_checked(loss_fn)
         return st
     params = syms.params()
