@@ -1,15 +1,20 @@
 """FSDP2 (``fully_shard``, gloo on CPU, 2 processes) equals one process on the global batch.
 
 The symmetries are found before sharding (the supported order), on a model with a rescaling
-(Linear-ReLU-Linear), a double rotation (two Linears with nothing between), a LayerNorm scale
-invariance (eps = 0: exact) and the LayerNorm affine's channel rescaling; the rotation shares
-parameters with the others, so the set is coupled (per-sample gradients gathered, Gauss-Seidel
-solve). Widths are odd so that ``Shard(0)`` splits rows unevenly (3 + 2), batches are uneven
-(5 + 8). Every rank saves its results (whole tensors, by parameter name); the parent compares
-them in float64 at 1e-10 with the same calls in one process on the concatenated batch:
-``collect_stats`` (hooks), charges, ``noether_flow``, ``solve_equilibrium``, ``teleport``
-(the parameters after it, and the function kept) and ``NoetherMonitor`` rows over SGD steps.
-All checks share one 2-process spawn (start-up dominates).
+(Linear-ReLU-Linear), two double rotations (two Linears with nothing between), a LayerNorm
+scale invariance (eps = 0: exact) and the LayerNorm affine's channel rescaling; the rotations
+share parameters with the others, so the set is coupled (per-sample gradients gathered,
+Gauss-Seidel solve). Layouts: ``Shard(0)`` with odd widths (rows split 3 + 2), a one-row head
+(rank 1 holds an empty shard), the first weight as ``Shard(1)``; batches are uneven (5 + 8).
+Every rank saves its results (whole tensors, by parameter name); the parent compares them in
+float64 at 1e-10 with the same calls in one process on the concatenated batch:
+``collect_stats`` (hooks), charges (of a hand-built set too), ``noether_flow``,
+``solve_equilibrium``, ``teleport`` (the parameters after it, and the function kept),
+``NoetherMonitor`` rows over SGD-momentum steps and over plain SGD with incremental
+distances, and ``EquilibriumTeleport`` (parameters, ``.grad``, momentum buffers). Also which
+charges gather which parameters, that the symmetry objects stay on their (now ``FSDP…``)
+modules, and the refusals. All checks share one 2-process spawn (start-up dominates);
+tests/test_fsdp_hf.py runs a Hugging Face GPT-2.
 """
 
 from __future__ import annotations
