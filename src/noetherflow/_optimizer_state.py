@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from noetherflow import _shard
 from noetherflow.equilibrium import EquilibriumSolution
 from noetherflow.kernels import kernel_for
 from noetherflow.symmetry.base import Symmetry
@@ -45,9 +46,25 @@ class OptimizerState(str, Enum):
     RESET = "reset"
 
 
-def transport_(sym: Symmetry, element: Any, tensors: Mapping[nn.Parameter, Tensor]) -> None:
-    """Cotangent transport of single tensors (not per-sample batches), in place (the kernel's)."""
-    kernel_for(sym).transport_(sym, element, tensors)
+def transport_(
+    sym: Symmetry, element: Any, tensors: Mapping[nn.Parameter, Tensor], *, squared: bool = False
+) -> bool:
+    """The kernel's transport of single tensors (not per-sample batches), in place.
+
+    FSDP2 shards (``.grad``, optimizer state of a sharded parameter) are gathered whole,
+    transported and written back shard by shard: a teleport happens once per many steps,
+    and the state is gradient-sized like the statistics. Returns the kernel's answer
+    (False: no exact law, nothing changed).
+    """
+    if not any(_shard.is_sharded(t) for t in tensors.values()):
+        return kernel_for(sym).transport_(sym, element, tensors, squared=squared)
+    whole = {p: _shard.full(t.detach()).clone() for p, t in tensors.items()}
+    done = kernel_for(sym).transport_(sym, element, whole, squared=squared)
+    if done:
+        with torch.no_grad():
+            for p, t in tensors.items():
+                _shard.write_local(t, whole[p])
+    return done
 
 
 def transform_optimizer_state(
@@ -95,19 +112,18 @@ def transform_optimizer_state(
             if unknown:
                 drop(p)
         live = [p for p in live if id(p) not in reset]
-        kernel = kernel_for(sym)
         for key in _SQUARED:  # g² moves exactly only under a diagonal element: else reset
             # (optimizer.state is a defaultdict: never index a dropped parameter again)
             live = [p for p in live if id(p) not in reset]
             ts = {p: optimizer.state[p][key] for p in live if key in optimizer.state[p]}
-            if ts and not kernel.transport_(sym, element, ts, squared=True):
+            if ts and not transport_(sym, element, ts, squared=True):
                 for p in ts:
                     drop(p)
         live = [p for p in live if id(p) not in reset]
         for key in _COTANGENT:
             ts = {p: optimizer.state[p][key] for p in live if key in optimizer.state[p]}
             if ts:
-                kernel.transport_(sym, element, ts)
+                transport_(sym, element, ts)
     return list(reset.values())
 
 

@@ -28,6 +28,7 @@ from typing import Any, cast
 import torch
 from torch import Tensor, nn
 
+from noetherflow import _shard
 from noetherflow._checks import check_stats_cover, parse_enum
 from noetherflow._deprecate import is_old_model_call, warn_model
 from noetherflow._divergence import is_finite
@@ -70,6 +71,9 @@ def fingerprint(params: list[nn.Parameter]) -> tuple[tuple[float, float, float],
     out = []
     with torch.no_grad():
         for p in params:
+            if _shard.is_sharded(p):  # sums over the rows of each shard, all-reduced
+                out.append(_shard.fingerprint_sums(p.detach()))
+                continue
             x = p.detach().reshape(-1).to(torch.float64)
             w = torch.arange(1, 14, dtype=torch.float64, device=x.device)
             body = x.numel() - x.numel() % 13  # w_k = k mod 13 + 1: columns of a [-1, 13] view
@@ -135,6 +139,7 @@ class EquilibriumSolution:
 
 
 def _check_inputs(syms: SymmetrySet, stats: GradStats) -> None:
+    _shard.check_current(syms.params(), "solve_equilibrium")
     check_stats_cover(syms.params(), stats.mean, "solve_equilibrium")
     try:
         stats.check_finite()
@@ -144,7 +149,7 @@ def _check_inputs(syms: SymmetrySet, stats: GradStats) -> None:
             "statistics is undefined (a diverged run?). Expected finite statistics: collect "
             "them again from a finite model and batch."
         ) from None
-    bad = [tuple(p.shape) for p in syms.params() if not is_finite(p.detach())]
+    bad = [tuple(p.shape) for p in syms.params() if not _shard.all_finite(p.detach(), is_finite)]
     if bad:
         raise NonFiniteGradientError(
             f"solve_equilibrium: parameters of shapes {bad} have NaN/Inf entries; expected a "
@@ -288,7 +293,8 @@ def solve_equilibrium(
         )
     params = syms.params()
     stamp = fingerprint(params)
-    values = {p: p.detach().to(torch.float64, copy=True) for p in params}
+    # the steps are written on whole parameters: an FSDP2 shard is gathered, once per solve
+    values = {p: _shard.full(p.detach()).to(torch.float64, copy=True) for p in params}
     if coupled:
         samples = {p: stats.samples[p].to(torch.float64).clone() for p in params}
         cur = stats_from_samples(samples, syms, estimator=stats.estimator)

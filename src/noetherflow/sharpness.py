@@ -43,6 +43,7 @@ from torch.func import functional_call, grad, jvp, vjp, vmap
 
 from noetherflow._checks import parse_enum
 from noetherflow._inputs import ModelInputs
+from noetherflow._shard import refuse_sharded
 from noetherflow.stats.core import Reduction, parse_reduction
 from noetherflow.stats.distributed import is_distributed, unwrap_ddp
 
@@ -202,6 +203,12 @@ def _problem(
     reduction: str | Reduction,
     all_reduce: bool | None,
 ) -> _Problem:
+    refuse_sharded(
+        model,
+        "sharpness (Hessian-vector products)",
+        "they differentiate the loss twice with the parameters as inputs, which FSDP gathers "
+        "only inside its own forward and backward. Measure sharpness on an unsharded copy.",
+    )
     red = parse_reduction(reduction)
     ar = is_distributed() if all_reduce is None else bool(all_reduce)
     return _Problem(model, loss_fn, inputs, targets, params, red, ar)

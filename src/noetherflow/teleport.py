@@ -12,6 +12,8 @@ from torch import Tensor, nn
 
 from noetherflow._errors import EpsWarning
 from noetherflow.equilibrium import EquilibriumSolution, fingerprint
+from noetherflow.stats.distributed import unwrap_ddp
+from noetherflow.stats.fsdp import bind_sharded
 from noetherflow.symmetry.eps import eps_moved
 from noetherflow.symmetry.set import SymmetrySet, rebind_symmetry
 
@@ -140,6 +142,8 @@ def teleport(*args: Any) -> TeleportHandle:
             "teleport(solution) or teleport(model, solution): got "
             f"{[type(a).__name__ for a in args]}."
         )
+    if model is not None:  # a set found before fully_shard, now on the sharded parameters
+        bind_sharded(unwrap_ddp(model), solution.syms)
     syms = solution.syms if model is None else _bind(model, solution)
     params = syms.params()
     if solution.fingerprint is not None:

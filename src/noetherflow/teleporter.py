@@ -45,13 +45,15 @@ from noetherflow._optimizer_state import (
     OptimizerState,
     preserved,
     transform_optimizer_state,
+    transport_,
 )
 from noetherflow.eps_solve import solve_within_eps
 from noetherflow.equilibrium import EquilibriumSolution, solve_equilibrium
-from noetherflow.kernels import kernel_for
 from noetherflow.kernels.decay import ParamDecay, parse_decay
 from noetherflow.stats.collect import check_params_of, collect_stats
 from noetherflow.stats.core import Estimator, with_displacement
+from noetherflow.stats.distributed import unwrap_ddp
+from noetherflow.stats.fsdp import bind_sharded
 from noetherflow.symmetry.eps import EpsReport, check_tolerance
 from noetherflow.symmetry.set import SymmetrySet
 from noetherflow.teleport import teleport
@@ -209,6 +211,7 @@ class EquilibriumTeleport:
                 "EquilibriumTeleport: the symmetry set is empty, there is nothing to teleport "
                 "along; build it with nf.find_symmetries(model, example_inputs)."
             )
+        bind_sharded(unwrap_ddp(model), syms)  # a set found before fully_shard: its new params
         check_params_of(model, syms, "EquilibriumTeleport")
         self.model = model
         self.syms = syms
@@ -361,7 +364,7 @@ class EquilibriumTeleport:
             sym = self.syms[i]
             gs = {p: p.grad for p in sym.params if p.grad is not None}
             if gs:
-                kernel_for(sym).transport_(sym, element, gs)
+                transport_(sym, element, gs)
         reset: list[nn.Parameter] = []
         if self.optimizer is not None:
             reset = transform_optimizer_state(self.optimizer, sol, mode=self.optimizer_state)

@@ -65,6 +65,7 @@ from noetherflow.stats.distributed import (
     is_distributed,
     unwrap_ddp,
 )
+from noetherflow.stats.fsdp import bind_sharded
 from noetherflow.stats.reference import check_no_train_batchnorm
 from noetherflow.symmetry.set import SymmetrySet
 
@@ -197,6 +198,7 @@ class NoetherMonitor:
     ) -> None:
         if int(every) != every or every < 1:
             raise ValueError(f"every={every!r} must be a positive integer (steps between records).")
+        bind_sharded(unwrap_ddp(model), syms)  # a set found before fully_shard: its new params
         self._hyper = HyperSource.create(
             "NoetherMonitor",
             lr=lr,

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from noetherflow import _shard
 from noetherflow.equilibrium import EquilibriumSolution, InfinityReport, solve_equilibrium
 from noetherflow.kernels import kernel_for
 from noetherflow.kernels.diagonal import DiagonalKernel
@@ -121,7 +122,9 @@ class DistanceTracker:
         )
 
     def _values(self) -> dict[Any, Tensor]:
-        return {p: p.detach() for p in self.syms.params()}
+        # per-coordinate θ beside whole-size statistics: an FSDP2 shard is gathered, as in
+        # the full solve
+        return {p: _shard.full(p.detach()) for p in self.syms.params()}
 
     def _update(self, stats: GradStats, nm: NoiseModel) -> DistanceResult | None:
         """The incremental solve, or ``None`` when it does not converge (then: a full solve)."""

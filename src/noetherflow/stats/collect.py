@@ -36,7 +36,7 @@ from noetherflow.stats.core import (
 )
 from noetherflow.stats.distributed import all_reduce_stats, is_distributed, unwrap_ddp
 from noetherflow.stats.factor_source import FactorSource, Record, Unit
-from noetherflow.stats.fsdp import check_not_sharded
+from noetherflow.stats.fsdp import bind_sharded, check_hooks_only, is_sharded_model, restored_grads
 from noetherflow.stats.microbatch import microbatch_grads
 from noetherflow.stats.reference import check_no_train_batchnorm, per_sample_grads
 from noetherflow.stats.registry import handler_for, registered_layers
@@ -355,7 +355,7 @@ def capture(
         True
     """
     check_no_train_batchnorm(model, "hooks")
-    check_not_sharded([*syms.params(), *model.parameters()], _names(model), "capture")
+    bind_sharded(unwrap_ddp(model), syms)
     cap = Capture(
         model,
         syms,
@@ -437,13 +437,15 @@ def collect_stats(
     est = parse_enum(Estimator, estimator, "estimator")
     if len(syms) == 0:
         raise StatisticsError("The symmetry set is empty; there are no statistics to collect.")
-    check_not_sharded([*syms.params(), *model.parameters()], _names(model), "collect_stats")
+    bind_sharded(model, syms)
+    check_hooks_only(model, est.value)
     inp = ModelInputs.of(inputs, "collect_stats")
     n = inp.batch_size("collect_stats", split=est is not Estimator.HOOKS)
     check_batch(n)
     _check_devices(model, syms, inp.tensors())
     check_params_of(model, syms, "collect_stats")
     if est is Estimator.HOOKS:
+        sharded = is_sharded_model(model)
         with capture(
             model,
             syms,
@@ -456,20 +458,25 @@ def collect_stats(
             out = _forward(model, inp)
             loss = _guard_loss(loss_fn, targets)(out, targets)
             params = syms.params()
-            grads = torch.autograd.grad(loss, params, allow_unused=True)
+            if sharded:  # FSDP's own backward gathers the weights the hooks' layers need
+                with restored_grads(model):
+                    loss.backward()
+            else:
+                grads = torch.autograd.grad(loss, params, allow_unused=True)
         check = check_loss and not _loss_checked(loss_fn)
         if check:
             _check_reduction(loss_fn, out, targets, red)
-        cap.use_mean_gradients(
-            {
-                p: (g.detach() / n if red is Reduction.SUM else g.detach())
-                for p, g in zip(params, grads, strict=True)
-                if g is not None
-            },
-            check=check,
-        )
+        if not sharded:  # under FSDP the hooks form ḡ themselves (.grad holds shards)
+            cap.use_mean_gradients(
+                {
+                    p: (g.detach() / n if red is Reduction.SUM else g.detach())
+                    for p, g in zip(params, grads, strict=True)
+                    if g is not None
+                },
+                check=check,
+            )
         st = cap.stats
-        if check:
+        if check and not sharded:  # under FSDP the mean-gradient half of the check did not run
             _mark_loss_checked(loss_fn)
         return st
     params = syms.params()
@@ -510,10 +517,6 @@ def _detached(x: Any, memo: dict[int, Tensor] | None = None) -> Any:
     if isinstance(x, dict):
         return {k: _detached(v, memo) for k, v in x.items()}
     return x
-
-
-def _names(model: nn.Module) -> dict[int, str]:
-    return {id(p): n for n, p in model.named_parameters()}
 
 
 def check_params_of(model: nn.Module, syms: SymmetrySet, where: str) -> None:

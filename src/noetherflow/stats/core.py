@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
+from noetherflow import _shard
 from noetherflow._checks import parse_enum
 from noetherflow._divergence import is_finite
 from noetherflow._errors import NonFiniteGradientError, StatisticsError
@@ -334,6 +335,7 @@ def with_displacement(
         )
     out: dict[nn.Parameter, Tensor] = {}
     for p, v in mine.items():
+        v = _shard.full(v.detach())  # an FSDP2 buffer: whole, as the statistics are
         if tuple(v.shape) != tuple(p.shape):
             raise ValueError(
                 f"{who}: displacement of a parameter of shape {tuple(p.shape)} has shape "

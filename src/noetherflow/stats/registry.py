@@ -19,6 +19,7 @@ of the groups' blocks (no cross-group zeros are formed).
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -228,16 +229,32 @@ def registered_layers() -> list[type[nn.Module]]:
     return list(_REGISTRY)
 
 
+def _unwrapped_class(cls: type[nn.Module]) -> type[nn.Module]:
+    """``cls``, or for FSDP2's ``FSDP<Class>`` (bases ``(FSDPModule, Class)``) the ``Class``."""
+    fsdp = sys.modules.get("torch.distributed.fsdp")
+    base = getattr(fsdp, "FSDPModule", None)
+    if base is None or not issubclass(cls, base) or cls is base:
+        return cls
+    for c in cls.__mro__[1:]:
+        if issubclass(c, nn.Module) and not issubclass(c, base):
+            return c
+    return cls
+
+
 def handler_for(module: nn.Module, name: str = "", *, check: bool = True) -> LayerHandler | None:
     """The handler of ``module``'s exact class (None if unregistered).
+
+    The dynamic ``FSDP<Class>`` subclass that ``fully_shard`` gives a module counts as the
+    class it wraps (it adds sharding, not a forward of its own).
 
     Raises:
         UnsupportedLayerError: with ``check``, the class is registered but this instance is
             not supported (e.g. BatchNorm in training mode).
     """
-    h = _REGISTRY.get(type(module))
+    cls = _unwrapped_class(type(module))
+    h = _REGISTRY.get(cls)
     if h is None:
-        h = _lazy_handler(type(module))
+        h = _lazy_handler(cls)
     if h is None or not check:
         return h
     why = h.check(module) if h.check is not None else None

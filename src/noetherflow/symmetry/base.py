@@ -18,6 +18,7 @@ import torch
 from torch import Tensor, nn
 from typing_extensions import override
 
+from noetherflow import _shard
 from noetherflow._errors import SymmetryDefinitionError
 
 __all__ = ["DiagonalSymmetry", "DiagonalTerm", "Family", "Symmetry"]
@@ -138,7 +139,12 @@ class Symmetry(ABC):
         """
 
     def charge(self) -> Tensor:
-        """The Noether charge C(θ) = θᵀAθ (paper eq. 6) at the current parameters."""
+        """The Noether charge C(θ) = θᵀAθ (paper eq. 6) at the current parameters.
+
+        Parameters sharded by FSDP2 are passed as they are: the diagonal families and the
+        rotation sum over shards (``charge_of`` takes sharded values), the others gather.
+        """
+        _shard.check_current(self.params, "charge")
         with torch.no_grad():
             return self.charge_of({p: p.detach() for p in self.params})
 
@@ -147,9 +153,20 @@ class Symmetry(ABC):
         """Apply the group element in place to ``values`` (one tensor per parameter)."""
 
     def apply_(self, element: Any) -> None:
-        """Apply the group element to the parameters in place (function-preserving)."""
+        """Apply the group element to the parameters in place (function-preserving).
+
+        A parameter sharded by FSDP2 is gathered whole, moved, and its local shard written
+        back (families override this to act shard by shard where the action allows it).
+        """
+        _shard.check_current(self.params, "apply_")
         with torch.no_grad():
-            self.act_(element, {p: p.data for p in self.params})
+            if not any(_shard.is_sharded(p) for p in self.params):
+                self.act_(element, {p: p.data for p in self.params})
+                return
+            whole = {p: _shard.full(p.detach()).clone() for p in self.params}
+            self.act_(element, whole)
+            for p, v in whole.items():
+                _shard.write_local(p.data, v)
 
     @abstractmethod
     def transport_grads_(self, element: Any, grads: Mapping[nn.Parameter, Tensor]) -> None:
@@ -222,13 +239,29 @@ class DiagonalSymmetry(Symmetry):
         return self.weighted_sum({p: v.square() for p, v in values.items() if p in self._pset()})
 
     def weighted_sum(self, values: Mapping[nn.Parameter, Tensor]) -> Tensor:
-        """Σ_k a_kj v_k per generator j (e.g. Tr[A_j M] from M's diagonal). ``[J]``."""
-        out: Tensor | None = None
+        """Σ_k a_kj v_k per generator j (e.g. Tr[A_j M] from M's diagonal). ``[J]``.
+
+        A sum over coordinates, so over FSDP2 shards too: a sharded value contributes its
+        local shard's per-generator sums, all-reduced once over the ranks (nothing gathered).
+        """
+        plain: Tensor | None = None
+        partial: Tensor | None = None
+        group = None
         for t in self.terms():
-            c = t.reduce(values[t.param])
-            out = c if out is None else out + c
-        assert out is not None
-        return out
+            v = values[t.param]
+            if not _shard.is_sharded(v):
+                c = t.reduce(v)
+                plain = c if plain is None else plain + c
+                continue
+            ls = _shard.local_slice(v)
+            per_index = _shard.axis_sums(ls, t.axis, int(v.shape[t.axis]))
+            c = t.sign * per_index.reshape(t.num_generators, -1).sum(1)
+            partial, group = (c if partial is None else partial + c), ls.group
+        if partial is not None:
+            total = _shard.sum_over_shards(partial, group)
+            plain = total if plain is None else plain + total
+        assert plain is not None
+        return plain
 
     def _pset(self) -> set[nn.Parameter]:
         return set(self.params)
@@ -248,6 +281,21 @@ class DiagonalSymmetry(Symmetry):
         for t in self.terms():
             v = values[t.param]
             v.mul_(torch.exp(self._exponent(t, lam)).to(v.dtype))
+
+    @override
+    def apply_(self, element: Any) -> None:
+        """Scale every coordinate by e^{a_k λ_j(k)}; an FSDP2 shard by its own coordinates only."""
+        if not any(_shard.is_sharded(t.param) for t in self.terms()):
+            super().apply_(element)
+            return
+        lam = self._check_lam(element)
+        with torch.no_grad():
+            for t in self.terms():
+                ls = _shard.local_slice(t.param.data)
+                e = torch.exp(self._exponent(t, lam))
+                if t.axis == ls.dim:  # the generators of the local rows only
+                    e = e.narrow(t.axis, ls.offset, ls.local.shape[t.axis])
+                ls.local.mul_(e.to(ls.local.dtype))
 
     @override
     def transport_grads_(self, element: Any, grads: Mapping[nn.Parameter, Tensor]) -> None:

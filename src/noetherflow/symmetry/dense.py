@@ -12,6 +12,7 @@ import torch
 from torch import Tensor, nn
 from typing_extensions import override
 
+from noetherflow import _shard
 from noetherflow._errors import SymmetryDefinitionError
 from noetherflow.symmetry.base import Family, Symmetry, check_params
 
@@ -81,7 +82,8 @@ class DenseSymmetry(Symmetry):
 
     @override
     def charge_of(self, values: Mapping[nn.Parameter, Tensor]) -> Tensor:
-        t = self.flat(values)
+        # a dense A couples every coordinate: FSDP2 shards are gathered whole
+        t = self.flat({p: _shard.full(values[p]) for p in self._params})
         return t @ self.A @ t
 
     def _write(self, values: Mapping[nn.Parameter, Tensor], flat: Tensor) -> None:

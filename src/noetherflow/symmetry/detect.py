@@ -38,6 +38,7 @@ import torch
 from torch import Tensor, nn
 
 from noetherflow._inputs import ModelInputs
+from noetherflow._shard import refuse_sharded
 from noetherflow.symmetry._fx import engine as pat
 from noetherflow.symmetry._fx.capture import capture
 from noetherflow.symmetry._fx.check import Check, Checker
@@ -252,6 +253,7 @@ def find_symmetries(
         )
     if not tolerance > 0:
         raise ValueError(f"find_symmetries: tolerance must be > 0, got {tolerance}.")
+    refuse_sharded(model)
     inp = ModelInputs.of(example_inputs, "find_symmetries")
     names = {id(p): n for n, p in model.named_parameters()}
     cap = capture(

@@ -12,6 +12,7 @@ UᵀU − W̃W̃ᵀ = U_f U_fᵀ − W_f W_fᵀ.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -20,6 +21,7 @@ import torch
 from torch import Tensor, nn
 from typing_extensions import override
 
+from noetherflow import _shard
 from noetherflow._errors import SymmetryDefinitionError
 from noetherflow.symmetry.base import Family, Symmetry, check_params
 
@@ -43,7 +45,7 @@ class Block:
     def front(self, value: Tensor) -> Tensor:
         """The d-front matrix view of ``value`` (shape of ``param``). Has shape ``[d, m]``."""
         v = value.movedim(self.axis, 0)[self.start : self.stop]
-        return v.reshape(self.d, -1)
+        return v.reshape(self.d, math.prod(v.shape[1:]))  # explicit m: an empty FSDP shard
 
     def front_batched(self, value: Tensor) -> Tensor:
         """Per-sample version: ``[N, *param.shape]`` → ``[N, d, m]``."""
@@ -165,9 +167,65 @@ class DoubleRotation(Symmetry):
 
     @override
     def charge_of(self, values: Mapping[nn.Parameter, Tensor]) -> Tensor:
+        if any(_shard.is_sharded(values[p]) for p in self._params):
+            return self._sharded_charge(values)
         uf = self.side(self.u_blocks, values)
         wf = self.side(self.w_blocks, values)
         return uf @ uf.T - wf @ wf.T
+
+    def _sharded_charge(self, values: Mapping[nn.Parameter, Tensor]) -> Tensor:
+        """UᵀU − WWᵀ of values sharded by FSDP2: a sum over shards where the hidden axis is whole.
+
+        A side whose hidden axis is not the sharded dim (e.g. the second layer's input
+        columns under ``Shard(0)``) contributes its local Gram matrix, all-reduced; a side
+        sharded along the hidden axis itself (the first layer's rows) is gathered whole: its
+        Gram matrix pairs rows that live on different ranks.
+        """
+        local = {p: _shard.local_slice(values[p]) for p in self._params}
+        whole = {p: _shard.full(values[p]) for p in self._whole(local)}
+        v0 = values[self._params[0]]
+        exact = torch.zeros(self.d, self.d, dtype=v0.dtype, device=v0.device)
+        partial = torch.zeros_like(exact)
+        group = None
+        for sign, blocks in ((1.0, self.u_blocks), (-1.0, self.w_blocks)):
+            for b in blocks:
+                ls = local[b.param]
+                if b.param in whole or ls.group is None:
+                    f = b.front(whole.get(b.param, ls.local))
+                    exact += sign * (f @ f.T)
+                elif ls.local.numel() > 0:
+                    f = b.front(ls.local)
+                    partial += sign * (f @ f.T)
+                group = ls.group if ls.group is not None else group
+        return _shard.sum_over_shards(partial, group) + exact
+
+    def _whole(self, local: Mapping[nn.Parameter, _shard.LocalSlice]) -> list[nn.Parameter]:
+        """Sharded parameters that must be gathered: those split along a hidden axis."""
+        out = []
+        for p, ls in local.items():
+            axes = {b.axis for b in (*self.w_blocks, *self.u_blocks) if b.param is p}
+            # the same answer on every rank (a gather is a collective): never by shard size
+            if ls.group is not None and ls.dim in axes:
+                out.append(p)
+        return out
+
+    @override
+    def apply_(self, element: Any) -> None:
+        """W_f → G⁻¹W_f, U_f → GᵀU_f; an FSDP2 shard in place where its hidden axis is whole.
+
+        A parameter sharded along its hidden axis is gathered, moved and its shard written back.
+        """
+        if not any(_shard.is_sharded(p) for p in self._params):
+            super().apply_(element)
+            return
+        with torch.no_grad():
+            local = {p: _shard.local_slice(p.data) for p in self._params}
+            gathered = self._whole(local)
+            values = {p: ls.local for p, ls in local.items()}
+            values.update({p: _shard.full(p.detach()).clone() for p in gathered})
+            self.act_(element, values)
+            for p in gathered:
+                _shard.write_local(p.data, values[p])
 
     @staticmethod
     def _act(blocks: Sequence[Block], mat: Tensor, values: Mapping[nn.Parameter, Tensor]) -> None:

@@ -12,6 +12,7 @@ from torch import Tensor, nn
 
 from noetherflow._errors import SymmetryDefinitionError, SymmetryNotPresentError
 from noetherflow._inputs import ModelInputs
+from noetherflow._shard import refuse_sharded
 from noetherflow.symmetry.base import DiagonalSymmetry, Symmetry, unique_params
 
 if TYPE_CHECKING:
@@ -167,6 +168,12 @@ class SymmetrySet:
         """
         from noetherflow.symmetry._fx.layers import norm_spec
 
+        refuse_sharded(
+            model,
+            "SymmetrySet.verify",
+            "verification runs float64 copies of the model with whole parameters: verify "
+            "before sharding (find_symmetries verifies what it finds).",
+        )
         tol = 1e-9 if tolerance is None else tolerance
         x64 = ModelInputs.of(inputs, "verify").map(_to64)
         y64 = _to64(targets)
