@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 import torch.utils._pytree as pytree
 from torch import Tensor, nn
 
@@ -103,6 +104,23 @@ class ModelInputs:
     def tensors(self) -> list[Tensor]:
         """Every tensor among the inputs."""
         return [v for _, v in self.named_leaves() if isinstance(v, Tensor)]
+
+    def check_finite(self, who: str) -> None:
+        """Refuse NaN/Inf in a floating-point input, naming it (e.g. ``'input 0'``).
+
+        An additive attention mask should use a large finite negative value
+        (``torch.finfo(dtype).min``, as Hugging Face does) rather than ``-inf``.
+        """
+        for name, v in self.named_leaves():
+            if isinstance(v, Tensor) and (v.is_floating_point() or v.is_complex()):
+                if not bool(torch.isfinite(v).all()):
+                    what = "NaN" if bool(torch.isnan(v).any()) else "Inf"
+                    raise ValueError(
+                        f"{who}: the inputs contain NaN or Inf: {name} (shape "
+                        f"{tuple(v.shape)}) has {what} entries; expected finite inputs. Pass "
+                        "a finite batch (an additive mask: use torch.finfo(dtype).min instead "
+                        "of -inf)."
+                    )
 
     def describe(self) -> str:
         """Shapes for error messages: ``(4, 8) int64, attention_mask=(4, 8) int64``."""

@@ -28,7 +28,7 @@ from typing import Any, cast
 import torch
 from torch import Tensor, nn
 
-from noetherflow._checks import check_stats_cover, parse_enum
+from noetherflow._checks import check_stats_cover, fingerprint, parse_enum
 from noetherflow._deprecate import is_old_model_call, warn_model
 from noetherflow._divergence import is_finite
 from noetherflow._errors import NonFiniteGradientError, StatisticsError
@@ -58,23 +58,6 @@ __all__ = [
     "geometric_mean",
     "solve_equilibrium",
 ]
-
-
-def fingerprint(params: list[nn.Parameter]) -> tuple[tuple[float, float, float], ...]:
-    """A cheap signature of parameter values: Σθ, Σθ², Σ w_k θ_k (fixed weights w) each.
-
-    Equal values give equal signatures (same device and dtype); a training step, a teleport
-    or any in-place change alters them.
-    """
-    out = []
-    with torch.no_grad():
-        for p in params:
-            x = p.detach().reshape(-1).to(torch.float64)
-            w = torch.arange(1, 14, dtype=torch.float64, device=x.device)
-            body = x.numel() - x.numel() % 13  # w_k = k mod 13 + 1: columns of a [-1, 13] view
-            weighted = x[:body].view(-1, 13).sum(0) @ w + x[body:] @ w[: x.numel() - body]
-            out.append((float(x.sum()), float(x @ x), float(weighted)))
-    return tuple(out)
 
 
 @dataclass
@@ -133,7 +116,7 @@ class EquilibriumSolution:
 
 
 def _check_inputs(syms: SymmetrySet, stats: GradStats) -> None:
-    check_stats_cover(syms.params(), stats.mean, "solve_equilibrium")
+    check_stats_cover(syms.params(), stats, "solve_equilibrium")
     try:
         stats.check_finite()
     except NonFiniteGradientError as e:

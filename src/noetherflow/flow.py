@@ -101,7 +101,7 @@ def noether_flow(
             "noether_flow(syms, stats, noise): expected a SymmetrySet and GradStats, got "
             f"{type(syms).__name__} and {type(stats).__name__}."
         )
-    check_stats_cover(syms.params(), stats.mean, "noether_flow")
+    check_stats_cover(syms.params(), stats, "noether_flow")
     if noise is not None and not isinstance(noise, NoiseModel):
         raise TypeError(
             f"noether_flow: noise is a {type(noise).__name__}; expected a NoiseModel, e.g. "

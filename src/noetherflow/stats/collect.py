@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from noetherflow._checks import parse_enum
+from noetherflow._checks import fingerprint, parse_enum
 from noetherflow._errors import StatisticsError, UnsupportedLayerError
 from noetherflow._inputs import ModelInputs
 from noetherflow.kernels.base import assemble
@@ -177,6 +177,7 @@ class Capture:
         self._owners = owners
         self._records = recs
         self._stats: GradStats | None = None
+        self._stamp: dict[nn.Parameter, tuple[float, float, float]] = {}
         # Mean gradients already computed by autograd, so the hooks skip them.
         self._means: dict[nn.Parameter, Tensor] = {}
         self._check_means = False
@@ -237,13 +238,20 @@ class Capture:
                     if isinstance(o, Tensor) and o.requires_grad:
                         o.register_hook(side)
 
-            rec.handles.append(rec.module.register_forward_hook(fwd, with_kwargs=True))
+            # prepend: read the layer's own output, before a user's forward hook rescales or
+            # replaces it (the gradient at a replaced output is not the layer's)
+            rec.handles.append(
+                rec.module.register_forward_hook(fwd, with_kwargs=True, prepend=True)
+            )
 
     def _detach(self) -> None:
         for rec in self._records:
             for h in rec.handles:
                 h.remove()
             rec.handles.clear()
+        # the parameters the captured gradients belong to (before any optimizer step)
+        params = self.syms.params()
+        self._stamp = dict(zip(params, fingerprint(params), strict=True))
 
     def reset(self) -> None:
         """Forget the captured batch (hooks stay attached)."""
@@ -303,6 +311,8 @@ class Capture:
         src = FactorSource(n, facs, self._owners, sc, self._means, self._check_means)
         st = assemble(src, self.syms, level=self.level, estimator=Estimator.HOOKS.value)
         src.verify_means()
+        params = self.syms.params()  # stats read inside the capture: the parameters now
+        st.fingerprint = self._stamp or dict(zip(params, fingerprint(params), strict=True))
         if self.all_reduce:
             all_reduce_stats(st, syms=self.syms, timeout=self.timeout)
         if self.check_finite:
@@ -490,6 +500,7 @@ def collect_stats(
     from noetherflow.kernels.base import stats_from_samples
 
     st = stats_from_samples(samples, syms, estimator=est.value)
+    st.fingerprint = dict(zip(params, fingerprint(params), strict=True))
     if all_reduce or (all_reduce is None and is_distributed()):
         all_reduce_stats(st, syms=syms, timeout=timeout)
     if check_finite:

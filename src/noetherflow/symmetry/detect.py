@@ -37,6 +37,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from noetherflow._checks import check_finite_model, check_positive
 from noetherflow._inputs import ModelInputs
 from noetherflow.symmetry._fx import engine as pat
 from noetherflow.symmetry._fx.capture import capture
@@ -238,6 +239,8 @@ def find_symmetries(
     Raises:
         DetectionError: the model does not run on ``example_inputs``.
         TypeError: ``example_inputs`` is None or a dict with non-string keys.
+        ValueError: a NaN/Inf parameter or input (named), or ``tolerance``/``scale`` not a
+            finite number > 0.
 
     Example:
         >>> import torch, noetherflow as nf
@@ -250,9 +253,11 @@ def find_symmetries(
         raise TypeError(
             f"find_symmetries: model is a {type(model).__name__}, expected an nn.Module."
         )
-    if not tolerance > 0:
-        raise ValueError(f"find_symmetries: tolerance must be > 0, got {tolerance}.")
+    check_positive(tolerance, "tolerance", "the largest accepted relative change")
+    check_positive(scale, "scale", "the size of the random group element")
     inp = ModelInputs.of(example_inputs, "find_symmetries")
+    check_finite_model(model, "find_symmetries")
+    inp.check_finite("find_symmetries")
     names = {id(p): n for n, p in model.named_parameters()}
     cap = capture(
         model, inp, lambda: _Isolated(model, seed), lambda exc: _run_failed(model, inp, exc)

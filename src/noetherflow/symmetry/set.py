@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor, nn
 
+from noetherflow._checks import check_finite_model, check_positive
 from noetherflow._errors import SymmetryDefinitionError, SymmetryNotPresentError
 from noetherflow._inputs import ModelInputs
 from noetherflow.symmetry.base import DiagonalSymmetry, Symmetry, unique_params
@@ -37,6 +38,7 @@ def _as_outputs(out: Any) -> Tensor:
     return flat_outputs(out)
 
 
+_TOL = "the largest accepted relative change of the outputs"
 _HINTS = {
     "rescaling": "a non-homogeneous activation (tanh, GELU, ReLU6, SiLU) or another reader of "
     "the neurons (a residual connection) between the layers",
@@ -164,11 +166,17 @@ class SymmetrySet:
 
         Raises:
             SymmetryNotPresentError: when ``strict`` and a symmetry changes the outputs.
+            ValueError: a NaN/Inf parameter or input (named), or ``scale``/``tolerance`` not
+                a finite number > 0 (0 would pass vacuously, < 0 would fail every symmetry).
         """
         from noetherflow.symmetry._fx.layers import norm_spec
 
-        tol = 1e-9 if tolerance is None else tolerance
-        x64 = ModelInputs.of(inputs, "verify").map(_to64)
+        tol = 1e-9 if tolerance is None else check_positive(tolerance, "tolerance", _TOL)
+        check_positive(scale, "scale", "the size of the random group element")
+        inp = ModelInputs.of(inputs, "verify")
+        check_finite_model(model, "verify")
+        inp.check_finite("verify")
+        x64 = inp.map(_to64)
         y64 = _to64(targets)
 
         def make_copy(zero_eps: bool) -> tuple[nn.Module, dict[int, Any]]:
