@@ -18,7 +18,8 @@ add a new one by writing both and appending the builder to :data:`SUBCOMMANDS`):
 Exit codes (:class:`ExitCode`): 0 success (failing claims are reported, not gating); 1 a claim
 (or the demo's check) failed under ``--strict``; 2 usage error (bad id, path, value or file: a
 one-line message naming the value, what was expected and the fix; ``--debug`` adds the
-traceback); 3 an experiment raised (recorded in its metrics.json and in the report, the other
+traceback; also a full disk, a read-only or non-writable directory and a permission error,
+naming the path); 3 an experiment raised (recorded in its metrics.json and in the report, the other
 experiments still ran); 4 an internal error of noetherflow (a bug: please report it with the
 ``--debug`` traceback); 130 interrupted.
 """
@@ -27,7 +28,9 @@ from __future__ import annotations
 
 import argparse
 import enum
+import errno
 import sys
+import tempfile
 import time
 import traceback
 from collections.abc import Callable, Sequence
@@ -224,7 +227,37 @@ def _output_dir(out: Path, flag: str) -> Path:
             f"{flag} {out}: cannot create the directory ({exc.strerror or exc}); "
             "pass a writable directory"
         ) from exc
+    try:  # before any experiment runs: a read-only or non-writable directory fails now
+        with tempfile.TemporaryFile(dir=out):
+            pass
+    except OSError as exc:
+        raise UsageError(os_error_message(exc, out, flag)) from exc
     return out
+
+
+def os_error_message(exc: OSError, where: Path | str | None, flag: str = "--out") -> str:
+    """One line for an operating-system error: what failed, on which path, and the fix.
+
+    A full disk, a read-only file system or a permission error is the user's environment,
+    not a bug; ``where`` names the directory when the error carries no file name (a write
+    that fills the disk).
+    """
+    path = exc.filename or where or "the output directory"
+    reason = exc.strerror or str(exc)
+    code = exc.errno
+    if code in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)):
+        return (
+            f"cannot write {path}: {reason} (the disk or quota is full); free some space or "
+            f"pass {flag} a directory on a disk with room"
+        )
+    if code == errno.EROFS:
+        return f"cannot write {path}: {reason}; pass {flag} a directory on a writable disk"
+    if code in (errno.EACCES, errno.EPERM):
+        return (
+            f"cannot access {path}: {reason}; pass {flag} a directory you can write, or fix "
+            "its permissions (e.g. chmod u+rwx)"
+        )
+    return f"{path}: {reason}; check the path and the disk"
 
 
 def cmd_reproduce(args: argparse.Namespace) -> ExitCode:
@@ -338,10 +371,7 @@ def cmd_report(args: argparse.Namespace) -> ExitCode:
     except (FileNotFoundError, report.ReportInputError) as exc:
         raise UsageError(str(exc)) from exc
     except OSError as exc:
-        raise UsageError(
-            f"cannot write the report into {args.out}: {exc.strerror or exc}; "
-            "pass a writable results directory"
-        ) from exc
+        raise UsageError(os_error_message(exc, args.out, "DIR")) from exc
     console = _console()
     console.print(report.summary_table(records))
     console.print(f"report: {md}  ·  {page}")
@@ -615,8 +645,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _one_line(exc: BaseException) -> str:
+def _one_line(exc: object) -> str:
     return " ".join(str(exc).split())
+
+
+def _out_of(args: argparse.Namespace) -> str | None:
+    out = getattr(args, "out", None)
+    return None if out is None else str(out)
 
 
 def _run(parser: argparse.ArgumentParser, argv: Sequence[str] | None, name: str) -> int:
@@ -633,10 +668,11 @@ def _run(parser: argparse.ArgumentParser, argv: Sequence[str] | None, name: str)
     except KeyboardInterrupt:
         print(f"{command}: interrupted", file=sys.stderr)
         return ExitCode.INTERRUPTED
-    except UsageError as exc:
+    except (UsageError, OSError) as exc:  # OSError: a full disk, a permission, not a bug
         if debug:
             traceback.print_exc()
-        print(f"{command}: error: {_one_line(exc)}", file=sys.stderr)
+        text = exc if isinstance(exc, UsageError) else os_error_message(exc, _out_of(args))
+        print(f"{command}: error: {_one_line(text)}", file=sys.stderr)
         return ExitCode.USAGE
     except Exception as exc:
         if debug:

@@ -97,6 +97,12 @@ def gradient_norm_teleport(
 
     with preserved(model):
         before = float(grad_norm_sq(False).detach())
+        if not math.isfinite(before):
+            raise NonFiniteGradientError(
+                f"gradient_norm_teleport: ‖∇L‖² = {before} on this batch; expected a finite "
+                "loss and gradient. The model is unchanged; check the batch and the model for "
+                "NaN/Inf."
+            )
         for _ in range(steps):
             val = grad_norm_sq(True)
             grads = torch.autograd.grad(val, lams)
