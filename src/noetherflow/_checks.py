@@ -21,10 +21,13 @@ __all__ = [
     "check_bool",
     "check_finite_model",
     "check_finite_number",
+    "check_instance",
+    "check_model_and_set",
     "check_nonnegative",
     "check_nonnegative_int",
     "check_positive",
     "check_positive_int",
+    "check_seed",
     "check_spd",
     "check_stats_cover",
     "fingerprint",
@@ -103,6 +106,34 @@ def check_nonnegative_int(value: object, name: str, meaning: str = "") -> int:
         return check_positive_int(value, name, meaning)
     except ValueError:
         raise ValueError(f"{name}={value!r} must be an integer >= 0{_of(meaning)}.") from None
+
+
+def check_seed(value: object, name: str = "seed") -> int:
+    """An integer seed in ``[0, 2**63)`` (NumPy integers too), else an error naming it."""
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        raise TypeError(f"{name}={value!r} is a {type(value).__name__}; expected an integer seed.")
+    if not 0 <= int(value) < 2**63:
+        raise ValueError(f"{name}={value!r} must be an integer in [0, 2**63).")
+    return int(value)
+
+
+def check_instance(value: object, cls: type | tuple[type, ...], name: str, what: str) -> None:
+    """Refuse ``value`` unless it is a ``cls``: a ``TypeError`` naming ``name`` and ``what``."""
+    if not isinstance(value, cls):
+        raise TypeError(f"{name} is a {type(value).__name__} ({value!r:.60}); expected {what}.")
+
+
+def check_model_and_set(model: object, syms: object, who: str) -> None:
+    """``model`` an ``nn.Module`` and ``syms`` a :class:`~noetherflow.SymmetrySet`."""
+    from noetherflow.symmetry.set import SymmetrySet
+
+    check_instance(model, nn.Module, f"{who}: model", "an nn.Module")
+    check_instance(
+        syms,
+        SymmetrySet,
+        f"{who}: syms",
+        "a SymmetrySet (nf.find_symmetries(model, x), or nf.SymmetrySet([...]))",
+    )
 
 
 def check_bool(value: object, name: str) -> bool:

@@ -181,6 +181,19 @@ class ModelInputs:
         args, kwargs = pytree.tree_unflatten(vals, spec)
         return ModelInputs(tuple(args), dict(kwargs))
 
+    def forward_error(self, exc: RuntimeError, who: str) -> str:
+        """Why ``model(*inputs)`` failed: the inputs' shapes, torch's words, the dtype hint."""
+        hint = self.dtype_hint(exc)
+        first = (str(exc).strip().splitlines() or [""])[0]
+        return (
+            f"{who}: the model's forward failed on the inputs ({self.describe()}): "
+            f"{type(exc).__name__}: {first}. "
+            + (
+                hint
+                or "Expected inputs of the shapes and dtype the model takes (samples along dim 0)."
+            )
+        )
+
     def dtype_hint(self, exc: BaseException) -> str | None:
         """Why a forward failed on input dtypes, and the fix; None when it is not that.
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import enum
 import errno
+import math
 import sys
 import tempfile
 import time
@@ -52,6 +53,8 @@ __all__ = [
 
 #: Largest accepted ``--seed`` (seeds are passed to numpy and torch generators).
 MAX_SEED = 2**32 - 1
+#: Largest example batch of ``inspect`` (entries), far above what detection needs.
+MAX_EXAMPLE_ELEMENTS = 2**27
 
 
 class ExitCode(enum.IntEnum):
@@ -218,6 +221,8 @@ def _add_reproduce(sub: Any) -> None:
 
 
 def _output_dir(out: Path, flag: str) -> Path:
+    if "\0" in str(out) or not str(out).strip():
+        raise UsageError(f"{flag} {str(out)!r}: not a usable path; pass a directory path")
     if out.exists() and not out.is_dir():
         raise UsageError(f"{flag} {out}: exists and is not a directory; pass a directory path")
     try:
@@ -488,6 +493,12 @@ def _example_inputs(args: argparse.Namespace, model: nn.Module) -> Any:
 
     gen = torch.Generator().manual_seed(args.seed)
     shape = (args.batch_size, *args.input_shape)
+    if math.prod(shape) > MAX_EXAMPLE_ELEMENTS:
+        raise UsageError(
+            f"an example batch of shape {shape} has {math.prod(shape):.3g} entries (at most "
+            f"{MAX_EXAMPLE_ELEMENTS:.3g}); a small batch is enough to detect the symmetries: "
+            "pass a smaller --input-shape or --batch-size"
+        )
     if args.dtype in ("long", "int32"):
         vocab = args.vocab_size
         if vocab is None:
@@ -668,6 +679,15 @@ def _run(parser: argparse.ArgumentParser, argv: Sequence[str] | None, name: str)
     except KeyboardInterrupt:
         print(f"{command}: interrupted", file=sys.stderr)
         return ExitCode.INTERRUPTED
+    except MemoryError:  # the machine, not a bug
+        if debug:
+            traceback.print_exc()
+        print(
+            f"{command}: error: out of memory; pass smaller sizes (e.g. --input-shape, "
+            "--batch-size, --jobs 1) or run on a machine with more memory",
+            file=sys.stderr,
+        )
+        return ExitCode.USAGE
     except (UsageError, OSError) as exc:  # OSError: a full disk, a permission, not a bug
         if debug:
             traceback.print_exc()

@@ -253,6 +253,11 @@ def solve_equilibrium(
     if ridge is not None and not (math.isfinite(float(ridge)) and float(ridge) >= 0):
         raise ValueError(f"ridge={ridge!r} must be None or a finite number >= 0.")
     _check_inputs(syms, stats)
+    if init is not None and not isinstance(init, EquilibriumSolution):
+        raise TypeError(
+            f"solve_equilibrium: init is a {type(init).__name__}; expected None or the "
+            "EquilibriumSolution of an earlier solve of this set (a warm start)."
+        )
     stats = with_displacement(stats, displacement, syms.params(), "solve_equilibrium", nm.momentum)
     held = _check_fixed(syms, fixed)
     names: dict[Any, str] = {s: n for n, s in syms.items()}
@@ -407,9 +412,14 @@ def _momentum_terms(
 def _check_fixed(syms: SymmetrySet, fixed: Mapping[str, Any] | None) -> dict[str, Tensor]:
     """``fixed`` as float64 CPU vectors ``[J]`` per diagonal symmetry name (NaN: free)."""
     out: dict[str, Tensor] = {}
+    if fixed is not None and not isinstance(fixed, Mapping):
+        raise TypeError(
+            f"solve_equilibrium: fixed is a {type(fixed).__name__}; expected None or a mapping "
+            "symmetry name → generators to hold (NaN: free), e.g. {'r': [0.2, nan, 0.0]}."
+        )
     for name, value in (fixed or {}).items():
         if name not in syms.names:
-            raise KeyError(
+            raise ValueError(
                 f"solve_equilibrium: fixed names the symmetry {name!r}, which is not in the set; "
                 f"expected names of syms.names, e.g. {list(syms.names)[:3]}."
             )

@@ -119,6 +119,13 @@ def noether_flow(
         dampening=dampening,
     )
     stats = with_displacement(stats, displacement, syms.params(), "noether_flow", nm.momentum)
+    if charges is not None:
+        lacking = [n for n in syms.names if not isinstance(charges, Mapping) or n not in charges]
+        if lacking:
+            raise TypeError(
+                f"noether_flow: charges has no entry for {lacking} ({type(charges).__name__}); "
+                "expected None or the mapping name → charge of every symmetry, nf.charges(syms)."
+            )
     return {
         name: symmetry_flow(s, stats, nm, None if charges is None else charges[name])
         for name, s in syms.items()

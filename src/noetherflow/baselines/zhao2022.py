@@ -15,8 +15,14 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from noetherflow._checks import check_nonnegative_int, check_positive
+from noetherflow._checks import (
+    check_instance,
+    check_model_and_set,
+    check_nonnegative_int,
+    check_positive,
+)
 from noetherflow._errors import NonFiniteGradientError
+from noetherflow._inputs import ModelInputs
 from noetherflow._optimizer_state import preserved, transform_optimizer_state
 from noetherflow.equilibrium import EquilibriumSolution
 from noetherflow.kernels import kernel_for
@@ -65,6 +71,16 @@ def gradient_norm_teleport(
         NonFiniteGradientError: the ascent met a NaN/Inf (the model is left unchanged).
     """
     t0 = time.perf_counter()
+    check_model_and_set(model, syms, "gradient_norm_teleport")
+    if optimizer is not None:
+        check_instance(
+            optimizer,
+            torch.optim.Optimizer,
+            "gradient_norm_teleport: optimizer",
+            "a torch.optim optimizer or None",
+        )
+    inp = ModelInputs.of(inputs, "gradient_norm_teleport")
+    inp.batch_size("gradient_norm_teleport", split=False)  # at least one batched tensor
     steps = check_nonnegative_int(steps, "steps", "the number of ascent steps")
     step_size = check_positive(step_size, "step_size", "the largest move of a generator per step")
     diag = syms.diagonal()
@@ -88,7 +104,10 @@ def gradient_norm_teleport(
             else:
                 moved[n] = p.detach().clone().requires_grad_(p.requires_grad)
         wrt = [v for v in moved.values() if v.requires_grad]
-        out = torch.func.functional_call(model, moved, (inputs,))
+        try:
+            out = torch.func.functional_call(model, moved, inp.args, inp.kwargs)
+        except RuntimeError as e:
+            raise ValueError(inp.forward_error(e, "gradient_norm_teleport")) from e
         gs = torch.autograd.grad(loss_fn(out, targets), wrt, create_graph=with_graph)
         total = torch.zeros((), dtype=torch.float64)
         for g in gs:

@@ -21,7 +21,13 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from noetherflow._checks import fingerprint, parse_enum
+from noetherflow._checks import (
+    check_bool,
+    check_model_and_set,
+    check_positive_int,
+    fingerprint,
+    parse_enum,
+)
 from noetherflow._errors import StatisticsError, UnsupportedLayerError
 from noetherflow._inputs import ModelInputs
 from noetherflow.kernels.base import assemble
@@ -50,28 +56,34 @@ def _forward(model: nn.Module, inp: ModelInputs) -> Any:
     try:
         return inp(model)
     except RuntimeError as e:
-        hint = inp.dtype_hint(e)
-        if hint is None:
-            raise
-        raise StatisticsError(f"The model's forward failed ({e}): {hint}") from e
+        raise StatisticsError(inp.forward_error(e, "collect_stats")) from e
 
 
 def _guard_loss(
     loss_fn: Callable[[Any, Any], Tensor], targets: Any
 ) -> Callable[[Any, Any], Tensor]:
-    """``loss_fn``; with ``targets=None``, its failure becomes an error saying what to pass."""
-    if targets is not None:
-        return loss_fn
+    """``loss_fn``; a type error inside it becomes an error naming the targets and the fix."""
+    if not callable(loss_fn):
+        raise TypeError(
+            f"collect_stats: loss_fn is a {type(loss_fn).__name__}; expected a callable "
+            "loss_fn(outputs, targets) -> scalar tensor, e.g. nn.MSELoss() or F.cross_entropy."
+        )
 
     def call(out: Any, y: Any) -> Tensor:
         try:
             return loss_fn(out, y)
         except (TypeError, AttributeError, IndexError) as exc:
+            if targets is None:
+                raise StatisticsError(
+                    f"loss_fn(outputs, None) failed with {type(exc).__name__}: {exc}. "
+                    "targets=None means that loss_fn computes the loss from the outputs alone "
+                    "(e.g. loss_fn=lambda out, _: out.loss with labels among the keyword "
+                    "inputs); otherwise pass the targets."
+                ) from exc
             raise StatisticsError(
-                f"loss_fn(outputs, None) failed with {type(exc).__name__}: {exc}. targets=None "
-                "means that loss_fn computes the loss from the outputs alone (e.g. "
-                "loss_fn=lambda out, _: out.loss with labels among the keyword inputs); "
-                "otherwise pass the targets."
+                f"loss_fn(outputs, targets) failed with {type(exc).__name__}: {exc}; the "
+                f"outputs are a {type(out).__name__} and the targets a {type(y).__name__}. "
+                "Expected what loss_fn takes: usually tensors with the samples along dim 0."
             ) from exc
 
     return call
@@ -364,6 +376,8 @@ def capture(
         >>> all(torch.allclose(flow[k], flow_ref[k], rtol=1e-10, atol=0) for k in flow)
         True
     """
+    check_model_and_set(model, syms, "capture")
+    check_bool(check_finite, "check_finite")
     check_no_train_batchnorm(model, "hooks")
     check_not_sharded([*syms.params(), *model.parameters()], _names(model), "capture")
     cap = Capture(
@@ -441,6 +455,12 @@ def collect_stats(
             bound methods, on every batch).
         timeout: seconds a rank waits for the others in the DDP reduction before raising.
     """
+    check_model_and_set(model, syms, "collect_stats")
+    check_bool(check_finite, "check_finite")
+    check_bool(check_loss, "check_loss")
+    micro_batch_size = check_positive_int(micro_batch_size, "micro_batch_size")
+    if chunk_size is not None:
+        chunk_size = check_positive_int(chunk_size, "chunk_size", "samples per vmap chunk")
     model = unwrap_ddp(model)
     red = parse_reduction(reduction)
     lev = parse_level(level)

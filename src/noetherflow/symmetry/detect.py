@@ -37,7 +37,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from noetherflow._checks import check_finite_model, check_positive
+from noetherflow._checks import check_finite_model, check_positive, check_seed
 from noetherflow._inputs import ModelInputs
 from noetherflow.symmetry._fx import engine as pat
 from noetherflow.symmetry._fx.capture import capture
@@ -255,6 +255,7 @@ def find_symmetries(
         )
     check_positive(tolerance, "tolerance", "the largest accepted relative change")
     check_positive(scale, "scale", "the size of the random group element")
+    check_seed(seed)
     inp = ModelInputs.of(example_inputs, "find_symmetries")
     check_finite_model(model, "find_symmetries")
     inp.check_finite("find_symmetries")

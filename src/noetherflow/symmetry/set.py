@@ -10,7 +10,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor, nn
 
-from noetherflow._checks import check_finite_model, check_positive
+from noetherflow._checks import (
+    check_bool,
+    check_finite_model,
+    check_instance,
+    check_positive,
+    check_seed,
+)
 from noetherflow._errors import SymmetryDefinitionError, SymmetryNotPresentError
 from noetherflow._inputs import ModelInputs
 from noetherflow.symmetry.base import DiagonalSymmetry, Symmetry, unique_params
@@ -171,6 +177,9 @@ class SymmetrySet:
         """
         from noetherflow.symmetry._fx.layers import norm_spec
 
+        check_instance(model, nn.Module, "verify: model", "the nn.Module the symmetries act on")
+        check_seed(seed)
+        check_bool(strict, "strict")
         tol = 1e-9 if tolerance is None else check_positive(tolerance, "tolerance", _TOL)
         check_positive(scale, "scale", "the size of the random group element")
         inp = ModelInputs.of(inputs, "verify")
