@@ -117,7 +117,7 @@ def test_fixed_is_checked() -> None:
     stats = nf.collect_stats(net, syms, _mse, x, y, estimator="reference")
     n0 = syms.names[0]
     kw: dict[str, Any] = {"batch_size": 8, **HYPER}
-    with pytest.raises(KeyError, match=r"'nope', which is not in the set"):
+    with pytest.raises(ValueError, match=r"'nope', which is not in the set"):
         nf.solve_equilibrium(syms, stats, fixed={"nope": [0.0]}, **kw)
     with pytest.raises(ValueError, match=r"has shape \(2,\); expected \(6,\)"):
         nf.solve_equilibrium(syms, stats, fixed={n0: [0.0, 1.0]}, **kw)

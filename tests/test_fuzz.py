@@ -9,6 +9,7 @@ few examples, so the file runs in well under a minute on two cores.
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Any
 
@@ -286,3 +287,262 @@ def test_monitor(every: int, lr: float, batch_size: int) -> None:
     row = rows[0]
     assert row is not None
     assert torch.isfinite(torch.as_tensor(row["flow/r"])).all()
+
+
+# == issue #29: detection, wrong types, moved parameters, hyper-parameters =====================
+def _snapshot(m: nn.Module) -> list[Tensor]:
+    return [t.detach().clone() for t in (*m.parameters(), *m.buffers())]
+
+
+def _unchanged(m: nn.Module, before: list[Tensor]) -> bool:
+    """Parameters and buffers bit-for-bit as before (NaN compares equal to NaN)."""
+    now = [*m.parameters(), *m.buffers()]
+    return len(now) == len(before) and all(
+        a.shape == b.shape and bool((a.detach() == b).logical_or(a.isnan() & b.isnan()).all())
+        for a, b in zip(now, before, strict=True)
+    )
+
+
+def _ours(e: BaseException) -> bool:
+    """Raised by the library's own validation (not by torch or Python deep inside it)."""
+    import traceback
+
+    frames = traceback.extract_tb(e.__traceback__)
+    return bool(frames) and "noetherflow" in frames[-1].filename
+
+
+ACTIVATIONS = {"relu": nn.ReLU, "tanh": nn.Tanh, "leaky": nn.LeakyReLU, "id": nn.Identity}
+
+
+@st.composite
+def _nets(draw: st.DrawFn) -> tuple[nn.Module, Tensor, torch.dtype]:
+    """A small MLP: 1–3 layers, widths 1–4, a random activation, maybe a LayerNorm."""
+    dtype = draw(st.sampled_from([torch.float32, torch.float64]))
+    widths = draw(st.lists(st.integers(1, 4), min_size=2, max_size=4))
+    act = ACTIVATIONS[draw(st.sampled_from(sorted(ACTIVATIONS)))]
+    layers: list[nn.Module] = []
+    for i, (a, b) in enumerate(itertools.pairwise(widths)):
+        layers.append(nn.Linear(a, b))
+        if i < len(widths) - 2:
+            layers += [nn.LayerNorm(b)] if draw(st.booleans()) and b > 1 else []
+            layers.append(act())
+    torch.manual_seed(draw(st.integers(0, 3)))
+    net = nn.Sequential(*layers).to(dtype)
+    x = torch.randn(draw(st.integers(2, 5)), widths[0], dtype=dtype)
+    return net, x, dtype
+
+
+POISON = st.sampled_from([None, float("nan"), float("inf"), float("-inf")])
+POSITIVE = st.one_of(st.sampled_from(SPECIAL), st.floats(1e-3, 1.0))
+
+
+@FUZZ
+@given(
+    net=_nets(),
+    poison=POISON,
+    where=st.sampled_from(["weight", "bias", "input"]),
+    tolerance=st.one_of(st.sampled_from([*SPECIAL, 1e-9]), st.just(1e-9)),
+    scale=POSITIVE,
+)
+def test_find_symmetries_and_verify(
+    net: tuple[nn.Module, Tensor, torch.dtype],
+    poison: float | None,
+    where: str,
+    tolerance: float,
+    scale: float,
+) -> None:
+    """NaN/Inf weights or inputs, non-positive tolerance or scale: named, never "0 symmetries"."""
+    m, x, dtype = net
+    if poison is not None:
+        with torch.no_grad():
+            target = x if where == "input" else getattr(m[0], where)
+            target.view(-1)[0] = poison
+    before = _snapshot(m)
+    bad_setting = not (math.isfinite(tolerance) and tolerance > 0) or not (
+        math.isfinite(scale) and scale > 0
+    )
+    tol = 1e-9 if dtype == torch.float64 else 1e-5
+    try:
+        syms = nf.find_symmetries(m, x, tolerance=tolerance if bad_setting else tol, scale=scale)
+    except ALLOWED as e:
+        msg = str(e)
+        assert _ours(e), f"raw error: {type(e).__name__}: {msg}"
+        assert poison is not None or bad_setting, f"valid input refused: {msg}"
+        if bad_setting:
+            assert "tolerance=" in msg or "scale=" in msg, msg
+        else:
+            assert (f"'0.{where}'" if where != "input" else "input 0") in msg, msg
+        assert _unchanged(m, before)
+        return
+    assert poison is None and not bad_setting, "NaN/Inf or a vacuous setting was accepted"
+    assert _unchanged(m, before)
+    for r in syms.verify(m, x, tolerance=tol, scale=scale):
+        assert r.verified and math.isfinite(r.rel_change), r
+
+
+def _bad_values() -> st.SearchStrategy[Any]:
+    return st.sampled_from(
+        ["abc", None, [1.0], {"a": 1}, torch.ones(2), object(), True, 1 + 1j, float("nan"), -1]
+    )
+
+
+def _api_calls() -> dict[str, Any]:
+    """name → f(m, syms, x, y, stats, value): one argument of one public function."""
+    h = {"lr": 0.1, "batch_size": 4, "weight_decay": 1e-3}
+    loss = nn.MSELoss()
+
+    calls: dict[str, Any] = {}
+    for k in (
+        "reduction",
+        "estimator",
+        "micro_batch_size",
+        "chunk_size",
+        "level",
+        "check_finite",
+        "check_loss",
+        "timeout",
+    ):
+        extra = {"estimator": "microbatch"} if k == "micro_batch_size" else {}
+        extra = {"estimator": "reference"} if k == "chunk_size" else extra
+        calls[f"collect_stats.{k}"] = lambda m, s, x, y, st_, v, k=k, e=extra: nf.collect_stats(
+            m, s, loss, x, y, **{**e, k: v}
+        )
+    calls["collect_stats.model"] = lambda m, s, x, y, st_, v: nf.collect_stats(v, s, loss, x, y)
+    calls["collect_stats.syms"] = lambda m, s, x, y, st_, v: nf.collect_stats(m, v, loss, x, y)
+    calls["collect_stats.loss_fn"] = lambda m, s, x, y, st_, v: nf.collect_stats(m, s, v, x, y)
+    calls["collect_stats.inputs"] = lambda m, s, x, y, st_, v: nf.collect_stats(m, s, loss, v, y)
+    calls["collect_stats.targets"] = lambda m, s, x, y, st_, v: nf.collect_stats(m, s, loss, x, v)
+    for k in ("lr", "batch_size", "weight_decay", "time"):
+        calls[f"noether_flow.{k}"] = lambda m, s, x, y, st_, v, k=k: nf.noether_flow(
+            s, st_, **{**h, k: v}
+        )
+    calls["noether_flow.charges"] = lambda m, s, x, y, st_, v: nf.noether_flow(
+        s, st_, **h, charges=v
+    )
+    for k in ("tol", "max_iter", "rtol_singular", "ridge", "solver", "init", "fixed"):
+        calls[f"solve_equilibrium.{k}"] = lambda m, s, x, y, st_, v, k=k: nf.solve_equilibrium(
+            s, st_, **h, **{k: v}
+        )
+    for k in ("scale", "tolerance", "seed", "strict"):
+        calls[f"verify.{k}"] = lambda m, s, x, y, st_, v, k=k: s.verify(m, x, **{k: v})
+    for k in ("scale", "tolerance", "seed"):
+        calls[f"find_symmetries.{k}"] = lambda m, s, x, y, st_, v, k=k: nf.find_symmetries(
+            m, x, **{k: v}
+        )
+    calls["find_symmetries.inputs"] = lambda m, s, x, y, st_, v: nf.find_symmetries(m, v)
+    for k in ("steps", "step_size", "optimizer"):
+        calls[f"gradient_norm_teleport.{k}"] = lambda m, s, x, y, st_, v, k=k: (
+            nf.gradient_norm_teleport(m, s, loss, x, y, **{k: v})
+        )
+    calls["gradient_norm_teleport.inputs"] = lambda m, s, x, y, st_, v: nf.gradient_norm_teleport(
+        m, s, loss, v, y
+    )
+    calls["geometric_mean.X"] = lambda m, s, x, y, st_, v: nf.geometric_mean(v, torch.eye(2))
+    calls["hvp.vector"] = lambda m, s, x, y, st_, v: nf.hvp(m, loss, x, y, v)
+    calls["load_history.path"] = lambda m, s, x, y, st_, v: nf.load_history(v)
+    return calls
+
+
+CALLS = _api_calls()
+# (call, value) pairs that are valid and must succeed: the rest must raise
+VALID = {
+    ("collect_stats.chunk_size", "None"),
+    ("collect_stats.timeout", "None"),
+    ("collect_stats.check_finite", "True"),
+    ("collect_stats.check_loss", "True"),
+    ("noether_flow.charges", "None"),
+    ("solve_equilibrium.ridge", "None"),
+    ("solve_equilibrium.init", "None"),
+    ("solve_equilibrium.fixed", "None"),
+    ("verify.strict", "True"),
+    ("gradient_norm_teleport.optimizer", "None"),
+}
+# valid or refused, depending on loss_fn: a tensor of targets that MSELoss broadcasts
+MAY = {("collect_stats.targets", "tensor([1., 1.])")}
+
+
+@settings(max_examples=80, deadline=None, derandomize=True)
+@given(call=st.sampled_from(sorted(CALLS)), value=_bad_values())
+def test_wrong_type_arguments_are_named(call: str, value: Any) -> None:
+    """A wrong-type or out-of-range argument: our error naming it, never torch's, model intact."""
+    m, syms, stats = _fixed()
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(8, 3, generator=g, dtype=torch.float64)
+    y = torch.randn(8, 2, generator=g, dtype=torch.float64)
+    before = _snapshot(m)
+    arg = call.split(".")[1]
+    try:
+        CALLS[call](m, syms, x, y, stats, value)
+    except ALLOWED as e:
+        msg = str(e)
+        assert _ours(e), f"{call}={value!r}: raw {type(e).__name__} from {e.__traceback__}: {msg}"
+        assert (call, repr(value)) not in VALID, f"{call}={value!r} refused: {msg}"
+        assert (call, repr(value)) not in MAY or arg in msg or "loss_fn" in msg, msg
+        assert arg in msg or type(value).__name__ in msg or "expected" in msg, msg
+        assert _unchanged(m, before), f"{call}={value!r} changed the model before failing"
+        return
+    assert (call, repr(value)) in VALID | MAY, f"{call}={value!r} was accepted"
+
+
+@FUZZ
+@given(
+    steps=st.integers(0, 3),
+    lr=st.floats(1e-3, 0.5),
+    estimator=st.sampled_from(["hooks", "reference", "microbatch"]),
+)
+def test_statistics_refused_after_the_parameters_move(
+    steps: int, lr: float, estimator: str
+) -> None:
+    """Statistics collected, SGD steps, then a solve: refused unless nothing moved."""
+    m, syms, _ = _fixed()
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(8, 3, generator=g, dtype=torch.float64)
+    y = torch.randn(8, 2, generator=g, dtype=torch.float64)
+    st_ = nf.collect_stats(m, syms, nn.MSELoss(), x, y, estimator=estimator, micro_batch_size=2)
+    opt = torch.optim.SGD(m.parameters(), lr=lr)
+    for _ in range(steps):
+        opt.zero_grad()
+        nn.functional.mse_loss(m(x), y).backward()
+        opt.step()
+    h = {"lr": 0.1, "batch_size": 4, "weight_decay": 1e-3}
+    try:
+        sol = nf.solve_equilibrium(syms, st_, **h)
+    except nf.StatisticsError as e:
+        assert steps > 0 and "changed since the statistics" in str(e), str(e)
+        return
+    assert steps == 0, f"statistics of {steps} steps ago were accepted"
+    nf.teleport(m, sol)
+    after = nf.noether_flow(syms, nf.collect_stats(m, syms, nn.MSELoss(), x, y), **h)["r"]
+    assert float(after.abs().max()) < 1e-10 * float(nf.charges(syms)["r"].abs().max())
+
+
+@FUZZ
+@given(
+    steps=st.one_of(st.sampled_from([-1, 0, 2.5]), st.integers(1, 4)),
+    step_size=POSITIVE,
+    poison=POISON,
+)
+def test_gradient_norm_teleport(steps: Any, step_size: float, poison: float | None) -> None:
+    """Right result (‖∇L‖² does not drop, function kept) or an error, the model unchanged."""
+    m, syms, _ = _fixed()
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(8, 3, generator=g, dtype=torch.float64)
+    y = torch.randn(8, 2, generator=g, dtype=torch.float64)
+    if poison is not None:
+        y[1, 1] = poison
+    before, out0 = _snapshot(m), m(x).detach()
+    bad = not (isinstance(steps, int) and steps >= 0) or not (
+        math.isfinite(step_size) and step_size > 0
+    )
+    try:
+        res = nf.gradient_norm_teleport(
+            m, syms, nn.MSELoss(), x, y, steps=steps, step_size=step_size
+        )
+    except ALLOWED as e:
+        assert _ours(e) and (bad or poison is not None), str(e)
+        assert _unchanged(m, before)
+        return
+    assert not bad and poison is None
+    assert math.isfinite(res.grad_norm_sq_after)
+    assert res.grad_norm_sq_after >= res.grad_norm_sq_before * (1 - 1e-9)
+    assert torch.allclose(m(x).detach(), out0, rtol=1e-9, atol=1e-12)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from datetime import timedelta
 from enum import Enum
 from typing import Any, TypeVar
 
@@ -30,6 +31,7 @@ __all__ = [
     "check_seed",
     "check_spd",
     "check_stats_cover",
+    "check_timeout",
     "fingerprint",
     "parse_enum",
     "same_fingerprint",
@@ -56,7 +58,9 @@ def parse_enum(cls: type[E], value: object, name: str, hint: str = "") -> E:
 
 
 def check_finite_number(value: object, name: str, meaning: str = "") -> float:
-    """``float(value)`` if it is a finite real number, else a ``ValueError``."""
+    """``float(value)`` if it is a finite real number, else a ``ValueError`` (a bool is not)."""
+    if isinstance(value, bool | np.bool_):
+        raise ValueError(f"{name}={value!r} is a bool; expected a finite real{_of(meaning)}.")
     try:
         v = float(value)  # type: ignore[arg-type]
     except (TypeError, ValueError):
@@ -134,6 +138,19 @@ def check_model_and_set(model: object, syms: object, who: str) -> None:
         f"{who}: syms",
         "a SymmetrySet (nf.find_symmetries(model, x), or nf.SymmetrySet([...]))",
     )
+
+
+def check_timeout(value: object, name: str = "timeout") -> timedelta | None:
+    """``None``, a ``timedelta`` > 0, or a number of seconds > 0 (as a ``timedelta``)."""
+    if value is None:
+        return None
+    if isinstance(value, timedelta):
+        if value.total_seconds() <= 0:
+            raise ValueError(f"{name}={value!r} must be a positive duration.")
+        return value
+    if isinstance(value, bool):
+        raise TypeError(f"{name}={value!r} is a bool; expected seconds (a number) or a timedelta.")
+    return timedelta(seconds=check_positive(value, name, "seconds to wait for the other ranks"))
 
 
 def check_bool(value: object, name: str) -> bool:

@@ -98,6 +98,12 @@ def _seed(text: str) -> int:
     return _int_in(text, 0, MAX_SEED, "0 or 42")
 
 
+def _dir_arg(text: str) -> Path:
+    if not text.strip() or "\0" in text:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a usable path; pass a directory path")
+    return Path(text)
+
+
 def _shape(text: str) -> tuple[int, ...]:
     try:
         dims = tuple(int(t) for t in text.split(",") if t.strip())
@@ -191,7 +197,7 @@ def _add_reproduce(sub: Any) -> None:
     p.add_argument("ids", nargs="+", metavar="ID", help="experiment id(s), or 'all'")
     p.add_argument("--quick", action="store_true", help="shrunk sizes (each Config.quick())")
     p.add_argument(
-        "--out", type=Path, default=Path("results"), help="output directory (default: results)"
+        "--out", type=_dir_arg, default=Path("results"), help="output directory (default: results)"
     )
     p.add_argument("--seed", type=_seed, default=0, help=f"random seed, 0..{MAX_SEED} (default 0)")
     p.add_argument(
@@ -221,7 +227,7 @@ def _add_reproduce(sub: Any) -> None:
 
 
 def _output_dir(out: Path, flag: str) -> Path:
-    if "\0" in str(out) or not str(out).strip():
+    if "\0" in str(out):
         raise UsageError(f"{flag} {str(out)!r}: not a usable path; pass a directory path")
     if out.exists() and not out.is_dir():
         raise UsageError(f"{flag} {out}: exists and is not a directory; pass a directory path")

@@ -20,7 +20,6 @@ remaining directions.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, cast
@@ -28,7 +27,13 @@ from typing import Any, cast
 import torch
 from torch import Tensor, nn
 
-from noetherflow._checks import check_stats_cover, fingerprint, parse_enum
+from noetherflow._checks import (
+    check_nonnegative,
+    check_positive_int,
+    check_stats_cover,
+    fingerprint,
+    parse_enum,
+)
 from noetherflow._deprecate import is_old_model_call, warn_model
 from noetherflow._divergence import is_finite
 from noetherflow._errors import NonFiniteGradientError, StatisticsError
@@ -247,11 +252,11 @@ def solve_equilibrium(
         "'auto' (by size), 'dense' (dense Hessian, Cholesky) or 'cg' (matrix-free conjugate "
         "gradients)",
     )
-    for name, v in (("tol", tol), ("rtol_singular", rtol_singular)):
-        if not (math.isfinite(float(v)) and float(v) >= 0):
-            raise ValueError(f"{name}={v!r} must be a finite number >= 0.")
-    if ridge is not None and not (math.isfinite(float(ridge)) and float(ridge) >= 0):
-        raise ValueError(f"ridge={ridge!r} must be None or a finite number >= 0.")
+    tol = check_nonnegative(tol, "tol", "the solver's tolerance")
+    rtol_singular = check_nonnegative(rtol_singular, "rtol_singular", "relative eigenvalue cut")
+    max_iter = check_positive_int(max_iter, "max_iter", "Newton iterations")
+    if ridge is not None:
+        ridge = check_nonnegative(ridge, "ridge", "None or a Tikhonov ridge")
     _check_inputs(syms, stats)
     if init is not None and not isinstance(init, EquilibriumSolution):
         raise TypeError(

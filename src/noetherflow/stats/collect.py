@@ -25,6 +25,7 @@ from noetherflow._checks import (
     check_bool,
     check_model_and_set,
     check_positive_int,
+    check_timeout,
     fingerprint,
     parse_enum,
 )
@@ -377,6 +378,7 @@ def capture(
         True
     """
     check_model_and_set(model, syms, "capture")
+    check_timeout(timeout)
     check_bool(check_finite, "check_finite")
     check_no_train_batchnorm(model, "hooks")
     check_not_sharded([*syms.params(), *model.parameters()], _names(model), "capture")
@@ -456,6 +458,7 @@ def collect_stats(
         timeout: seconds a rank waits for the others in the DDP reduction before raising.
     """
     check_model_and_set(model, syms, "collect_stats")
+    check_timeout(timeout)
     check_bool(check_finite, "check_finite")
     check_bool(check_loss, "check_loss")
     micro_batch_size = check_positive_int(micro_batch_size, "micro_batch_size")

@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from noetherflow._checks import check_timeout
 from noetherflow._errors import StatisticsError
 from noetherflow.stats.core import GradStats, StatsBlock
 from noetherflow.symmetry.set import SymmetrySet
@@ -124,13 +125,7 @@ def _wait(work: Any, timeout: timedelta, what: str) -> None:
 
 
 def _timeout(timeout: float | timedelta | None) -> timedelta:
-    if timeout is None:
-        return DEFAULT_TIMEOUT
-    if isinstance(timeout, timedelta):
-        return timeout
-    if not (float(timeout) > 0):
-        raise ValueError(f"timeout={timeout!r} must be a positive number of seconds.")
-    return timedelta(seconds=float(timeout))
+    return check_timeout(timeout) or DEFAULT_TIMEOUT
 
 
 # -- what every rank must share before the reduction (DDP checks) ----------------------------
