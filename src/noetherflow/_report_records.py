@@ -299,7 +299,10 @@ def quick_ids(records: Sequence[dict[str, Any]]) -> list[str]:
 
 def failing(records: Sequence[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
     return [
-        (str(r.get("experiment")), c) for r in records for c in claims_of(r) if not c.get("holds")
+        (str(r.get("experiment")), c)
+        for r in records
+        for c in claims_of(r)
+        if c.get("holds") is not True  # as counts(): only a JSON true holds
     ]
 
 

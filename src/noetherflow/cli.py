@@ -348,9 +348,13 @@ def cmd_reproduce(args: argparse.Namespace) -> ExitCode:
 
 
 def _exit_code(records: Sequence[dict[str, Any]], *, strict: bool) -> ExitCode:
-    if any(r.get("error") for r in records):
+    # the report's own reading of the records: the summary, the failing list and the exit
+    # code cannot disagree (a malformed "claims" or "holds" is refused when loading)
+    from noetherflow._report_records import failing, status_of
+
+    if any(status_of(r) == "error" for r in records):
         return ExitCode.EXPERIMENT_ERROR
-    if strict and any(not c.get("holds") for r in records for c in r.get("claims", [])):
+    if strict and failing(records):
         return ExitCode.CLAIMS_FAILED
     return ExitCode.OK
 
