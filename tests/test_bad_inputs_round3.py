@@ -301,3 +301,30 @@ def test_solved_teleport_keeps_the_eval_function() -> None:
             nf.teleport(m, sol)
 
     assert _eval_change(m, x, move) < 1e-13
+
+
+# -- docs/trust.md names tests that exist --------------------------------------------------
+FILES = {
+    "bad": "test_bad_inputs.py",
+    "mon": "test_bad_inputs_monitor.py",
+    "cli": "test_bad_inputs_report_cli.py",
+    "real": "test_real_models.py",
+    "fuzz": "test_fuzz.py",
+    "r3": "test_bad_inputs_round3.py",
+    "cli-env": "test_bad_inputs_cli_env.py",
+    "hf": "test_hf_training.py",
+}
+
+
+def test_trust_page_names_existing_tests() -> None:
+    """Every ``prefix::`Name[::name]``` of docs/trust.md is a test class or function there."""
+    import re
+
+    here = Path(__file__).parent
+    page = (here.parent / "docs" / "trust.md").read_text(encoding="utf-8")
+    refs = re.findall(r"\b(bad|mon|cli-env|cli|real|fuzz|r3|hf)::`([A-Za-z_:]+)`", page)
+    assert len(refs) > 40, len(refs)
+    for prefix, name in refs:
+        source = (here / FILES[prefix]).read_text(encoding="utf-8")
+        for part in name.split("::"):
+            assert re.search(rf"^\s*(def|class) {part}\b", source, re.M), f"{prefix}::{name}"
