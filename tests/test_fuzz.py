@@ -449,6 +449,21 @@ def _api_calls() -> dict[str, Any]:
     calls["gradient_norm_teleport.inputs"] = lambda m, s, x, y, st_, v: nf.gradient_norm_teleport(
         m, s, loss, v, y
     )
+    calls["EquilibriumTeleport.loss_fn"] = lambda m, s, x, y, st_, v: nf.EquilibriumTeleport(
+        m, s, v, **h
+    )
+    calls["EquilibriumTeleport.model"] = lambda m, s, x, y, st_, v: nf.EquilibriumTeleport(
+        v, s, loss, **h
+    )
+    calls["EquilibriumTeleport.every"] = lambda m, s, x, y, st_, v: nf.EquilibriumTeleport(
+        m, s, loss, **h, every=v
+    )
+    calls["NoiseModel.create.nesterov"] = lambda m, s, x, y, st_, v: nf.NoiseModel.create(
+        lr=0.1, batch_size=4, momentum=0.9, nesterov=v
+    )
+    calls["transform_optimizer_state.optimizer"] = lambda m, s, x, y, st_, v: (
+        nf.transform_optimizer_state(v, nf.solve_equilibrium(s, st_, **h))
+    )
     calls["geometric_mean.X"] = lambda m, s, x, y, st_, v: nf.geometric_mean(v, torch.eye(2))
     calls["hvp.vector"] = lambda m, s, x, y, st_, v: nf.hvp(m, loss, x, y, v)
     calls["load_history.path"] = lambda m, s, x, y, st_, v: nf.load_history(v)
@@ -463,17 +478,23 @@ VALID = {
     ("collect_stats.check_finite", "True"),
     ("collect_stats.check_loss", "True"),
     ("noether_flow.charges", "None"),
+    ("noether_flow.time", "None"),  # the defaults: continuous time, no weight decay
+    ("noether_flow.weight_decay", "None"),
     ("solve_equilibrium.ridge", "None"),
     ("solve_equilibrium.init", "None"),
     ("solve_equilibrium.fixed", "None"),
     ("verify.strict", "True"),
+    ("verify.tolerance", "None"),
     ("gradient_norm_teleport.optimizer", "None"),
+    ("EquilibriumTeleport.every", "None"),
+    ("NoiseModel.create.nesterov", "None"),
+    ("NoiseModel.create.nesterov", "True"),
 }
 # valid or refused, depending on loss_fn: a tensor of targets that MSELoss broadcasts
 MAY = {("collect_stats.targets", "tensor([1., 1.])")}
 
 
-@fuzz(80)
+@fuzz(100)
 @given(call=st.sampled_from(sorted(CALLS)), value=_bad_values())
 def test_wrong_type_arguments_are_named(call: str, value: Any) -> None:
     """A wrong-type or out-of-range argument: our error naming it, never torch's, model intact."""

@@ -181,7 +181,7 @@ class ModelInputs:
         args, kwargs = pytree.tree_unflatten(vals, spec)
         return ModelInputs(tuple(args), dict(kwargs))
 
-    def forward_error(self, exc: RuntimeError, who: str) -> str:
+    def forward_error(self, exc: Exception, who: str) -> str:
         """Why ``model(*inputs)`` failed: the inputs' shapes, torch's words, the dtype hint."""
         hint = self.dtype_hint(exc)
         first = (str(exc).strip().splitlines() or [""])[0]

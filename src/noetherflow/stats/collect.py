@@ -73,7 +73,9 @@ def _guard_loss(
     def call(out: Any, y: Any) -> Tensor:
         try:
             return loss_fn(out, y)
-        except (TypeError, AttributeError, IndexError) as exc:
+        except (TypeError, AttributeError, IndexError, RuntimeError) as exc:
+            if isinstance(exc, RuntimeError) and not isinstance(y, Tensor | None):
+                raise  # not a mismatch of outputs and targets: the model's own error
             if targets is None:
                 raise StatisticsError(
                     f"loss_fn(outputs, None) failed with {type(exc).__name__}: {exc}. "
@@ -83,11 +85,17 @@ def _guard_loss(
                 ) from exc
             raise StatisticsError(
                 f"loss_fn(outputs, targets) failed with {type(exc).__name__}: {exc}; the "
-                f"outputs are a {type(out).__name__} and the targets a {type(y).__name__}. "
-                "Expected what loss_fn takes: usually tensors with the samples along dim 0."
+                f"outputs are {_what(out)} and the targets {_what(y)}. Expected what loss_fn "
+                "takes: usually tensors with the samples along dim 0."
             ) from exc
 
     return call
+
+
+def _what(v: Any) -> str:
+    if isinstance(v, Tensor):
+        return f"a tensor of shape {tuple(v.shape)} ({str(v.dtype).removeprefix('torch.')})"
+    return f"a {type(v).__name__}"
 
 
 def _check_reduction(loss_fn: Any, out: Any, targets: Any, red: Reduction) -> None:

@@ -209,7 +209,13 @@ class SymmetrySet:
                 return loss_fn(out, y64).reshape(1) if loss_fn is not None else _as_outputs(out)
 
         gen = torch.Generator().manual_seed(seed)
-        bases = [evaluate(0), evaluate(1)]
+        try:
+            bases = [evaluate(0), evaluate(1)]
+        except (RuntimeError, TypeError, AttributeError, IndexError) as e:
+            why = inp.forward_error(e, "verify")
+            if loss_fn is not None:
+                why += f" (or loss_fn(outputs, targets) with targets a {type(targets).__name__})"
+            raise ValueError(why) from e
         if not bool(torch.isfinite(bases[0]).all()):
             bad_in = any(
                 isinstance(t, Tensor) and t.is_floating_point() and not bool(t.isfinite().all())
