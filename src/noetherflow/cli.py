@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import enum
-import errno
 import math
 import sys
 import tempfile
@@ -37,6 +36,8 @@ import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from noetherflow._cli_errors import environment_error, os_error_message
 
 if TYPE_CHECKING:
     from torch import nn
@@ -244,31 +245,6 @@ def _output_dir(out: Path, flag: str) -> Path:
     except OSError as exc:
         raise UsageError(os_error_message(exc, out, flag)) from exc
     return out
-
-
-def os_error_message(exc: OSError, where: Path | str | None, flag: str = "--out") -> str:
-    """One line for an operating-system error: what failed, on which path, and the fix.
-
-    A full disk, a read-only file system or a permission error is the user's environment,
-    not a bug; ``where`` names the directory when the error carries no file name (a write
-    that fills the disk).
-    """
-    path = exc.filename or where or "the output directory"
-    reason = exc.strerror or str(exc)
-    code = exc.errno
-    if code in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)):
-        return (
-            f"cannot write {path}: {reason} (the disk or quota is full); free some space or "
-            f"pass {flag} a directory on a disk with room"
-        )
-    if code == errno.EROFS:
-        return f"cannot write {path}: {reason}; pass {flag} a directory on a writable disk"
-    if code in (errno.EACCES, errno.EPERM):
-        return (
-            f"cannot access {path}: {reason}; pass {flag} a directory you can write, or fix "
-            "its permissions (e.g. chmod u+rwx)"
-        )
-    return f"{path}: {reason}; check the path and the disk"
 
 
 def cmd_reproduce(args: argparse.Namespace) -> ExitCode:
@@ -689,19 +665,10 @@ def _run(parser: argparse.ArgumentParser, argv: Sequence[str] | None, name: str)
     except KeyboardInterrupt:
         print(f"{command}: interrupted", file=sys.stderr)
         return ExitCode.INTERRUPTED
-    except MemoryError:  # the machine, not a bug
+    except (UsageError, OSError, MemoryError) as exc:  # the environment is not a bug
         if debug:
             traceback.print_exc()
-        print(
-            f"{command}: error: out of memory; pass smaller sizes (e.g. --input-shape, "
-            "--batch-size, --jobs 1) or run on a machine with more memory",
-            file=sys.stderr,
-        )
-        return ExitCode.USAGE
-    except (UsageError, OSError) as exc:  # OSError: a full disk, a permission, not a bug
-        if debug:
-            traceback.print_exc()
-        text = exc if isinstance(exc, UsageError) else os_error_message(exc, _out_of(args))
+        text = exc if isinstance(exc, UsageError) else environment_error(exc, _out_of(args))
         print(f"{command}: error: {_one_line(text)}", file=sys.stderr)
         return ExitCode.USAGE
     except Exception as exc:
