@@ -169,7 +169,7 @@ def check_stats_cover(params: Sequence[Any], stats: Any, who: str) -> None:
     since makes them the statistics of another point). Non-finite parameters are left to the
     caller's divergence check, which names that cause.
     """
-    mean: Mapping[Any, Any] = stats.mean
+    mean: Mapping[Any, Any] = stats.mean if hasattr(stats, "mean") else stats  # or the means
     missing = [tuple(getattr(p, "shape", ())) for p in params if p not in mean]
     if missing:
         raise ValueError(

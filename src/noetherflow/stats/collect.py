@@ -74,8 +74,6 @@ def _guard_loss(
         try:
             return loss_fn(out, y)
         except (TypeError, AttributeError, IndexError, RuntimeError) as exc:
-            if isinstance(exc, RuntimeError) and not isinstance(y, Tensor | None):
-                raise  # not a mismatch of outputs and targets: the model's own error
             if targets is None:
                 raise StatisticsError(
                     f"loss_fn(outputs, None) failed with {type(exc).__name__}: {exc}. "
@@ -90,6 +88,12 @@ def _guard_loss(
             ) from exc
 
     return call
+
+
+def _stamp(syms: SymmetrySet) -> dict[nn.Parameter, tuple[float, float, float]]:
+    """The fingerprint of every parameter of ``syms`` (what the statistics were computed at)."""
+    params = syms.params()
+    return dict(zip(params, fingerprint(params), strict=True))
 
 
 def _what(v: Any) -> str:
@@ -230,6 +234,8 @@ class Capture:
                 if not torch.is_grad_enabled():
                     return
                 rec.calls += 1
+                if not self._stamp:  # the parameters this batch's gradients belong to
+                    self._stamp = _stamp(self.syms)
                 if rec.calls > 1:
                     raise UnsupportedLayerError(
                         f"Layer {rec.name!r} ran twice in one forward pass (a shared layer); "
@@ -270,15 +276,13 @@ class Capture:
             for h in rec.handles:
                 h.remove()
             rec.handles.clear()
-        # the parameters the captured gradients belong to (before any optimizer step)
-        params = self.syms.params()
-        self._stamp = dict(zip(params, fingerprint(params), strict=True))
 
     def reset(self) -> None:
         """Forget the captured batch (hooks stay attached)."""
         for rec in self._records:
             rec.reset()
         self._stats = None
+        self._stamp = {}
         self._means = {}
         self._check_means = False
 
@@ -332,8 +336,7 @@ class Capture:
         src = FactorSource(n, facs, self._owners, sc, self._means, self._check_means)
         st = assemble(src, self.syms, level=self.level, estimator=Estimator.HOOKS.value)
         src.verify_means()
-        params = self.syms.params()  # stats read inside the capture: the parameters now
-        st.fingerprint = self._stamp or dict(zip(params, fingerprint(params), strict=True))
+        st.fingerprint = dict(self._stamp)  # taken in the forward pass
         if self.all_reduce:
             all_reduce_stats(st, syms=self.syms, timeout=self.timeout)
         if self.check_finite:
@@ -531,7 +534,7 @@ def collect_stats(
     from noetherflow.kernels.base import stats_from_samples
 
     st = stats_from_samples(samples, syms, estimator=est.value)
-    st.fingerprint = dict(zip(params, fingerprint(params), strict=True))
+    st.fingerprint = _stamp(syms)
     if all_reduce or (all_reduce is None and is_distributed()):
         all_reduce_stats(st, syms=syms, timeout=timeout)
     if check_finite:
