@@ -201,6 +201,7 @@ def _ddp_worker(rank: int, port: int, out: str) -> None:
             res["order"] = "no error"
         except nf.StatisticsError as e:
             res["order"] = str(e)
+        res.update(_ddp_dtype_and_values(rank, m, x, y))
         # rank 1 skips the next collective: rank 0 must get a clear error, not hang
         if rank == 0:
             t0 = time.perf_counter()
@@ -216,6 +217,27 @@ def _ddp_worker(rank: int, port: int, out: str) -> None:
     finally:
         torch.save(res, Path(out) / f"rank{rank}.pt")
         os._exit(0)  # a timed-out gloo group cannot be torn down cleanly
+
+
+def _ddp_dtype_and_values(rank: int, m: nn.Module, x: Tensor, y: Tensor) -> dict[str, str]:
+    """Rank 1 in float32 (gloo aborted with SIGABRT); rank 1 with other weights (averaged
+    without a word); then equal models, which must still reduce."""
+    out: dict[str, str] = {}
+    for case in ("dtype", "values", "same"):
+        mc = copy.deepcopy(m)
+        xc, yc = x, y
+        if rank == 1 and case == "dtype":
+            mc, xc, yc = mc.float(), x.float(), y.float()
+        if rank == 1 and case == "values":
+            with torch.no_grad():
+                mc[0].weight.add_(1e-3)
+        syms = nf.SymmetrySet([nf.Rescaling(mc[0], mc[2], label="a")])
+        try:
+            nf.collect_stats(mc, syms, nn.MSELoss(), xc, yc, timeout=20)
+            out[case] = "no error"
+        except nf.StatisticsError as e:
+            out[case] = str(e)
+    return out
 
 
 def _free_port() -> int:
@@ -245,6 +267,18 @@ class TestDistributed:
     def test_symmetry_order_differs_across_ranks(self, ranks: list[dict[str, Any]]) -> None:
         for r in ranks:
             assert "different symmetry set" in r["order"], r["order"]
+
+    def test_dtype_differs_across_ranks(self, ranks: list[dict[str, Any]]) -> None:
+        # gloo aborted both processes (SIGABRT) in the all-reduce of mixed dtypes
+        for r in ranks:
+            assert "another dtype than rank 0" in r["dtype"] and "model.to(" in r["dtype"], r
+
+    def test_parameter_values_differ_across_ranks(self, ranks: list[dict[str, Any]]) -> None:
+        # without a DDP wrapper the statistics of two different models were averaged silently
+        for r in ranks:
+            assert "other parameter values than rank 0" in r["values"], r["values"]
+            assert "DistributedDataParallel" in r["values"], r["values"]
+        assert all(r["same"] == "no error" for r in ranks), [r["same"] for r in ranks]
 
     def test_skipped_collective_times_out_clearly(self, ranks: list[dict[str, Any]]) -> None:
         msg = ranks[0]["skip"]

@@ -1,15 +1,21 @@
-"""Hypothesis fuzzing of the public API (issue #16).
+"""Hypothesis fuzzing of the public API (issues #16 and #29).
 
 Every call either returns finite, correctly shaped results or raises one of the library's
 documented errors (``ValueError`` / ``TypeError`` and their ``noetherflow`` subclasses) whose
 message names the bad value: never a NaN result, a silent success on invalid input or a raw
-internal error (``IndexError``, ``KeyError``, ``RuntimeError`` from torch). Small models and
-few examples, so the file runs in well under a minute on two cores.
+internal error (``IndexError``, ``KeyError``, ``RuntimeError`` from torch), and a call that
+fails leaves the model's parameters and buffers bit-for-bit as they were. Random small
+models (depth, widths, activation, LayerNorm, dtype), NaN/Inf in weights, biases, inputs and
+targets, hyper-parameters and wrong-type arguments. Small models and few examples: with the
+command-line fuzzing (tests/test_fuzz_cli.py) well under a minute on two cores in the "ci"
+profile; ``HYPOTHESIS_PROFILE=explore`` draws new examples, 20 times as many.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
+import os
 from typing import Any
 
 import pytest
@@ -21,12 +27,19 @@ from torch import Tensor, nn
 import noetherflow as nf
 
 ALLOWED = (ValueError, TypeError)  # the library's errors all derive from ValueError
-FUZZ = settings(
-    max_examples=25,
-    deadline=None,
-    derandomize=True,
-    suppress_health_check=[HealthCheck.too_slow],
-)
+# The loaded profile (tests/conftest.py) decides the randomness: "ci" (default) draws the same
+# examples every run, HYPOTHESIS_PROFILE=explore new ones, EXPLORE times as many.
+EXPLORE = 20 if os.environ.get("HYPOTHESIS_PROFILE") == "explore" else 1
+
+
+def fuzz(n: int) -> settings:
+    """``n`` examples per test in CI (``n · EXPLORE`` when exploring), no deadline."""
+    return settings(
+        max_examples=n * EXPLORE, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+    )
+
+
+FUZZ = fuzz(25)
 SPECIAL = [float("nan"), float("inf"), float("-inf"), 0.0, -1.0, -1e-3]
 
 
@@ -258,7 +271,7 @@ def test_verify(n: int, poison: float | None, dtype: torch.dtype) -> None:
 
 
 # -- NoetherMonitor ----------------------------------------------------------------------------
-@settings(max_examples=12, deadline=None, derandomize=True)
+@fuzz(12)
 @given(
     every=st.sampled_from([0, -1, 1, 2]),
     lr=st.sampled_from([float("nan"), 0.0, -0.1, 0.1]),
@@ -286,3 +299,284 @@ def test_monitor(every: int, lr: float, batch_size: int) -> None:
     row = rows[0]
     assert row is not None
     assert torch.isfinite(torch.as_tensor(row["flow/r"])).all()
+
+
+# == issue #29: detection, wrong types, moved parameters, hyper-parameters =====================
+def _snapshot(m: nn.Module) -> list[Tensor]:
+    return [t.detach().clone() for t in (*m.parameters(), *m.buffers())]
+
+
+def _unchanged(m: nn.Module, before: list[Tensor]) -> bool:
+    """Parameters and buffers bit-for-bit as before (NaN compares equal to NaN)."""
+    now = [*m.parameters(), *m.buffers()]
+    return len(now) == len(before) and all(
+        a.shape == b.shape and bool((a.detach() == b).logical_or(a.isnan() & b.isnan()).all())
+        for a, b in zip(now, before, strict=True)
+    )
+
+
+def _ours(e: BaseException) -> bool:
+    """Raised by the library's own validation (not by torch or Python deep inside it)."""
+    import traceback
+
+    frames = traceback.extract_tb(e.__traceback__)
+    return bool(frames) and "noetherflow" in frames[-1].filename
+
+
+ACTIVATIONS = {"relu": nn.ReLU, "tanh": nn.Tanh, "leaky": nn.LeakyReLU, "id": nn.Identity}
+
+
+@st.composite
+def _nets(draw: st.DrawFn) -> tuple[nn.Module, Tensor, torch.dtype]:
+    """A small MLP: 1–3 layers, widths 1–4, a random activation, maybe a LayerNorm."""
+    dtype = draw(st.sampled_from([torch.float32, torch.float64]))
+    widths = draw(st.lists(st.integers(1, 4), min_size=2, max_size=4))
+    act = ACTIVATIONS[draw(st.sampled_from(sorted(ACTIVATIONS)))]
+    layers: list[nn.Module] = []
+    for i, (a, b) in enumerate(itertools.pairwise(widths)):
+        layers.append(nn.Linear(a, b))
+        if i < len(widths) - 2:
+            layers += [nn.LayerNorm(b)] if draw(st.booleans()) and b > 1 else []
+            layers.append(act())
+    torch.manual_seed(draw(st.integers(0, 3)))
+    net = nn.Sequential(*layers).to(dtype)
+    x = torch.randn(draw(st.integers(2, 5)), widths[0], dtype=dtype)
+    return net, x, dtype
+
+
+POISON = st.sampled_from([None, float("nan"), float("inf"), float("-inf")])
+POSITIVE = st.one_of(st.sampled_from(SPECIAL), st.floats(1e-3, 1.0))
+
+
+@FUZZ
+@given(
+    net=_nets(),
+    case=st.sampled_from(["valid", "valid", "poison", "tolerance", "scale"]),
+    poison=POISON.filter(lambda v: v is not None),
+    where=st.sampled_from(["weight", "bias", "input"]),
+    bad=st.sampled_from(SPECIAL),
+    scale=st.floats(1e-2, 1.0),
+)
+def test_find_symmetries_and_verify(
+    net: tuple[nn.Module, Tensor, torch.dtype],
+    case: str,
+    poison: float,
+    where: str,
+    bad: float,
+    scale: float,
+) -> None:
+    """NaN/Inf weights or inputs, non-positive tolerance or scale: named, never "0 symmetries";
+    otherwise every symmetry found passes verify, and the model is never changed."""
+    m, x, dtype = net
+    tol = 1e-9 if dtype == torch.float64 else 1e-5
+    kw = {"tolerance": tol, "scale": scale}
+    if case == "poison":
+        with torch.no_grad():
+            (x if where == "input" else getattr(m[0], where)).view(-1)[0] = poison
+    elif case != "valid":
+        kw[case] = bad
+    before = _snapshot(m)
+    try:
+        syms = nf.find_symmetries(m, x, **kw)
+    except ALLOWED as e:
+        msg = str(e)
+        assert _ours(e), f"raw error: {type(e).__name__}: {msg}"
+        assert case != "valid", f"valid input refused: {msg}"
+        name = {"poison": f"'0.{where}'" if where != "input" else "input 0"}.get(case, case + "=")
+        assert name in msg, msg
+        assert _unchanged(m, before)
+        return
+    assert case == "valid", f"{case} was accepted: {kw}"
+    assert _unchanged(m, before)
+    for r in syms.verify(m, x, **kw):
+        assert r.verified and math.isfinite(r.rel_change), r
+
+
+def _bad_values() -> st.SearchStrategy[Any]:
+    return st.sampled_from(
+        ["abc", None, [1.0], {"a": 1}, torch.ones(2), object(), True, 1 + 1j, float("nan"), -1]
+    )
+
+
+def _api_calls() -> dict[str, Any]:
+    """name → f(m, syms, x, y, stats, value): one argument of one public function."""
+    h = {"lr": 0.1, "batch_size": 4, "weight_decay": 1e-3}
+    loss = nn.MSELoss()
+
+    calls: dict[str, Any] = {}
+    for k in (
+        "reduction",
+        "estimator",
+        "micro_batch_size",
+        "chunk_size",
+        "level",
+        "check_finite",
+        "check_loss",
+        "timeout",
+    ):
+        extra = {"estimator": "microbatch"} if k == "micro_batch_size" else {}
+        extra = {"estimator": "reference"} if k == "chunk_size" else extra
+        calls[f"collect_stats.{k}"] = lambda m, s, x, y, st_, v, k=k, e=extra: nf.collect_stats(
+            m, s, loss, x, y, **{**e, k: v}
+        )
+    calls["collect_stats.model"] = lambda m, s, x, y, st_, v: nf.collect_stats(v, s, loss, x, y)
+    calls["collect_stats.syms"] = lambda m, s, x, y, st_, v: nf.collect_stats(m, v, loss, x, y)
+    calls["collect_stats.loss_fn"] = lambda m, s, x, y, st_, v: nf.collect_stats(m, s, v, x, y)
+    calls["collect_stats.inputs"] = lambda m, s, x, y, st_, v: nf.collect_stats(m, s, loss, v, y)
+    calls["collect_stats.targets"] = lambda m, s, x, y, st_, v: nf.collect_stats(m, s, loss, x, v)
+    for k in ("lr", "batch_size", "weight_decay", "time"):
+        calls[f"noether_flow.{k}"] = lambda m, s, x, y, st_, v, k=k: nf.noether_flow(
+            s, st_, **{**h, k: v}
+        )
+    calls["noether_flow.charges"] = lambda m, s, x, y, st_, v: nf.noether_flow(
+        s, st_, **h, charges=v
+    )
+    for k in ("tol", "max_iter", "rtol_singular", "ridge", "solver", "init", "fixed"):
+        calls[f"solve_equilibrium.{k}"] = lambda m, s, x, y, st_, v, k=k: nf.solve_equilibrium(
+            s, st_, **h, **{k: v}
+        )
+    for k in ("scale", "tolerance", "seed", "strict"):
+        calls[f"verify.{k}"] = lambda m, s, x, y, st_, v, k=k: s.verify(m, x, **{k: v})
+    for k in ("scale", "tolerance", "seed"):
+        calls[f"find_symmetries.{k}"] = lambda m, s, x, y, st_, v, k=k: nf.find_symmetries(
+            m, x, **{k: v}
+        )
+    calls["find_symmetries.inputs"] = lambda m, s, x, y, st_, v: nf.find_symmetries(m, v)
+    for k in ("steps", "step_size", "optimizer"):
+        calls[f"gradient_norm_teleport.{k}"] = lambda m, s, x, y, st_, v, k=k: (
+            nf.gradient_norm_teleport(m, s, loss, x, y, **{k: v})
+        )
+    calls["gradient_norm_teleport.inputs"] = lambda m, s, x, y, st_, v: nf.gradient_norm_teleport(
+        m, s, loss, v, y
+    )
+    calls["EquilibriumTeleport.loss_fn"] = lambda m, s, x, y, st_, v: nf.EquilibriumTeleport(
+        m, s, v, **h
+    )
+    calls["EquilibriumTeleport.model"] = lambda m, s, x, y, st_, v: nf.EquilibriumTeleport(
+        v, s, loss, **h
+    )
+    calls["EquilibriumTeleport.every"] = lambda m, s, x, y, st_, v: nf.EquilibriumTeleport(
+        m, s, loss, **h, every=v
+    )
+    calls["NoiseModel.create.nesterov"] = lambda m, s, x, y, st_, v: nf.NoiseModel.create(
+        lr=0.1, batch_size=4, momentum=0.9, nesterov=v
+    )
+    calls["transform_optimizer_state.optimizer"] = lambda m, s, x, y, st_, v: (
+        nf.transform_optimizer_state(v, nf.solve_equilibrium(s, st_, **h))
+    )
+    calls["geometric_mean.X"] = lambda m, s, x, y, st_, v: nf.geometric_mean(v, torch.eye(2))
+    calls["hvp.vector"] = lambda m, s, x, y, st_, v: nf.hvp(m, loss, x, y, v)
+    calls["load_history.path"] = lambda m, s, x, y, st_, v: nf.load_history(v)
+    return calls
+
+
+CALLS = _api_calls()
+# (call, value) pairs that are valid and must succeed: the rest must raise
+VALID = {
+    ("collect_stats.chunk_size", "None"),
+    ("collect_stats.timeout", "None"),
+    ("collect_stats.check_finite", "True"),
+    ("collect_stats.check_loss", "True"),
+    ("noether_flow.charges", "None"),
+    ("noether_flow.time", "None"),  # the defaults: continuous time, no weight decay
+    ("noether_flow.weight_decay", "None"),
+    ("solve_equilibrium.ridge", "None"),
+    ("solve_equilibrium.init", "None"),
+    ("solve_equilibrium.fixed", "None"),
+    ("verify.strict", "True"),
+    ("verify.tolerance", "None"),
+    ("gradient_norm_teleport.optimizer", "None"),
+    ("EquilibriumTeleport.every", "None"),
+    ("NoiseModel.create.nesterov", "None"),
+    ("NoiseModel.create.nesterov", "True"),
+}
+# valid or refused, depending on loss_fn: a tensor of targets that MSELoss broadcasts
+MAY = {("collect_stats.targets", "tensor([1., 1.])")}
+
+
+@fuzz(100)
+@given(call=st.sampled_from(sorted(CALLS)), value=_bad_values())
+def test_wrong_type_arguments_are_named(call: str, value: Any) -> None:
+    """A wrong-type or out-of-range argument: our error naming it, never torch's, model intact."""
+    m, syms, stats = _fixed()
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(8, 3, generator=g, dtype=torch.float64)
+    y = torch.randn(8, 2, generator=g, dtype=torch.float64)
+    before = _snapshot(m)
+    arg = call.split(".")[1]
+    try:
+        CALLS[call](m, syms, x, y, stats, value)
+    except ALLOWED as e:
+        msg = str(e)
+        assert _ours(e), f"{call}={value!r}: raw {type(e).__name__} from {e.__traceback__}: {msg}"
+        assert (call, repr(value)) not in VALID, f"{call}={value!r} refused: {msg}"
+        assert (call, repr(value)) not in MAY or arg in msg or "loss_fn" in msg, msg
+        assert arg in msg or type(value).__name__ in msg or "expected" in msg, msg
+        assert _unchanged(m, before), f"{call}={value!r} changed the model before failing"
+        return
+    assert (call, repr(value)) in VALID | MAY, f"{call}={value!r} was accepted"
+
+
+@fuzz(10)
+@given(
+    steps=st.integers(0, 2),
+    lr=st.floats(1e-3, 0.5),
+    estimator=st.sampled_from(["hooks", "reference", "microbatch"]),
+)
+def test_statistics_refused_after_the_parameters_move(
+    steps: int, lr: float, estimator: str
+) -> None:
+    """Statistics collected, SGD steps, then a solve: refused unless nothing moved."""
+    m, syms, _ = _fixed()
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(8, 3, generator=g, dtype=torch.float64)
+    y = torch.randn(8, 2, generator=g, dtype=torch.float64)
+    st_ = nf.collect_stats(m, syms, nn.MSELoss(), x, y, estimator=estimator, micro_batch_size=2)
+    opt = torch.optim.SGD(m.parameters(), lr=lr)
+    for _ in range(steps):
+        opt.zero_grad()
+        nn.functional.mse_loss(m(x), y).backward()
+        opt.step()
+    h = {"lr": 0.1, "batch_size": 4, "weight_decay": 1e-3}
+    try:
+        sol = nf.solve_equilibrium(syms, st_, **h)
+    except nf.StatisticsError as e:
+        assert steps > 0 and "changed since the statistics" in str(e), str(e)
+        return
+    assert steps == 0, f"statistics of {steps} steps ago were accepted"
+    nf.teleport(m, sol)
+    again = nf.collect_stats(m, syms, nn.MSELoss(), x, y, estimator=estimator, micro_batch_size=2)
+    after = nf.noether_flow(syms, again, **h)["r"]
+    assert float(after.abs().max()) < 1e-10 * float(nf.charges(syms)["r"].abs().max())
+
+
+@FUZZ
+@given(
+    steps=st.one_of(st.sampled_from([-1, 0, 2.5]), st.integers(1, 4)),
+    step_size=POSITIVE,
+    poison=POISON,
+)
+def test_gradient_norm_teleport(steps: Any, step_size: float, poison: float | None) -> None:
+    """Right result (‖∇L‖² does not drop, function kept) or an error, the model unchanged."""
+    m, syms, _ = _fixed()
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(8, 3, generator=g, dtype=torch.float64)
+    y = torch.randn(8, 2, generator=g, dtype=torch.float64)
+    if poison is not None:
+        y[1, 1] = poison
+    before, out0 = _snapshot(m), m(x).detach()
+    bad = not (isinstance(steps, int) and steps >= 0) or not (
+        math.isfinite(step_size) and step_size > 0
+    )
+    try:
+        res = nf.gradient_norm_teleport(
+            m, syms, nn.MSELoss(), x, y, steps=steps, step_size=step_size
+        )
+    except ALLOWED as e:
+        assert _ours(e) and (bad or poison is not None), str(e)
+        assert _unchanged(m, before)
+        return
+    assert not bad and poison is None
+    assert math.isfinite(res.grad_norm_sq_after)
+    assert res.grad_norm_sq_after >= res.grad_norm_sq_before * (1 - 1e-9)
+    assert torch.allclose(m(x).detach(), out0, rtol=1e-9, atol=1e-12)

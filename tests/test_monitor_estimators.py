@@ -139,9 +139,12 @@ def test_teleporter_estimator_is_checked_when_built() -> None:
         sol = tp.teleport(x, y)
     assert tp.estimator == "microbatch" and len(tp.history) == 1 and sol.converged
     # the statistics' passes left the buffers; the teleport itself scales the running variance
-    # with the weights feeding the BatchNorm (by e^{2λ} of the scale invariance before it)
+    # with the weights feeding the BatchNorm (v + eps by e^{2λ} of the scale invariance before
+    # it, which keeps the eval-mode function exactly)
     lam = sum(
         (el for i, el in sol.steps if getattr(sol.syms[i], "norm", None) is m[1]),
         torch.zeros(4, dtype=DT),
     )
-    assert torch.allclose(m[1].running_var, running * torch.exp(2 * lam), rtol=1e-12, atol=0)
+    eps = m[1].eps
+    want = (running + eps) * torch.exp(2 * lam) - eps
+    assert torch.allclose(m[1].running_var, want, rtol=1e-12, atol=0)

@@ -9,20 +9,36 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from datetime import timedelta
 from enum import Enum
 from typing import Any, TypeVar
 
 import numpy as np
+import torch
+from torch import Tensor, nn
 
 __all__ = [
+    "Fingerprint",
     "check_bool",
+    "check_finite_model",
     "check_finite_number",
+    "check_instance",
+    "check_model_and_set",
     "check_nonnegative",
+    "check_nonnegative_int",
     "check_positive",
     "check_positive_int",
+    "check_seed",
+    "check_spd",
     "check_stats_cover",
+    "check_timeout",
+    "fingerprint",
     "parse_enum",
+    "same_fingerprint",
 ]
+
+#: Signature of one parameter's values: Σθ, Σθ², Σ w_k θ_k (see :func:`fingerprint`).
+Fingerprint = tuple[float, float, float]
 
 E = TypeVar("E", bound=Enum)
 
@@ -42,7 +58,9 @@ def parse_enum(cls: type[E], value: object, name: str, hint: str = "") -> E:
 
 
 def check_finite_number(value: object, name: str, meaning: str = "") -> float:
-    """``float(value)`` if it is a finite real number, else a ``ValueError``."""
+    """``float(value)`` if it is a finite real number, else a ``ValueError`` (a bool is not)."""
+    if isinstance(value, bool | np.bool_):
+        raise ValueError(f"{name}={value!r} is a bool; expected a finite real{_of(meaning)}.")
     try:
         v = float(value)  # type: ignore[arg-type]
     except (TypeError, ValueError):
@@ -84,6 +102,57 @@ def check_positive_int(value: object, name: str, meaning: str = "") -> int:
     return int(v)
 
 
+def check_nonnegative_int(value: object, name: str, meaning: str = "") -> int:
+    """An integer ``value >= 0`` (Python, NumPy or integral float), else a ``ValueError``."""
+    if isinstance(value, int | np.integer) and not isinstance(value, bool) and value == 0:
+        return 0
+    try:
+        return check_positive_int(value, name, meaning)
+    except ValueError:
+        raise ValueError(f"{name}={value!r} must be an integer >= 0{_of(meaning)}.") from None
+
+
+def check_seed(value: object, name: str = "seed") -> int:
+    """An integer seed in ``[0, 2**63)`` (NumPy integers too), else an error naming it."""
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        raise TypeError(f"{name}={value!r} is a {type(value).__name__}; expected an integer seed.")
+    if not 0 <= int(value) < 2**63:
+        raise ValueError(f"{name}={value!r} must be an integer in [0, 2**63).")
+    return int(value)
+
+
+def check_instance(value: object, cls: type | tuple[type, ...], name: str, what: str) -> None:
+    """Refuse ``value`` unless it is a ``cls``: a ``TypeError`` naming ``name`` and ``what``."""
+    if not isinstance(value, cls):
+        raise TypeError(f"{name} is a {type(value).__name__} ({value!r:.60}); expected {what}.")
+
+
+def check_model_and_set(model: object, syms: object, who: str) -> None:
+    """``model`` an ``nn.Module`` and ``syms`` a :class:`~noetherflow.SymmetrySet`."""
+    from noetherflow.symmetry.set import SymmetrySet
+
+    check_instance(model, nn.Module, f"{who}: model", "an nn.Module")
+    check_instance(
+        syms,
+        SymmetrySet,
+        f"{who}: syms",
+        "a SymmetrySet (nf.find_symmetries(model, x), or nf.SymmetrySet([...]))",
+    )
+
+
+def check_timeout(value: object, name: str = "timeout") -> timedelta | None:
+    """``None``, a ``timedelta`` > 0, or a number of seconds > 0 (as a ``timedelta``)."""
+    if value is None:
+        return None
+    if isinstance(value, timedelta):
+        if value.total_seconds() <= 0:
+            raise ValueError(f"{name}={value!r} must be a positive duration.")
+        return value
+    if isinstance(value, bool):
+        raise TypeError(f"{name}={value!r} is a bool; expected seconds (a number) or a timedelta.")
+    return timedelta(seconds=check_positive(value, name, "seconds to wait for the other ranks"))
+
+
 def check_bool(value: object, name: str) -> bool:
     """``value`` if it is a bool (NumPy's too), else a ``TypeError`` (no truthiness of strings)."""
     if not isinstance(value, bool | np.bool_):
@@ -91,8 +160,16 @@ def check_bool(value: object, name: str) -> bool:
     return bool(value)
 
 
-def check_stats_cover(params: Sequence[Any], mean: Mapping[Any, Any], who: str) -> None:
-    """Refuse statistics that lack some parameters of the symmetry set (another set's)."""
+def check_stats_cover(params: Sequence[Any], stats: Any, who: str) -> None:
+    """Refuse statistics of another set, or computed at other parameter values.
+
+    ``stats`` is a :class:`~noetherflow.stats.core.GradStats`: every parameter of the set
+    needs an entry in ``stats.mean`` (statistics of another set lack some), and a parameter
+    whose :func:`fingerprint` the statistics recorded must still have it (an optimizer step
+    since makes them the statistics of another point). Non-finite parameters are left to the
+    caller's divergence check, which names that cause.
+    """
+    mean: Mapping[Any, Any] = stats.mean if hasattr(stats, "mean") else stats  # or the means
     missing = [tuple(getattr(p, "shape", ())) for p in params if p not in mean]
     if missing:
         raise ValueError(
@@ -100,6 +177,96 @@ def check_stats_cover(params: Sequence[Any], mean: Mapping[Any, Any], who: str) 
             f"symmetry set (shapes {missing}); expected statistics collected for this set. "
             "Call collect_stats(model, syms, ...) with the same SymmetrySet."
         )
+    known: Mapping[Any, Fingerprint] = getattr(stats, "fingerprint", None) or {}
+    at = [p for p in params if p in known]
+    now = fingerprint(at)
+    moved = [
+        tuple(p.shape)
+        for p, f in zip(at, now, strict=True)
+        if all(map(math.isfinite, f)) and not same_fingerprint(f, known[p])
+    ]
+    if moved:
+        from noetherflow._errors import StatisticsError
+
+        raise StatisticsError(
+            f"{who}: parameters of shapes {moved} changed since the statistics were collected "
+            "(an optimizer step or a teleport in between); statistics hold only at the "
+            "parameters they were computed at. Collect them again (nf.collect_stats, or a "
+            "new capture) after the last change of the parameters."
+        )
+
+
+def fingerprint(params: Sequence[Tensor]) -> tuple[Fingerprint, ...]:
+    """A cheap signature of parameter values: Σθ, Σθ², Σ w_k θ_k (fixed weights w) each.
+
+    Equal values give equal signatures (same device and dtype); a training step, a teleport
+    or any in-place change alters them. One transfer to the host for all parameters.
+    """
+    if not params:
+        return ()
+    from noetherflow import _shard
+
+    rows = []
+    with torch.no_grad():
+        for p in params:
+            if _shard.is_sharded(p):  # sums over the rows of each shard, all-reduced
+                rows.append(torch.tensor(_shard.fingerprint_sums(p.detach()), dtype=torch.float64))
+                continue
+            x = p.detach().reshape(-1).to(torch.float64)
+            w = torch.arange(1, 14, dtype=torch.float64, device=x.device)
+            body = x.numel() - x.numel() % 13  # w_k = k mod 13 + 1: columns of a [-1, 13] view
+            weighted = x[:body].view(-1, 13).sum(0) @ w + x[body:] @ w[: x.numel() - body]
+            rows.append(torch.stack([x.sum(), x @ x, weighted]).cpu())
+    return tuple((a, b, c) for a, b, c in torch.stack(rows).tolist())
+
+
+def same_fingerprint(a: Sequence[float], b: Sequence[float]) -> bool:
+    """Whether two :func:`fingerprint` entries agree (to 1e-12, the rounding of a reduction)."""
+    return all(
+        x == y or (math.isfinite(x) and abs(x - y) <= 1e-12 * max(abs(x), abs(y)))
+        for x, y in zip(a, b, strict=True)
+    )
+
+
+def check_finite_model(model: nn.Module, who: str) -> None:
+    """Refuse a model with a NaN/Inf parameter, naming the first one (a diverged run)."""
+    for name, p in model.named_parameters():
+        if p.is_floating_point() and not bool(torch.isfinite(p.detach()).all()):
+            what = "NaN" if bool(torch.isnan(p.detach()).any()) else "Inf"
+            raise ValueError(
+                f"{who}: parameter {name!r} (shape {tuple(p.shape)}) has {what} entries; "
+                "expected a finite model (a diverged run, or a NaN written into a weight). "
+                "Load finite weights, or re-initialise that parameter."
+            )
+
+
+def check_spd(m: Any, name: str, who: str) -> Tensor:
+    """``m`` as a floating tensor if it is a finite symmetric positive definite matrix."""
+    if not isinstance(m, Tensor):
+        raise TypeError(f"{who}: {name} is a {type(m).__name__}; expected a square torch.Tensor.")
+    if m.ndim != 2 or m.shape[0] != m.shape[1] or not m.is_floating_point():
+        raise ValueError(
+            f"{who}: {name} has shape {tuple(m.shape)} and dtype {m.dtype}; expected a square "
+            "floating-point matrix."
+        )
+    if not bool(torch.isfinite(m).all()):
+        raise ValueError(f"{who}: {name} has NaN/Inf entries; expected a finite matrix.")
+    scale = float(m.abs().max()) if m.numel() else 0.0
+    asym = float((m - m.T).abs().max()) if m.numel() else 0.0
+    if asym > 100 * torch.finfo(m.dtype).eps * scale:
+        raise ValueError(
+            f"{who}: {name} is not symmetric (max |M − Mᵀ| = {asym:.3g}, max |M| = {scale:.3g}); "
+            "expected a symmetric positive definite matrix. Symmetrise it, (M + M.T) / 2, if "
+            "the asymmetry is rounding."
+        )
+    low = float(torch.linalg.eigvalsh(m.to(torch.float64)).min()) if m.numel() else 1.0
+    if not low > 0:
+        raise ValueError(
+            f"{who}: {name} is not positive definite (smallest eigenvalue {low:.3g}); expected "
+            "a symmetric positive definite matrix (a covariance with full rank). Add a ridge, "
+            "M + eps·I, if it is singular."
+        )
+    return m
 
 
 def _of(meaning: str) -> str:

@@ -347,6 +347,11 @@ def load_history(path: str | os.PathLike[str]) -> dict[str, np.ndarray]:
 
     Returns the same dict of arrays as :attr:`NoetherMonitor.history`.
     """
+    if not isinstance(path, str | os.PathLike):
+        raise TypeError(
+            f"load_history: path is a {type(path).__name__} ({path!r:.40}); expected a str or "
+            "Path of a history.jsonl/history.csv or of the monitor's log_dir."
+        )
     p = Path(path)
     if p.is_dir():
         cand = [p / JSONL_NAME, p / CSV_NAME]

@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 import torch.utils._pytree as pytree
 from torch import Tensor, nn
 
@@ -104,6 +105,23 @@ class ModelInputs:
         """Every tensor among the inputs."""
         return [v for _, v in self.named_leaves() if isinstance(v, Tensor)]
 
+    def check_finite(self, who: str) -> None:
+        """Refuse NaN/Inf in a floating-point input, naming it (e.g. ``'input 0'``).
+
+        An additive attention mask should use a large finite negative value
+        (``torch.finfo(dtype).min``, as Hugging Face does) rather than ``-inf``.
+        """
+        for name, v in self.named_leaves():
+            if isinstance(v, Tensor) and (v.is_floating_point() or v.is_complex()):
+                if not bool(torch.isfinite(v).all()):
+                    what = "NaN" if bool(torch.isnan(v).any()) else "Inf"
+                    raise ValueError(
+                        f"{who}: the inputs contain NaN or Inf: {name} (shape "
+                        f"{tuple(v.shape)}) has {what} entries; expected finite inputs. Pass "
+                        "a finite batch (an additive mask: use torch.finfo(dtype).min instead "
+                        "of -inf)."
+                    )
+
     def describe(self) -> str:
         """Shapes for error messages: ``(4, 8) int64, attention_mask=(4, 8) int64``."""
         parts = [_shape(a) for a in self.args]
@@ -162,6 +180,19 @@ class ModelInputs:
         vals = [v.unsqueeze(0) if d == 0 else v for v, d in zip(flat_v, flat_d, strict=True)]
         args, kwargs = pytree.tree_unflatten(vals, spec)
         return ModelInputs(tuple(args), dict(kwargs))
+
+    def forward_error(self, exc: Exception, who: str) -> str:
+        """Why ``model(*inputs)`` failed: the inputs' shapes, torch's words, the dtype hint."""
+        hint = self.dtype_hint(exc)
+        first = (str(exc).strip().splitlines() or [""])[0]
+        return (
+            f"{who}: the model's forward failed on the inputs ({self.describe()}): "
+            f"{type(exc).__name__}: {first}. "
+            + (
+                hint
+                or "Expected inputs of the shapes and dtype the model takes (samples along dim 0)."
+            )
+        )
 
     def dtype_hint(self, exc: BaseException) -> str | None:
         """Why a forward failed on input dtypes, and the fix; None when it is not that.

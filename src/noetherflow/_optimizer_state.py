@@ -84,6 +84,11 @@ def transform_optimizer_state(
     Returns:
         The parameters whose state was reset.
     """
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(
+            f"transform_optimizer_state: optimizer is a {type(optimizer).__name__}; expected the "
+            "torch.optim optimizer that trains the teleported parameters."
+        )
     mode = OptimizerState(mode)
     syms = solution.syms
     reset: dict[int, nn.Parameter] = {}

@@ -129,12 +129,34 @@ def load_records(out_dir: str | Path, ids: Sequence[str] | None = None) -> list[
                 f"{p} is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg}); "
                 f"re-run `noetherflow reproduce {p.parent.name} --out {root}`"
             ) from None
+        except RecursionError:
+            raise ReportInputError(
+                f"{p} is nested too deeply to read (deeper than Python's recursion limit); "
+                f"expected the flat object the harness writes: re-run `noetherflow reproduce "
+                f"{p.parent.name} --out {root}`"
+            ) from None
         if not isinstance(data, dict):
             raise ReportInputError(
                 f"{p} holds a JSON {type(data).__name__}; expected the object the harness writes"
             )
+        check_claims(data, p)
         records.append(data)
     return records
+
+
+def check_claims(data: dict[str, Any], path: Path) -> None:
+    """Refuse a claim whose ``holds`` is not a JSON boolean (``"false"`` would read as true).
+
+    Every reader (the summary, the failing list, ``--strict``) then sees the same verdict.
+    """
+    for c in claims_of(data):
+        if "holds" in c and not isinstance(c["holds"], bool):
+            v = c["holds"]
+            raise ReportInputError(
+                f"{path}: claim {c.get('id')!r} has holds={json.dumps(v)} (a JSON "
+                f"{type(v).__name__}); expected true or false, as the harness writes. Fix the "
+                f"file or re-run `noetherflow reproduce {path.parent.name}`"
+            )
 
 
 def order_records(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -277,7 +299,10 @@ def quick_ids(records: Sequence[dict[str, Any]]) -> list[str]:
 
 def failing(records: Sequence[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
     return [
-        (str(r.get("experiment")), c) for r in records for c in claims_of(r) if not c.get("holds")
+        (str(r.get("experiment")), c)
+        for r in records
+        for c in claims_of(r)
+        if c.get("holds") is not True  # as counts(): only a JSON true holds
     ]
 
 

@@ -18,7 +18,8 @@ add a new one by writing both and appending the builder to :data:`SUBCOMMANDS`):
 Exit codes (:class:`ExitCode`): 0 success (failing claims are reported, not gating); 1 a claim
 (or the demo's check) failed under ``--strict``; 2 usage error (bad id, path, value or file: a
 one-line message naming the value, what was expected and the fix; ``--debug`` adds the
-traceback); 3 an experiment raised (recorded in its metrics.json and in the report, the other
+traceback; also a full disk, a read-only or non-writable directory and a permission error,
+naming the path); 3 an experiment raised (recorded in its metrics.json and in the report, the other
 experiments still ran); 4 an internal error of noetherflow (a bug: please report it with the
 ``--debug`` traceback); 130 interrupted.
 """
@@ -27,12 +28,16 @@ from __future__ import annotations
 
 import argparse
 import enum
+import math
 import sys
+import tempfile
 import time
 import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from noetherflow._cli_errors import environment_error, os_error_message
 
 if TYPE_CHECKING:
     from torch import nn
@@ -49,6 +54,8 @@ __all__ = [
 
 #: Largest accepted ``--seed`` (seeds are passed to numpy and torch generators).
 MAX_SEED = 2**32 - 1
+#: Largest example batch of ``inspect`` (entries), far above what detection needs.
+MAX_EXAMPLE_ELEMENTS = 2**27
 
 
 class ExitCode(enum.IntEnum):
@@ -90,6 +97,12 @@ def _positive_int(text: str) -> int:
 
 def _seed(text: str) -> int:
     return _int_in(text, 0, MAX_SEED, "0 or 42")
+
+
+def _dir_arg(text: str) -> Path:
+    if not text.strip() or "\0" in text:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a usable path; pass a directory path")
+    return Path(text)
 
 
 def _shape(text: str) -> tuple[int, ...]:
@@ -185,7 +198,7 @@ def _add_reproduce(sub: Any) -> None:
     p.add_argument("ids", nargs="+", metavar="ID", help="experiment id(s), or 'all'")
     p.add_argument("--quick", action="store_true", help="shrunk sizes (each Config.quick())")
     p.add_argument(
-        "--out", type=Path, default=Path("results"), help="output directory (default: results)"
+        "--out", type=_dir_arg, default=Path("results"), help="output directory (default: results)"
     )
     p.add_argument("--seed", type=_seed, default=0, help=f"random seed, 0..{MAX_SEED} (default 0)")
     p.add_argument(
@@ -215,6 +228,8 @@ def _add_reproduce(sub: Any) -> None:
 
 
 def _output_dir(out: Path, flag: str) -> Path:
+    if "\0" in str(out):
+        raise UsageError(f"{flag} {str(out)!r}: not a usable path; pass a directory path")
     if out.exists() and not out.is_dir():
         raise UsageError(f"{flag} {out}: exists and is not a directory; pass a directory path")
     try:
@@ -224,6 +239,11 @@ def _output_dir(out: Path, flag: str) -> Path:
             f"{flag} {out}: cannot create the directory ({exc.strerror or exc}); "
             "pass a writable directory"
         ) from exc
+    try:  # before any experiment runs: a read-only or non-writable directory fails now
+        with tempfile.TemporaryFile(dir=out):
+            pass
+    except OSError as exc:
+        raise UsageError(os_error_message(exc, out, flag)) from exc
     return out
 
 
@@ -304,9 +324,13 @@ def cmd_reproduce(args: argparse.Namespace) -> ExitCode:
 
 
 def _exit_code(records: Sequence[dict[str, Any]], *, strict: bool) -> ExitCode:
-    if any(r.get("error") for r in records):
+    # the report's own reading of the records: the summary, the failing list and the exit
+    # code cannot disagree (a malformed "claims" or "holds" is refused when loading)
+    from noetherflow._report_records import failing, status_of
+
+    if any(status_of(r) == "error" for r in records):
         return ExitCode.EXPERIMENT_ERROR
-    if strict and any(not c.get("holds") for r in records for c in r.get("claims", [])):
+    if strict and failing(records):
         return ExitCode.CLAIMS_FAILED
     return ExitCode.OK
 
@@ -338,10 +362,7 @@ def cmd_report(args: argparse.Namespace) -> ExitCode:
     except (FileNotFoundError, report.ReportInputError) as exc:
         raise UsageError(str(exc)) from exc
     except OSError as exc:
-        raise UsageError(
-            f"cannot write the report into {args.out}: {exc.strerror or exc}; "
-            "pass a writable results directory"
-        ) from exc
+        raise UsageError(os_error_message(exc, args.out, "DIR")) from exc
     console = _console()
     console.print(report.summary_table(records))
     console.print(f"report: {md}  ·  {page}")
@@ -458,6 +479,12 @@ def _example_inputs(args: argparse.Namespace, model: nn.Module) -> Any:
 
     gen = torch.Generator().manual_seed(args.seed)
     shape = (args.batch_size, *args.input_shape)
+    if math.prod(shape) > MAX_EXAMPLE_ELEMENTS:
+        raise UsageError(
+            f"an example batch of shape {shape} has {math.prod(shape):.3g} entries (at most "
+            f"{MAX_EXAMPLE_ELEMENTS:.3g}); a small batch is enough to detect the symmetries: "
+            "pass a smaller --input-shape or --batch-size"
+        )
     if args.dtype in ("long", "int32"):
         vocab = args.vocab_size
         if vocab is None:
@@ -615,8 +642,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _one_line(exc: BaseException) -> str:
+def _one_line(exc: object) -> str:
     return " ".join(str(exc).split())
+
+
+def _out_of(args: argparse.Namespace) -> str | None:
+    out = getattr(args, "out", None)
+    return None if out is None else str(out)
 
 
 def _run(parser: argparse.ArgumentParser, argv: Sequence[str] | None, name: str) -> int:
@@ -633,10 +665,11 @@ def _run(parser: argparse.ArgumentParser, argv: Sequence[str] | None, name: str)
     except KeyboardInterrupt:
         print(f"{command}: interrupted", file=sys.stderr)
         return ExitCode.INTERRUPTED
-    except UsageError as exc:
+    except (UsageError, OSError, MemoryError) as exc:  # the environment is not a bug
         if debug:
             traceback.print_exc()
-        print(f"{command}: error: {_one_line(exc)}", file=sys.stderr)
+        text = exc if isinstance(exc, UsageError) else environment_error(exc, _out_of(args))
+        print(f"{command}: error: {_one_line(text)}", file=sys.stderr)
         return ExitCode.USAGE
     except Exception as exc:
         if debug:

@@ -20,7 +20,6 @@ remaining directions.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, cast
@@ -29,7 +28,13 @@ import torch
 from torch import Tensor, nn
 
 from noetherflow import _shard
-from noetherflow._checks import check_stats_cover, parse_enum
+from noetherflow._checks import (
+    check_nonnegative,
+    check_positive_int,
+    check_stats_cover,
+    fingerprint,
+    parse_enum,
+)
 from noetherflow._deprecate import is_old_model_call, warn_model
 from noetherflow._divergence import is_finite
 from noetherflow._errors import NonFiniteGradientError, StatisticsError
@@ -60,26 +65,6 @@ __all__ = [
     "geometric_mean",
     "solve_equilibrium",
 ]
-
-
-def fingerprint(params: list[nn.Parameter]) -> tuple[tuple[float, float, float], ...]:
-    """A cheap signature of parameter values: Σθ, Σθ², Σ w_k θ_k (fixed weights w) each.
-
-    Equal values give equal signatures (same device and dtype); a training step, a teleport
-    or any in-place change alters them.
-    """
-    out = []
-    with torch.no_grad():
-        for p in params:
-            if _shard.is_sharded(p):  # sums over the rows of each shard, all-reduced
-                out.append(_shard.fingerprint_sums(p.detach()))
-                continue
-            x = p.detach().reshape(-1).to(torch.float64)
-            w = torch.arange(1, 14, dtype=torch.float64, device=x.device)
-            body = x.numel() - x.numel() % 13  # w_k = k mod 13 + 1: columns of a [-1, 13] view
-            weighted = x[:body].view(-1, 13).sum(0) @ w + x[body:] @ w[: x.numel() - body]
-            out.append((float(x.sum()), float(x @ x), float(weighted)))
-    return tuple(out)
 
 
 @dataclass
@@ -140,7 +125,7 @@ class EquilibriumSolution:
 
 def _check_inputs(syms: SymmetrySet, stats: GradStats) -> None:
     _shard.check_current(syms.params(), "solve_equilibrium")
-    check_stats_cover(syms.params(), stats.mean, "solve_equilibrium")
+    check_stats_cover(syms.params(), stats, "solve_equilibrium")
     try:
         stats.check_finite()
     except NonFiniteGradientError as e:
@@ -273,13 +258,18 @@ def solve_equilibrium(
         "'auto' (by size), 'dense' (dense Hessian, Cholesky) or 'cg' (matrix-free conjugate "
         "gradients)",
     )
-    for name, v in (("tol", tol), ("rtol_singular", rtol_singular)):
-        if not (math.isfinite(float(v)) and float(v) >= 0):
-            raise ValueError(f"{name}={v!r} must be a finite number >= 0.")
-    if ridge is not None and not (math.isfinite(float(ridge)) and float(ridge) >= 0):
-        raise ValueError(f"ridge={ridge!r} must be None or a finite number >= 0.")
+    tol = check_nonnegative(tol, "tol", "the solver's tolerance")
+    rtol_singular = check_nonnegative(rtol_singular, "rtol_singular", "relative eigenvalue cut")
+    max_iter = check_positive_int(max_iter, "max_iter", "Newton iterations")
+    if ridge is not None:
+        ridge = check_nonnegative(ridge, "ridge", "None or a Tikhonov ridge")
     _check_inputs(syms, stats)
     check_decay(nm, syms, "solve_equilibrium")
+    if init is not None and not isinstance(init, EquilibriumSolution):
+        raise TypeError(
+            f"solve_equilibrium: init is a {type(init).__name__}; expected None or the "
+            "EquilibriumSolution of an earlier solve of this set (a warm start)."
+        )
     stats = with_displacement(stats, displacement, syms.params(), "solve_equilibrium", nm.momentum)
     held = _check_fixed(syms, fixed)
     names: dict[Any, str] = {s: n for n, s in syms.items()}
@@ -438,9 +428,14 @@ def _momentum_terms(
 def _check_fixed(syms: SymmetrySet, fixed: Mapping[str, Any] | None) -> dict[str, Tensor]:
     """``fixed`` as float64 CPU vectors ``[J]`` per diagonal symmetry name (NaN: free)."""
     out: dict[str, Tensor] = {}
+    if fixed is not None and not isinstance(fixed, Mapping):
+        raise TypeError(
+            f"solve_equilibrium: fixed is a {type(fixed).__name__}; expected None or a mapping "
+            "symmetry name → generators to hold (NaN: free), e.g. {'r': [0.2, nan, 0.0]}."
+        )
     for name, value in (fixed or {}).items():
         if name not in syms.names:
-            raise KeyError(
+            raise ValueError(
                 f"solve_equilibrium: fixed names the symmetry {name!r}, which is not in the set; "
                 f"expected names of syms.names, e.g. {list(syms.names)[:3]}."
             )

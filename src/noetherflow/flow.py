@@ -102,7 +102,7 @@ def noether_flow(
             "noether_flow(syms, stats, noise): expected a SymmetrySet and GradStats, got "
             f"{type(syms).__name__} and {type(stats).__name__}."
         )
-    check_stats_cover(syms.params(), stats.mean, "noether_flow")
+    check_stats_cover(syms.params(), stats, "noether_flow")
     if noise is not None and not isinstance(noise, NoiseModel):
         raise TypeError(
             f"noether_flow: noise is a {type(noise).__name__}; expected a NoiseModel, e.g. "
@@ -121,6 +121,13 @@ def noether_flow(
     )
     check_decay(nm, syms, "noether_flow")
     stats = with_displacement(stats, displacement, syms.params(), "noether_flow", nm.momentum)
+    if charges is not None:
+        lacking = [n for n in syms.names if not isinstance(charges, Mapping) or n not in charges]
+        if lacking:
+            raise TypeError(
+                f"noether_flow: charges has no entry for {lacking} ({type(charges).__name__}); "
+                "expected None or the mapping name → charge of every symmetry, nf.charges(syms)."
+            )
     return {
         name: symmetry_flow(s, stats, nm, None if charges is None else charges[name])
         for name, s in syms.items()

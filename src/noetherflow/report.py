@@ -299,7 +299,14 @@ def _img_tag(root: Path, exp: Any, fig: Any) -> str:
         return f'<p class="error">figure refused: {_e(exc)}</p>'
     if not path.is_file():
         return f'<p class="error">missing figure {_e(f"{exp}/{fig}")}</p>'
-    data = base64.b64encode(path.read_bytes()).decode("ascii")
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:  # the report cannot be complete: say which figure, not "write"
+        raise ReportInputError(
+            f"cannot read the figure {path}: {exc.strerror or exc}; make it readable (e.g. "
+            "chmod u+r) or remove it from the experiment's metrics.json"
+        ) from exc
+    data = base64.b64encode(raw).decode("ascii")
     return f'<img alt="{_e(f"{exp}: {fig}")}" src="data:image/png;base64,{data}">'
 
 

@@ -268,6 +268,11 @@ def hvp(
     in the order of ``model.named_parameters()``. ``reduction`` matters only with
     ``all_reduce``: ``"mean"`` weights the ranks by batch size, ``"sum"`` adds them.
     """
+    if not isinstance(vector, Tensor):
+        raise TypeError(
+            f"hvp: vector is a {type(vector).__name__}; expected a flat tensor of the "
+            "parameters' size (torch.cat([p.reshape(-1) for p in params]))."
+        )
     prob = _problem(model, loss_fn, inputs, targets, params, reduction, all_reduce)
     v = vector.to(prob.theta).reshape(-1)
     if v.numel() != prob.theta.numel():

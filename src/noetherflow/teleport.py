@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import warnings
 from dataclasses import dataclass, field
 from typing import Any
@@ -10,6 +9,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from noetherflow._checks import same_fingerprint as _same
 from noetherflow._errors import EpsWarning
 from noetherflow.equilibrium import EquilibriumSolution, fingerprint
 from noetherflow.stats.distributed import unwrap_ddp
@@ -43,13 +43,6 @@ class TeleportHandle:
             for p, v in self._saved.items():
                 p.copy_(v)
         self._undone = True
-
-
-def _same(a: tuple[float, ...], b: tuple[float, ...]) -> bool:
-    return all(
-        x == y or (math.isfinite(x) and abs(x - y) <= 1e-12 * max(abs(x), abs(y)))
-        for x, y in zip(a, b, strict=True)
-    )
 
 
 def _bind(model: nn.Module, solution: EquilibriumSolution) -> SymmetrySet:

@@ -39,7 +39,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from noetherflow._checks import check_bool
+from noetherflow._checks import check_bool, check_model_and_set, check_positive_int
 from noetherflow._hyperparams import HyperSource
 from noetherflow._optimizer_state import (
     OptimizerState,
@@ -204,8 +204,14 @@ class EquilibriumTeleport:
         eps_tolerance: float | None = None,
         momentum_cross: bool = True,
     ) -> None:
-        if every is not None and int(every) < 1:
-            raise ValueError(f"every={every!r}; expected a positive int or None (never again).")
+        check_model_and_set(model, syms, "EquilibriumTeleport")
+        if not callable(loss_fn):
+            raise TypeError(
+                f"EquilibriumTeleport: loss_fn is a {type(loss_fn).__name__}; expected a "
+                "callable loss_fn(outputs, targets), e.g. nn.CrossEntropyLoss()."
+            )
+        if every is not None:
+            check_positive_int(every, "every", "teleport every N steps, or None: never again")
         if len(syms) == 0:
             raise ValueError(
                 "EquilibriumTeleport: the symmetry set is empty, there is nothing to teleport "

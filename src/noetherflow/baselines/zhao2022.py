@@ -15,6 +15,14 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from noetherflow._checks import (
+    check_instance,
+    check_model_and_set,
+    check_nonnegative_int,
+    check_positive,
+)
+from noetherflow._errors import NonFiniteGradientError
+from noetherflow._inputs import ModelInputs
 from noetherflow._optimizer_state import preserved, transform_optimizer_state
 from noetherflow.equilibrium import EquilibriumSolution
 from noetherflow.kernels import kernel_for
@@ -55,9 +63,26 @@ def gradient_norm_teleport(
     layer grows without bound as its norm shrinks). The result is applied in place; the
     function is preserved (a symmetry). ``.grad``, if set, is transported like
     :meth:`EquilibriumTeleport.teleport` does; with ``optimizer`` its state is made consistent
-    as in :func:`transform_optimizer_state`. BatchNorm buffers are restored after the search.
+    as in :func:`transform_optimizer_state`. BatchNorm buffers are restored after the search
+    and then moved with the parameters (so that the eval-mode function is kept too).
+
+    Raises:
+        ValueError: ``steps`` not an integer ≥ 0 or ``step_size`` not a finite number > 0.
+        NonFiniteGradientError: the ascent met a NaN/Inf (the model is left unchanged).
     """
     t0 = time.perf_counter()
+    check_model_and_set(model, syms, "gradient_norm_teleport")
+    if optimizer is not None:
+        check_instance(
+            optimizer,
+            torch.optim.Optimizer,
+            "gradient_norm_teleport: optimizer",
+            "a torch.optim optimizer or None",
+        )
+    inp = ModelInputs.of(inputs, "gradient_norm_teleport")
+    inp.batch_size("gradient_norm_teleport", split=False)  # at least one batched tensor
+    steps = check_nonnegative_int(steps, "steps", "the number of ascent steps")
+    step_size = check_positive(step_size, "step_size", "the largest move of a generator per step")
     diag = syms.diagonal()
     if not diag:
         raise ValueError("gradient_norm_teleport acts on diagonal symmetries; syms has none.")
@@ -79,7 +104,10 @@ def gradient_norm_teleport(
             else:
                 moved[n] = p.detach().clone().requires_grad_(p.requires_grad)
         wrt = [v for v in moved.values() if v.requires_grad]
-        out = torch.func.functional_call(model, moved, (inputs,))
+        try:
+            out = torch.func.functional_call(model, moved, inp.args, inp.kwargs)
+        except RuntimeError as e:
+            raise ValueError(inp.forward_error(e, "gradient_norm_teleport")) from e
         gs = torch.autograd.grad(loss_fn(out, targets), wrt, create_graph=with_graph)
         total = torch.zeros((), dtype=torch.float64)
         for g in gs:
@@ -88,7 +116,13 @@ def gradient_norm_teleport(
 
     with preserved(model):
         before = float(grad_norm_sq(False).detach())
-        for _ in range(int(steps)):
+        if not math.isfinite(before):
+            raise NonFiniteGradientError(
+                f"gradient_norm_teleport: ‖∇L‖² = {before} on this batch; expected a finite "
+                "loss and gradient. The model is unchanged; check the batch and the model for "
+                "NaN/Inf."
+            )
+        for _ in range(steps):
             val = grad_norm_sq(True)
             grads = torch.autograd.grad(val, lams)
             gmax = max(float(g.abs().max()) for g in grads)
@@ -98,11 +132,19 @@ def gradient_norm_teleport(
                 for lam, g in zip(lams, grads, strict=True):
                     lam += step_size * g / gmax
         steps_out = [(i, lam.detach().clone()) for (i, _), lam in zip(diag, lams, strict=True)]
-        for i, lam in steps_out:
-            syms[i].apply_(lam)
-        base = {p: p.detach().clone() for p in params}
-        for lam in lams:
-            lam.data.zero_()
+    bad = [names[i] for i, lam in steps_out if not bool(torch.isfinite(lam).all())]
+    if bad:  # nothing has moved yet
+        raise NonFiniteGradientError(
+            f"gradient_norm_teleport: the group element of {bad} is NaN/Inf (‖∇L‖² = {before:.3g} "
+            "at the start); expected a finite loss and gradient on this batch. The model is "
+            "unchanged; check the batch and the model for NaN/Inf."
+        )
+    for i, lam in steps_out:  # outside `preserved`: BatchNorm running statistics move too
+        syms[i].apply_(lam)
+    base = {p: p.detach().clone() for p in params}
+    for lam in lams:
+        lam.data.zero_()
+    with preserved(model):
         after = float(grad_norm_sq(False).detach())
     for i, lam in steps_out:  # .grad was computed at the old point
         gs = {p: p.grad for p in syms[i].params if p.grad is not None}

@@ -39,6 +39,7 @@ import torch
 from torch import Tensor, nn
 
 from noetherflow._checks import (
+    check_bool,
     check_finite_number,
     check_nonnegative,
     check_positive,
@@ -189,6 +190,8 @@ class NoiseModel:
                 "no stationary buffer and β < 0 is not heavy-ball momentum."
             )
         damp = check_finite_number(dampening, "dampening", "the dampening d of SGD")
+        if nesterov is not None:
+            check_bool(nesterov, "nesterov")
         if beta > 0 or nesterov:
             return cls._momentum(eta, s, gam, tm, beta, bool(nesterov), damp if beta > 0 else 0.0)
         hyper.update(momentum=0.0, nesterov=False, dampening=0.0)

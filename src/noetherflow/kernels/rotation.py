@@ -19,6 +19,7 @@ import torch
 from torch import Tensor, nn
 from typing_extensions import override
 
+from noetherflow._checks import check_spd
 from noetherflow._errors import StatisticsError
 from noetherflow.kernels.base import (
     GradSource,
@@ -76,7 +77,23 @@ def geometric_mean(X: Tensor, Y: Tensor) -> Tensor:
     """The SPD solution P of P Y P = X: P = Y^{-1/2}(Y^{1/2} X Y^{1/2})^{1/2} Y^{-1/2}.
 
     ``X``, ``Y``: symmetric positive definite ``[d, d]`` → ``[d, d]``.
+
+    Raises:
+        TypeError, ValueError: ``X`` or ``Y`` is not a finite symmetric positive definite
+            matrix, or their shapes differ (P would be meaningless: NaN or not SPD).
     """
+    X = check_spd(X, "X", "geometric_mean")
+    Y = check_spd(Y, "Y", "geometric_mean")
+    if X.shape != Y.shape:
+        raise ValueError(
+            f"geometric_mean: X has shape {tuple(X.shape)} but Y has {tuple(Y.shape)}; expected "
+            "two d×d matrices of the same d."
+        )
+    return _geometric_mean(X, Y)
+
+
+def _geometric_mean(X: Tensor, Y: Tensor) -> Tensor:
+    """:func:`geometric_mean` without the checks (the solver's X, Y are SPD by construction)."""
     yh = _sym_fn(Y, torch.sqrt)
     yih = _sym_fn(Y, lambda w: 1 / torch.sqrt(w))
     z = yh @ X @ yh
@@ -137,7 +154,7 @@ def _solve_rotation(
         if q.shape[1] == 0:
             return eye, nb, 0.0, 0.0
         xs, ys = q.T @ X @ q, q.T @ Y @ q
-    w, v = torch.linalg.eigh(geometric_mean(xs, ys))
+    w, v = torch.linalg.eigh(_geometric_mean(xs, ys))
     w = w.clamp(min=float(w.max()) * 1e-300)
     gr = (v * w.sqrt()) @ v.T
     gri = (v / w.sqrt()) @ v.T

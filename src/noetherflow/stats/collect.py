@@ -21,7 +21,14 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from noetherflow._checks import parse_enum
+from noetherflow._checks import (
+    check_bool,
+    check_model_and_set,
+    check_positive_int,
+    check_timeout,
+    fingerprint,
+    parse_enum,
+)
 from noetherflow._errors import StatisticsError, UnsupportedLayerError
 from noetherflow._inputs import ModelInputs
 from noetherflow.kernels.base import assemble
@@ -50,31 +57,49 @@ def _forward(model: nn.Module, inp: ModelInputs) -> Any:
     try:
         return inp(model)
     except RuntimeError as e:
-        hint = inp.dtype_hint(e)
-        if hint is None:
-            raise
-        raise StatisticsError(f"The model's forward failed ({e}): {hint}") from e
+        raise StatisticsError(inp.forward_error(e, "collect_stats")) from e
 
 
 def _guard_loss(
     loss_fn: Callable[[Any, Any], Tensor], targets: Any
 ) -> Callable[[Any, Any], Tensor]:
-    """``loss_fn``; with ``targets=None``, its failure becomes an error saying what to pass."""
-    if targets is not None:
-        return loss_fn
+    """``loss_fn``; a type error inside it becomes an error naming the targets and the fix."""
+    if not callable(loss_fn):
+        raise TypeError(
+            f"collect_stats: loss_fn is a {type(loss_fn).__name__}; expected a callable "
+            "loss_fn(outputs, targets) -> scalar tensor, e.g. nn.MSELoss() or F.cross_entropy."
+        )
 
     def call(out: Any, y: Any) -> Tensor:
         try:
             return loss_fn(out, y)
-        except (TypeError, AttributeError, IndexError) as exc:
+        except (TypeError, AttributeError, IndexError, RuntimeError) as exc:
+            if targets is None:
+                raise StatisticsError(
+                    f"loss_fn(outputs, None) failed with {type(exc).__name__}: {exc}. "
+                    "targets=None means that loss_fn computes the loss from the outputs alone "
+                    "(e.g. loss_fn=lambda out, _: out.loss with labels among the keyword "
+                    "inputs); otherwise pass the targets."
+                ) from exc
             raise StatisticsError(
-                f"loss_fn(outputs, None) failed with {type(exc).__name__}: {exc}. targets=None "
-                "means that loss_fn computes the loss from the outputs alone (e.g. "
-                "loss_fn=lambda out, _: out.loss with labels among the keyword inputs); "
-                "otherwise pass the targets."
+                f"loss_fn(outputs, targets) failed with {type(exc).__name__}: {exc}; the "
+                f"outputs are {_what(out)} and the targets {_what(y)}. Expected what loss_fn "
+                "takes: usually tensors with the samples along dim 0."
             ) from exc
 
     return call
+
+
+def _stamp(syms: SymmetrySet) -> dict[nn.Parameter, tuple[float, float, float]]:
+    """The fingerprint of every parameter of ``syms`` (what the statistics were computed at)."""
+    params = syms.params()
+    return dict(zip(params, fingerprint(params), strict=True))
+
+
+def _what(v: Any) -> str:
+    if isinstance(v, Tensor):
+        return f"a tensor of shape {tuple(v.shape)} ({str(v.dtype).removeprefix('torch.')})"
+    return f"a {type(v).__name__}"
 
 
 def _check_reduction(loss_fn: Any, out: Any, targets: Any, red: Reduction) -> None:
@@ -177,6 +202,7 @@ class Capture:
         self._owners = owners
         self._records = recs
         self._stats: GradStats | None = None
+        self._stamp: dict[nn.Parameter, tuple[float, float, float]] = {}
         # Mean gradients already computed by autograd, so the hooks skip them.
         self._means: dict[nn.Parameter, Tensor] = {}
         self._check_means = False
@@ -208,6 +234,8 @@ class Capture:
                 if not torch.is_grad_enabled():
                     return
                 rec.calls += 1
+                if not self._stamp:  # the parameters this batch's gradients belong to
+                    self._stamp = _stamp(self.syms)
                 if rec.calls > 1:
                     raise UnsupportedLayerError(
                         f"Layer {rec.name!r} ran twice in one forward pass (a shared layer); "
@@ -237,7 +265,11 @@ class Capture:
                     if isinstance(o, Tensor) and o.requires_grad:
                         o.register_hook(side)
 
-            rec.handles.append(rec.module.register_forward_hook(fwd, with_kwargs=True))
+            # prepend: read the layer's own output, before a user's forward hook rescales or
+            # replaces it (the gradient at a replaced output is not the layer's)
+            rec.handles.append(
+                rec.module.register_forward_hook(fwd, with_kwargs=True, prepend=True)
+            )
 
     def _detach(self) -> None:
         for rec in self._records:
@@ -250,6 +282,7 @@ class Capture:
         for rec in self._records:
             rec.reset()
         self._stats = None
+        self._stamp = {}
         self._means = {}
         self._check_means = False
 
@@ -303,6 +336,7 @@ class Capture:
         src = FactorSource(n, facs, self._owners, sc, self._means, self._check_means)
         st = assemble(src, self.syms, level=self.level, estimator=Estimator.HOOKS.value)
         src.verify_means()
+        st.fingerprint = dict(self._stamp)  # taken in the forward pass
         if self.all_reduce:
             all_reduce_stats(st, syms=self.syms, timeout=self.timeout)
         if self.check_finite:
@@ -354,6 +388,9 @@ def capture(
         >>> all(torch.allclose(flow[k], flow_ref[k], rtol=1e-10, atol=0) for k in flow)
         True
     """
+    check_model_and_set(model, syms, "capture")
+    check_timeout(timeout)
+    check_bool(check_finite, "check_finite")
     check_no_train_batchnorm(model, "hooks")
     bind_sharded(unwrap_ddp(model), syms)
     cap = Capture(
@@ -431,6 +468,13 @@ def collect_stats(
             bound methods, on every batch).
         timeout: seconds a rank waits for the others in the DDP reduction before raising.
     """
+    check_model_and_set(model, syms, "collect_stats")
+    check_timeout(timeout)
+    check_bool(check_finite, "check_finite")
+    check_bool(check_loss, "check_loss")
+    micro_batch_size = check_positive_int(micro_batch_size, "micro_batch_size")
+    if chunk_size is not None:
+        chunk_size = check_positive_int(chunk_size, "chunk_size", "samples per vmap chunk")
     model = unwrap_ddp(model)
     red = parse_reduction(reduction)
     lev = parse_level(level)
@@ -497,6 +541,7 @@ def collect_stats(
     from noetherflow.kernels.base import stats_from_samples
 
     st = stats_from_samples(samples, syms, estimator=est.value)
+    st.fingerprint = _stamp(syms)
     if all_reduce or (all_reduce is None and is_distributed()):
         all_reduce_stats(st, syms=syms, timeout=timeout)
     if check_finite:

@@ -179,6 +179,9 @@ class GradStats:
             momentum; :func:`noetherflow.optim.momentum_displacement`), for the cross term
             c_cross·vᵀA∇L of the flows and solvers; empty: v = 0. Set by the ``displacement=``
             argument of the flows and solvers and by the monitor.
+        fingerprint: :func:`~noetherflow._checks.fingerprint` of each parameter when the
+            gradients were computed; the flows and solvers refuse statistics whose parameters
+            changed since (an optimizer step in between). Empty: not checked.
 
     The fields of the blocks read as attributes too (``stats.sq`` is the diagonal block's
     ``sq``; an empty dict when no symmetry of that kind is in the set).
@@ -190,6 +193,7 @@ class GradStats:
     samples: dict[nn.Parameter, Tensor] = field(default_factory=dict)
     estimator: str = Estimator.REFERENCE.value
     displacement: dict[nn.Parameter, Tensor] = field(default_factory=dict)
+    fingerprint: dict[nn.Parameter, tuple[float, float, float]] = field(default_factory=dict)
 
     def __repr__(self) -> str:
         # The tensors themselves would run to hundreds of lines for a small model.
@@ -207,6 +211,7 @@ class GradStats:
             "n",
             "estimator",
             "displacement",
+            "fingerprint",
         ):
             raise AttributeError(name)
         blocks = self.__dict__.get("blocks", {})

@@ -20,6 +20,7 @@ instead of hanging until the process group's own timeout.
 from __future__ import annotations
 
 import hashlib
+import math
 from datetime import timedelta
 from typing import Any
 
@@ -27,6 +28,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from noetherflow._checks import check_timeout
 from noetherflow._errors import StatisticsError
 from noetherflow.stats.core import GradStats, StatsBlock
 from noetherflow.symmetry.set import SymmetrySet
@@ -123,13 +125,77 @@ def _wait(work: Any, timeout: timedelta, what: str) -> None:
 
 
 def _timeout(timeout: float | timedelta | None) -> timedelta:
-    if timeout is None:
-        return DEFAULT_TIMEOUT
-    if isinstance(timeout, timedelta):
-        return timeout
-    if not (float(timeout) > 0):
-        raise ValueError(f"timeout={timeout!r} must be a positive number of seconds.")
-    return timedelta(seconds=float(timeout))
+    return check_timeout(timeout) or DEFAULT_TIMEOUT
+
+
+# -- what every rank must share before the reduction (DDP checks) ----------------------------
+# One all_gather of a fixed-size float64 row per rank, so that a mismatch is reported before
+# a collective whose sizes or dtypes differ across ranks (gloo aborts the process on those):
+# [N_r, layout digest (2 × 28 bits), dtype digest, parameter checksum (3)].
+_META = 7
+
+
+def _split(d: int) -> tuple[float, float]:
+    return float(d >> 28), float(d & (2**28 - 1))  # exact in float64
+
+
+def _checksum(stats: GradStats) -> list[float]:
+    """Σ_i c_i·(Σθ, Σθ², Σwθ)_i over the parameters' fingerprints (NaN: none recorded)."""
+    fps = list(stats.fingerprint.values())
+    if not fps:
+        return [math.nan] * 3
+    c = [1.0 + i / len(fps) for i in range(len(fps))]  # weights: a swap of two params shows
+    return [sum(ci * f[k] for ci, f in zip(c, fps, strict=True)) for k in range(3)]
+
+
+def _rank_meta(stats: GradStats, sig: list[Any], dev: torch.device) -> Tensor:
+    """This rank's row of the check table (see :data:`_META`)."""
+    dtypes = [str(t.dtype) for _, t in stats.tensors()] + [
+        str(t.dtype) for t in stats.samples.values()
+    ]
+    row = [float(stats.n), *_split(_digest(sig)), float(_digest(dtypes) >> 28)]
+    return torch.tensor(row + _checksum(stats), dtype=torch.float64, device=dev)
+
+
+def _check_ranks_agree(table: Tensor, sig: list[Any], tensors: list[Tensor]) -> None:
+    """Raise if the ranks' rows differ: layout, dtype, or parameter values (no DDP wrapper)."""
+    world = table.shape[0]
+    diff = lambda cols: [  # noqa: E731
+        r for r in range(world) if not torch.equal(table[r, cols], table[0, cols])
+    ]
+    bad = diff(slice(1, 3))
+    if bad:
+        raise StatisticsError(
+            f"all_reduce_stats: ranks {bad} hold a different symmetry set or statistics layout "
+            f"than rank 0 (names, families, parameter shapes or order; this rank: {sig[:4]}…); "
+            "expected the same symmetry set, in the same order, and the same estimator and "
+            "level on every rank. Build the set the same way on every rank (e.g. from the "
+            "same model before wrapping it in DDP)."
+        )
+    bad = diff(slice(3, 4))
+    if bad:
+        mine = sorted({str(t.dtype).removeprefix("torch.") for t in tensors})
+        raise StatisticsError(
+            f"all_reduce_stats: ranks {bad} hold statistics in another dtype than rank 0 (this "
+            f"rank: {mine}); expected the same dtype on every rank, or the reduction would mix "
+            "precisions (gloo aborts the process). Convert the model the same way on every "
+            "rank (e.g. model.to(torch.float32) before wrapping it in DDP)."
+        )
+    sums = table[:, 4:]
+    if not bool(torch.isfinite(sums).all()):
+        return  # a rank without a fingerprint (statistics built by hand): not checked
+    scale = sums[:, 1:2].abs() + sums.abs()  # Σθ² bounds the other two sums' rounding
+    off = ((sums - sums[0]).abs() > 1e-9 * scale.amax(0)).any(1)
+    bad = [r for r in range(world) if bool(off[r])]
+    if bad:
+        raise StatisticsError(
+            f"all_reduce_stats: ranks {bad} hold other parameter values than rank 0 (a "
+            "checksum of the symmetry set's parameters differs), so their statistics are those "
+            "of different models and averaging them would be meaningless; expected the same "
+            "parameters on every rank. Wrap the model in DistributedDataParallel (it keeps the "
+            "ranks equal), or broadcast the parameters from rank 0 "
+            "(torch.distributed.broadcast) after initialising them."
+        )
 
 
 def all_reduce_stats(
@@ -155,9 +221,10 @@ def all_reduce_stats(
             before raising; default :data:`DEFAULT_TIMEOUT`.
 
     Raises:
-        StatisticsError: the ranks hold different symmetry sets or statistics of different
-            shapes (which would otherwise corrupt the reduction silently), or a rank did not
-            join within ``timeout``.
+        StatisticsError: the ranks hold different symmetry sets, statistics of different
+            shapes or dtypes, or statistics at different parameter values (which would
+            otherwise corrupt the reduction silently or abort gloo), or a rank did not join
+            within ``timeout``.
     """
     if not is_distributed() or dist.get_world_size(group) == 1:
         return stats
@@ -168,7 +235,7 @@ def all_reduce_stats(
         raise StatisticsError("all_reduce_stats: the statistics are empty; nothing to reduce.")
     dev = _meta_device(tensors[0], group)
     sig = signature(stats, syms)
-    meta = torch.tensor([stats.n, _digest(sig)], dtype=torch.int64, device=dev)
+    meta = _rank_meta(stats, sig, dev)
     world = dist.get_world_size(group)
     metas = [torch.empty_like(meta) for _ in range(world)]
     _wait(
@@ -177,15 +244,7 @@ def all_reduce_stats(
         "all_reduce_stats (symmetry-set check)",
     )
     table = torch.stack(metas).cpu()
-    if (table[:, 1] != table[0, 1]).any():
-        bad = [r for r in range(world) if int(table[r, 1]) != int(table[0, 1])]
-        raise StatisticsError(
-            f"all_reduce_stats: ranks {bad} hold a different symmetry set or statistics layout "
-            f"than rank 0 (names, families, parameter shapes or order; this rank: {sig[:4]}…); "
-            "expected the same symmetry set, in the same order, and the same estimator and "
-            "level on every rank. Build the set the same way on every rank (e.g. from the "
-            "same model before wrapping it in DDP)."
-        )
+    _check_ranks_agree(table, sig, tensors)
     counts = [int(c) for c in table[:, 0]]
     total = sum(counts)
     weight = stats.n / total

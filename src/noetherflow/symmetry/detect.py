@@ -37,6 +37,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from noetherflow._checks import check_finite_model, check_positive, check_seed
 from noetherflow._inputs import ModelInputs
 from noetherflow._shard import refuse_sharded
 from noetherflow.symmetry._fx import engine as pat
@@ -239,6 +240,8 @@ def find_symmetries(
     Raises:
         DetectionError: the model does not run on ``example_inputs``.
         TypeError: ``example_inputs`` is None or a dict with non-string keys.
+        ValueError: a NaN/Inf parameter or input (named), or ``tolerance``/``scale`` not a
+            finite number > 0.
 
     Example:
         >>> import torch, noetherflow as nf
@@ -251,10 +254,13 @@ def find_symmetries(
         raise TypeError(
             f"find_symmetries: model is a {type(model).__name__}, expected an nn.Module."
         )
-    if not tolerance > 0:
-        raise ValueError(f"find_symmetries: tolerance must be > 0, got {tolerance}.")
+    check_positive(tolerance, "tolerance", "the largest accepted relative change")
+    check_positive(scale, "scale", "the size of the random group element")
+    check_seed(seed)
     refuse_sharded(model)
     inp = ModelInputs.of(example_inputs, "find_symmetries")
+    check_finite_model(model, "find_symmetries")
+    inp.check_finite("find_symmetries")
     names = {id(p): n for n, p in model.named_parameters()}
     cap = capture(
         model, inp, lambda: _Isolated(model, seed), lambda exc: _run_failed(model, inp, exc)

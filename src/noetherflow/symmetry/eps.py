@@ -36,6 +36,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from noetherflow._checks import check_instance
 from noetherflow._inputs import ModelInputs
 from noetherflow.equilibrium import EquilibriumSolution
 from noetherflow.symmetry._fx.capture import flat_outputs
@@ -240,6 +241,8 @@ def clip_to_eps(
         ValueError: ``tolerance`` not in (0, 1).
     """
     check_tolerance(tolerance, "clip_to_eps")
+    check_instance(model, nn.Module, "clip_to_eps: model", "the nn.Module of the solution")
+    check_instance(solution, EquilibriumSolution, "clip_to_eps: solution", "an EquilibriumSolution")
     args = ModelInputs.of(inputs, "clip_to_eps")
     syms, names = solution.syms, solution.syms.names
     bounds = eps_bounds(model, syms, args, tolerance=tolerance, seed=seed)

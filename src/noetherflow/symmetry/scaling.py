@@ -16,7 +16,20 @@ from typing_extensions import override
 from noetherflow._errors import SymmetryDefinitionError
 from noetherflow.symmetry.base import DiagonalSymmetry, DiagonalTerm, Family, check_params
 
-__all__ = ["ScaleInvariance"]
+__all__ = ["ScaleInvariance", "scaled_running_var"]
+
+
+def scaled_running_var(var: Tensor, lam: Tensor, eps: float) -> Tensor:
+    """BatchNorm's running variance after its input is scaled by e^λ: e^{2λ}(v + ε) − ε.
+
+    Eval mode divides by √(v + ε); scaling v + ε (not v) by e^{2λ} keeps the eval-mode
+    function exact, eps included (v·e^{2λ} alone changes it by O(ε/v)). It is a group action
+    (λ then −λ gives v back). Clamped at 0 where e^{2λ}(v + ε) < ε (λ very negative): the
+    eval-mode function then changes through eps, as the train-mode one does.
+    ``var``: ``[C]``, ``lam``: ``[C]`` or ``[1]`` → ``[C]`` in ``var``'s dtype.
+    """
+    v = var.to(torch.float64)
+    return ((v + eps) * torch.exp(2 * lam) - eps).clamp_min(0).to(var.dtype)
 
 
 class ScaleInvariance(DiagonalSymmetry):
@@ -30,8 +43,8 @@ class ScaleInvariance(DiagonalSymmetry):
         norm: the normalisation reading the scaled features, if any: its eps bounds the
             eps-safe moves (:func:`noetherflow.clip_to_eps`,
             :func:`noetherflow.solve_within_eps`), and for a BatchNorm ``apply_`` also scales
-            its running statistics (mean by e^λ, variance by e^{2λ}), so that the eval-mode
-            function changes only through eps.
+            its running statistics (mean by e^λ, variance + eps by e^{2λ}), so that the
+            eval-mode function is unchanged (:func:`scaled_running_var`).
     """
 
     family: ClassVar[Family] = Family.SCALE
@@ -80,9 +93,10 @@ class ScaleInvariance(DiagonalSymmetry):
         mean, var = (getattr(self.norm, n, None) for n in ("running_mean", "running_var"))
         if isinstance(mean, Tensor) and isinstance(var, Tensor):
             lam = torch.as_tensor(element).to(device=mean.device, dtype=torch.float64)
+            eps = float(getattr(self.norm, "eps", 0.0))
             with torch.no_grad():
                 mean.mul_(torch.exp(lam).to(mean.dtype))
-                var.mul_(torch.exp(2 * lam).to(var.dtype))
+                var.copy_(scaled_running_var(var, lam, eps))
 
     @property
     @override

@@ -10,6 +10,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor, nn
 
+from noetherflow._checks import (
+    check_bool,
+    check_finite_model,
+    check_instance,
+    check_positive,
+    check_seed,
+)
 from noetherflow._errors import SymmetryDefinitionError, SymmetryNotPresentError
 from noetherflow._inputs import ModelInputs
 from noetherflow._shard import refuse_sharded
@@ -38,6 +45,7 @@ def _as_outputs(out: Any) -> Tensor:
     return flat_outputs(out)
 
 
+_TOL = "the largest accepted relative change of the outputs"
 _HINTS = {
     "rescaling": "a non-homogeneous activation (tanh, GELU, ReLU6, SiLU) or another reader of "
     "the neurons (a residual connection) between the layers",
@@ -165,6 +173,8 @@ class SymmetrySet:
 
         Raises:
             SymmetryNotPresentError: when ``strict`` and a symmetry changes the outputs.
+            ValueError: a NaN/Inf parameter or input (named), or ``scale``/``tolerance`` not
+                a finite number > 0 (0 would pass vacuously, < 0 would fail every symmetry).
         """
         from noetherflow.symmetry._fx.layers import norm_spec
 
@@ -174,8 +184,15 @@ class SymmetrySet:
             "verification runs float64 copies of the model with whole parameters: verify "
             "before sharding (find_symmetries verifies what it finds).",
         )
-        tol = 1e-9 if tolerance is None else tolerance
-        x64 = ModelInputs.of(inputs, "verify").map(_to64)
+        check_instance(model, nn.Module, "verify: model", "the nn.Module the symmetries act on")
+        check_seed(seed)
+        check_bool(strict, "strict")
+        tol = 1e-9 if tolerance is None else check_positive(tolerance, "tolerance", _TOL)
+        check_positive(scale, "scale", "the size of the random group element")
+        inp = ModelInputs.of(inputs, "verify")
+        check_finite_model(model, "verify")
+        inp.check_finite("verify")
+        x64 = inp.map(_to64)
         y64 = _to64(targets)
 
         def make_copy(zero_eps: bool) -> tuple[nn.Module, dict[int, Any]]:
@@ -199,7 +216,13 @@ class SymmetrySet:
                 return loss_fn(out, y64).reshape(1) if loss_fn is not None else _as_outputs(out)
 
         gen = torch.Generator().manual_seed(seed)
-        bases = [evaluate(0), evaluate(1)]
+        try:
+            bases = [evaluate(0), evaluate(1)]
+        except (RuntimeError, TypeError, AttributeError, IndexError) as e:
+            why = inp.forward_error(e, "verify")
+            if loss_fn is not None:
+                why += f" (or loss_fn(outputs, targets) with targets a {type(targets).__name__})"
+            raise ValueError(why) from e
         if not bool(torch.isfinite(bases[0]).all()):
             bad_in = any(
                 isinstance(t, Tensor) and t.is_floating_point() and not bool(t.isfinite().all())
