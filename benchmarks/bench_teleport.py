@@ -116,7 +116,7 @@ def bench(name: str, wl: dict[str, Any], reps: int, every: int) -> dict[str, Any
         # Timing only: the BatchNorm workload's teleport is not kept within an eps tolerance.
         warnings.simplefilter("ignore", nf.EpsWarning)
         t_tele = _median_time(lambda: tp.teleport(x, y), reps)
-    has_diag = any(s.is_diagonal for s in syms)
+    has_diag = any(s.commuting for s in syms)
     t_gn = (
         _median_time(lambda: gradient_norm_teleport(model, syms, loss_fn, x, y, steps=10), reps)
         if has_diag

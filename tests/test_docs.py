@@ -176,6 +176,7 @@ def test_mkdocs_build_strict(tmp_path: Path) -> None:
     shutil.copy(ROOT / "mkdocs.yml", work / "mkdocs.yml")
     shutil.copytree(DOCS, work / "docs", ignore=shutil.ignore_patterns("_generated", "__pycache__"))
     (work / "src").symlink_to(ROOT / "src", target_is_directory=True)
+    (work / "examples").symlink_to(ROOT / "examples", target_is_directory=True)  # snippets
     # the Results page from one quick experiment (what `gen_results.py --ids fig1` does)
     from noetherflow.cli import main as cli
 

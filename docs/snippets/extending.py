@@ -78,7 +78,10 @@ class TransposedRescaling(DiagonalSymmetry):
 class GroupScale(Symmetry):
     """θ ↦ e^λ θ on a group of parameters (A = I): C = ‖θ‖², a scalar element λ."""
 
-    family: ClassVar[Family] = Family.SCALE
+    family: ClassVar[Family] = Family("group-scale")  # a new family names itself
+    # capabilities the drivers read (instead of asking which family this is):
+    scale_invariant: ClassVar[bool] = True  # AdamW's equilibrium-norm prediction applies
+    needs_zero_eps: ClassVar[bool] = True  # verified with the norms' eps → 0
 
     def __init__(self, params: Sequence[nn.Parameter], *, label: str | None = None) -> None:
         super().__init__(label=label)

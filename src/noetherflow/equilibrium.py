@@ -440,7 +440,7 @@ def _check_fixed(syms: SymmetrySet, fixed: Mapping[str, Any] | None) -> dict[str
                 f"expected names of syms.names, e.g. {list(syms.names)[:3]}."
             )
         s = syms[name]
-        if not s.is_diagonal:
+        if not kernel_for(s).can_hold:
             raise TypeError(
                 f"solve_equilibrium: fixed holds {name!r}, a {s.family.value} symmetry; only "
                 "diagonal generators (rescaling, scale) can be held. Leave it out of fixed."

@@ -208,6 +208,10 @@ class Kernel(ABC, Generic[S, B]):
     block: ClassVar[type[StatsBlock]]
     joint: ClassVar[bool] = False
     matrix_valued: ClassVar[bool] = False
+    # solve_equilibrium(fixed=...) may hold its generators at given values
+    can_hold: ClassVar[bool] = False
+    # the monitor may follow its equilibrium between full solves (monitor/first_order.py)
+    incremental: ClassVar[bool] = False
     # Γ constant on each parameter commutes with every generator of the family (a diagonal
     # A, a rotation of an index that no parameter is split along): then the per-parameter
     # decay term is −C(√κ ⊙ θ) (docs/concepts/flow.md, eq. PD3)

@@ -78,7 +78,8 @@ class DiagonalStats(StatsBlock):
         return {id(p) for p in self.sq} | {id(p) for p, _ in self.sq_axis}
 
 
-def _block(stats: GradStats) -> DiagonalStats:
+def diagonal_block(stats: GradStats) -> DiagonalStats:
+    """The diagonal families' statistics block of ``stats`` (a clear error when absent)."""
     b = stats.block(DiagonalStats.key)
     if not isinstance(b, DiagonalStats):
         raise StatisticsError(
@@ -115,7 +116,7 @@ def _diag_problem(
     nm: NoiseModel,
 ) -> _DiagProblem:
     """F(λ) of ``syms`` at ``values`` from the diagonal block of ``stats``."""
-    block = _block(stats)
+    block = diagonal_block(stats)
     offsets: dict[DiagonalSymmetry, int] = {}
     n = 0
     for s in syms:
@@ -243,6 +244,8 @@ class DiagonalKernel(Kernel[DiagonalSymmetry, DiagonalStats]):
     block: ClassVar[type[StatsBlock]] = DiagonalStats
     joint: ClassVar[bool] = True
     decay_commutes: ClassVar[bool] = True
+    can_hold: ClassVar[bool] = True
+    incremental: ClassVar[bool] = True
 
     # -- statistics ---------------------------------------------------------------------
     def collect(
@@ -277,7 +280,7 @@ class DiagonalKernel(Kernel[DiagonalSymmetry, DiagonalStats]):
     # -- noise --------------------------------------------------------------------------
     def noise(self, s: DiagonalSymmetry, stats: GradStats, nm: NoiseModel) -> Tensor:
         """Tr[A_j M] = Σ_k a_kj M_kk per generator j, from per-axis sums. ``[J]``."""
-        block = _block(stats)
+        block = diagonal_block(stats)
         out = torch.zeros(s.num_generators, dtype=torch.float64, device=s.params[0].device)
         for t in s.terms():
             disp = cross_displacement(stats, nm, t.param)

@@ -24,7 +24,6 @@ from torch import Tensor
 from noetherflow import _shard
 from noetherflow.equilibrium import EquilibriumSolution, InfinityReport, solve_equilibrium
 from noetherflow.kernels import kernel_for
-from noetherflow.kernels.diagonal import DiagonalKernel
 from noetherflow.kernels.noise import NoiseModel, TimeModel
 from noetherflow.monitor.first_order import ChordFactor, chord_solve, diagonal_problem, factor
 from noetherflow.monitor.options import DistanceMode
@@ -83,7 +82,7 @@ class DistanceTracker:
         self.trackable = (
             mode is DistanceMode.TRACK
             and not syms.coupled_groups()
-            and all(isinstance(kernel_for(s), DiagonalKernel) for s in syms)
+            and all(kernel_for(s).incremental for s in syms)
         )
         self.warm: EquilibriumSolution | None = None  # the last converged solve
         self._fac: ChordFactor | None = None

@@ -44,7 +44,7 @@ import torch
 from torch import Tensor, nn
 
 from noetherflow._errors import StatisticsError
-from noetherflow.kernels.diagonal import DiagonalStats
+from noetherflow.kernels.diagonal import diagonal_block
 from noetherflow.kernels.noise import NoiseModel
 from noetherflow.stats.core import GradStats, axis_sum
 
@@ -213,12 +213,7 @@ def diagonal_problem(
     M = c_mean·ḡ² + c_second·E[g²] where generators act on two axes of a weight, per-neuron
     sums along the one axis they act on elsewhere (``level="solve"`` statistics suffice).
     """
-    block = stats.block(DiagonalStats.key)
-    if not isinstance(block, DiagonalStats):
-        raise StatisticsError(
-            "These statistics hold no block for diagonal symmetries (rescaling, scale); collect "
-            "them with nf.collect_stats for the same symmetry set."
-        )
+    block = diagonal_block(stats)
     offsets: dict[str, tuple[int, int]] = {}
     per_param: dict[nn.Parameter, tuple[list[Term], list[Term]]] = {}
     n = 0

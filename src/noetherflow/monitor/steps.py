@@ -26,7 +26,6 @@ from noetherflow.monitor.rows import Row, put_values, to_numpy
 from noetherflow.monitor.schema import STEP_PARTS
 from noetherflow.optim.adam import adamw_equilibrium_charge
 from noetherflow.optim.decompose import StepDecomposition, StepRecorder
-from noetherflow.symmetry.base import Family
 from noetherflow.symmetry.set import SymmetrySet
 
 __all__ = ["StepLog", "adam_direction", "unwrap_optimizer"]
@@ -89,7 +88,7 @@ class StepLog:
             self.recorder = StepRecorder(dict(syms.items()), self.optimizer).attach(due)
         self._adam = adam
         self._written: dict[str, StepDecomposition] | None = None
-        self.adamw_names = [n for n, s in syms.items() if s.family is Family.SCALE] if adam else []
+        self.adamw_names = [n for n, s in syms.items() if s.scale_invariant] if adam else []
 
     @property
     def active(self) -> bool:

@@ -11,7 +11,6 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from enum import Enum
 from typing import Any, ClassVar
 
 import torch
@@ -24,13 +23,39 @@ from noetherflow._errors import SymmetryDefinitionError
 __all__ = ["DiagonalSymmetry", "DiagonalTerm", "Family", "Symmetry"]
 
 
-class Family(str, Enum):
-    """The symmetry families of the paper (§4.2)."""
+class Family(str):
+    """The name of a symmetry family: an open identity, not a closed list.
 
-    RESCALING = "rescaling"
-    SCALE = "scale"
-    ROTATION = "rotation"
-    DENSE = "dense"
+    The paper's families (§4.2) are the constants ``Family.RESCALING``, ``SCALE``,
+    ``ROTATION`` and ``DENSE``; a new family names itself, ``Family("my-family")``. A family
+    carries no behaviour: what callers need to know is a capability of the
+    :class:`Symmetry` (``commuting``, ``scale_invariant``, ``needs_zero_eps``,
+    ``normalisation``, :meth:`Symmetry.acted_axes`) or of its kernel.
+    """
+
+    RESCALING: ClassVar[Family]
+    SCALE: ClassVar[Family]
+    ROTATION: ClassVar[Family]
+    DENSE: ClassVar[Family]
+
+    def __new__(cls, name: str) -> Family:  # noqa: D102  # documented in the class
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"Family({name!r}): expected a non-empty name, e.g. 'rescaling'.")
+        return super().__new__(cls, name)
+
+    @property
+    def value(self) -> str:
+        """The family's name (as the former enum's ``.value``)."""
+        return str(self)
+
+    def __repr__(self) -> str:
+        return f"Family({str(self)!r})"
+
+
+Family.RESCALING = Family("rescaling")
+Family.SCALE = Family("scale")
+Family.ROTATION = Family("rotation")
+Family.DENSE = Family("dense")
 
 
 @dataclass(frozen=True, eq=False)
@@ -115,7 +140,16 @@ class Symmetry(ABC):
     """
 
     family: ClassVar[Family]
-    is_diagonal: ClassVar[bool] = False
+    #: Its generators commute with those of every other commuting symmetry (diagonal
+    #: generators), so they are solved in one joint problem and a shared parameter does not
+    #: couple them in the sweeps.
+    commuting: ClassVar[bool] = False
+    #: The loss is unchanged when the parameters of one generator are multiplied by any
+    #: c > 0 alone (a scale invariance): AdamW's equilibrium-norm prediction applies.
+    scale_invariant: ClassVar[bool] = False
+    #: Exact only as the eps of the normalisation it feeds → 0: verification measures it on a
+    #: copy with eps = 0, and a teleport's move is bounded by eps.
+    needs_zero_eps: ClassVar[bool] = False
 
     def __init__(self, *, label: str | None = None) -> None:
         self.label = label
@@ -187,6 +221,15 @@ class Symmetry(ABC):
         """A short human-readable description of what the symmetry acts on."""
         return self.label or self.family.value
 
+    @property
+    def normalisation(self) -> nn.Module | None:
+        """The normalisation whose input the symmetry scales (its eps matters), or None."""
+        return None
+
+    def acted_axes(self) -> list[tuple[nn.Parameter, int | None]]:
+        """``(parameter, axis)`` pairs the symmetry acts along; axis None: any (unknown)."""
+        return [(p, None) for p in self.params]
+
     def covered_mask(self, p: Tensor) -> Tensor:
         """Boolean mask (CPU) of the coordinates of ``p`` (one of ``params``) acted on."""
         return torch.ones(p.shape, dtype=torch.bool)
@@ -207,7 +250,7 @@ class Symmetry(ABC):
 class DiagonalSymmetry(Symmetry):
     """A family whose generators are all diagonal (they commute): rescaling and scale."""
 
-    is_diagonal: ClassVar[bool] = True
+    commuting: ClassVar[bool] = True
 
     @property
     @abstractmethod
@@ -222,6 +265,10 @@ class DiagonalSymmetry(Symmetry):
     @override
     def params(self) -> list[nn.Parameter]:
         return [t.param for t in self.terms()]
+
+    @override
+    def acted_axes(self) -> list[tuple[nn.Parameter, int | None]]:
+        return [(t.param, t.axis) for t in self.terms()]
 
     @property
     @override

@@ -41,7 +41,6 @@ from noetherflow._inputs import ModelInputs
 from noetherflow.equilibrium import EquilibriumSolution
 from noetherflow.symmetry._fx.capture import flat_outputs
 from noetherflow.symmetry._fx.layers import norm_spec
-from noetherflow.symmetry.scaling import ScaleInvariance
 from noetherflow.symmetry.set import _rebind, _to64, copy_mapping
 
 __all__ = ["EpsClip", "EpsReport", "clip_to_eps", "eps_bounds", "eps_interval", "measurer"]
@@ -181,9 +180,9 @@ def eps_bounds(
     bounds: dict[int, tuple[Tensor, Tensor]] = {}
     seen: dict[int, list[Tensor]] = {}
     for i, s in enumerate(syms):
-        if not isinstance(s, ScaleInvariance) or s.norm is None:
+        norm = s.normalisation
+        if norm is None:
             continue
-        norm = s.norm
         spec = norm_spec(norm)
         if spec is None:
             continue
@@ -305,9 +304,8 @@ def eps_moved(syms: Any, steps: list[tuple[int, Any]]) -> list[str]:
         {
             syms.names[i]
             for i, el in steps
-            if isinstance(syms[i], ScaleInvariance)
-            and syms[i].norm is not None
-            and _eps_of(syms[i].norm) != 0  # eps = 0: the invariance is exact
+            if syms[i].normalisation is not None
+            and _eps_of(syms[i].normalisation) != 0  # eps = 0: the invariance is exact
             and bool(torch.as_tensor(el).ne(0).any())
         }
     )
@@ -349,8 +347,9 @@ def measurer(
             mods = dict(zip(map(id, model.modules()), m64.modules(), strict=True))
             for i, el in steps:
                 s64 = _rebind(syms[i], mapping)
-                if isinstance(s64, ScaleInvariance) and s64.norm is not None:
-                    s64.norm = mods[id(syms[i].norm)]
+                for key, ref in vars(syms[i]).items():  # its modules (a norm): the copy's own
+                    if isinstance(ref, nn.Module) and id(ref) in mods:
+                        setattr(s64, key, mods[id(ref)])
                 s64.apply_(el)
             out.append(_rel(_run(m64, args64, train, seed), base))
         return out[0], out[1]

@@ -97,6 +97,10 @@ class DoubleRotation(Symmetry):
 
     family: ClassVar[Family] = Family.ROTATION
 
+    @override
+    def acted_axes(self) -> list[tuple[nn.Parameter, int | None]]:
+        return [(b.param, b.axis) for b in [*self.w_blocks, *self.u_blocks]]
+
     def __init__(self, first: nn.Module, second: nn.Module, *, label: str | None = None) -> None:
         for name, layer in (("first", first), ("second", second)):
             if not isinstance(layer, nn.Linear):

@@ -48,6 +48,8 @@ class ScaleInvariance(DiagonalSymmetry):
     """
 
     family: ClassVar[Family] = Family.SCALE
+    scale_invariant: ClassVar[bool] = True
+    needs_zero_eps: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -81,6 +83,11 @@ class ScaleInvariance(DiagonalSymmetry):
             DiagonalTerm(p, 0, 1 if per_channel else int(p.shape[0]), 1.0) for p in params
         ]
         self.norm = norm
+
+    @property
+    @override
+    def normalisation(self) -> nn.Module | None:
+        return self.norm
 
     def state_buffers(self) -> list[Tensor]:
         """Buffers ``apply_`` transforms besides the parameters (BatchNorm running stats)."""

@@ -121,7 +121,7 @@ class SymmetrySet:
 
     def diagonal(self) -> list[tuple[int, DiagonalSymmetry]]:
         """``(index, symmetry)`` of the diagonal symmetries (rescaling, scale, …), in order."""
-        return [(i, s) for i, s in enumerate(self._syms) if isinstance(s, DiagonalSymmetry)]
+        return [(i, s) for i, s in enumerate(self._syms) if s.commuting]  # type: ignore[misc]
 
     def coupled_groups(self) -> list[list[int]]:
         """Indices of symmetries whose statistics must be solved together.
@@ -143,7 +143,7 @@ class SymmetrySet:
         for i, s in enumerate(self._syms):
             for p in s.params:
                 j = owner.setdefault(id(p), i)
-                if j != i and not (s.is_diagonal and self._syms[j].is_diagonal):
+                if j != i and not (s.commuting and self._syms[j].commuting):
                     parent[find(i)] = find(j)
         groups: dict[int, list[int]] = {}
         for i in range(n):
@@ -238,7 +238,7 @@ class SymmetrySet:
             )
         results = []
         for name, sym in self.items():
-            which = int(sym.family.value == "scale")
+            which = int(sym.needs_zero_eps)
             sym64 = _rebind(sym, copies[which][1])
             saved = {p: p.detach().clone() for p in sym64.params}
             sym64.apply_(sym64.random_element(scale, gen))

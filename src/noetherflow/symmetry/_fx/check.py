@@ -45,8 +45,7 @@ from noetherflow._inputs import ModelInputs
 from noetherflow.symmetry._fx.capture import flat_outputs
 from noetherflow.symmetry._fx.layers import layer_spec, norm_spec
 from noetherflow.symmetry._fx.scope import ScopeRecorder
-from noetherflow.symmetry.base import DiagonalSymmetry, Symmetry
-from noetherflow.symmetry.rotation import DoubleRotation
+from noetherflow.symmetry.base import Symmetry
 from noetherflow.symmetry.set import _rebind, _to64, copy_mapping
 
 __all__ = ["DEGENERATE", "Check", "Checker"]
@@ -76,11 +75,7 @@ def _probed(m: nn.Module) -> bool:
 
 def _acted(sym: Symmetry) -> list[tuple[nn.Parameter, int | None]]:
     """(parameter, axis) pairs the symmetry acts along; axis None: unknown (any)."""
-    if isinstance(sym, DiagonalSymmetry):
-        return [(t.param, t.axis) for t in sym.terms()]
-    if isinstance(sym, DoubleRotation):
-        return [(b.param, b.axis) for b in [*sym.w_blocks, *sym.u_blocks]]
-    return [(p, None) for p in sym.params]
+    return sym.acted_axes()
 
 
 # id(parameter) → (probed module name, parameter name, the weight's output axis or None for
