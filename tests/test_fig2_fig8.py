@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 import torch
 
-from noetherflow.experiments import fig2, fig8
+from noetherflow.experiments import _two_layer, fig2, fig8
+from noetherflow.experiments._base import notes_of
 from noetherflow.theory.ziyin2024 import two_layer_noise_factors
 
 
@@ -44,7 +45,7 @@ def test_fig2_quick(quick_run: Path, metrics: Callable[[Path, str], dict[str, An
     # the paper's protocol (constant η) is reported as measured, in its own claim
     assert "constant" in claims["sgd_balance_constant_lr"]["statement"]
     assert "3 seeds" in claims["sgd_balance_constant_lr"]["note"]
-    assert fig2.PAPER and fig2.NOTES and fig2.PAPER_ORDER == 2.0
+    assert fig2.PAPER and notes_of(fig2) and fig2.PAPER_ORDER == 2.0
     rows = fig2.setup(fig2.Config.quick())
     assert any(r["quantity"] == "quick mode" for r in rows)
     assert all(set(r) == {"quantity", "paper", "ours", "why"} for r in rows)
@@ -74,7 +75,7 @@ def test_fig8_quick(quick_run: Path, metrics: Callable[[Path, str], dict[str, An
         assert "over 3 seeds" in claims[cid]["note"], claims[cid]
     assert len(data["results"]["worst_final_rel_err_per_seed"]) == fig8.Config.quick().n_seeds
     assert math.isfinite(claims["all_converge_constant_lr"]["value"])
-    assert fig8.PAPER and fig8.NOTES and fig8.PAPER_ORDER == 8.0
+    assert fig8.PAPER and notes_of(fig8) and fig8.PAPER_ORDER == 8.0
     assert any(r["quantity"] == "η" for r in fig8.setup(fig8.Config.quick()))
     value = claims["all_converge"]["value"]
     assert isinstance(value, float) and math.isfinite(value)
@@ -101,7 +102,7 @@ def test_gammas_closed_form_match_samples() -> None:
     W = 0.5 * torch.randn(1, d, n, generator=g, dtype=torch.float64)
     sx = torch.tensor([0.5, 1.0, 1.5, 2.0], dtype=torch.float64)
     se = torch.tensor([[0.3, 1.0, 2.0, 0.7]], dtype=torch.float64)
-    gw, gu = fig2.gammas(U, W, sx, se)
+    gw, gu = _two_layer.gammas(U, W, sx, se)
     x = torch.randn(m, n, generator=g, dtype=torch.float64) * sx.sqrt()
     y = x + torch.randn(m, n, generator=g, dtype=torch.float64) * se[0].sqrt()
     r = x @ (U[0] @ W[0]).T - y
@@ -113,13 +114,13 @@ def test_gammas_closed_form_match_samples() -> None:
 def test_width_reduction_is_exact() -> None:
     """Training the factors in the span of the init equals training the wide net."""
     n, hidden = 5, 60
-    U0, W0 = fig2.xavier_init(n, hidden, n, scale=0.5, seed=1)
+    U0, W0 = _two_layer.xavier_init(n, hidden, n, scale=0.5, seed=1)
     basis, _ = torch.linalg.qr(torch.cat([U0.T, W0], dim=1))
     sx = torch.linspace(0.5, 1.5, n, dtype=torch.float64)
     se = torch.ones(1, n, dtype=torch.float64)
 
-    def train(U: torch.Tensor, W: torch.Tensor) -> fig2.TrainResult:
-        return fig2.train_two_layer(
+    def train(U: torch.Tensor, W: torch.Tensor) -> _two_layer.TrainResult:
+        return _two_layer.train_two_layer(
             U[None], W[None], sx, se, lr=0.05, batch_size=8, steps=200, record_every=50, seed=3
         )
 

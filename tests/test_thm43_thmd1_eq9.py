@@ -15,7 +15,7 @@ import torch
 
 import noetherflow as nf
 from noetherflow.experiments import _orbit, eq9, remark44, teleport_cnn, teleport_mlp, thm43, thm_d1
-from noetherflow.experiments._base import run_experiment
+from noetherflow.experiments._base import notes_of, run_experiment
 
 SIZES = {"n": 64, "d_x": 4, "h": 3, "d_y": 2}
 
@@ -200,7 +200,7 @@ def test_eq9_claims_on_a_short_run(tmp_path: Path) -> None:
 def test_reproduction_contract(mod: Any) -> None:
     """setup rows with the four fields (a quick-mode row in quick mode), PAPER, NOTES."""
     assert isinstance(mod.PAPER, str) and mod.PAPER
-    assert isinstance(mod.NOTES, str) and mod.NOTES
+    assert isinstance(notes_of(mod), str) and notes_of(mod)
     assert isinstance(mod.PAPER_ORDER, float)
     for cfg, quick in ((mod.Config(), False), (mod.Config.quick(), True)):
         rows = mod.setup(cfg)

@@ -24,7 +24,9 @@ and optionally, for the reproduction report:
     its position in the paper (2.0 for Fig. 2, 5.4 for Thm 5.4); the report is sorted by it
     (experiments without it go last, then by id);
 ``NOTES: str``
-    honest history: the settings tried and what they gave, rendered in the report;
+    honest history: the settings tried and what they gave, rendered in the report. The
+    built-in experiments keep it as data beside the module, ``notes/<module>.md`` (package
+    data, read by :func:`notes_of`), not as a string in code;
 ``setup(cfg) -> list[dict]``
     one row ``{"quantity", "paper", "ours", "why"}`` (all str) per deviation from the paper's
     setup (η, S, γ, sizes, data, steps, schedule, loss convention, seeds), stored as
@@ -83,6 +85,7 @@ __all__ = [
     "evaluate",
     "load_target",
     "make_config",
+    "notes_of",
     "parallel_map",
     "run_experiment",
     "run_experiments",
@@ -151,6 +154,32 @@ def _optional_str(obj: Any, name: str) -> str:
             f"{name} attribute, see noetherflow.experiments._base)"
         )
     return value.strip()
+
+
+#: Folder (beside the experiment modules) of the run histories, one ``<module>.md`` each.
+NOTES_DIR = "notes"
+
+
+def notes_file(obj: Any) -> Path | None:
+    """``notes/<module>.md`` beside a module experiment ``obj``, or None for other objects."""
+    file = getattr(obj, "__file__", None)
+    if not isinstance(file, str):
+        return None
+    path = Path(file)
+    return path.parent / NOTES_DIR / f"{path.stem}.md"
+
+
+def notes_of(obj: Any) -> str:
+    """An experiment's run history: its ``NOTES`` attribute, else its ``notes/<module>.md``.
+
+    Empty when it has neither (the history is optional for experiments outside the package).
+    """
+    if getattr(obj, "NOTES", None) is not None:
+        return _optional_str(obj, "NOTES")
+    path = notes_file(obj)
+    if path is None or not path.is_file():
+        return ""
+    return path.read_text(encoding="utf-8").strip()
 
 
 def _paper_order(obj: Any) -> float | None:
@@ -344,7 +373,7 @@ def run_experiment(
             rec.description = describe_target(exp)
             rec.paper = _optional_str(exp, "PAPER")
             rec.paper_order = _paper_order(exp)
-            rec.notes = _optional_str(exp, "NOTES")
+            rec.notes = notes_of(exp)
             stage = "config"
             cfg = make_config(exp, quick=quick)
             if overrides and dataclasses.is_dataclass(cfg):
@@ -434,9 +463,15 @@ def run_experiments(
             if on_start:
                 on_start(exp_id)
             rec = run_experiment(
-                exp_id, target, quick=quick, seed=seed, out_dir=out, jobs=inner,
-                torch_threads=torch_threads, overrides=overrides,
-            )  # fmt: skip
+                exp_id,
+                target,
+                quick=quick,
+                seed=seed,
+                out_dir=out,
+                jobs=inner,
+                torch_threads=torch_threads,
+                overrides=overrides,
+            )
             results[exp_id] = rec
             if on_done:
                 on_done(exp_id, rec)
@@ -451,9 +486,16 @@ def run_experiments(
         futures: dict[cf.Future[dict[str, Any]], tuple[str, str]] = {}
         for exp_id, target in specs:
             fut = ex.submit(
-                run_experiment, exp_id, target, quick=quick, seed=seed, out_dir=out,
-                jobs=inner, torch_threads=torch_threads, overrides=overrides,
-            )  # fmt: skip
+                run_experiment,
+                exp_id,
+                target,
+                quick=quick,
+                seed=seed,
+                out_dir=out,
+                jobs=inner,
+                torch_threads=torch_threads,
+                overrides=overrides,
+            )
             futures[fut] = (exp_id, target)
             if on_start:
                 on_start(exp_id)

@@ -46,30 +46,6 @@ PAPER = (
     "decay leads to a small |C(θ*)|, a large gradient noise to a large one."
 )
 PAPER_ORDER = 4.55  # eq. 9 follows Thm 4.5 in §4.3
-NOTES = (
-    "New in this round. Thresholds fixed and committed before the first run: corrected "
-    "discrete form within 5% at every γ, SGF form within 10%, the printed form (σ² instead of "
-    "2σ²) within 10% (expected to fail: the measured charge is ≈ 2× the printed prediction, "
-    "a relative difference ≈ 1), the solver's C* at window states within 5% of the time "
-    "average, library vs theory C* < 1e-8, ⟨C⟩ decreasing in γ. Constant η throughout (the "
-    "paper's protocol); no annealing. First run (quick: n = 256, S = 8, burn-in 600, window "
-    "900 logged every 15, 3 solver checkpoints, errors as the mean over seeds of per-seed "
-    "|relative differences|): discrete 3.6/5.8/8.0% (± 1.8–4.1%) at γ = 0.01/0.03/0.1, SGF "
-    "8.5/14.9/14.5%, printed 117–130%, solver vs time average 11%, theory 5.5e-13, ⟨C⟩ "
-    "decreasing (slope −0.60). The spread showed the errors were sampling noise: T(θ) "
-    "fluctuates fast (its mean-gradient part) and was sampled every 15 steps only; a "
-    "longer window (4000 steps, every 5) at γ = 0.1 gave 3.7% and 0.4% on two seeds. Tried "
-    "S = 64 to reduce fluctuations: discrete 0.7–3.8% per seed but the SGF form then misses "
-    "by 40–120% (the η²‖∇L‖² term of the discrete step, absent from the SGF form, dominates "
-    "Tr[ΣA]/S), so S = 8 was kept. Changed after that first run, thresholds unchanged: n = "
-    "128 (cheaper statistics), T logged every 5 steps in quick mode, claims on the pooled "
-    "means over seeds (the statement is about expectations; the mean of per-seed absolute "
-    "errors is biased upward by noise), the solver at every 4th logged step of the window. "
-    "Results (quick, then full): discrete 2.6% / 2.1% (holds), SGF 17% / 14% (fails: a "
-    "systematic gap, the SGF form omits the η²‖∇L‖² term of the discrete step), printed "
-    "133% / 128% (fails: the charge is ≈ 2× the printed value), solver 3.4% / 3.0%, theory "
-    "9e-13, ⟨C⟩ decreasing (slopes −0.62 / −0.64)."
-)
 
 _DT = torch.float64
 

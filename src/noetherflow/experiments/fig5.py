@@ -33,49 +33,68 @@ PAPER = (
     "ends with intermediate layers of equal norm, independently of the initialisation."
 )
 PAPER_ORDER = 5.0
-NOTES = (
-    "History. Width 32 was tried first: directions that receive noise on one side only keep "
-    "their initial norms over any affordable run, so the width is the number of classes (10). "
-    "Standardised or whitened inputs made batch-size-1 SGD diverge (pixels on in a single "
-    "image), so pixels are only scaled to [0, 1]. Thresholds (10%) predate issue #17. For "
-    "issue #13: the batched numpy SGD is checked step for step against "
-    "noetherflow.train.run_online_sgd on nn.Linear layers (tests), and the library's charges "
-    "(nf.DoubleRotation between consecutive layers, Tr = ‖W_{i+1}‖² − ‖W_i‖²) are checked at "
-    "the final states of every run; values unchanged. Issue #17 (≥ 3 seeds per claim): the "
-    "quick run went from 2 to 3 seeds per initialisation (full: 4); claims and thresholds "
-    "unchanged (worst run; mean over seeds). First measurement (quick, 3 seeds): the worst "
-    "run's intermediate spread is 0.29 (a random-norm init; per run 0.018, 0.011, 0.052, "
-    "0.044, 0.29, 0.139) — intermediate_norms_equal now fails at quick size (with 2 seeds it "
-    "held: the third seed's runs have not equilibrated in 60k steps); init_independent 0.013 "
-    "holds. Full size (4 seeds, 150k steps, unchanged): 0.066 and 0.038 — holding."
-)
 
 
 def setup(cfg: Config) -> list[dict[str, str]]:
     """Every deviation from the paper's setup, one row each (issue #17)."""
     quick = Config.quick()
     return [
-        {"quantity": "data", "paper": "MNIST",
-         "ours": "scikit-learn's 8×8 digits (1797 images, pixels / 16); MNIST via mnist_dir",
-         "why": "MNIST cannot be downloaded here"},
-        {"quantity": "sizes", "paper": "deep linear network, sizes not given",
-         "ours": f"{cfg.depth} layers, hidden width {cfg.hidden}", "why": "width = rank of V′"},
-        {"quantity": "η", "paper": "not given",
-         "ours": f"{cfg.lr_norm:g} / E‖x‖² (≈ 0.03 on digits)", "why": "stable at batch 1"},
-        {"quantity": "S", "paper": "not given", "ours": f"{cfg.batch_size} (with replacement)",
-         "why": "largest noise"},
-        {"quantity": "schedule / γ", "paper": "constant, no weight decay",
-         "ours": "constant, γ = 0", "why": "—"},
-        {"quantity": "loss convention", "paper": "ℓ = ‖W_D⋯W_1x − y‖² (eq. 16)",
-         "ours": "same, one-hot y, mean over the batch", "why": "—"},
-        {"quantity": "inits", "paper": "several",
-         "ours": f"equal norms {cfg.init_norm_sq:g} and random factors in "
-                 f"[1/{cfg.init_spread:g}, {cfg.init_spread:g}]²", "why": "paired per seed"},
-        {"quantity": "steps", "paper": "not given",
-         "ours": f"{cfg.n_steps} (quick {quick.n_steps})", "why": "cost"},
-        {"quantity": "seeds", "paper": "—",
-         "ours": f"{cfg.n_seeds} per init (quick {quick.n_seeds})", "why": "cost"},
-    ]  # fmt: skip
+        {
+            "quantity": "data",
+            "paper": "MNIST",
+            "ours": "scikit-learn's 8×8 digits (1797 images, pixels / 16); MNIST via mnist_dir",
+            "why": "MNIST cannot be downloaded here",
+        },
+        {
+            "quantity": "sizes",
+            "paper": "deep linear network, sizes not given",
+            "ours": f"{cfg.depth} layers, hidden width {cfg.hidden}",
+            "why": "width = rank of V′",
+        },
+        {
+            "quantity": "η",
+            "paper": "not given",
+            "ours": f"{cfg.lr_norm:g} / E‖x‖² (≈ 0.03 on digits)",
+            "why": "stable at batch 1",
+        },
+        {
+            "quantity": "S",
+            "paper": "not given",
+            "ours": f"{cfg.batch_size} (with replacement)",
+            "why": "largest noise",
+        },
+        {
+            "quantity": "schedule / γ",
+            "paper": "constant, no weight decay",
+            "ours": "constant, γ = 0",
+            "why": "—",
+        },
+        {
+            "quantity": "loss convention",
+            "paper": "ℓ = ‖W_D⋯W_1x − y‖² (eq. 16)",
+            "ours": "same, one-hot y, mean over the batch",
+            "why": "—",
+        },
+        {
+            "quantity": "inits",
+            "paper": "several",
+            "ours": f"equal norms {cfg.init_norm_sq:g} and random factors in "
+            f"[1/{cfg.init_spread:g}, {cfg.init_spread:g}]²",
+            "why": "paired per seed",
+        },
+        {
+            "quantity": "steps",
+            "paper": "not given",
+            "ours": f"{cfg.n_steps} (quick {quick.n_steps})",
+            "why": "cost",
+        },
+        {
+            "quantity": "seeds",
+            "paper": "—",
+            "ours": f"{cfg.n_seeds} per init (quick {quick.n_seeds})",
+            "why": "cost",
+        },
+    ]
 
 
 _INITS = ("equal", "random")
@@ -383,8 +402,13 @@ def plot(results: dict[str, Any], cfg: Config, out_dir: Path) -> list[Path]:
             for row in arr[:, :, i]:
                 ax.plot(steps, row, color=color, lw=0.5, alpha=0.3)
             label = "input W_1" if i == 0 else "output W_D" if i == cfg.depth - 1 else None
-            ax.plot(steps, arr[:, :, i].mean(axis=0), color=color, lw=1.6,
-                    label=label or f"W_{i + 1} (intermediate)")  # fmt: skip
+            ax.plot(
+                steps,
+                arr[:, :, i].mean(axis=0),
+                color=color,
+                lw=1.6,
+                label=label or f"W_{i + 1} (intermediate)",
+            )
         if pred is not None:
             ax.axhline(pred, color="k", ls="--", lw=0.8, label="Thm 5.4, intermediate (LS fit)")
         ax.set_yscale("log")

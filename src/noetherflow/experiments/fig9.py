@@ -20,7 +20,8 @@ from typing import Any
 
 from noetherflow.experiments._base import Claim, Op
 from noetherflow.experiments._claims import over_seeds
-from noetherflow.experiments._nonlinear import NonlinearConfig, heatmaps, run_nonlinear
+from noetherflow.experiments._nonlinear import NonlinearConfig, run_nonlinear
+from noetherflow.experiments._nonlinear_plot import heatmaps
 
 _FIELDS = tuple(f.name for f in dataclasses.fields(NonlinearConfig) if f.name != "activations")
 
@@ -35,34 +36,6 @@ PAPER = (
     "setting), SGD's WΓ_WWᵀ and UᵀΓ_UU (eq. 13) are strikingly similar."
 )
 PAPER_ORDER = 9.0
-NOTES = (
-    "What is measured (quick, seed 0, annealed η): the paper's Γ matrices (eq. 13) differ by "
-    "0.48–0.52 (relative Frobenius) under SGD against the 0.3 threshold — failing, reported "
-    "as measured (full size 0.43–0.46); GD's differ ~3× more. The exact statement for a "
-    "nonlinear net is the balance of the two layers' gradient noise in hidden space; for the "
-    "full matrices it does not hold (imbalance 1.44 ReLU, 1.43 leaky-ReLU, 0.61 swish), "
-    "because a nonlinear σ breaks the rotation symmetry. What the theory does cover exactly "
-    "is the per-neuron rescaling symmetry of ReLU and leaky-ReLU: its noise equilibrium is "
-    "the balance of the diagonals, measured 0.06–0.08 (issue #17) and now claimed "
-    "(sgd_neuron_balance_<act>). Its threshold 0.1 (the convention of the other balance "
-    "claims) was fixed knowing those numbers — not blind. An earlier one-line description "
-    "said the gradient noise balances in hidden space, the opposite of the measurement; it "
-    "now says what the claims say. The paper's protocol (constant η) is claimed for both "
-    "(ids with 'constant'), thresholds as the annealed ones, fixed before running; time "
-    "averages over 5 evenly spaced steps of the second half, one seed (three activations "
-    "per run). First measurement (quick, seed 0): per-neuron balance annealed 0.087 (ReLU), "
-    "0.079 (leaky) — holding; at constant η 0.144 and 0.132 — failing; Γ at constant η "
-    "0.70 / 0.69 / 0.56 — failing. Seeds: all of the above is one seed. Now the annealed and "
-    "the constant-η SGD runs have 3 seeds each (own init, minibatches and evaluation sample; "
-    "seed 0 is the earlier run), every claim's value is the mean over seeds of the per-seed "
-    "value, thresholds unchanged (decided before running); GD, reported and not claimed, "
-    "stays one seed (it is ~70% of the cost). First measurement (quick, 3 seeds): Γ annealed "
-    "0.505 / 0.501 / 0.534, constant 0.700 / 0.695 / 0.562 — failing; per-neuron balance "
-    "annealed 0.085 / 0.082 — holding, constant 0.142 / 0.139 — failing (ReLU / leaky / "
-    "swish). Full (3 seeds; one seed in brackets): Γ annealed 0.427 / 0.431 / 0.461 (0.423 / "
-    "0.426 / 0.463), constant 0.679 / 0.668 / 0.522 — failing; per-neuron balance annealed "
-    "0.060 / 0.061 (0.060 / 0.064) — holding, constant 0.130 / 0.125 — failing."
-)
 
 
 @dataclass(frozen=True)
@@ -114,25 +87,43 @@ def setup(cfg: Config) -> list[dict[str, str]]:
     """Deviations from the paper's setup: those of Fig. 6, plus the activations' details."""
     from noetherflow.experiments import fig6
 
-    rows = [r for r in fig6.setup(fig6.Config(**{f: getattr(cfg, f) for f in _FIELDS}))
-            if r["quantity"] not in ("seeds", "quick mode")]  # fmt: skip
+    rows = [
+        r
+        for r in fig6.setup(fig6.Config(**{f: getattr(cfg, f) for f in _FIELDS}))
+        if r["quantity"] not in ("seeds", "quick mode")
+    ]
     rows += [
-        {"quantity": "leaky-ReLU slope", "paper": "not stated", "ours": "0.01",
-         "why": "torch's default"},
-        {"quantity": "compared matrices", "paper": "WΓ_WWᵀ vs UᵀΓ_UU (eq. 13)",
-         "ours": "the same (claimed), plus the exact per-neuron noise balance (claimed, "
-                 "ReLU/leaky) and the full gradient-noise matrices (reported)",
-         "why": "eq. 13 is the balance of a linear net; σ breaks the rotation symmetry"},
-        {"quantity": "seeds", "paper": "one run",
-         "ours": f"annealed SGD: {cfg.n_seeds} seeds; constant η: {cfg.constant_seeds} seeds "
-                 f"(three activations per seed); GD: {cfg.gd_seeds or cfg.n_seeds}",
-         "why": "claims: mean over seeds, spread in the notes; GD is reported, not claimed"},
-    ]  # fmt: skip
+        {
+            "quantity": "leaky-ReLU slope",
+            "paper": "not stated",
+            "ours": "0.01",
+            "why": "torch's default",
+        },
+        {
+            "quantity": "compared matrices",
+            "paper": "WΓ_WWᵀ vs UᵀΓ_UU (eq. 13)",
+            "ours": "the same (claimed), plus the exact per-neuron noise balance (claimed, "
+            "ReLU/leaky) and the full gradient-noise matrices (reported)",
+            "why": "eq. 13 is the balance of a linear net; σ breaks the rotation symmetry",
+        },
+        {
+            "quantity": "seeds",
+            "paper": "one run",
+            "ours": f"annealed SGD: {cfg.n_seeds} seeds; constant η: {cfg.constant_seeds} seeds "
+            f"(three activations per seed); GD: {cfg.gd_seeds or cfg.n_seeds}",
+            "why": "claims: mean over seeds, spread in the notes; GD is reported, not claimed",
+        },
+    ]
     if cfg != Config():
-        rows.append({"quantity": "quick mode", "paper": "-",
-                     "ours": f"{cfg.steps} SGD steps, {cfg.gd_steps} GD steps on "
-                             f"{cfg.gd_points} points, {cfg.n_eval} evaluation samples",
-                     "why": "time"})  # fmt: skip
+        rows.append(
+            {
+                "quantity": "quick mode",
+                "paper": "-",
+                "ours": f"{cfg.steps} SGD steps, {cfg.gd_steps} GD steps on "
+                f"{cfg.gd_points} points, {cfg.n_eval} evaluation samples",
+                "why": "time",
+            }
+        )
     return rows
 
 
@@ -157,13 +148,15 @@ def run(cfg: Config, seed: int, out_dir: Path) -> dict[str, Any]:
     res["sgd_noise_mean_share"] = {a: s[f"sgd_{a}"]["noise_mean_share"] for a in cfg.activations}
     res["any_diverged"] = any(v["diverged"] for v in s.values())
     res["library_neuron_flow_vs_oracle"] = {
-        a: s[f"sgd_{a}"]["library_neuron_flow_vs_oracle"] for a in RESCALING_EXACT
+        a: s[f"sgd_{a}"]["library_neuron_flow_vs_oracle"]
+        for a in RESCALING_EXACT
         if a in cfg.activations
-    }  # fmt: skip
+    }
     res["library_rel_diff_diag"] = {
-        a: s[f"sgd_{a}"]["library_rel_diff_noise_diag"] for a in RESCALING_EXACT
+        a: s[f"sgd_{a}"]["library_rel_diff_noise_diag"]
+        for a in RESCALING_EXACT
         if a in cfg.activations
-    }  # fmt: skip
+    }
     by_act = res["constant"]["by_activation"]
     res["constant_rel_diff_paper"] = {a: by_act[a]["rel_diff_gamma"] for a in cfg.activations}
     res["constant_rel_diff_diag"] = {a: by_act[a]["rel_diff_noise_diag"] for a in cfg.activations}

@@ -33,15 +33,6 @@ PAPER = (
     "and GD."
 )
 PAPER_ORDER = 4.31  # App. D, the discrete-time version of Thm 4.3: shown beside it
-NOTES = (
-    "New in this round. Thresholds fixed before the first run (as in thm43): violation counts "
-    "== 0, library vs oracle < 1e-9, solver vs oracle < 1e-6, derivative < 1e-4. The γ < 0 "
-    "claims were written with their expected outcome before running: the printed statement "
-    "fails where κ|C| dominates (scale invariance has no zero at all for κ < 0: both terms of "
-    "G_d are positive), and our rate-coefficient criterion predicts every determined case. "
-    "nf.solve_equilibrium and nf.noether_flow refuse γ < 0, so for γ < 0 the library's γ = 0 "
-    "flow minus κ(γ)C is used and no solver claim is made."
-)
 
 GD = _orbit.GD
 
