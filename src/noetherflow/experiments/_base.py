@@ -20,6 +20,9 @@ and optionally, for the reproduction report:
     one line (otherwise the first docstring line is used);
 ``PAPER: str``
     the paper's statement this experiment checks, with its section/figure/equation;
+``KIND: str``
+    the :class:`~noetherflow.experiments._claims.Kind` of the claims that name none
+    (``"beyond"`` for an experiment beyond the paper; default ``"paper"``);
 ``PAPER_ORDER: float``
     its position in the paper (2.0 for Fig. 2, 5.4 for Thm 5.4); the report is sorted by it
     (experiments without it go last, then by id);
@@ -47,6 +50,7 @@ import enum
 import importlib
 import math
 import multiprocessing
+import os
 import platform
 import time
 import traceback
@@ -58,7 +62,7 @@ from typing import Any, Protocol, cast
 import numpy as np
 
 from noetherflow._io import atomic_write_json, to_jsonable
-from noetherflow.experiments._claims import Claim, Op, evaluate
+from noetherflow.experiments._claims import Claim, Kind, Op, evaluate
 from noetherflow.experiments._helpers import save_figure
 from noetherflow.experiments._parallel import (
     RunContext,
@@ -75,6 +79,7 @@ __all__ = [
     "SETUP_KEYS",
     "Claim",
     "ExperimentModule",
+    "Kind",
     "Op",
     "Record",
     "RunContext",
@@ -182,6 +187,12 @@ def notes_of(obj: Any) -> str:
     return path.read_text(encoding="utf-8").strip()
 
 
+def _claim_kind(obj: Any) -> Kind:
+    """The experiment's ``KIND`` (default ``"paper"``): the kind of claims that name none."""
+    value = getattr(obj, "KIND", None)
+    return Kind.PAPER if value is None else Kind.parse(value)
+
+
 def _paper_order(obj: Any) -> float | None:
     value = getattr(obj, "PAPER_ORDER", None)
     if value is None:
@@ -268,6 +279,7 @@ class Record:
     paper_order: float | None = None
     status: Status = Status.OK
     elapsed_s: float = 0.0
+    cpu_s: float = 0.0
     config: Any = field(default_factory=dict)
     setup: list[dict[str, str]] = field(default_factory=list)
     claims: list[dict[str, Any]] = field(default_factory=list)
@@ -323,6 +335,9 @@ def _environment(ctx: RunContext) -> dict[str, Any]:
         "numpy": np.__version__,
         "torch": torch.__version__,
         "noetherflow": nf_version,
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "cpus": os.cpu_count(),
         "jobs": ctx.jobs,
         "torch_threads": ctx.torch_threads,
     }
@@ -365,7 +380,7 @@ def run_experiment(
         seed=int(seed),
         environment=_environment(ctx),
     )
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     stage = "load"
     try:
         with use_context(ctx):
@@ -404,13 +419,15 @@ def run_experiment(
             dup = sorted({i for i in ids if ids.count(i) > 1})
             if dup:
                 raise ValueError(f"duplicate claim ids {dup}; claim ids must be unique")
-            rec.claims = [c.to_dict() for c in claims]
+            kind = _claim_kind(exp)
+            rec.claims = [c.with_kind(kind).to_dict() for c in claims]
             stage = "plot"
             paths = exp.plot(results, cfg, exp_dir) or []
             rec.figures = [_relative_figure(p, exp_dir) for p in paths]
     except Exception as exc:
         rec.fail(stage, exc)
     rec.elapsed_s = round(time.perf_counter() - t0, 4)
+    rec.cpu_s = round(time.process_time() - c0, 4)  # this process (jobs = 1: all of it)
     data = rec.to_dict()
     atomic_write_json(exp_dir / METRICS_FILE, data)
     return cast(dict[str, Any], to_jsonable(data))

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from noetherflow.experiments._base import Claim, Op
+from noetherflow.experiments._base import Claim, Kind, Op
 
 if TYPE_CHECKING:
     from noetherflow.experiments.fig4 import Config
@@ -90,6 +90,7 @@ def _orbit_and_library_claims(res: dict[str, Any], cfg: Config, *, prefix: str) 
         ),
         Claim(
             id=f"{prefix}library_equilibrium_matches_theory",
+            kind=Kind.BEYOND,
             statement="S at the library's noise equilibrium (nf.collect_stats + "
             "nf.solve_equilibrium + nf.teleport from each final SGD-Kaiming state) vs Thm 5.2 + "
             "Prop 5.3 (theory module): |S_lib / S_pred − 1|",

@@ -32,7 +32,7 @@ import torch
 from torch import Tensor, nn
 
 import noetherflow as nf
-from noetherflow.experiments._base import Claim, Op, derive_seed, parallel_map, save_figure
+from noetherflow.experiments._base import Claim, Kind, Op, derive_seed, parallel_map, save_figure
 from noetherflow.stats.reference import per_sample_grads
 from noetherflow.theory import ziyin2024 as theory
 from noetherflow.train import run_sgd
@@ -370,6 +370,7 @@ def claims(results: dict[str, Any], cfg: Config) -> list[Claim]:
         ),
         Claim(
             id="printed_eq9_constant",
+            kind=Kind.PRINTED,
             statement="Eq. 9 as printed: 4γ⟨C⟩ = σ²⟨Tr[ΣA]⟩, σ² = η/(2S); worst over γ of the "
             "relative difference",
             value=p,
@@ -379,6 +380,7 @@ def claims(results: dict[str, Any], cfg: Config) -> list[Claim]:
         ),
         Claim(
             id="solver_vs_time_average",
+            kind=Kind.BEYOND,
             statement="nf.solve_equilibrium's C* at states of the window (mean over checkpoints "
             "and seeds) equals the time-averaged charge; worst relative difference over γ",
             value=sol,
@@ -393,6 +395,7 @@ def claims(results: dict[str, Any], cfg: Config) -> list[Claim]:
         ),
         Claim(
             id="library_vs_theory",
+            kind=Kind.BEYOND,
             statement="C* of the library (solver teleport) equals theory.scale_invariant_"
             "equilibrium_norm_sq from torch.func per-sample gradients, at every checkpoint",
             value=max(r["theory_vs_solver"] for r in runs),

@@ -30,7 +30,7 @@ from torch import Tensor, nn
 
 import noetherflow as nf
 from noetherflow._divergence import find_divergence
-from noetherflow.experiments._base import Claim, Op, derive_seed, save_figure
+from noetherflow.experiments._base import Claim, Kind, Op, derive_seed, save_figure
 from noetherflow.train import UpdateInfo, run_gd, run_gf, run_sgd
 
 DESCRIPTION = "Scale-invariant 2-D loss: SGD spirals outward (‖θ‖ grows), gradient flow keeps ‖θ‖."
@@ -320,6 +320,7 @@ def claims(results: dict[str, Any], cfg: Config) -> list[Claim]:
         ),
         Claim(
             id="library_charge_identity",
+            kind=Kind.BEYOND,
             statement="The library's charges obey the same identity: nf.charges after each SGD "
             "step equals nf.exact_step_charges from that step's gradient (max relative residual "
             "over steps; nf.ScaleInvariance on the nn.Module, trained by noetherflow.train)",

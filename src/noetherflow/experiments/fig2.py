@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 
 from noetherflow._divergence import find_divergence
-from noetherflow.experiments._base import Claim, Op, derive_seed, save_figure
+from noetherflow.experiments._base import Claim, Kind, Op, derive_seed, save_figure
 from noetherflow.experiments._claims import over_seeds
 from noetherflow.experiments._two_layer import (
     balance,
@@ -398,6 +398,7 @@ def claims(results: dict[str, Any], cfg: Config) -> list[Claim]:
         ),
         Claim(
             id="library_flow_matches_theory",
+            kind=Kind.BEYOND,
             statement="The library's rotation flow (nf.collect_stats + nf.noether_flow on the "
             "nn.Module at the end of SGD, fresh samples) equals the oracle −(4η/S)Δ built from "
             "theory's sample Γ (max over the Σ_ε runs of seed 0 of the relative Frobenius "

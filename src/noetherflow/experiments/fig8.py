@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from noetherflow.experiments._base import Claim, Op, derive_seed, parallel_map, save_figure
+from noetherflow.experiments._base import Claim, Kind, Op, derive_seed, parallel_map, save_figure
 from noetherflow.experiments._claims import over_seeds
 from noetherflow.experiments._two_layer import (
     library_flow_check,
@@ -369,6 +369,7 @@ def claims(results: dict[str, Any], cfg: Config) -> list[Claim]:
         ),
         Claim(
             id="library_flow_matches_theory",
+            kind=Kind.BEYOND,
             statement="At the centre setting, the library's rotation flow (nf.collect_stats + "
             "nf.noether_flow on the nn.Module at the end of SGD, fresh samples) equals the "
             "oracle −(4η/S)Δ from theory's sample Γ (relative Frobenius difference, float64)",

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from noetherflow.experiments._base import Claim, Op
+from noetherflow.experiments._base import Claim, Kind, Op
 from noetherflow.experiments._claims import over_seeds
 from noetherflow.experiments._nonlinear import NonlinearConfig, run_nonlinear
 from noetherflow.experiments._nonlinear_plot import heatmaps
@@ -239,6 +239,7 @@ def claims(results: dict[str, Any], cfg: Config) -> list[Claim]:
         out.append(
             Claim(
                 id="library_neuron_flow_matches",
+                kind=Kind.BEYOND,
                 statement="The library's per-neuron rescaling flow (nf.Rescaling, "
                 "nf.collect_stats, nf.noether_flow on the nn.Module at the end of SGD) equals "
                 "(η/S)(diag Cov[∇_W∇_Wᵀ] − diag Cov[∇_Uᵀ∇_U]) computed independently on the "

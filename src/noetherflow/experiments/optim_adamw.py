@@ -45,6 +45,7 @@ PAPER = (
     "scale-invariant weights (Kosson, Messmer & Jaggi, ICML 2024), derived in our conventions."
 )
 PAPER_ORDER = 99.1
+KIND = "beyond"  # every claim is ours (the paper has no such experiment)
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,7 @@ PAPER = (
     "exact one-step map of (θᵀAθ, θᵀAv, vᵀAv) (docs/concepts/optimizers.md)."
 )
 PAPER_ORDER = 99.0
+KIND = "beyond"  # every claim is ours (the paper has no such experiment)
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,7 @@ PAPER = (
     "and Zhao et al.'s (2022) gradient-norm teleport as a baseline."
 )
 PAPER_ORDER = 4.07  # beside teleport-fig4 (Fig. 4, warmup)
+KIND = "beyond"  # every claim is ours (the paper has no such experiment)
 
 METHODS = (
     "none",

@@ -40,6 +40,7 @@ PAPER = (
     "teleport to the noise equilibrium replaces warmup."
 )
 PAPER_ORDER = 4.06  # beside teleport-fig4 (Fig. 4, warmup)
+KIND = "beyond"  # every claim is ours (the paper has no such experiment)
 
 METHODS = ("none", "warmup", "teleport_start", "teleport_every")
 

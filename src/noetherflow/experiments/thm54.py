@@ -33,7 +33,7 @@ import torch
 from torch import Tensor
 
 from noetherflow._divergence import all_finite, find_divergence
-from noetherflow.experiments._base import Claim, Op, derive_seed
+from noetherflow.experiments._base import Claim, Kind, Op, derive_seed
 from noetherflow.experiments._claims import over_seeds
 from noetherflow.experiments._deep_linear import library_chain_flow_check
 from noetherflow.experiments._thm54_solver import chain_solver_check
@@ -520,6 +520,7 @@ def claims(results: dict[str, Any], cfg: Config) -> list[Claim]:
         ),
         Claim(
             id="thm54_norms_printed_eq19",
+            kind=Kind.PRINTED,
             statement=f"Against the printed eq. 19, (Tr S′)^{{2/D}} k^{{1−2/D}}: after SGD "
             f"(annealed) at D = {pd}, every intermediate ‖W_i‖_F² is within 10% of it (max over "
             "runs and layers of |‖W_i‖²/eq. 19 − 1|)",
@@ -545,6 +546,7 @@ def claims(results: dict[str, Any], cfg: Config) -> list[Claim]:
         ),
         Claim(
             id="thm54_first_layer_printed_eq19",
+            kind=Kind.PRINTED,
             statement="Eq. 19 as printed: Tr[Σ_1²] = ‖W_1Σ_x^{1/2}‖_F² equals the intermediate "
             "layers' (Tr S′)^{2/D} k^{1−2/D}: after SGD (annealed), max over depths and runs of "
             "|measured/eq. 19 − 1|",
@@ -591,6 +593,7 @@ def claims(results: dict[str, Any], cfg: Config) -> list[Claim]:
         ),
         Claim(
             id="chain_solver_matches",
+            kind=Kind.BEYOND,
             statement="The chain solver, started from a random orbit point of a global minimum, "
             "reaches Thm 5.4's closed form (max over depths and i < D of the relative Frobenius "
             "error of (W_i⋯W_1)ᵀ(W_i⋯W_1), float64)",

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from noetherflow.experiments import _orbit
-from noetherflow.experiments._base import Claim, Op
+from noetherflow.experiments._base import Claim, Kind, Op
 from noetherflow.experiments.thm43 import run_orbits
 
 DESCRIPTION = (
@@ -163,6 +163,7 @@ def claims(results: dict[str, Any], cfg: Config) -> list[Claim]:
     out += [
         Claim(
             id="negative_gamma_as_printed",
+            kind=Kind.PRINTED,
             statement="D.1 as printed for γ < 0: G_d strictly decreasing with exactly one zero "
             "on the grid; number of γ < 0 cases where it is not",
             value=len(bad),
