@@ -74,6 +74,9 @@ class TrainResult:
     U: Tensor
     W: Tensor
     diverged: bool
+    # time averages over the records at steps ≥ average_from (None without average_from)
+    delta_mean: np.ndarray | None = None  # [R, d, d] ⟨Δ⟩
+    wgw_norm_mean: np.ndarray | None = None  # [R] ⟨‖WΓ_WWᵀ‖_F⟩
 
 
 def train_two_layer(
@@ -94,6 +97,7 @@ def train_two_layer(
     track: tuple[np.ndarray, np.ndarray] | None = None,
     chunk: int = 200,
     dense_until: int = 0,
+    average_from: int | None = None,
 ) -> TrainResult:
     """SGD (fresh minibatches of the data model) or population GD on ``‖UWx − y‖²``.
 
@@ -101,7 +105,10 @@ def train_two_layer(
     ``sx`` [n] (diag Σ_x, shared), ``se`` [R, n] (diag Σ_ε per run). The per-sample loss is
     ``loss_scale · ‖UWx − y‖²`` (``loss_scale = 1/n`` is the output-averaged loss); the
     minibatch loss is the mean over ``batch_size`` samples. Float64. Records are taken every
-    ``record_every`` steps, and at every step up to ``dense_until``.
+    ``record_every`` steps, and at every step up to ``dense_until``. With ``average_from``
+    the records at steps ≥ it are also averaged: ⟨Δ⟩ and ⟨‖WΓ_WWᵀ‖_F⟩ (the time-averaged
+    balance, whose relative size is the equilibrium's O(η) bias, without the parameters' own
+    O(√η) fluctuation that the mean of ‖Δ‖ carries).
     """
     U, W = U0.clone(), W0.clone()
     R, n, _ = U.shape
@@ -121,9 +128,16 @@ def train_two_layer(
     loss: list[Tensor] = []
     ent: list[Tensor] = []
     diverged = False
+    avg = {"n": 0, "delta": torch.zeros(0), "wgw": torch.zeros(0)}
 
     def record(t: int) -> None:
         delta, wgw = balance(U, W, sx, se)
+        if average_from is not None and t >= average_from:
+            first = avg["n"] == 0
+            avg["delta"] = delta.clone() if first else avg["delta"] + delta
+            nw = torch.linalg.matrix_norm(wgw)
+            avg["wgw"] = nw if first else avg["wgw"] + nw
+            avg["n"] = int(avg["n"]) + 1
         nd = torch.linalg.matrix_norm(delta)
         rec_step.append(t)
         dn.append(nd)
@@ -170,6 +184,8 @@ def train_two_layer(
         U=U,
         W=W,
         diverged=diverged,
+        delta_mean=(avg["delta"] / avg["n"]).numpy() if avg["n"] else None,
+        wgw_norm_mean=(avg["wgw"] / avg["n"]).numpy() if avg["n"] else None,
     )
 
 

@@ -367,6 +367,8 @@ def claims(results: dict[str, Any], cfg: Config) -> list[Claim]:
             op=Op.LT,
             threshold=0.10,
             note=cn,
+            why=f"the SGF form omits the η²ḡᵀAḡ term of the discrete step (η = {cfg.lr:g}, S = "
+            f"{cfg.batch_size}); the corrected discrete form, which keeps it, is within {d:.1%}",
         ),
         Claim(
             id="printed_eq9_constant",
@@ -377,6 +379,8 @@ def claims(results: dict[str, Any], cfg: Config) -> list[Claim]:
             op=Op.LT,
             threshold=0.10,
             note=f"{pn}; the printed σ² is half of Itô's 2σ² (docs/concepts/flow.md)",
+            why=f"the measured 4γ⟨C⟩ is {1 + p:.2f}× the printed σ²⟨Tr[ΣA]⟩: Itô's term is 2σ², "
+            f"not σ² (factor 2), times the SGF form's own gap of {c:.1%}",
         ),
         Claim(
             id="solver_vs_time_average",

@@ -21,6 +21,7 @@ all noise settings at once as a batch of matrices and is shared with Fig. 8.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -281,9 +282,15 @@ def run(cfg: Config, seed: int, out_dir: Path) -> dict[str, Any]:
         record_every=max(1, cfg.steps // cfg.n_records),
         seed=derive_seed(seed, "constant"),
         dense_until=round(cfg.dense_frac * cfg.steps),
+        average_from=math.ceil(cfg.burn_in_frac * cfg.steps),
     )
     window = const.step >= cfg.burn_in_frac * cfg.steps
+    # diagnostic: the mean of the instantaneous ‖Δ‖ (the parameters' own O(√η) noise)
     const_avg = const.rel_err[:, window].mean(axis=1).reshape(cs, R)  # [seed, Σ_ε]
+    # the paper's quantity: the balance of the time-averaged charges, ‖⟨Δ⟩‖ / ⟨‖WΓ_WWᵀ‖⟩
+    assert const.delta_mean is not None and const.wgw_norm_mean is not None
+    bias = np.linalg.norm(const.delta_mean, axis=(-2, -1)) / const.wgw_norm_mean
+    const_bias = bias.reshape(cs, R)  # [seed, Σ_ε]
     floors = const.delta_norm[:, window].mean(axis=1)
     r2 = np.array(
         [exponential_fit_r2(const.step, const.delta_norm[i], floors[i]) for i in range(cs * R)]
@@ -333,6 +340,8 @@ def run(cfg: Config, seed: int, out_dir: Path) -> dict[str, Any]:
         "constant_window_start": float(cfg.burn_in_frac * cfg.steps),
         "constant_time_avg_rel_err": const_avg,
         "constant_worst_per_seed": const_avg.max(axis=1),
+        "constant_balance_bias": const_bias,
+        "constant_worst_bias_per_seed": const_bias.max(axis=1),
         "constant_exp_r2": r2,
         "constant_diverged": bool(const.diverged),
         "library_flow_vs_theory": np.array([c["flow_vs_theory"] for c in lib]),
@@ -353,6 +362,7 @@ def run(cfg: Config, seed: int, out_dir: Path) -> dict[str, Any]:
 def claims(results: dict[str, Any], cfg: Config) -> list[Claim]:
     note = "" if not results["sgd_diverged"] else "SGD diverged"
     worst = np.asarray(results["constant_worst_per_seed"], dtype=float)
+    bias = over_seeds(results["constant_worst_bias_per_seed"])
     r2 = np.asarray(results["constant_exp_r2"], dtype=float)
     ok = np.isfinite(r2)
     lib_err = np.asarray(results["library_rel_err"], dtype=float)
@@ -364,14 +374,18 @@ def claims(results: dict[str, Any], cfg: Config) -> list[Claim]:
     window = f"records after step {results['constant_window_start']:g} of {cfg.steps}"
     return [
         Claim(
-            id="sgd_balance_constant_lr",
-            statement="The paper's protocol (constant η): SGD sits at the Thm 5.2 balance "
-            "UᵀΓ_UU ≈ WΓ_WWᵀ: time average of ‖Δ‖_F / ‖WΓ_WWᵀ‖_F over the stationary window, "
-            "worst Σ_ε run, mean over seeds",
-            value=float(worst.mean()),
+            id="sgd_balance_bias_constant_lr",
+            statement="The paper's protocol (constant η): SGD's stationary state is the Thm 5.2 "
+            "noise equilibrium UᵀΓ_UU = WΓ_WWᵀ up to an O(η) bias: ‖⟨Δ⟩‖_F / ⟨‖WΓ_WWᵀ‖_F⟩, "
+            "Δ time-averaged over the stationary window, worst Σ_ε run, mean over seeds",
+            value=bias.mean,
             op=Op.LT,
             threshold=0.1,
-            note=f"{over_seeds(worst).note()}; η = {cfg.lr:g} constant, window: {window}" + cdiv,
+            note=f"{bias.note()}; η = {cfg.lr:g} constant, window: {window}. Diagnostic (not "
+            "the claim): the time average of the instantaneous ‖Δ‖_F / ‖WΓ_WWᵀ‖_F, which "
+            f"measures the parameters' own O(√η) fluctuation, {over_seeds(worst).note()}" + cdiv,
+            why=f"the balance of the time-averaged charges is off by {bias.mean:.3g} at "
+            f"η = {cfg.lr:g} (threshold 0.1)",
         ),
         Claim(
             id="delta_exponential_constant_lr",

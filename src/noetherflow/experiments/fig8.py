@@ -253,6 +253,7 @@ def _run_setting(cfg: Config, seed: int, item: tuple[float, int, int, bool]) -> 
         seed=derive_seed(seed, "sgd", key),
         lr_final=None if constant else lr * cfg.lr_final_factor,
         decay_frac=cfg.decay_frac,
+        average_from=math.ceil(cfg.burn_in_frac * steps) if constant else None,
     )
     U, W = res.U.to(_DTYPE), res.W.to(_DTYPE)
     window = res.step >= cfg.burn_in_frac * steps
@@ -270,12 +271,18 @@ def _run_setting(cfg: Config, seed: int, item: tuple[float, int, int, bool]) -> 
             seed=derive_seed(seed, "eval", key),
         )
     bad = np.full(cfg.n_seeds, math.inf)
+    bias = bad
+    if res.delta_mean is not None and res.wgw_norm_mean is not None and not res.diverged:
+        # the paper's quantity: the balance of the time-averaged charges (O(η) bias)
+        bias = np.linalg.norm(res.delta_mean, axis=(-2, -1)) / res.wgw_norm_mean
     return {
         "step": res.step,
         "rel_err": res.rel_err,  # [n_seeds, T]
         "loss_excess": res.loss - dim,
         "final_rel_err": res.rel_err[:, -1] if not res.diverged else bad,
+        # diagnostic: the mean of the instantaneous ‖Δ‖ (the parameters' own O(√η) noise)
         "time_avg_rel_err": res.rel_err[:, window].mean(axis=1) if not res.diverged else bad,
+        "balance_bias": bias,  # [n_seeds] ‖⟨Δ⟩‖ / ⟨‖WΓ_WWᵀ‖⟩ (constant runs only)
         "ratio": measured_norm_ratio(U, W),
         "ratio_pred": predicted_norm_ratio(U, W, sx, se),
         "steps": steps,
@@ -319,10 +326,12 @@ def run(cfg: Config, seed: int, out_dir: Path) -> dict[str, Any]:
                 "norm_ratio_pred": o["ratio_pred"],
                 "diverged": o["diverged"],
                 "constant_time_avg_rel_err": c["time_avg_rel_err"],
+                "constant_balance_bias": c["balance_bias"],
                 "constant_diverged": c["diverged"],
             }
         )
     const_avg = np.stack([r["constant_time_avg_rel_err"] for r in table])  # [settings, seeds]
+    const_bias = np.stack([r["constant_balance_bias"] for r in table])  # [settings, seeds]
     finals = np.stack([r["final_rel_err"] for r in table])
     ratio_dev = np.stack([np.abs(r["norm_ratio"] / r["norm_ratio_pred"] - 1.0) for r in table])
     return {
@@ -334,6 +343,10 @@ def run(cfg: Config, seed: int, out_dir: Path) -> dict[str, Any]:
         "any_diverged": bool(any(r["diverged"] for r in table)),
         "constant_worst_time_avg_rel_err_per_seed": const_avg.max(axis=0),
         "constant_worst_setting_per_seed": [_label(table[i]) for i in const_avg.argmax(axis=0)],
+        "constant_worst_bias_per_seed": const_bias.max(axis=0),
+        "constant_worst_bias_setting_per_seed": [
+            _label(table[i]) for i in const_bias.argmax(axis=0)
+        ],
         "constant_any_diverged": bool(any(r["constant_diverged"] for r in table)),
         "library_centre": done[(cfg.lr, cfg.batch_size, cfg.dim, False)]["library"],
     }
@@ -345,6 +358,8 @@ def _label(row: dict[str, Any]) -> str:
 
 def claims(results: dict[str, Any], cfg: Config) -> list[Claim]:
     const = over_seeds(results["constant_worst_time_avg_rel_err_per_seed"])
+    bias = over_seeds(results["constant_worst_bias_per_seed"])
+    worst_b = ", ".join(results["constant_worst_bias_setting_per_seed"])
     final = over_seeds(results["worst_final_rel_err_per_seed"])
     vals = np.sort(
         np.concatenate(
@@ -354,18 +369,22 @@ def claims(results: dict[str, Any], cfg: Config) -> list[Claim]:
     worst_c = ", ".join(results["constant_worst_setting_per_seed"])
     return [
         Claim(
-            id="all_converge_constant_lr",
-            statement="The paper's protocol (constant η): for every η, d and S of the sweep SGD "
-            "sits at the Thm 5.2 noise equilibrium: time average over the stationary window of "
-            "‖UᵀΓ_UU − WΓ_WWᵀ‖_F / ‖WΓ_WWᵀ‖_F, max over settings (per seed; value: mean over "
-            "seeds)",
-            value=const.mean,
+            id="all_converge_bias_constant_lr",
+            statement="The paper's protocol (constant η): for every η, d and S of the sweep "
+            "SGD's stationary state is the Thm 5.2 noise equilibrium up to an O(η) bias: "
+            "‖⟨UᵀΓ_UU − WΓ_WWᵀ⟩‖_F / ⟨‖WΓ_WWᵀ‖_F⟩, time-averaged over the stationary window, "
+            "max over settings (per seed; value: mean over seeds)",
+            value=bias.mean,
             op=Op.LT,
             threshold=0.1,
-            note=f"{const.note()}; window: records after {cfg.burn_in_frac:.0%} of each run's "
-            f"steps; worst setting per seed: {worst_c}"
-            f"; over all {len(vals)} (setting, seed) runs {vals[0]:.3g}–{vals[-1]:.3g}"
+            note=f"{bias.note()}; window: records after {cfg.burn_in_frac:.0%} of each run's "
+            f"steps; worst setting per seed: {worst_b}. Diagnostic (not the claim): the time "
+            "average of the instantaneous ‖Δ‖_F / ‖WΓ_WWᵀ‖_F, which measures the parameters' own "
+            f"O(√η) fluctuation, {const.note()} (worst setting per seed: {worst_c}; over all "
+            f"{len(vals)} (setting, seed) runs {vals[0]:.3g}–{vals[-1]:.3g})"
             + ("; a constant-η run diverged" if results["constant_any_diverged"] else ""),
+            why=f"the balance of the time-averaged charges is off by {bias.mean:.3g} in the "
+            f"worst setting ({worst_b}; threshold 0.1)",
         ),
         Claim(
             id="library_flow_matches_theory",

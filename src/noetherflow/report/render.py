@@ -5,9 +5,9 @@ through :func:`markupsafe.escape`), Markdown with the same guarantee by ``finali
 ``{{ value }}`` is made Markdown-inert (``\ ` * [ ]`` backslash-escaped; ``& < >`` and ``$`` as
 entities, so no HTML, link, image, code span or math delimiter can come out of a value;
 ``(`` and ``)`` stay bare, since ``\(`` is a math delimiter to the docs' arithmatex, except a
-``(`` right after a ``]``, written ``&#40;``), unless a filter already made it safe: ``cell`` (a table cell: also ``|`` and line breaks), ``fence``
-(a code block fenced longer than any backtick run inside) and ``url`` (a percent-quoted
-relative link).
+``(`` right after a ``]``, written ``&#40;``), unless a filter already made it safe: ``cell``
+(a table cell: also ``|`` and line breaks), ``fence`` (a code block fenced longer than any
+backtick run inside) and ``url`` (a percent-quoted relative link).
 """
 
 from __future__ import annotations
