@@ -349,6 +349,9 @@ def teleport_claims(results: dict[str, Any], cfg: Any, teleports: Sequence[str])
                 threshold=0,
                 note=f"diverged {s['n_diverged']}/{cfg.n_seeds}; no warmup at η*: "
                 f"{star['none']['n_trains']}/{cfg.n_seeds} train",
+                why=f"{s['n_diverged']} of {cfg.n_seeds} seeds diverge after {LABELS[m]} at "
+                f"η* = {results['lr_star']}: the equilibrium it moves to is not stable at η* "
+                f"for them (without warmup {star['none']['n_trains']}/{cfg.n_seeds} train)",
             )
         )
         out.append(
@@ -365,6 +368,9 @@ def teleport_claims(results: dict[str, Any], cfg: Any, teleports: Sequence[str])
                 f"no warmup {star['none']['final_test_acc_mean']:.4f} ± "
                 f"{star['none']['final_test_acc_std']:.4f}; test loss {m} "
                 f"{s['final_test_loss_mean']:.4f} vs warmup {w['final_test_loss_mean']:.4f}",
+                why=f"{LABELS[m]} ends at test accuracy {s['final_test_acc_mean']:.3f} against "
+                f"warmup's {w['final_test_acc_mean']:.3f}, with {s['n_diverged']} of "
+                f"{cfg.n_seeds} seeds diverged (scored 0.1)",
             )
         )
         out.append(
@@ -377,6 +383,8 @@ def teleport_claims(results: dict[str, Any], cfg: Any, teleports: Sequence[str])
                 threshold=stable["warmup"],
                 note="largest stable lr per method: "
                 + ", ".join(f"{k} {v}" for k, v in stable.items()),
+                why=f"{LABELS[m]} trains every seed only up to η = {stable[m]} of the grid, "
+                f"warmup up to {stable['warmup']}",
             )
         )
     return out
@@ -478,6 +486,8 @@ def grid_claims(results: dict[str, Any], cfg: Any, teleports: Sequence[str]) -> 
                 c.op,
                 c.threshold,
                 note=c.note,
+                kind=c.kind,
+                why=c.why,
             )
         )
     return out

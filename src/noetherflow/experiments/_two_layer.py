@@ -284,3 +284,19 @@ def exponential_fit_r2(step: np.ndarray, delta: np.ndarray, floor: float) -> flo
     slope, icpt = np.polyfit(t, y, 1)
     resid = y - (slope * t + icpt)
     return float(1.0 - resid @ resid / ((y - y.mean()) @ (y - y.mean())))
+
+
+def decay_rate_ratio(step: np.ndarray, delta: np.ndarray, floor: float) -> float:
+    """How far the decay of ``‖Δ_t‖`` is from one exponential: the mean slope of
+    ``−log ‖Δ_t‖`` over the first fifth of the decay phase (as in :func:`exponential_fit_r2`)
+    divided by that over the other four fifths (1 for an exponential); NaN with fewer than 10
+    records in the phase."""
+    below = np.nonzero(delta <= 10.0 * floor)[0]
+    end = int(below[0]) if below.size else len(delta)
+    if end < 10:
+        return float("nan")
+    k = end // 5
+    t, y = step.astype(float), np.log(delta)
+    early = (y[0] - y[k]) / (t[k] - t[0])
+    late = (y[k] - y[end - 1]) / (t[end - 1] - t[k])
+    return float(early / late) if late != 0 else float("nan")

@@ -35,6 +35,7 @@ from noetherflow.experiments._base import Claim, Kind, Op, derive_seed, save_fig
 from noetherflow.experiments._claims import over_seeds
 from noetherflow.experiments._two_layer import (
     balance,
+    decay_rate_ratio,
     exponential_fit_r2,
     library_flow_check,
     measured_norm_ratio,
@@ -295,6 +296,9 @@ def run(cfg: Config, seed: int, out_dir: Path) -> dict[str, Any]:
     r2 = np.array(
         [exponential_fit_r2(const.step, const.delta_norm[i], floors[i]) for i in range(cs * R)]
     ).reshape(cs, R)
+    rate_ratio = np.array(
+        [decay_rate_ratio(const.step, const.delta_norm[i], floors[i]) for i in range(cs * R)]
+    ).reshape(cs, R)
     lib = [
         library_flow_check(
             sgd.U[r],
@@ -343,6 +347,7 @@ def run(cfg: Config, seed: int, out_dir: Path) -> dict[str, Any]:
         "constant_balance_bias": const_bias,
         "constant_worst_bias_per_seed": const_bias.max(axis=1),
         "constant_exp_r2": r2,
+        "constant_decay_rate_ratio": rate_ratio,
         "constant_diverged": bool(const.diverged),
         "library_flow_vs_theory": np.array([c["flow_vs_theory"] for c in lib]),
         "library_rel_err": np.array([c["library_rel_err"] for c in lib]),
@@ -365,6 +370,8 @@ def claims(results: dict[str, Any], cfg: Config) -> list[Claim]:
     bias = over_seeds(results["constant_worst_bias_per_seed"])
     r2 = np.asarray(results["constant_exp_r2"], dtype=float)
     ok = np.isfinite(r2)
+    ratios = np.asarray(results["constant_decay_rate_ratio"], dtype=float)
+    rates = float(np.nanmedian(ratios)) if np.isfinite(ratios).any() else float("nan")
     lib_err = np.asarray(results["library_rel_err"], dtype=float)
     closed = np.asarray(results["sgd_final_rel_err"], dtype=float)[0]
     worst_a = over_seeds(results["sgd_worst_rel_err_per_seed"])
@@ -399,6 +406,8 @@ def claims(results: dict[str, Any], cfg: Config) -> list[Claim]:
             f"of {r2.size} runs"
             + ("" if ok.all() else " (the others have fewer than 10 records in the decay phase)")
             + cdiv,
+            why=f"two rates, not one: −log‖Δ‖ falls {rates:.1f}× faster over the first fifth "
+            "of the decay phase (while the loss drops) than over the rest (median over runs)",
         ),
         Claim(
             id="sgd_balance_rel_err",

@@ -297,6 +297,10 @@ def claims(results: dict[str, Any], cfg: Config) -> list[Claim]:
     for net, what in (("norm", "scale-invariant ‖W₁‖²"), ("relu", "per-neuron rescaling")):
         exact = _over_seeds(results, net, "rel_exact")
         reduced = _over_seeds(results, net, "rel_reduced")
+        cross = max(
+            (r["cross_share"] for ps in results["per_seed"] for r in ps["runs"] if r["net"] == net),
+            default=float("nan"),
+        )
         out.append(
             Claim(
                 id=f"sgdm_{net}_exact",
@@ -321,6 +325,8 @@ def claims(results: dict[str, Any], cfg: Config) -> list[Claim]:
                 op=Op.LT,
                 threshold=0.05,
                 note=reduced.note() + div,
+                why=f"the effective-coefficient flow drops ⟨vᵀA∇L⟩, up to {cross:.1%} of the noise "
+                f"term here; the exact map that keeps it is within {exact.mean:.1%}",
             )
         )
     buf = _over_seeds(results, "norm", "buffer_ratio_rel")

@@ -425,6 +425,9 @@ def _claims(results: dict[str, Any], cfg: Config, prefix: str) -> list[Claim]:
             note=(f"divergence steps {sorted(div_steps)}; " if div_steps else "")
             + f"no warmup, no teleport: {runs['none']['n_diverged']}/{cfg.n_seeds} diverged; "
             f"warmup: {warm['n_diverged']}/{cfg.n_seeds}",
+            why=f"{tele['n_diverged']} of {cfg.n_seeds} seeds diverge at η_max after the teleport: "
+            f"the flattest point of the init's orbit has E_x λ_max {orbit_min:.4g} against "
+            f"2/η_max = {thr:.4g}, so no teleport can make η_max stable in this setting",
         ),
         Claim(
             id=f"{prefix}teleport_flattens",
@@ -437,6 +440,8 @@ def _claims(results: dict[str, Any], cfg: Config, prefix: str) -> list[Claim]:
             note=f"2/η_max = {thr:.4g}; λ_max Kaiming {eig_k:.4g}, teleported {eig_t:.4g}; "
             f"smallest over the orbit of the init {orbit_min:.4g}; population Hessian "
             f"λ_max Kaiming {pop_k:.4g}, teleported {pop_t:.4g}",
+            why=f"the teleported λ_max is {eig_t:.4g} against 2/η_max = {thr:.4g}; the flattest "
+            f"point of the init's orbit is {orbit_min:.4g}, so no teleport can go below",
         ),
         Claim(
             id=f"{prefix}teleport_faster",
@@ -449,6 +454,9 @@ def _claims(results: dict[str, Any], cfg: Config, prefix: str) -> list[Claim]:
             f"loss {tele['final_loss']:.4g}; the {tele['survivors']} teleport seeds that did "
             f"not diverge: steps {tele['survivors_steps_to_warmup_final_loss']}, final loss "
             f"{tele['survivors_final_loss']:.4g}",
+            why=f"{tele['n_diverged']} of {cfg.n_seeds} teleport seeds diverge, so the seed-mean "
+            "loss never reaches warmup's; the survivors reach it at steps "
+            f"{tele['survivors_steps_to_warmup_final_loss']}",
         ),
     ]
 

@@ -172,6 +172,9 @@ def claims(results: dict[str, Any], cfg: Config) -> list[Claim]:
             note=f"fails: {'; '.join(bad[:6])}{' …' if len(bad) > 6 else ''}; holds: "
             f"{'; '.join(good[:4])}{' …' if len(good) > 4 else ''}. With κ < 0 the decay term "
             "−κC(θ_λ) increases with λ; the printed proof covers γ ≥ 0 only",
+            why=f"with γ < 0, κ < 0 and the decay term −κC(θ_λ) increases with λ: in {len(bad)} "
+            f"of {len(neg)} γ < 0 cases G_d is not decreasing with one zero (our criterion "
+            f"mispredicts {len(miss)})",
         ),
         Claim(
             id="negative_gamma_criterion",

@@ -579,6 +579,9 @@ def _drift_claims(dr: dict[str, Any], cfg: Config) -> list[Claim]:
             note=f"spread of C over chains (RMS) {dr['spread_rms']:.3g}; library C* vs the "
             f"closed form at the minimum: RMS {dr['library_vs_closed_form_rms']:.3g}; against "
             f"the closed-form C* the relative RMS is {dr['relative_rms_closed_form']:.3g}",
+            why=f"each chain fluctuates around C* at η = {cfg.drift_lr:g} (spread of C over "
+            f"chains, RMS {dr['spread_rms']:.3g}), and the distance is measured per chain; against the "
+            f"closed-form C* it is {dr['relative_rms_closed_form']:.3g}",
         ),
         Claim(
             id="drift_charge_follows",
@@ -601,6 +604,10 @@ def _drift_claims(dr: dict[str, Any], cfg: Config) -> list[Claim]:
             f"{dr['stationary_bias_before_drift']:+.3g} from C* already before the drift "
             "(discrete-step bias, absent from the SGF of the lemma); lag RMS after removing that "
             f"bias {dr['lag_rms_minus_stationary_bias']:.3g}",
+            why=f"the chain-mean C sits {dr['stationary_bias_before_drift']:+.3g} from C* already "
+            "before the drift (a discrete-step bias the lemma's SGF lacks); without it the lag "
+            f"RMS is {dr['lag_rms_minus_stationary_bias']:.3g} against the bound "
+            f"{dr['lemma_b5_bound']:.3g}",
         ),
     ]
 
