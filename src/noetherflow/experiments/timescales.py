@@ -580,8 +580,8 @@ def _drift_claims(dr: dict[str, Any], cfg: Config) -> list[Claim]:
             f"closed form at the minimum: RMS {dr['library_vs_closed_form_rms']:.3g}; against "
             f"the closed-form C* the relative RMS is {dr['relative_rms_closed_form']:.3g}",
             why=f"each chain fluctuates around C* at η = {cfg.drift_lr:g} (spread of C over "
-            f"chains, RMS {dr['spread_rms']:.3g}), and the distance is measured per chain; against the "
-            f"closed-form C* it is {dr['relative_rms_closed_form']:.3g}",
+            f"chains, RMS {dr['spread_rms']:.3g}), and the distance is measured per chain; "
+            f"against the closed-form C* it is {dr['relative_rms_closed_form']:.3g}",
         ),
         Claim(
             id="drift_charge_follows",
