@@ -60,13 +60,16 @@ CORRECTIONS: tuple[Correction, ...] = (
         checks=(
             Check(
                 "eq9",
-                "corrected_sgf_constant",
-                "worst relative difference over γ between 4γ⟨C⟩ and (η/S)⟨Tr[ΣA]⟩ at constant η",
+                "corrected_discrete_constant",
+                "per SGD step at constant η, κ⟨C⟩ against ⟨η²(ḡᵀAḡ + Tr[ΣA]/S)⟩, whose noise "
+                "term is the corrected 2σ²Tr[ΣA] per unit time (worst relative difference "
+                "over γ); the SGF form's own finite-η gap is eq9/corrected_sgf_constant",
             ),
             Check(
                 "eq9",
                 "printed_eq9_constant",
-                "the same with the printed σ²⟨Tr[ΣA]⟩: expected to fail, by a factor 2",
+                "the same charge against the printed σ²⟨Tr[ΣA]⟩: fails by the factor 2 the "
+                "correction predicts (a printed-form check)",
             ),
             Check(
                 "remark44",
@@ -91,9 +94,10 @@ CORRECTIONS: tuple[Correction, ...] = (
         checks=(
             Check(
                 "eq9",
-                "corrected_sgf_constant",
-                "a scale-invariant layer (A = I, C = ‖θ‖²): 4γ⟨‖θ‖²⟩ against (η/S)⟨Tr Σ⟩, the "
-                "stationary form of the corrected eq. (24)",
+                "corrected_discrete_constant",
+                "a scale-invariant layer (A = I, C = ‖θ‖²): κ⟨‖θ‖²⟩ against "
+                "⟨η²(‖ḡ‖² + Tr Σ/S)⟩, the stationary per-step form of the corrected eq. (24) "
+                "(−4γ, not −γ; 2σ², not σ²)",
             ),
             Check(
                 "fig1",
@@ -237,5 +241,35 @@ CORRECTIONS: tuple[Correction, ...] = (
             ),
         ),
         tests=("tests/test_theory.py::test_discrete_relaxation_rate_matches_recursion_slope",),
+    ),
+    Correction(
+        id="thmd1-negative-gamma",
+        where="Thm D.1 (App. D), for γ < 0",
+        paper="for any γ ∈ ℝ, G_d(θ_λ) is monotonically decreasing in λ with a unique zero "
+        "(γ < 0 'follows an analogous proof')",
+        corrected="for γ ≥ 0 as printed; for γ < 0 only where the rate coefficients allow it: "
+        "with G_d = Σ_r c_r e^{rλ}, decreasing if every r·c_r ≤ 0, not decreasing if the "
+        "extreme rates have the wrong sign (scale invariance has no zero at all for κ < 0)",
+        derivation=(
+            "G_d(θ_λ) = −κC(θ_λ) + η²Tr[A(∇L∇Lᵀ + Σ/S)](θ_λ) with κ = 4ηγ(1 − ηγ); C(θ_λ) = "
+            "θᵀAe^{2λA}θ increases with λ, so −κC decreases only when κ ≥ 0.",
+            "For γ < 0, κ < 0 and −κC(θ_λ) increases with λ: G_d is the sum of an increasing "
+            "and a decreasing function, monotone only when one dominates, as the criterion "
+            "on the exponential rates r and coefficients c_r of G_d states.",
+        ),
+        checks=(
+            Check(
+                "thm-d1",
+                "negative_gamma_as_printed",
+                "γ < 0 cases where G_d is not strictly decreasing with one zero, the statement "
+                "as printed: expected to fail (a printed-form check)",
+            ),
+            Check(
+                "thm-d1",
+                "negative_gamma_criterion",
+                "γ < 0 cases that the corrected criterion mispredicts (measured monotonicity on "
+                "the library's grid and the closed form)",
+            ),
+        ),
     ),
 )
