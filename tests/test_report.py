@@ -64,6 +64,7 @@ def _claim(
 def _unescape_md(md: str) -> str:
     """What a Markdown renderer shows for escaped text (backslash escapes, entities)."""
     text = re.sub(r"\\(.)", r"\1", md)
+    text = text.replace("&#40;", "(").replace("&#36;", "$")
     return text.replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&")
 
 
@@ -283,3 +284,22 @@ def test_malformed_record_fields_do_not_crash(tmp_path: Path, bad: Any) -> None:
     assert "fig1" in report.render_markdown([rec])
     assert "fig1" in report.render_html([rec], tmp_path)
     report.summary_table([rec])
+
+
+def test_docs_markdown_pipeline_shows_values_as_text() -> None:
+    """The Results page's Markdown (Python-Markdown with the docs' arithmatex and tables):
+    a value's \\( … \\) or $ … $ stays text, never math; the table keeps its columns."""
+    markdown = pytest.importorskip("markdown")
+    pytest.importorskip("pymdownx")
+    rec = _rec(
+        "fig1",
+        claims=[_claim("c", 2.0, False, why="4γ⟨C⟩ = (η/S)Tr[ΣA] costs $1 and $2 | x")],
+    )
+    md = report.render_markdown([rec])
+    page = markdown.markdown(
+        md,
+        extensions=["tables", "md_in_html", "pymdownx.arithmatex", "pymdownx.superfences"],
+        extension_configs={"pymdownx.arithmatex": {"generic": True}},
+    )
+    assert "arithmatex" not in page
+    assert "(η/S)Tr[ΣA] costs $1 and $2 | x" in html.unescape(page)

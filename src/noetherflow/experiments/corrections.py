@@ -148,13 +148,54 @@ CORRECTIONS: tuple[Correction, ...] = (
         ),
         checks=(
             Check(
-                "fig4",
-                "progressive_flattening",
-                "S_end / S_init; the claim's note compares the measured S_init with the "
-                "corrected eq. (15)",
+                "eq15",
+                "s_init_corrected",
+                "mean Tr ∇²L (autograd) over i.i.d. inits with d_x = 12 ≠ d_y = 3 against "
+                "2·d_y·d(σ_U² + σ_W²)Tr[Σ_x], worst over Kaiming, fan-in Kaiming and Xavier",
+            ),
+            Check(
+                "eq15",
+                "s_init_printed_eq15",
+                "the same against the printed d_x d: fails by d_y/d_x − 1 = −0.75 (a "
+                "printed-form check)",
             ),
         ),
         tests=("tests/test_theory.py::test_sharpness_at_init_matches_pytorch_initialisers",),
+    ),
+    Correction(
+        id="kaiming-remark",
+        where="§5.2, after eq. (15): the Kaiming remark",
+        paper="for Kaiming init. (σ_U² = 1, σ_W² = 1/d_x) 'the only case when the Kaiming init. "
+        "does not experience progressive flattening is when d = d_x = d_y'",
+        corrected="with σ_U² = 1 Kaiming always flattens for d > 1: at d = d_x = d_y, "
+        "S_init/S_end = (d + 1)/2; the remark holds for PyTorch's fan-in Kaiming "
+        "(σ_U² = 1/d), where S_init/S_end = (d_x + d)/(2 min(d, d_x)) = 1 iff d = d_x",
+        derivation=(
+            "By eq. (15) (corrected) and Prop. 5.3 for the autoencoder, S_init/S_end = "
+            "d_y d(σ_U² + σ_W²)/(2 min(d, d_x)); the factor c of Prop. 5.3 cancels.",
+            "With σ_U² = 1, σ_W² = 1/d_x and d = d_x = d_y this is d(d + 1)/(2d) = (d + 1)/2 "
+            "> 1; with σ_U² = 1/d it is (d + d_x)/(2 min(d, d_x)), equal to 1 iff d = d_x.",
+        ),
+        checks=(
+            Check(
+                "eq15",
+                "kaiming_flattens_at_equal_widths",
+                "measured S_init/S_end at d = d_x = d_y = 6 (autograd; S_end at eq. 15's end "
+                "point) against (d + 1)/2",
+            ),
+            Check(
+                "eq15",
+                "kaiming_remark_as_printed",
+                "the same ratio against 1 (no flattening), the remark as printed: expected "
+                "to fail (a printed-form check)",
+            ),
+            Check(
+                "eq15",
+                "fan_in_kaiming_no_flattening",
+                "with σ_U² = 1/d the ratio is 1: the remark's statement holds for PyTorch's "
+                "Kaiming",
+            ),
+        ),
     ),
     Correction(
         id="thm54-traces",
