@@ -98,6 +98,7 @@ def train_two_layer(
     chunk: int = 200,
     dense_until: int = 0,
     average_from: int | None = None,
+    weight_decay: float = 0.0,
 ) -> TrainResult:
     """SGD (fresh minibatches of the data model) or population GD on ``‖UWx − y‖²``.
 
@@ -108,7 +109,9 @@ def train_two_layer(
     ``record_every`` steps, and at every step up to ``dense_until``. With ``average_from``
     the records at steps ≥ it are also averaged: ⟨Δ⟩ and ⟨‖WΓ_WWᵀ‖_F⟩ (the time-averaged
     balance, whose relative size is the equilibrium's O(η) bias, without the parameters' own
-    O(√η) fluctuation that the mean of ‖Δ‖ carries).
+    O(√η) fluctuation that the mean of ‖Δ‖ carries). ``weight_decay`` γ adds
+    ``γ(‖U‖_F² + ‖W‖_F²)`` to the loss (eq. 12), i.e. ``−2ηγ`` times the weights per step
+    (SGD only). The recorded Δ and loss are those without the weight-decay term.
     """
     U, W = U0.clone(), W0.clone()
     R, n, _ = U.shape
@@ -168,7 +171,11 @@ def train_two_layer(
                 gU = res.transpose(-2, -1) @ h
                 gW = (res @ U).transpose(-2, -1) @ X
                 c = 2.0 * eta * loss_scale / batch_size
-                U, W = U - c * gU, W - c * gW
+                if weight_decay:
+                    shrink = 2.0 * eta * weight_decay
+                    U, W = U - c * gU - shrink * U, W - c * gW - shrink * W
+                else:
+                    U, W = U - c * gU, W - c * gW
             t += 1
             if t % record_every == 0 or t == steps or t <= dense_until:
                 record(t)

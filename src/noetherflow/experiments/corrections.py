@@ -313,4 +313,36 @@ CORRECTIONS: tuple[Correction, ...] = (
             ),
         ),
     ),
+    Correction(
+        id="thm52-weight-decay",
+        where="Thm 5.2 (§5.2, after eq. 13) and App. C (eqs. 87–88): the weight-decay term",
+        paper="Γ_W = E[‖r‖²xxᵀ] + 2γI, Γ_U = E[‖x‖²rrᵀ] + 2γI (main text); ηΣ′ + γI, i.e. a "
+        "ridge γ/η (App. C)",
+        corrected="Γ → Γ + ρI with ρ = γS/η (continuous time), ρ = γ(1 − ηγ)S/η per SGD step",
+        derivation=(
+            "For C_B = Tr[B(UᵀU − WWᵀ)] the expected flow is (4η/S)Tr[B(WΓ_WWᵀ − UᵀΓ_UU)] − "
+            "4γTr[B(UᵀU − WWᵀ)] (the noise term with Itô's factor, eq. 7 corrected).",
+            "Writing −4γ(UᵀU − WWᵀ) = (4η/S)(W(γS/η)Wᵀ − Uᵀ(γS/η)U) puts the decay into the "
+            "noise matrices as the ridge γS/η; the main text's 2γ and App. C's γ/η drop S/η "
+            "and S.",
+        ),
+        checks=(
+            Check(
+                "thm52-wd",
+                "wd_ratio_corrected",
+                "SGD's time-averaged ‖W‖²/‖U‖² with γ = 0.005, η = 0.02, S = 8 against the "
+                "equilibrium with the corrected ridge",
+            ),
+            Check(
+                "thm52-wd",
+                "wd_ratio_app_c_printed",
+                "the same against App. C's ridge γ/η: expected to fail (a printed-form check)",
+            ),
+            Check(
+                "thm52-wd",
+                "wd_ratio_main_text_printed",
+                "the same against the main text's 2γ: expected to fail (a printed-form check)",
+            ),
+        ),
+    ),
 )
