@@ -131,16 +131,15 @@ def train_two_layer(
     loss: list[Tensor] = []
     ent: list[Tensor] = []
     diverged = False
-    avg = {"n": 0, "delta": torch.zeros(0), "wgw": torch.zeros(0)}
+    sums: list[Tensor] = []  # [Σ Δ, Σ ‖WΓ_WWᵀ‖] over the averaged records
+    n_avg = [0]
 
     def record(t: int) -> None:
         delta, wgw = balance(U, W, sx, se)
         if average_from is not None and t >= average_from:
-            first = avg["n"] == 0
-            avg["delta"] = delta.clone() if first else avg["delta"] + delta
             nw = torch.linalg.matrix_norm(wgw)
-            avg["wgw"] = nw if first else avg["wgw"] + nw
-            avg["n"] = int(avg["n"]) + 1
+            sums[:] = [delta.clone(), nw] if not sums else [sums[0] + delta, sums[1] + nw]
+            n_avg[0] += 1
         nd = torch.linalg.matrix_norm(delta)
         rec_step.append(t)
         dn.append(nd)
@@ -191,8 +190,8 @@ def train_two_layer(
         U=U,
         W=W,
         diverged=diverged,
-        delta_mean=(avg["delta"] / avg["n"]).numpy() if avg["n"] else None,
-        wgw_norm_mean=(avg["wgw"] / avg["n"]).numpy() if avg["n"] else None,
+        delta_mean=(sums[0] / n_avg[0]).numpy() if sums else None,
+        wgw_norm_mean=(sums[1] / n_avg[0]).numpy() if sums else None,
     )
 
 

@@ -304,8 +304,9 @@ def environment(records: Sequence[dict[str, Any]]) -> list[tuple[str, str]]:
     mixed-version run does not look uniform; times are summed over the experiments.
     """
     rows: list[tuple[str, str]] = []
-    envs = [r.get("environment") for r in records]
-    envs = [e for e in envs if isinstance(e, dict)]
+    envs: list[dict[str, Any]] = [
+        e for e in (r.get("environment") for r in records) if isinstance(e, dict)
+    ]
     for key, label in ENV_KEYS:
         values = sorted({str(e[key]) for e in envs if e.get(key) is not None})
         if values:
