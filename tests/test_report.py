@@ -303,3 +303,12 @@ def test_docs_markdown_pipeline_shows_values_as_text() -> None:
     )
     assert "arithmatex" not in page
     assert "(η/S)Tr[ΣA] costs $1 and $2 | x" in html.unescape(page)
+
+
+def test_unchecked_results_are_listed(tmp_path: Path) -> None:
+    from noetherflow.experiments.corrections import UNCHECKED
+
+    md = report.render_markdown([_rec("fig1")])
+    section = md[md.index("## Results of the paper not checked by this run") :]
+    assert UNCHECKED and all(u.where in _unescape_md(section) for u in UNCHECKED)
+    assert "not checked by this run" in report.render_html([_rec("fig1")], tmp_path)

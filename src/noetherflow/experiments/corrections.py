@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["CORRECTIONS", "Check", "Correction"]
+__all__ = ["CORRECTIONS", "UNCHECKED", "Check", "Correction", "Unchecked"]
 
 
 @dataclass(frozen=True)
@@ -344,5 +344,53 @@ CORRECTIONS: tuple[Correction, ...] = (
                 "the same against the main text's 2γ: expected to fail (a printed-form check)",
             ),
         ),
+    ),
+)
+
+
+@dataclass(frozen=True)
+class Unchecked:
+    """A result of the paper that no experiment checks yet, and what checking it would need."""
+
+    where: str
+    statement: str
+    status: str
+
+
+#: Shown in the report so that a referee knows what the run does not cover (issue #30).
+UNCHECKED: tuple[Unchecked, ...] = (
+    Unchecked(
+        "§4.2, the fast- and slow-equilibrium phases",
+        "with σ² large the parameters stay close to the equilibrium early in training; with "
+        "σ² ≪ 1 the motion along the degenerate direction takes off only once the model is "
+        "at a local minimum",
+        "not claimed; timescales measures how t_equi scales with σ², not the two phases",
+    ),
+    Unchecked(
+        "eq. (9), its dependence on the noise level",
+        "4γC(θ*) = σ²Tr[Σ(θ*)A]: the equilibrium charge moves with σ² = η/(2S) at fixed γ",
+        "not claimed; eq9 varies γ at one η and one S",
+    ),
+    Unchecked(
+        "Lemmas B.2–B.4",
+        "the bounds on Ċ/λ* (eq. 44) and −(C − C*)/λ* (eq. 55) behind Thm B.6",
+        "not checked one by one; timescales checks the drifting equilibrium they lead to",
+    ),
+    Unchecked(
+        "Thm B.6, as an asymptotic statement",
+        "E[(C − C*)²] → 0 if s = μ = 0, else (C − C*)²/(C*)² → 0 in probability",
+        "timescales checks distances at finite times (distance_vanishes, drift_*), not limits",
+    ),
+    Unchecked(
+        "Lemma B.5's constant",
+        "the lag of C behind a drifting C* is bounded by |μ|/r₀",
+        "timescales' drift_lag_lemma_b5 fails at 1.29× the bound, which the run attributes to "
+        "a discrete-step bias; whether the printed constant itself is wrong is not derived here",
+    ),
+    Unchecked(
+        "§5.4, the sign statements",
+        "the direction in which the approximate-symmetry term ζℓ₂ moves the fixed point "
+        "(eqs. 20–21)",
+        "approx checks the size of the first-order correction in ζ, not its sign statements",
     ),
 )

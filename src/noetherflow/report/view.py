@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from noetherflow.experiments._claims import KINDS
-from noetherflow.experiments.corrections import CORRECTIONS, Correction
+from noetherflow.experiments.corrections import CORRECTIONS, UNCHECKED, Correction
 from noetherflow.report.records import (
     FAILS,
     HOLDS,
@@ -225,6 +225,9 @@ def build_view(
             if error_of(r)
         ],
         "corrections": [_correction(c, records) for c in CORRECTIONS],
+        "unchecked": [
+            {"where": u.where, "statement": u.statement, "status": u.status} for u in UNCHECKED
+        ],
         "experiments": [_experiment(r, root, inline=inline_figures) for r in records],
         "kind_names": list(KINDS),
     }
