@@ -14,6 +14,7 @@ in the same harness, so that the two teleports are compared side by side.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -300,7 +301,7 @@ def claims(results: dict[str, Any], cfg: Config) -> list[Claim]:
         f"trains {star[m]['n_trains']}/{cfg.n_seeds}, largest stable lr {stable[m]}"
         for m in ("gradnorm_start", "gradnorm_every")
     )
-    out = [Claim(c.id, c.statement, c.value, c.op, c.threshold, note=c.note + extra) for c in out]
+    out = [dataclasses.replace(c, note=c.note + extra) for c in out]  # keeps kind and why
     firsts = [
         r["gradnorm_ratio"][0]
         for r in results["runs"]
