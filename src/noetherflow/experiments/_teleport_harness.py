@@ -349,9 +349,10 @@ def teleport_claims(results: dict[str, Any], cfg: Any, teleports: Sequence[str])
                 threshold=0,
                 note=f"diverged {s['n_diverged']}/{cfg.n_seeds}; no warmup at η*: "
                 f"{star['none']['n_trains']}/{cfg.n_seeds} train",
-                why=f"{s['n_diverged']} of {cfg.n_seeds} seeds diverge after {LABELS[m]} at "
-                f"η* = {results['lr_star']}: the equilibrium it moves to is not stable at η* "
-                f"for them (without warmup {star['none']['n_trains']}/{cfg.n_seeds} train)",
+                why=f"{cfg.n_seeds - s['n_trains']} of {cfg.n_seeds} seeds do not train after "
+                f"{LABELS[m]} at η* = {results['lr_star']} ({s['n_diverged']} of them "
+                "diverged): the equilibrium it moves to does not make η* trainable for them "
+                f"(without warmup {star['none']['n_trains']}/{cfg.n_seeds} train)",
             )
         )
         out.append(
