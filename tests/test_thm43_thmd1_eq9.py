@@ -190,10 +190,14 @@ def test_eq9_claims_on_a_short_run(tmp_path: Path) -> None:
     res = eq9.run(cfg, 0, tmp_path)
     ids = [c.id for c in eq9.claims(res, cfg)]
     assert ids == [
+        "corrected_discrete_across_noise",
         "corrected_discrete_constant", "corrected_sgf_constant", "printed_eq9_constant",
         "solver_vs_time_average", "library_vs_theory", "charge_decreases_with_gamma",
     ]  # fmt: skip
     assert eq9.plot(res, cfg, tmp_path)[0].exists()
+    # the noise sweep: γ = 0.1 at S = 2, 8 (the γ runs) and 32, each its own runs
+    assert sorted(res["per_noise"], key=int) == ["2", "8", "32"]
+    assert res["per_noise"]["8"]["C_mean"] == res["per_gamma"]["0.1"]["C_mean"]
 
 
 @pytest.mark.parametrize("mod", [thm43, thm_d1, eq9, remark44, teleport_mlp, teleport_cnn])

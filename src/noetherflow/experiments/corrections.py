@@ -367,11 +367,6 @@ UNCHECKED: tuple[Unchecked, ...] = (
         "not claimed; timescales measures how t_equi scales with σ², not the two phases",
     ),
     Unchecked(
-        "eq. (9), its dependence on the noise level",
-        "4γC(θ*) = σ²Tr[Σ(θ*)A]: the equilibrium charge moves with σ² = η/(2S) at fixed γ",
-        "not claimed; eq9 varies γ at one η and one S",
-    ),
-    Unchecked(
         "Lemmas B.2–B.4",
         "the bounds on Ċ/λ* (eq. 44) and −(C − C*)/λ* (eq. 55) behind Thm B.6",
         "not checked one by one; timescales checks the drifting equilibrium they lead to",
