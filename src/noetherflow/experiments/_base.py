@@ -76,6 +76,7 @@ from noetherflow.experiments._parallel import (
 
 __all__ = [
     "METRICS_FILE",
+    "NOTES_DIR",
     "SETUP_KEYS",
     "Claim",
     "ExperimentModule",
@@ -90,6 +91,7 @@ __all__ = [
     "evaluate",
     "load_target",
     "make_config",
+    "notes_file",
     "notes_of",
     "parallel_map",
     "run_experiment",
@@ -265,6 +267,9 @@ class Status(str, enum.Enum):
 @dataclass
 class Record:
     """Everything metrics.json holds for one experiment run (:meth:`to_dict` is the file).
+
+    ``elapsed_s`` is the wall time, ``cpu_s`` the CPU time of the process that ran it (its
+    worker processes, with ``jobs > 1``, are not included).
 
     ``error`` is ``None`` or ``{"stage", "type", "message", "traceback"}``; stages are
     load, config, setup, run, claims, plot (and worker, for a worker process that died).
