@@ -9,8 +9,10 @@
   package, a docs dependency) to the site, so formulas are typeset with no network and from
   ``file://`` (SVG output: no font files to load).
 * ``on_page_markdown`` fills the Results page (``reproduction/index.md``) with the report that
-  ``python docs/gen_results.py`` wrote to ``docs/reproduction/_generated/``; without it the
-  page says how to generate it (that is what the CI build shows).
+  ``python docs/gen_results.py`` wrote to ``docs/reproduction/_generated/``, in a
+  ``<div class="nf-report">`` whose tables ``docs/stylesheets/report.css`` lets wrap; without
+  it the page says how to generate it (that is what the CI build shows). The report's values
+  are Markdown-inert (noetherflow.report.render), so arithmatex finds no math in them.
 """
 
 from __future__ import annotations
@@ -110,7 +112,9 @@ def report_markdown(generated: Path = GENERATED) -> str:
             "    about 6 minutes on 2 cores) or `python docs/gen_results.py --from results`\n"
             "    (an existing full run), then rebuild.\n"
         )
-    return report.read_text(encoding="utf-8")
+    # in a block of its own, so docs/stylesheets/report.css can wrap its long table cells
+    body = report.read_text(encoding="utf-8")
+    return f'<div class="nf-report" markdown="1">\n\n{body}\n\n</div>\n'
 
 
 def on_config(config: Any, **_: Any) -> Any:

@@ -186,6 +186,12 @@ def test_mkdocs_build_strict(tmp_path: Path) -> None:
     _run([sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(site)], work, timeout=300)
     results = (site / "reproduction" / "index.html").read_text(encoding="utf-8")
     assert "gf_norm_conserved" in results and "_generated/fig1/fig1.png" in results
+    # rendered, not garbled: the report sits in its wrapping block, its parentheses and
+    # dollars are text (arithmatex found no math in the values), headings got their anchors
+    report = results[results.index('class="nf-report"') :]
+    assert 'class="arithmatex"' not in report and "\\(" not in report
+    assert 'id="environment"' in report and 'id="fig1"' in report
+    assert (site / "stylesheets" / "report.css").is_file()
     assert (site / "reproduction" / "_generated" / "fig1" / "fig1.png").is_file()
     ddp = (site / "tutorials" / "ddp.html").read_text(encoding="utf-8")
     assert "init_process_group" in ddp  # the script is included verbatim

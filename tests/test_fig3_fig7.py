@@ -15,6 +15,7 @@ from torch import nn
 
 import noetherflow as nf
 from noetherflow.experiments import METRICS_FILE, fig3, fig7, make_config
+from noetherflow.experiments._base import notes_of
 from noetherflow.sharpness import hessian
 from noetherflow.theory.ziyin2024 import two_layer_hessian_trace
 
@@ -62,7 +63,7 @@ def test_fig3_quick_metrics_and_claims(fig3_quick: dict) -> None:
         "gap_shrinks_with_lr_constant", "label_noise_sgd_sharper",
         "label_noise_sharpness_theory",
     }  # fmt: skip
-    assert fig3.PAPER and fig3.NOTES and fig3.PAPER_ORDER == 3.0
+    assert fig3.PAPER and notes_of(fig3) and fig3.PAPER_ORDER == 3.0
     rows = {r["quantity"]: r for r in fig3.setup(cfg)}
     assert rows["GD + WD γ"]["paper"] == "1e-4" and rows["η"]["paper"] == "0.1"
     # with anisotropic label noise SGD is sharper than the balanced solution at the ends

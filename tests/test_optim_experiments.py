@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from noetherflow.experiments import optim_adamw, optim_sgdm
-from noetherflow.experiments._base import run_experiment
+from noetherflow.experiments._base import notes_of, run_experiment
 
 IDS = {
     "optim-sgdm": "noetherflow.experiments.optim_sgdm",
@@ -75,7 +75,7 @@ def test_robust_facts(quick: Any) -> None:
 
 @pytest.mark.parametrize("mod", [optim_sgdm, optim_adamw])
 def test_metadata_and_setup_rows(mod: Any) -> None:
-    assert mod.PAPER_ORDER >= 99 and "Beyond the paper" in mod.PAPER and mod.NOTES
+    assert mod.PAPER_ORDER >= 99 and "Beyond the paper" in mod.PAPER and notes_of(mod)
     for cfg in (mod.Config(), mod.Config.quick()):
         rows = mod.setup(cfg)
         assert rows and all(set(row) == {"quantity", "paper", "ours", "why"} for row in rows)

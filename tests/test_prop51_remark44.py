@@ -16,7 +16,7 @@ import pytest
 import torch
 from torch import nn
 
-from noetherflow.experiments import prop51, remark44
+from noetherflow.experiments import _remark44_problem, prop51, remark44
 from noetherflow.train import run_sgd, run_sgf, sample_batch
 
 
@@ -162,11 +162,11 @@ def test_remark44_quick(quick_run: Path, metrics: Callable[[Path, str], dict[str
 def test_remark44_loops_are_the_integrators(method: str) -> None:
     """Run i of the batched loop equals run_sgd / run_sgf with generator seed seeds[i]."""
     cfg = dataclasses.replace(remark44.Config.quick(), record_every=5)
-    prob = remark44.make_problem(cfg, 0)
+    prob = _remark44_problem.make_problem(cfg, 0)
     steps = 25
     res = remark44.run_stochastic(method, cfg, prob, [5, 6], steps=steps, snapshot_steps=[])
     for i, seed in enumerate([5, 6]):
-        model, _ = remark44.make_model(prob["U0"], prob["W0"])
+        model, _ = _remark44_problem.make_model(prob["U0"], prob["W0"])
         kw: dict[str, Any] = {
             "lr": cfg.lr,
             "batch_size": cfg.batch_size,
@@ -175,8 +175,8 @@ def test_remark44_loops_are_the_integrators(method: str) -> None:
             "generator": torch.Generator().manual_seed(seed),
         }
         run = run_sgd if method == "sgd" else run_sgf
-        run(model, remark44.loss_fn, prob["X"], prob["Y"], **kw)
-        W, U = remark44.weights(model)
+        run(model, _remark44_problem.loss_fn, prob["X"], prob["Y"], **kw)
+        W, U = _remark44_problem.weights(model)
         torch.testing.assert_close(res["U"][i], U.detach(), rtol=1e-10, atol=1e-12)
         torch.testing.assert_close(res["W"][i], W.detach(), rtol=1e-10, atol=1e-12)
 
@@ -221,15 +221,15 @@ def test_remark44_deterministic(tmp_path: Path) -> None:
 def test_remark44_gd_is_run_gd_step_for_step() -> None:
     """GD through nf.train.run_gd (checked steps, then the rest) equals θ ← θ − η∇L by hand."""
     cfg = dataclasses.replace(remark44.Config.quick(), gd_check_steps=7, record_every=5)
-    prob = remark44.make_problem(cfg, 0)
-    res = remark44.run_gd_checked(cfg, prob, 23)
+    prob = _remark44_problem.make_problem(cfg, 0)
+    res = _remark44_problem.run_gd_checked(cfg, prob, 23)
     U, W = prob["U0"].clone(), prob["W0"].clone()
-    traces = [float(torch.trace(remark44.charge_matrix(U, W)))]
+    traces = [float(torch.trace(_remark44_problem.charge_matrix(U, W)))]
     for k in range(23):
-        g_u, g_w, _, _ = remark44.batch_grads(U, W, prob["X"], prob["Y"])
+        g_u, g_w, _, _ = _remark44_problem.batch_grads(U, W, prob["X"], prob["Y"])
         U, W = U - cfg.lr * g_u, W - cfg.lr * g_w
         if (k + 1) % 5 == 0 or k + 1 == 23:
-            traces.append(float(torch.trace(remark44.charge_matrix(U, W))))
+            traces.append(float(torch.trace(_remark44_problem.charge_matrix(U, W))))
     assert res["step"].tolist() == [0, 5, 10, 15, 20, 23]
     np.testing.assert_allclose(res["trace"], traces, rtol=1e-12, atol=1e-14)
     assert res["max_rel_residual"] < 1e-12

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from noetherflow.experiments import fig1, fig2, fig3, fig6, fig8, fig9, thm54
+from noetherflow.experiments._base import notes_of
 
 MODULES = [fig1, fig2, fig3, fig6, fig8, fig9, thm54]
 ORDER = {fig1: 1.0, fig2: 2.0, fig3: 3.0, thm54: 5.4, fig6: 6.0, fig8: 8.0, fig9: 9.0}
@@ -14,7 +15,7 @@ ORDER = {fig1: 1.0, fig2: 2.0, fig3: 3.0, thm54: 5.4, fig6: 6.0, fig8: 8.0, fig9
 @pytest.mark.parametrize("mod", MODULES, ids=lambda m: m.__name__.rsplit(".", 1)[-1])
 def test_paper_notes_and_setup_rows(mod) -> None:
     assert isinstance(mod.PAPER, str) and len(mod.PAPER) > 40
-    assert isinstance(mod.NOTES, str) and len(mod.NOTES) > 80
+    assert isinstance(notes_of(mod), str) and len(notes_of(mod)) > 80
     assert mod.PAPER_ORDER == ORDER[mod]
     full = mod.setup(mod.Config())
     quick = mod.setup(mod.Config.quick())

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from noetherflow.experiments import _nonlinear as nl
-from noetherflow.experiments import fig2, fig3, thm54
+from noetherflow.experiments import _two_layer, fig3, thm54
 from noetherflow.train import GeometricDecay, lr_sequence, run_sgd
 
 DT = torch.float64
@@ -39,10 +39,10 @@ def _weights_after_each_step(model: nn.Module, names: list[str]):
 
 def test_fig2_train_two_layer_equals_run_sgd() -> None:
     n, d, S, steps, seed = 4, 6, 5, 40, 11
-    U0, W0 = fig2.xavier_init(n, d, n, scale=1.0, seed=2)
+    U0, W0 = _two_layer.xavier_init(n, d, n, scale=1.0, seed=2)
     sx = torch.linspace(0.5, 1.5, n, dtype=DT)
     se = torch.tensor([[0.3, 1.0, 2.0, 0.7]], dtype=DT)
-    sim = fig2.train_two_layer(
+    sim = _two_layer.train_two_layer(
         U0[None], W0[None], sx, se, lr=0.05, batch_size=S, steps=steps, record_every=1,
         seed=seed, lr_final=0.01, decay_frac=0.5, chunk=steps,
     )  # fmt: skip
@@ -51,15 +51,15 @@ def test_fig2_train_two_layer_equals_run_sgd() -> None:
     xs = torch.randn((steps, 1, S, n), generator=gen, dtype=DT) * sx.sqrt()
     es = torch.randn((steps, 1, S, n), generator=gen, dtype=DT) * se.sqrt()[:, None, :]
     batches = [(xs[k, 0], xs[k, 0] + es[k, 0]) for k in range(steps)]
-    model, _ = fig2.two_layer_module(U0, W0)
+    model, _ = _two_layer.two_layer_module(U0, W0)
     seen, callback = _weights_after_each_step(model, ["1.weight", "0.weight"])
     X_eval = torch.randn(8, n, dtype=DT)
     run_sgd(
-        model, fig2.summed_sq_loss, X_eval, X_eval, lr=0.05, batch_size=S, steps=steps,
+        model, _two_layer.summed_sq_loss, X_eval, X_eval, lr=0.05, batch_size=S, steps=steps,
         schedule=GeometricDecay(steps, decay_frac=0.5, final_lr=0.01),
         sampler=_replay(batches), callback=callback,
     )  # fmt: skip
-    rel = [float(fig2.rel_balance_error(U[None], W[None], sx, se)[0]) for U, W in seen]
+    rel = [float(_two_layer.rel_balance_error(U[None], W[None], sx, se)[0]) for U, W in seen]
     np.testing.assert_allclose(sim.rel_err[0], rel, rtol=1e-11, atol=0)
     torch.testing.assert_close(sim.U[0], seen[-1][0], rtol=0, atol=1e-12)
     torch.testing.assert_close(sim.W[0], seen[-1][1], rtol=0, atol=1e-12)
@@ -91,7 +91,7 @@ def test_thm54_train_deep_linear_equals_run_sgd() -> None:
             layer.weight.copy_(w[0])
     model = nn.Sequential(*layers)
     run_sgd(
-        model, fig2.summed_sq_loss, xs[0, 0], ys[0, 0], lr=cfg.lr, batch_size=S,
+        model, _two_layer.summed_sq_loss, xs[0, 0], ys[0, 0], lr=cfg.lr, batch_size=S,
         steps=cfg.steps,
         schedule=GeometricDecay(cfg.steps, decay_frac=cfg.decay_frac, final_lr=cfg.lr_final),
         sampler=_replay([(xs[t, 0], ys[t, 0]) for t in range(cfg.steps)]),
@@ -126,7 +126,7 @@ def test_nonlinear_train_equals_run_sgd(act: str, monkeypatch: pytest.MonkeyPatc
         second.weight.copy_(U0)
     model = nn.Sequential(first, _Act(act), second)
     run_sgd(
-        model, fig2.summed_sq_loss, xs[0], ys[0], lr=0.05, batch_size=S, steps=steps,
+        model, _two_layer.summed_sq_loss, xs[0], ys[0], lr=0.05, batch_size=S, steps=steps,
         schedule=GeometricDecay(steps, decay_frac=0.5, final_lr=0.01),
         sampler=_replay([(xs[t], ys[t]) for t in range(steps)]),
     )  # fmt: skip
@@ -174,10 +174,10 @@ def test_fig3_train_equals_run_sgd(variant: str) -> None:
         E = torch.randn((1, cfg.batch_size, cfg.dim), generator=gen, dtype=DT)
         E = E if se is None else E * se.sqrt()
         batches.append((X[0], X[0] + E[0]))
-    model, _ = fig2.two_layer_module(U0, W0)
+    model, _ = _two_layer.two_layer_module(U0, W0)
     seen, callback = _weights_after_each_step(model, ["1.weight", "0.weight"])
     run_sgd(
-        model, fig2.summed_sq_loss, batches[0][0], batches[0][1], lr=cfg.lr,
+        model, _two_layer.summed_sq_loss, batches[0][0], batches[0][1], lr=cfg.lr,
         batch_size=cfg.batch_size, steps=cfg.steps, weight_decay=cfg.weight_decay,
         schedule=GeometricDecay(cfg.steps, decay_frac=cfg.decay_frac, final_lr=cfg.lr_final),
         sampler=_replay(batches), callback=callback,

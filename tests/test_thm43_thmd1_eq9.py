@@ -15,7 +15,7 @@ import torch
 
 import noetherflow as nf
 from noetherflow.experiments import _orbit, eq9, remark44, teleport_cnn, teleport_mlp, thm43, thm_d1
-from noetherflow.experiments._base import run_experiment
+from noetherflow.experiments._base import notes_of, run_experiment
 
 SIZES = {"n": 64, "d_x": 4, "h": 3, "d_y": 2}
 
@@ -190,17 +190,21 @@ def test_eq9_claims_on_a_short_run(tmp_path: Path) -> None:
     res = eq9.run(cfg, 0, tmp_path)
     ids = [c.id for c in eq9.claims(res, cfg)]
     assert ids == [
+        "corrected_discrete_across_noise",
         "corrected_discrete_constant", "corrected_sgf_constant", "printed_eq9_constant",
         "solver_vs_time_average", "library_vs_theory", "charge_decreases_with_gamma",
     ]  # fmt: skip
     assert eq9.plot(res, cfg, tmp_path)[0].exists()
+    # the noise sweep: γ = 0.1 at S = 2, 8 (the γ runs) and 32, each its own runs
+    assert sorted(res["per_noise"], key=int) == ["2", "8", "32"]
+    assert res["per_noise"]["8"]["C_mean"] == res["per_gamma"]["0.1"]["C_mean"]
 
 
 @pytest.mark.parametrize("mod", [thm43, thm_d1, eq9, remark44, teleport_mlp, teleport_cnn])
 def test_reproduction_contract(mod: Any) -> None:
     """setup rows with the four fields (a quick-mode row in quick mode), PAPER, NOTES."""
     assert isinstance(mod.PAPER, str) and mod.PAPER
-    assert isinstance(mod.NOTES, str) and mod.NOTES
+    assert isinstance(notes_of(mod), str) and notes_of(mod)
     assert isinstance(mod.PAPER_ORDER, float)
     for cfg, quick in ((mod.Config(), False), (mod.Config.quick(), True)):
         rows = mod.setup(cfg)

@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from noetherflow.experiments import _nonlinear as nl
-from noetherflow.experiments import fig6, fig9, thm54
+from noetherflow.experiments import _thm54_solver, fig6, fig9, thm54
+from noetherflow.experiments._base import notes_of
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +42,7 @@ def test_thm54_quick(quick_run: Path, metrics: Callable[[Path, str], dict[str, A
     # the printed eq. 19 is its own claim, at the depth where it separates most
     printed = claims["thm54_norms_printed_eq19"]
     assert "printed" in printed["id"] and "D = 3" in printed["statement"]
-    assert thm54.PAPER and thm54.NOTES and thm54.PAPER_ORDER == 5.4
+    assert thm54.PAPER and notes_of(thm54) and thm54.PAPER_ORDER == 5.4
     assert any(r["quantity"] == "quick mode" for r in thm54.setup(thm54.Config.quick()))
     for c in claims.values():
         assert isinstance(c["value"], float) and math.isfinite(c["value"]), c
@@ -79,7 +80,7 @@ def test_fig6_quick(quick_run: Path, metrics: Callable[[Path, str], dict[str, An
     assert fig6.PAPER and fig6.PAPER_ORDER == 6.0
     # the restored record of what was tried (issue #17)
     for tried in ("width 40", "0.45–0.47", "0.41–0.44", "1.3–1.6"):
-        assert tried in fig6.NOTES, tried
+        assert tried in notes_of(fig6), tried
     assert "fixed before\n    looking" not in (fig6.Config.__doc__ or "")
     for c in claims.values():
         assert isinstance(c["value"], float) and math.isfinite(c["value"]), c
@@ -209,7 +210,7 @@ def test_quadrature_and_deterministic_gd() -> None:
 def test_exact_design_moments() -> None:
     g = torch.Generator().manual_seed(0)
     cov = torch.tensor([[2.0, 0.3], [0.3, 0.5]], dtype=torch.float64)
-    z = thm54.exact_design(7, cov, g)
+    z = _thm54_solver.exact_design(7, cov, g)
     torch.testing.assert_close(z.T @ z / 7, cov, rtol=0, atol=1e-14)
     torch.testing.assert_close(z.mean(0), torch.zeros(2, dtype=torch.float64), rtol=0, atol=1e-14)
 
@@ -217,7 +218,7 @@ def test_exact_design_moments() -> None:
 def test_chain_solver_depth3() -> None:
     cfg = thm54.Config.quick()
     V, sx, se = thm54.problem(cfg, 3)
-    res = thm54.chain_solver_check(cfg, V, sx, se, 3, seed=3)
+    res = _thm54_solver.chain_solver_check(cfg, V, sx, se, 3, seed=3)
     assert res["gram_rel_err_before"] > 0.1
     assert res["gram_rel_err_after"] < 1e-6
     assert res["design_moment_err"] < 1e-12

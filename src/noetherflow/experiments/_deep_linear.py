@@ -70,7 +70,7 @@ def library_chain_flow_check(
     ``nn.Sequential`` of bias-free linear layers with one ``nf.DoubleRotation`` per adjacent
     pair. Returns the largest relative Frobenius difference to ``(η/S)(M_U − M_W)`` over the
     pairs and the largest ``‖M_U − M_W‖/‖M_W‖`` (distance from the pairs' noise equilibrium).
-    """  # fmt: skip
+    """
     import noetherflow as nf
 
     gen = torch.Generator().manual_seed(int(seed))
@@ -83,9 +83,11 @@ def library_chain_flow_check(
             layer.weight.copy_(w)
     model = nn.Sequential(*layers)
     syms = nf.SymmetrySet(
-        [nf.DoubleRotation(layers[i], layers[i + 1], label=f"pair{i + 1}")
-         for i in range(len(layers) - 1)]
-    )  # fmt: skip
+        [
+            nf.DoubleRotation(layers[i], layers[i + 1], label=f"pair{i + 1}")
+            for i in range(len(layers) - 1)
+        ]
+    )
     stats = nf.collect_stats(model, syms, _sq_loss, x, y)
     flows = nf.noether_flow(syms, stats, lr=lr, batch_size=batch_size)
     c = lr / batch_size

@@ -60,8 +60,13 @@ def plot_fig3(results: dict[str, Any], cfg: Any, out_dir: Path) -> list[Path]:
         half = (np.sqrt(fine) + np.sqrt(2 - fine)) / 2  # Tr Σ_ε^{1/2} / n
         inv_half = (1 / np.sqrt(fine) + 1 / np.sqrt(2 - fine)) / 2  # Tr Σ_ε^{-1/2} / n
         ax4.plot(fine, (half + inv_half) / 2, "k-", lw=1, label="theory (Thm 5.2, Prop. 5.3)")
-        ax4.plot(phis, np.asarray(s["label_noise_sgd_sharpness"], dtype=float) / bal, "o",
-                 color="C3", label="SGD, measured")  # fmt: skip
+        ax4.plot(
+            phis,
+            np.asarray(s["label_noise_sgd_sharpness"], dtype=float) / bal,
+            "o",
+            color="C3",
+            label="SGD, measured",
+        )
         ax4.axhline(1.0, color="0.5", ls=":", lw=0.8)
         ax4.set_xlabel("φ_ε (Σ_x = I)")
         ax4.set_ylabel("S_SGD / S_balanced")

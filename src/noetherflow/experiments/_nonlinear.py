@@ -371,7 +371,7 @@ def library_neuron_flow(
     (``u_noise``, ``w_noise``). Returns their relative difference (max-norm) and the
     library's relative per-neuron imbalance ``‖flow‖ / (½(‖a‖ + ‖b‖))`` in the vector norms
     of the two diagonals.
-    """  # fmt: skip
+    """
     import noetherflow as nf
 
     if act not in _HOMOGENEOUS:
@@ -531,25 +531,39 @@ def run_constant(cfg: NonlinearConfig, seed: int, tag: str) -> dict[str, Any]:
     keys = [f"rel_diff_{k}" for k in KINDS] + ["rel_diff_noise_diag"]
     U0, W0 = _inits(cfg, [derive_seed(seed, tag, "constant", "init", j) for j in range(G)])
     tr = train(
-        U0, W0, acts, se, lrs=np.full(cfg.steps, float(cfg.lr)), batch_size=cfg.batch_size,
+        U0,
+        W0,
+        acts,
+        se,
+        lrs=np.full(cfg.steps, float(cfg.lr)),
+        batch_size=cfg.batch_size,
         seed=[derive_seed(seed, tag, "constant", j) for j in range(G)],
-        n_records=cfg.n_records, snapshot_at=snaps,
-    )  # fmt: skip
+        n_records=cfg.n_records,
+        snapshot_at=snaps,
+    )
     diverged = tr.diverged or any(find_divergence(r).diverged for r in tr.loss)
     acc = {k: np.zeros(G * A) for k in keys}
     for t, U, W in tr.snapshots:
         for j in range(G):
             sl = slice(j * A, (j + 1) * A)
-            hm = hidden_matrices(U[sl], W[sl], acts, se, n_eval=cfg.n_eval,
-                                 seed=derive_seed(seed, tag, "constant", "eval", j, t))  # fmt: skip
+            hm = hidden_matrices(
+                U[sl],
+                W[sl],
+                acts,
+                se,
+                n_eval=cfg.n_eval,
+                seed=derive_seed(seed, tag, "constant", "eval", j, t),
+            )
             for k, v in _rel_diffs(hm).items():
                 acc[k][sl] += v
     n = max(1, len(tr.snapshots))
     out: dict[str, Any] = {
-        a: {k: [float(acc[k][j * A + i] / n) if tr.snapshots else math.nan for j in range(G)]
-            for k in keys}
+        a: {
+            k: [float(acc[k][j * A + i] / n) if tr.snapshots else math.nan for j in range(G)]
+            for k in keys
+        }
         for i, a in enumerate(acts)
-    }  # fmt: skip
+    }
     return {"by_activation": out, "window_steps": snaps, "diverged": bool(diverged)}
 
 
@@ -593,15 +607,28 @@ def run_nonlinear(cfg: NonlinearConfig, seed: int, tag: str) -> dict[str, Any]:
             lrs = np.full(cfg.gd_steps, float(cfg.gd_lr))
             fixed, reps = xq, G if cfg.gd_seeds is None else cfg.gd_seeds
         tr = train(
-            U0[:reps], W0[:reps], acts, se, lrs=lrs, batch_size=cfg.batch_size,
+            U0[:reps],
+            W0[:reps],
+            acts,
+            se,
+            lrs=lrs,
+            batch_size=cfg.batch_size,
             seed=[keyed(tag, mode, j) for j in range(reps)],
-            fixed_x=fixed, n_records=cfg.n_records, monitor=sigma_gap,
-        )  # fmt: skip
+            fixed_x=fixed,
+            n_records=cfg.n_records,
+            monitor=sigma_gap,
+        )
         hms = [
-            hidden_matrices(tr.U[j * A : (j + 1) * A], tr.W[j * A : (j + 1) * A], acts, se,
-                            n_eval=cfg.n_eval, seed=keyed(tag, "eval", j))
+            hidden_matrices(
+                tr.U[j * A : (j + 1) * A],
+                tr.W[j * A : (j + 1) * A],
+                acts,
+                se,
+                n_eval=cfg.n_eval,
+                seed=keyed(tag, "eval", j),
+            )
             for j in range(reps)
-        ]  # fmt: skip
+        ]
         hm = hms[0]  # seed 0: heat maps, losses, the library check
         rds = [_rel_diffs(h) for h in hms]
         div = tr.diverged or any(find_divergence(row).diverged for row in tr.loss)
@@ -630,9 +657,15 @@ def run_nonlinear(cfg: NonlinearConfig, seed: int, tag: str) -> dict[str, Any]:
                 s["gd_fit_gap"] = s["eval_loss"] - s["final_train_loss"]
             if mode == "sgd" and act in _HOMOGENEOUS:
                 lib = library_neuron_flow(
-                    tr.U[i], tr.W[i], act, se, lr=cfg.lr_final, batch_size=cfg.batch_size,
-                    n_eval=cfg.n_eval, seed=derive_seed(seed, tag, "eval"),
-                )  # fmt: skip
+                    tr.U[i],
+                    tr.W[i],
+                    act,
+                    se,
+                    lr=cfg.lr_final,
+                    batch_size=cfg.batch_size,
+                    n_eval=cfg.n_eval,
+                    seed=derive_seed(seed, tag, "eval"),
+                )
                 s["library_neuron_flow_vs_oracle"] = lib["flow_vs_oracle"]
                 s["library_rel_diff_noise_diag"] = lib["library_rel_diff"]
             out["series"][f"{mode}_{act}"] = s
@@ -641,38 +674,3 @@ def run_nonlinear(cfg: NonlinearConfig, seed: int, tag: str) -> dict[str, Any]:
     out["n_seeds"] = G
     out["constant"] = run_constant(cfg, seed, tag)
     return out
-
-
-_LABELS = {
-    "sigma": ("WΣ̄_xWᵀ", "UᵀΣ̄_εU"),
-    "gamma": ("WΓ_WWᵀ", "UᵀΓ_UU"),
-    "noise": ("Cov ∇_Uᵀ∇_U", "Cov ∇_W∇_Wᵀ"),
-}
-
-
-def heatmaps(
-    results: dict[str, Any], acts: Sequence[str], kind: str, modes: Sequence[str], path: Any
-) -> Any:
-    """Heat maps W-side | U-side of ``kind`` ("sigma", "gamma", "noise"), a row per run."""
-    from matplotlib.figure import Figure
-
-    from noetherflow.experiments._base import save_figure
-
-    rows = [(a, m) for a in acts for m in modes]
-    fig = Figure(figsize=(8.4, 3.8 * len(rows)))
-    axes = np.asarray(fig.subplots(len(rows), 2)).reshape(len(rows), 2)
-    for (act, mode), (ax_w, ax_u) in zip(rows, axes, strict=True):
-        s = results["series"][f"{mode}_{act}"]
-        a = np.asarray(s[f"w_{kind}_block"])
-        b = np.asarray(s[f"u_{kind}_block"])
-        vmax = float(max(np.abs(a).max(), np.abs(b).max()))
-        for ax, m, lab in ((ax_w, a, _LABELS[kind][0]), (ax_u, b, _LABELS[kind][1])):
-            im = ax.imshow(m, cmap="RdBu_r", vmin=-vmax, vmax=vmax)
-            ax.set_title(f"{act}, {mode.upper()}: {lab}", fontsize=9)
-            ax.set_xticks([])
-            ax.set_yticks([])
-        fig.colorbar(im, ax=[ax_w, ax_u], shrink=0.8)
-        first = s.get(f"rel_diff_{kind}_seeds", [s[f"rel_diff_{kind}"]])[0]
-        ax_w.set_ylabel(f"rel. diff {first:.3f} (seed 0)", fontsize=9)
-    fig.suptitle(f"hidden-space matrices (first {results['n_show']} of the hidden units)")
-    return save_figure(fig, path)

@@ -557,7 +557,7 @@ def _solver_gap(r: dict[str, Any]) -> float:
 
 def orbit_claims(records: list[dict[str, Any]], what: str) -> list[Any]:
     """Parts 1–4 of Thm 4.3 / D.1 over ``records`` (cases with γ ≥ 0)."""
-    from noetherflow.experiments._base import Claim, Op
+    from noetherflow.experiments._base import Claim, Kind, Op
 
     n_dec, note_dec = _count(records, lambda r: not r["flow_strictly_decreasing"])
     n_c, note_c = _count(records, lambda r: not r["charge_strictly_increasing"])
@@ -607,6 +607,7 @@ def orbit_claims(records: list[dict[str, Any]], what: str) -> list[Any]:
         ),
         Claim(
             id="library_vs_oracle",
+            kind=Kind.BEYOND,
             statement=f"The library's flow along the orbit equals the closed-form transport of "
             f"per-sample gradients at θ (paper eqs. 102–108) ({what}): max |G_lib − G_oracle| "
             "/ gross magnitude of G's terms, over cases and grid points",
@@ -616,6 +617,7 @@ def orbit_claims(records: list[dict[str, Any]], what: str) -> list[Any]:
         ),
         Claim(
             id="solver_agrees",
+            kind=Kind.BEYOND,
             statement=f"nf.solve_equilibrium finds the zero ({what}): max |λ*_solver − "
             "λ*_oracle| (both ±∞ counts as 0)",
             value=max(gaps),

@@ -26,11 +26,18 @@ def plot_thm54(results: dict[str, Any], cfg: Any, out_dir: Path) -> list[Path]:
         for i in range(depth):
             color = f"C{i}"
             for r in range(norms.shape[0]):
-                ax.plot(steps, norms[r, :, i], color=color, lw=0.7, alpha=0.6,
-                        label=f"‖W_{i + 1}‖²" if r == 0 else None)  # fmt: skip
+                ax.plot(
+                    steps,
+                    norms[r, :, i],
+                    color=color,
+                    lw=0.7,
+                    alpha=0.6,
+                    label=f"‖W_{i + 1}‖²" if r == 0 else None,
+                )
             ax.axhline(pred_all[i], color=color, ls="--", lw=1.2)
-        ax.axhline(float(d["paper_eq19_sq_norm"]), color="k", ls=":", lw=1.2,
-                   label="printed eq. 19")  # fmt: skip
+        ax.axhline(
+            float(d["paper_eq19_sq_norm"]), color="k", ls=":", lw=1.2, label="printed eq. 19"
+        )
         ax.set_xlabel("SGD step")
         ax.set_ylabel("‖W_i‖_F²")
         ax.set_title(f"D = {depth}: layer norms (dashed: Thm 5.4, general form)")
@@ -42,8 +49,15 @@ def plot_thm54(results: dict[str, Any], cfg: Any, out_dir: Path) -> list[Path]:
         meas = np.asarray(d["measured_sq_norms"])
         pred_all = np.asarray(d["predicted_sq_norms_all_layers"])
         xpos = np.arange(depth) + j * width
-        ax.bar(xpos, meas.mean(axis=0), width=width * 0.9, color=f"C{j}", alpha=0.6,
-               yerr=meas.std(axis=0), label=f"SGD, D = {depth}")  # fmt: skip
+        ax.bar(
+            xpos,
+            meas.mean(axis=0),
+            width=width * 0.9,
+            color=f"C{j}",
+            alpha=0.6,
+            yerr=meas.std(axis=0),
+            label=f"SGD, D = {depth}",
+        )
         ax.plot(xpos, pred_all, "k_", ms=14, mew=2)
         ax.plot(xpos[1:-1], [float(d["paper_eq19_sq_norm"])] * (depth - 2), "r_", ms=14, mew=2)
     ax.plot([], [], "k_", ms=14, mew=2, label="Thm 5.4 (general)")

@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from noetherflow.experiments._approx_theory import charge_deviation_second_order, mean_field_charge
 from noetherflow.experiments._base import Claim, Op, derive_seed, save_figure
 
 DESCRIPTION = (
@@ -42,127 +43,59 @@ PAPER = (
     "(eq. 23) that vanishes under GD."
 )
 PAPER_ORDER = 5.4
-NOTES = (
-    "History. A pilot at η = 0.02, S = 1 put the small-ζ shift 9% off the first-order "
-    "formula (its O(ηh), O(σ²) corrections); η = 0.01, S = 2 keeps them near 3%. Thresholds "
-    "(10%, slope 1 ± 0.15, 25%, GD/SGD < 1/20) predate issue #17. The statistics (Tr[ΣA], "
-    "the equilibrium θ₀) come from nf.collect_stats / nf.solve_equilibrium / nf.teleport, "
-    "cross-checked against numpy; for issue #13 the batched chain simulator is checked step "
-    "for step against noetherflow.train.run_online_sgd / run_population_gd in the tests. "
-    "Values unchanged."
-)
 
 
 def setup(cfg: Config) -> list[dict[str, str]]:
     """Every deviation from the paper's setup, one row each (issue #17)."""
     quick = Config.quick()
     return [
-        {"quantity": "model", "paper": "general ℓ₁ + ζℓ₂",
-         "ours": "ℓ₁ = (u·w·x − y)², ℓ₂ = ½‖θ − θ₂‖², θ₂ on the minimum manifold off balance",
-         "why": "θ* = θ₂ for every ζ; closed forms"},
-        {"quantity": "data", "paper": "—",
-         "ours": f"{cfg.n_samples} samples, x ~ N(0, 1), y = x + {cfg.noise_std:g}ε",
-         "why": "fast noise relaxation"},
-        {"quantity": "time", "paper": "SGF, σ² = η/(2S)",
-         "ours": "discrete SGD; eq. 23 as (η/S)Tr[ΣA]/h_min (eq. 7's factor 2)",
-         "why": "docs/concepts/flow.md"},
-        {"quantity": "η, S", "paper": "—",
-         "ours": f"η = {cfg.lr:g}; large ζ: S ∈ {list(cfg.batch_sizes)}; small ζ: S = "
-                 f"{cfg.small_batch_size}", "why": "O(ηh) corrections ≈ 3%"},
-        {"quantity": "ζ", "paper": "small / large",
-         "ours": f"large {cfg.zeta_large:g}; small ζ/r ∈ {list(cfg.zeta_small_over_rate)}",
-         "why": "2ζ/r ≥ 40 and ≤ 0.02"},
-        {"quantity": "averaging", "paper": "stationary value",
-         "ours": f"{cfg.n_chains} chains (quick {quick.n_chains}), burn-in {cfg.burn_large}, "
-                 f"average over {cfg.avg_large} steps (quick {quick.avg_large})",
-         "why": "time averages at constant η after a burn-in"},
-        {"quantity": "ζ sweep (plot)", "paper": "—",
-         "ours": f"ζ/r ∈ {list(cfg.zeta_sweep_over_rate)} (quick "
-                 f"{list(quick.zeta_sweep_over_rate)})", "why": "cost; not a claim"},
+        {
+            "quantity": "model",
+            "paper": "general ℓ₁ + ζℓ₂",
+            "ours": "ℓ₁ = (u·w·x − y)², ℓ₂ = ½‖θ − θ₂‖², θ₂ on the minimum manifold off balance",
+            "why": "θ* = θ₂ for every ζ; closed forms",
+        },
+        {
+            "quantity": "data",
+            "paper": "—",
+            "ours": f"{cfg.n_samples} samples, x ~ N(0, 1), y = x + {cfg.noise_std:g}ε",
+            "why": "fast noise relaxation",
+        },
+        {
+            "quantity": "time",
+            "paper": "SGF, σ² = η/(2S)",
+            "ours": "discrete SGD; eq. 23 as (η/S)Tr[ΣA]/h_min (eq. 7's factor 2)",
+            "why": "docs/concepts/flow.md",
+        },
+        {
+            "quantity": "η, S",
+            "paper": "—",
+            "ours": f"η = {cfg.lr:g}; large ζ: S ∈ {list(cfg.batch_sizes)}; small ζ: S = "
+            f"{cfg.small_batch_size}",
+            "why": "O(ηh) corrections ≈ 3%",
+        },
+        {
+            "quantity": "ζ",
+            "paper": "small / large",
+            "ours": f"large {cfg.zeta_large:g}; small ζ/r ∈ {list(cfg.zeta_small_over_rate)}",
+            "why": "2ζ/r ≥ 40 and ≤ 0.02",
+        },
+        {
+            "quantity": "averaging",
+            "paper": "stationary value",
+            "ours": f"{cfg.n_chains} chains (quick {quick.n_chains}), burn-in {cfg.burn_large}, "
+            f"average over {cfg.avg_large} steps (quick {quick.avg_large})",
+            "why": "time averages at constant η after a burn-in",
+        },
+        {
+            "quantity": "ζ sweep (plot)",
+            "paper": "—",
+            "ours": f"ζ/r ∈ {list(cfg.zeta_sweep_over_rate)} (quick "
+            f"{list(quick.zeta_sweep_over_rate)})",
+            "why": "cost; not a claim",
+        },
         {"quantity": "γ / schedule", "paper": "—", "ours": "γ = 0, constant η", "why": "—"},
-    ]  # fmt: skip
-
-
-def mean_field_charge(
-    zeta: float, rate: float, product: float, w2: float, u2: float, *, lam_max: float = 10.0
-) -> float:
-    """Mean-field stationary charge of ``ℓ = (uwx − y)² + ζ½‖θ − θ₂‖²`` on the minimum manifold.
-
-    Derivation (ours, eq. 20 with both sides exact for this model). On the manifold
-    ``w = √p e^λ, u = √p e^{−λ}`` (``p = product > 0``) every per-sample gradient of ℓ₁ is
-    ``2rx·(u, w)``, so ``Σ = 4Var[rx]·vvᵀ`` with ``v = (u, w)`` and
-    ``Tr[ΣA] = 4Var[rx](u² − w²) = −4Var[rx]·C``. With the drift of eq. (20),
-    ``dC/dt = −2ζθᵀA(θ − θ₂) + (η/S)Tr[ΣA]``, the stationary point is
-
-        ``(r + 2ζ)·C = 2ζ·θᵀAθ₂``,  ``r = 4(η/S)Var[rx]`` (= ``charge_relaxation_rate``),
-
-    a scalar equation in λ (``C = 2p sinh 2λ``, ``θᵀAθ₂ = √p(e^λ w₂ − e^{−λ}u₂)``) solved by
-    bisection. Small ζ: ``C ≈ 2ζθ₀ᵀAθ₂/r`` (eq. 20's first order, ``θ₀`` balanced); ζ → ∞:
-    ``C → C(θ₂)``. It ignores the fluctuations of θ around the manifold, which at large ζ
-    contribute ``−Tr[A·Cov θ]``, of the same order σ² as eq. (23)'s deviation; so it
-    interpolates the two regimes but is not a substitute for eq. (23).
-    """
-    if product <= 0:
-        raise ValueError(f"product={product!r}; expected p = w·u > 0.")
-    if rate <= 0 or zeta < 0:
-        raise ValueError(f"rate={rate!r}, zeta={zeta!r}; expected rate > 0 and zeta ≥ 0.")
-    sp = math.sqrt(product)
-
-    def f(lam: float) -> float:
-        c = 2.0 * product * math.sinh(2.0 * lam)
-        return (rate + 2.0 * zeta) * c - 2.0 * zeta * sp * (
-            math.exp(lam) * w2 - math.exp(-lam) * u2
-        )
-
-    from scipy.optimize import brentq
-
-    lam = float(brentq(f, -lam_max, lam_max, xtol=1e-14))  # f is increasing in λ
-    return 2.0 * product * math.sinh(2.0 * lam)
-
-
-def charge_deviation_second_order(
-    hessian: np.ndarray,
-    sigma: np.ndarray,
-    generator: np.ndarray,
-    zeta: float,
-    lr: float,
-    batch_size: int,
-) -> float:
-    """Stationary ``E[C] − C*`` of discrete SGD for ``ℓ = ℓ₁ + ζ·½‖θ − θ*‖²``, leading order in σ².
-
-    Derivation (ours; completes eq. 23). Let θ* minimise both ``L₁`` and ``ℓ₂`` and write
-    ``θ = θ* + δ``. The exact step identity (docs/concepts/flow.md, the cross term ``θᵀA∇ℓ₁ = 0``)
-    gives ``E[ΔC] = −2ηζ E[θᵀA(θ − θ*)] + η² E[gᵀAg]`` and, since
-    ``θᵀA(θ − θ*) = ½(C − C*) + ½δᵀAδ``, stationarity gives exactly
-
-        ``E[C − C*] = (η/ζ) E[gᵀAg] − E[δᵀAδ]``,
-        ``E[gᵀAg] = E[∇LᵀA∇L] + E[Tr Σ(θ)A]/S``.
-
-    To leading order ``∇L = Hδ`` and ``Cov δ = P`` solves the discrete Lyapunov equation
-    ``P = (I − ηH)P(I − ηH) + η²Σ/S`` (``H`` the Hessian of the total loss at θ*), so
-
-        ``E[C − C*] = (η/ζ)(Tr[ΣA]/S + Tr[HAHP]) − Tr[AP] + O(σ⁴)``.
-
-    The first term is eq. (23) when ``h_min = ζ`` (here ``∇²ℓ₂ = I``). The last one, the
-    fluctuation of θ across the flat-for-ℓ₁ directions, is of the same order σ² and is dropped
-    by eq. (21)'s expansion, which treats θ − θ* as deterministic. When Σ lies along an
-    eigenvector of H with eigenvalue ``h_v`` the sum is eq. (23) times
-    ``(1 − ζ/(2h_v)) / (1 − ηh_v/2)``.
-
-    Args:
-        hessian: ``H``, shape ``[P, P]``. sigma: per-sample gradient covariance of ℓ₁ at θ*,
-            shape ``[P, P]``. generator: ``A``, shape ``[P, P]``.
-        zeta, lr, batch_size: ``ζ``, ``η``, ``S``.
-    """
-    from scipy.linalg import solve_discrete_lyapunov
-
-    h, sig, a = (np.asarray(m, dtype=np.float64) for m in (hessian, sigma, generator))
-    if zeta <= 0:
-        raise ValueError(f"zeta={zeta!r}; expected ζ > 0.")
-    step = np.eye(h.shape[0]) - lr * h
-    cov = solve_discrete_lyapunov(step, lr**2 * sig / batch_size)
-    noise = np.trace(sig @ a) / batch_size + np.trace(h @ a @ h @ cov)
-    return float(lr / zeta * noise - np.trace(a @ cov))
+    ]
 
 
 @dataclass(frozen=True)
@@ -408,10 +341,18 @@ def run(cfg: Config, seed: int, out_dir: Path) -> dict[str, Any]:
     sizes = list(cfg.batch_sizes)
     rows = [(s, cfg.zeta_large) for s in sizes] + [(0, cfg.zeta_large)]
     big = _simulate(
-        x, y, rows, lr=cfg.lr, w2=q["w2"], u2=q["u2"], init=init, n_chains=cfg.n_chains,
-        burn=cfg.burn_large, avg=cfg.avg_large,
+        x,
+        y,
+        rows,
+        lr=cfg.lr,
+        w2=q["w2"],
+        u2=q["u2"],
+        init=init,
+        n_chains=cfg.n_chains,
+        burn=cfg.burn_large,
+        avg=cfg.avg_large,
         rng=np.random.default_rng(derive_seed(seed, "approx", "large")),
-    )  # fmt: skip
+    )
     sigma2 = np.array([cfg.lr / (2.0 * s) for s in sizes])
     dev = np.full(len(sizes), np.nan)
     dev_se = np.full(len(sizes), np.nan)
@@ -453,11 +394,18 @@ def run(cfg: Config, seed: int, out_dir: Path) -> dict[str, Any]:
     zetas_sweep = [f * rate for f in cfg.zeta_sweep_over_rate]
     relax_steps = 1.0 / (cfg.lr * (rate + 2.0 * min(zetas_small)))
     small = _simulate(
-        x, y, [(s_small, z) for z in zetas_small + zetas_sweep], lr=cfg.lr, w2=q["w2"],
-        u2=q["u2"], init=init, n_chains=cfg.n_chains,
-        burn=int(cfg.burn_small_relax * relax_steps), avg=int(cfg.avg_small_relax * relax_steps),
+        x,
+        y,
+        [(s_small, z) for z in zetas_small + zetas_sweep],
+        lr=cfg.lr,
+        w2=q["w2"],
+        u2=q["u2"],
+        init=init,
+        n_chains=cfg.n_chains,
+        burn=int(cfg.burn_small_relax * relax_steps),
+        avg=int(cfg.avg_small_relax * relax_steps),
         rng=np.random.default_rng(derive_seed(seed, "approx", "small")),
-    )  # fmt: skip
+    )
     shift_pred = np.array(
         [
             th.approximate_symmetry_charge_shift_small_zeta(
@@ -605,19 +553,43 @@ def plot(results: dict[str, Any], cfg: Config, out_dir: Path) -> list[Path]:
 
     sig2 = np.asarray(s["sigma2"], dtype=float)
     dev = np.abs(np.asarray(s["deviation"], dtype=float))
-    ax1.errorbar(sig2, dev, yerr=np.asarray(s["deviation_se"], dtype=float), fmt="o", color="C0",
-                 label="SGD, measured |C − C*|")  # fmt: skip
-    ax1.loglog(sig2, np.abs(s["eq23_prediction"]), "s--", mfc="none", color="C1",
-               label="eq. (23): (η/S)|Tr[ΣA]|/h_min")  # fmt: skip
-    ax1.loglog(sig2, np.abs(s["second_order_prediction"]), "^:", mfc="none", color="C3",
-               label="eq. (23) + fluctuation term (ours)")  # fmt: skip
+    ax1.errorbar(
+        sig2,
+        dev,
+        yerr=np.asarray(s["deviation_se"], dtype=float),
+        fmt="o",
+        color="C0",
+        label="SGD, measured |C − C*|",
+    )
+    ax1.loglog(
+        sig2,
+        np.abs(s["eq23_prediction"]),
+        "s--",
+        mfc="none",
+        color="C1",
+        label="eq. (23): (η/S)|Tr[ΣA]|/h_min",
+    )
+    ax1.loglog(
+        sig2,
+        np.abs(s["second_order_prediction"]),
+        "^:",
+        mfc="none",
+        color="C3",
+        label="eq. (23) + fluctuation term (ours)",
+    )
     gd = abs(float(s["gd_deviation"]))
     ax1.axhline(max(gd, 1e-16), color="C2", ls=":", label=f"GD (|C − C*| = {gd:.1e})")
     slope = results["slope"]
     if math.isfinite(slope):
         g = np.geomspace(sig2.min(), sig2.max(), 20)
-        ax1.loglog(g, np.exp(results["intercept"]) * g**slope, "-", lw=0.8, color="C0",
-                   label=f"fit: slope {slope:.3f}")  # fmt: skip
+        ax1.loglog(
+            g,
+            np.exp(results["intercept"]) * g**slope,
+            "-",
+            lw=0.8,
+            color="C0",
+            label=f"fit: slope {slope:.3f}",
+        )
     ax1.set_xscale("log")
     ax1.set_yscale("log")
     ax1.set_xlabel("σ² = η/(2S)")
@@ -638,8 +610,13 @@ def plot(results: dict[str, Any], cfg: Config, out_dir: Path) -> list[Path]:
     ax2.legend(fontsize=8)
 
     zg = np.asarray(s["zeta_grid"], dtype=float)
-    ax3.semilogx(np.asarray(s["zeta_all"]), s["charge_at_zeta"], "o", color="C0",
-                 label=f"SGD, S = {cfg.small_batch_size}")  # fmt: skip
+    ax3.semilogx(
+        np.asarray(s["zeta_all"]),
+        s["charge_at_zeta"],
+        "o",
+        color="C0",
+        label=f"SGD, S = {cfg.small_batch_size}",
+    )
     ax3.semilogx(zg, s["mean_field_charge"], "-", color="0.3", lw=1.0, label="mean field (ours)")
     fo = np.asarray(s["first_order_charge"], dtype=float)
     keep = fo < 1.2 * q["charge_star"]

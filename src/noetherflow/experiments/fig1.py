@@ -30,7 +30,7 @@ from torch import Tensor, nn
 
 import noetherflow as nf
 from noetherflow._divergence import find_divergence
-from noetherflow.experiments._base import Claim, Op, derive_seed, save_figure
+from noetherflow.experiments._base import Claim, Kind, Op, derive_seed, save_figure
 from noetherflow.train import UpdateInfo, run_gd, run_gf, run_sgd
 
 DESCRIPTION = "Scale-invariant 2-D loss: SGD spirals outward (‖θ‖ grows), gradient flow keeps ‖θ‖."
@@ -41,19 +41,6 @@ PAPER = (
     "SGD (stochastic or discrete-time) must move outward to a larger circle at every step."
 )
 PAPER_ORDER = 1.0
-NOTES = (
-    "The paper's Fig. 1 is a sketch without a stated loss, data or hyper-parameters; every "
-    "setting here is ours (see setup) and was fixed before the claims were measured. The "
-    "three claims are exact statements (an identity, a sign, a conservation law), so their "
-    "thresholds are round-off or integration-error bounds, not tuned margins. History: the "
-    "experiment first trained with hand-written loops (torch for SGD/GD, scipy on a numpy "
-    "gradient for the flow); it now trains through noetherflow.train on an nn.Module with "
-    "the same minibatch draws (identical SGD/GD paths) and checks the identity with "
-    "nf.charges / nf.exact_step_charges as well. Gradient flow is now restarted at every "
-    "10th grid point (run_gf's adaptive mode, gf_log_every=10), which changes its 1e-11-level "
-    "error only (quick: 1.7e-11 with one solve_ivp call, 3e-12 restarted at every grid "
-    "point, 8e-12 at every 10th)."
-)
 
 
 @dataclass(frozen=True)
@@ -97,27 +84,52 @@ def setup(cfg: Config) -> list[dict[str, str]]:
     """Deviations from the paper's setup (Fig. 1 is a sketch: every quantity is ours)."""
     quick = cfg.n_steps != Config().n_steps
     rows = [
-        {"quantity": "loss", "paper": "a 2-D scale-invariant loss (not specified)",
-         "ours": "(θ̂ᵀx − y)², θ̂ = θ/‖θ‖, mean over the batch",
-         "why": "the simplest scale-invariant regression in R²"},
-        {"quantity": "data", "paper": "not specified",
-         "ours": f"N = {cfg.n_samples}, x ~ N(0, I₂), y = θ*ᵀx + N(0, {cfg.noise_std}²)",
-         "why": "label noise keeps the per-sample gradients non-zero at the minimum"},
-        {"quantity": "η, S", "paper": "not specified",
-         "ours": f"η = {cfg.lr:g}, S = {cfg.batch_size} (with replacement)",
-         "why": "a visibly discrete, noisy SGD as in the sketch"},
-        {"quantity": "steps", "paper": "not specified", "ours": f"{cfg.n_steps}",
-         "why": "the outward drift is clear on the plot"},
-        {"quantity": "gradient flow", "paper": "exact flow",
-         "ours": f"DOP853, rtol {cfg.gf_rtol:g}, atol {cfg.gf_atol:g}, time η·steps",
-         "why": "integration error far below the 1e-3 claim"},
-        {"quantity": "seeds", "paper": "one trajectory", "ours": "one seed per run",
-         "why": "the claims are exact per-step statements"},
-    ]  # fmt: skip
+        {
+            "quantity": "loss",
+            "paper": "a 2-D scale-invariant loss (not specified)",
+            "ours": "(θ̂ᵀx − y)², θ̂ = θ/‖θ‖, mean over the batch",
+            "why": "the simplest scale-invariant regression in R²",
+        },
+        {
+            "quantity": "data",
+            "paper": "not specified",
+            "ours": f"N = {cfg.n_samples}, x ~ N(0, I₂), y = θ*ᵀx + N(0, {cfg.noise_std}²)",
+            "why": "label noise keeps the per-sample gradients non-zero at the minimum",
+        },
+        {
+            "quantity": "η, S",
+            "paper": "not specified",
+            "ours": f"η = {cfg.lr:g}, S = {cfg.batch_size} (with replacement)",
+            "why": "a visibly discrete, noisy SGD as in the sketch",
+        },
+        {
+            "quantity": "steps",
+            "paper": "not specified",
+            "ours": f"{cfg.n_steps}",
+            "why": "the outward drift is clear on the plot",
+        },
+        {
+            "quantity": "gradient flow",
+            "paper": "exact flow",
+            "ours": f"DOP853, rtol {cfg.gf_rtol:g}, atol {cfg.gf_atol:g}, time η·steps",
+            "why": "integration error far below the 1e-3 claim",
+        },
+        {
+            "quantity": "seeds",
+            "paper": "one trajectory",
+            "ours": "one seed per run",
+            "why": "the claims are exact per-step statements",
+        },
+    ]
     if quick:
-        rows.append({"quantity": "quick mode", "paper": "-",
-                     "ours": f"{cfg.n_steps} steps instead of {Config().n_steps}",
-                     "why": "the claims are per step, so they are as strict"})  # fmt: skip
+        rows.append(
+            {
+                "quantity": "quick mode",
+                "paper": "-",
+                "ours": f"{cfg.n_steps} steps instead of {Config().n_steps}",
+                "why": "the claims are per step, so they are as strict",
+            }
+        )
     return rows
 
 
@@ -185,18 +197,35 @@ def _train(
     if method == "gf":
         # logged (and restarted) every gf_log_every grid intervals of length η
         res = run_gf(
-            model, _mse, x, y, time=cfg.lr * cfg.n_steps, steps=cfg.n_steps, method="dop853",
-            rtol=cfg.gf_rtol, atol=cfg.gf_atol, callback=record, log_every=cfg.gf_log_every,
-        )  # fmt: skip
+            model,
+            _mse,
+            x,
+            y,
+            time=cfg.lr * cfg.n_steps,
+            steps=cfg.n_steps,
+            method="dop853",
+            rtol=cfg.gf_rtol,
+            atol=cfg.gf_atol,
+            callback=record,
+            log_every=cfg.gf_log_every,
+        )
     elif method == "gd":
         res = run_gd(
             model, _mse, x, y, lr=cfg.lr, steps=cfg.n_steps, callback=record, on_update=on_update
         )
     else:
         res = run_sgd(
-            model, _mse, x, y, lr=cfg.lr, batch_size=cfg.batch_size, steps=cfg.n_steps,
-            generator=torch.Generator().manual_seed(seed), callback=record, on_update=on_update,
-        )  # fmt: skip
+            model,
+            _mse,
+            x,
+            y,
+            lr=cfg.lr,
+            batch_size=cfg.batch_size,
+            steps=cfg.n_steps,
+            generator=torch.Generator().manual_seed(seed),
+            callback=record,
+            on_update=on_update,
+        )
     return {
         "path": np.asarray(path),
         "step": np.asarray(res.history["step"]),
@@ -291,6 +320,7 @@ def claims(results: dict[str, Any], cfg: Config) -> list[Claim]:
         ),
         Claim(
             id="library_charge_identity",
+            kind=Kind.BEYOND,
             statement="The library's charges obey the same identity: nf.charges after each SGD "
             "step equals nf.exact_step_charges from that step's gradient (max relative residual "
             "over steps; nf.ScaleInvariance on the nn.Module, trained by noetherflow.train)",

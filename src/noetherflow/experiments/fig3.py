@@ -78,38 +78,6 @@ PAPER = (
     "decreases."
 )
 PAPER_ORDER = 3.0
-NOTES = (
-    "History and deviations. (1) The paper's η = 0.1 diverges at n = 100 with the summed loss "
-    "of eq. 12; η = 0.04 is stable at every φ_x (quick: n = 20, η = 0.1). (2) GD + weight "
-    "decay uses γ = 5e-3 instead of the paper's 1e-4: at 1e-4 the imbalance decays by "
-    "(1 − 2ηγ)² per step and balance would take ~10⁶ steps; every stationary point is exactly "
-    "balanced whatever γ, the larger γ only shrinks the product (≤ 2.5%, included in the "
-    "theory). (3) The claimed runs anneal η (constant, then geometric decay to η/4 over the "
-    "second half; norms and sharpness averaged over the last 10%), chosen because the "
-    "constant-η equilibrium carries an O(η) bias (excess loss ≈ 9% of Tr Σ_ε, norms 2–4% low "
-    "at η = 0.04). The paper's protocol is now claimed first: constant η, averages over the "
-    "second half (sgd_norm_ratio_theory_constant_lr; threshold 0.1 as the annealed claim, "
-    "fixed before running; first measurement quick 0.103, failing narrowly), and the "
-    "caption's 'the error decreases as η decreases' at η and η/2 with 4× the steps "
-    "(gap_shrinks_with_lr_constant: ratio of the errors < 1, fixed before running; first "
-    "measurement quick 0.43, holding). (4) The sharpness statement: when only Σ_x varies, the "
-    "theory gives SGD never sharper than GD + WD (measured: flatter by up to 10%); the "
-    "paper's sharper case is anisotropic label noise with isotropic inputs, now run "
-    "(label_noise_sgd_sharper: S_SGD/S_balanced > 1 at every |φ_ε − 1| > 0.25; "
-    "label_noise_sharpness_theory: within 10% of Prop. 5.3; thresholds fixed before "
-    "running; first measurement quick: min ratio 1.003 (theory 1.010 at that φ_ε, 1.19 at "
-    "the ends), deviation 0.036). (5) Seeds: until this round one seed and one shared init "
-    "(7–9 values of φ per claim; the measurements above). Now 3 seeds (own init and "
-    "minibatches; the values of φ of a seed share its init): each claim's statistic is "
-    "computed per seed as before and the claim's value is its mean over the seeds, "
-    "thresholds unchanged (decided before running). First measurement (quick, 3 seeds): "
-    "constant η 0.103 (0.103–0.104), failing narrowly as with one seed (a bias, not noise); "
-    "gap ratio 0.436 (0.423–0.447); label noise: sharper 1.004 (1.004–1.005), theory "
-    "deviation 0.037; annealed: ratio 0.053, GD + WD 0.0058, sharpness 0.0058 — holding. "
-    "Full (3 seeds; one seed in brackets): constant η 0.0093 (0.0088), gap ratio 0.452 "
-    "(0.477), sharper 1.015 (1.015), label-noise theory 0.034 (0.034), annealed ratio 0.0145 "
-    "(0.0135), GD + WD 0.0061 (0.0060), sharpness 0.0071 (0.0072) — all holding, as before."
-)
 
 
 @dataclass(frozen=True)
@@ -202,40 +170,81 @@ def setup(cfg: Config) -> list[dict[str, str]]:
     """Deviations from the paper's setup (Fig. 3 = the setting of Fig. 8), one row each."""
     full = Config()
     rows = [
-        {"quantity": "η", "paper": "0.1",
-         "ours": f"{cfg.lr:g} (and {cfg.lr / 2:g} for the gap-vs-η claim)",
-         "why": "η = 0.1 diverges with the summed loss of eq. 12 at n = 100"},
-        {"quantity": "schedule", "paper": "constant η",
-         "ours": f"constant (paper's protocol claims) and, separately, annealed: geometric decay "
-                 f"to {cfg.lr_final:g} over the last {cfg.decay_frac:.0%}",
-         "why": "the constant-η equilibrium carries an O(η) bias (labelled claims)"},
-        {"quantity": "GD + WD γ", "paper": "1e-4", "ours": f"{cfg.gd_weight_decay:g}",
-         "why": "at 1e-4 balance takes ~10⁶ steps; stationary points are balanced for any γ"},
-        {"quantity": "GD + WD η, steps", "paper": "not stated",
-         "ours": f"{cfg.gd_lr:g}, {cfg.gd_steps} (population gradient)",
-         "why": "4ηγ·steps = 6: the initial imbalance shrinks by e⁻⁶"},
-        {"quantity": "SGD + WD γ", "paper": "1e-4", "ours": f"{cfg.weight_decay:g}",
-         "why": "the paper's value"},
-        {"quantity": "sizes", "paper": "d_x = d_y = 100, d = 2000, S = 100",
-         "ours": f"d_x = d_y = {cfg.dim}, d = {cfg.hidden} (exactly reduced to 2n), "
-                 f"S = {cfg.batch_size}",
-         "why": "the paper's" if cfg.dim == full.dim else "quick mode"},
-        {"quantity": "steps", "paper": "not stated",
-         "ours": f"{cfg.steps} (η/2: {4 * cfg.steps})", "why": "relaxation ∝ η²"},
-        {"quantity": "label-noise case", "paper": "mentioned, not run",
-         "ours": "Σ_x = I, Σ_ε = diag(φ, …, 2 − φ, …), SGD annealed as the main runs",
-         "why": "the case where SGD is sharper than the balanced solution"},
-        {"quantity": "precision", "paper": "-", "ours": cfg.dtype,
-         "why": "matmul-bound; round-off far below the tolerances"},
-        {"quantity": "seeds", "paper": "one run",
-         "ours": f"{cfg.n_seeds} seeds (own init and minibatches; shared by the values of φ)",
-         "why": "claims: mean over seeds of the per-seed statistic; spread in the notes"},
-    ]  # fmt: skip
+        {
+            "quantity": "η",
+            "paper": "0.1",
+            "ours": f"{cfg.lr:g} (and {cfg.lr / 2:g} for the gap-vs-η claim)",
+            "why": "η = 0.1 diverges with the summed loss of eq. 12 at n = 100",
+        },
+        {
+            "quantity": "schedule",
+            "paper": "constant η",
+            "ours": (
+                "constant (paper's protocol claims) and, separately, annealed: geometric "
+                f"decay to {cfg.lr_final:g} over the last {cfg.decay_frac:.0%}"
+            ),
+            "why": "the constant-η equilibrium carries an O(η) bias (labelled claims)",
+        },
+        {
+            "quantity": "GD + WD γ",
+            "paper": "1e-4",
+            "ours": f"{cfg.gd_weight_decay:g}",
+            "why": "at 1e-4 balance takes ~10⁶ steps; stationary points are balanced for any γ",
+        },
+        {
+            "quantity": "GD + WD η, steps",
+            "paper": "not stated",
+            "ours": f"{cfg.gd_lr:g}, {cfg.gd_steps} (population gradient)",
+            "why": "4ηγ·steps = 6: the initial imbalance shrinks by e⁻⁶",
+        },
+        {
+            "quantity": "SGD + WD γ",
+            "paper": "1e-4",
+            "ours": f"{cfg.weight_decay:g}",
+            "why": "the paper's value",
+        },
+        {
+            "quantity": "sizes",
+            "paper": "d_x = d_y = 100, d = 2000, S = 100",
+            "ours": f"d_x = d_y = {cfg.dim}, d = {cfg.hidden} (exactly reduced to 2n), "
+            f"S = {cfg.batch_size}",
+            "why": "the paper's" if cfg.dim == full.dim else "quick mode",
+        },
+        {
+            "quantity": "steps",
+            "paper": "not stated",
+            "ours": f"{cfg.steps} (η/2: {4 * cfg.steps})",
+            "why": "relaxation ∝ η²",
+        },
+        {
+            "quantity": "label-noise case",
+            "paper": "mentioned, not run",
+            "ours": "Σ_x = I, Σ_ε = diag(φ, …, 2 − φ, …), SGD annealed as the main runs",
+            "why": "the case where SGD is sharper than the balanced solution",
+        },
+        {
+            "quantity": "precision",
+            "paper": "-",
+            "ours": cfg.dtype,
+            "why": "matmul-bound; round-off far below the tolerances",
+        },
+        {
+            "quantity": "seeds",
+            "paper": "one run",
+            "ours": f"{cfg.n_seeds} seeds (own init and minibatches; shared by the values of φ)",
+            "why": "claims: mean over seeds of the per-seed statistic; spread in the notes",
+        },
+    ]
     if cfg != full:
-        rows.append({"quantity": "quick mode", "paper": "-",
-                     "ours": f"n = {cfg.dim}, width {cfg.hidden}, η = {cfg.lr:g}, "
-                             f"{len(cfg.phi_x)} values of φ",
-                     "why": "stable at a 2.5× larger η, so fewer steps"})  # fmt: skip
+        rows.append(
+            {
+                "quantity": "quick mode",
+                "paper": "-",
+                "ours": f"n = {cfg.dim}, width {cfg.hidden}, η = {cfg.lr:g}, "
+                f"{len(cfg.phi_x)} values of φ",
+                "why": "stable at a 2.5× larger η, so fewer steps",
+            }
+        )
     return rows
 
 
@@ -461,10 +470,19 @@ def _summarise(cfg: Config, method: str, tr: dict[str, np.ndarray]) -> dict[str,
 
 
 SEED_KEYS = (
-    "sgd_norm_ratio", "sgdwd_norm_ratio", "gdwd_norm_ratio", "sgd_sharpness", "sgdwd_sharpness",
-    "gdwd_sharpness", "sharpness_ratio", "constant_norm_ratio", "constant_half_norm_ratio",
-    "constant_sharpness", "label_noise_sgd_sharpness", "label_noise_sgd_norm_ratio",
-)  # fmt: skip
+    "sgd_norm_ratio",
+    "sgdwd_norm_ratio",
+    "gdwd_norm_ratio",
+    "sgd_sharpness",
+    "sgdwd_sharpness",
+    "gdwd_sharpness",
+    "sharpness_ratio",
+    "constant_norm_ratio",
+    "constant_half_norm_ratio",
+    "constant_sharpness",
+    "label_noise_sgd_sharpness",
+    "label_noise_sgd_norm_ratio",
+)
 """Measured series kept per seed (``<key>_seeds``, ``[n_seeds, len(phi_x)]``); ``<key>`` is
 their mean over seeds (plotted)."""
 

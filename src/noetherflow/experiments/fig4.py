@@ -25,6 +25,12 @@ import numpy as np
 
 from noetherflow._divergence import diverged_mask, find_divergence
 from noetherflow.experiments._base import Claim, Op, derive_seed, save_figure
+from noetherflow.experiments._fig4_claims import (
+    _direction_claims,
+    _orbit_and_library_claims,
+    _reachable_claims,
+    _warmup_failures,
+)
 from noetherflow.experiments._rank1 import (
     library_checks,
     orbit_stability,
@@ -46,29 +52,6 @@ PAPER = (
     "same S (the equilibrium is unique)."
 )
 PAPER_ORDER = 4.0
-NOTES = (
-    "History. The input variance 5 was chosen (before this record) so that η_max = 0.008 "
-    "diverges from Kaiming for every seed; the issue #17 review then found that in that setting "
-    "no point of the symmetry orbit of the init is stable at η_max (smallest E_x λ_max on the "
-    "orbit ≈ 310–800 per seed against 2/η_max = 250), so warmup cannot work by moving along the "
-    "orbit alone. Added for #17 (thresholds written into the code before the first run of "
-    "these claims and committed with it, not separately; the "
-    "review had already reported GD −11% and Xavier +23%): direction claims for GD and Xavier "
-    "(sign of S_end − S_init, threshold 0 from the paper's word \"increases\"), Xavier's size "
-    "(|ΔS_X| / |ΔS_SGD| < 1/5, gd_small_change's ratio), the orbit's flattest point against "
-    "2/η_max, the library's equilibrium (nf.solve_equilibrium) against Thm 5.2 (15%, the "
-    "tolerance of flattening_matches_theory), and a second setting. Pilot for the second "
-    "setting (seed 0, quick size, 8 seeds; fraction of seeds diverging at constant η_max / "
-    "orbit minimum range): input var 2, noise 1: 0.75 / 144–345; 1.5, 1: 0.25 / 111–260; "
-    "1.5, 4: 0.5 / 138–276; 1, 4: 0.125 / 101–190; 2, 4: 0.625 / 173–361. Chosen: 1.5, 4 "
-    "(most seeds with a stable orbit point while half still diverge; label noise 4 keeps "
-    "the flattening within the 5000 warmup steps); the pilot also printed fig4's six original "
-    "claims per candidate (warmup_stable held in all; same_equilibrium failed at 2, 1 and "
-    "1.5, 1, flattening_matches_theory at 1.5, 1). First run: GD's S decreases (−11%), so "
-    "gd_sharpness_increases fails; Xavier's rises by 23% (1/50 of Kaiming's change); in the "
-    "second setting the orbit reaches stability (mean 0.73 of 2/η_max) and warmup prevents "
-    "the divergence of 4/8 seeds."
-)
 
 
 def setup(cfg: Config) -> list[dict[str, str]]:
@@ -76,36 +59,76 @@ def setup(cfg: Config) -> list[dict[str, str]]:
     quick = Config.quick()
     rc = cfg.reachable()
     return [
-        {"quantity": "model sizes", "paper": "rank-1 factorisation, sizes not given",
-         "ours": f"d_x = d_y = {cfg.d_io}, hidden width {cfg.hidden}",
-         "why": "large d makes GD's change small against SGD's (≈ 2/(d − 1))"},
-        {"quantity": "data", "paper": "not given",
-         "ours": f"x ~ N(0, {cfg.input_var:g}·I), y = Vx + ε, ε ~ N(0, {cfg.noise_var:g}·I), "
-                 f"rank-1 V of norm {cfg.target_norm:g}, fresh samples every step",
-         "why": "input variance sets the curvature so η_max diverges from Kaiming; online SGD "
-                "makes Thm 5.2's population moments exact"},
-        {"quantity": "second setting", "paper": "—",
-         "ours": f"input variance {rc.input_var:g}, label-noise variance {rc.noise_var:g} "
-                 "(claims reachable_*)",
-         "why": "in the first setting no orbit point is stable at η_max (issue #17)"},
-        {"quantity": "batch size S", "paper": "not given", "ours": str(cfg.batch_size),
-         "why": "largest noise"},
-        {"quantity": "loss convention", "paper": "ℓ = ‖UWx − y‖² (eq. 12)",
-         "ours": "same, mean over the batch, no weight decay", "why": "—"},
-        {"quantity": "Kaiming init of U", "paper": "σ_U² = 1",
-         "ours": "fan-in, σ_U² = 1/d = 1 (d = 1)", "why": "identical for the rank-1 model"},
-        {"quantity": "Xavier init", "paper": "σ² = 1/(fan_in + fan_out)",
-         "ours": f"xavier_normal_ with gain {cfg.xavier_gain:.3g} (same variance)", "why": "—"},
-        {"quantity": "steps", "paper": "not given (5000 + more)",
-         "ours": f"{cfg.n_steps} (quick {quick.n_steps})", "why": "equilibrium by ~12000"},
-        {"quantity": "seeds", "paper": "1 curve per run",
-         "ours": f"{cfg.n_seeds} (quick {quick.n_seeds})", "why": "divergence is a fraction"},
-        {"quantity": "GD", "paper": "GD", "ours": "GD on the population loss (exact gradient)",
-         "why": "the expected gradient is known in closed form"},
-        {"quantity": "S", "paper": "stability condition, Tr ∇²L",
-         "ours": "Tr ∇²L of the population loss, closed form (Prop. 5.3 with its factor 2)",
-         "why": "exact at every step"},
-    ]  # fmt: skip
+        {
+            "quantity": "model sizes",
+            "paper": "rank-1 factorisation, sizes not given",
+            "ours": f"d_x = d_y = {cfg.d_io}, hidden width {cfg.hidden}",
+            "why": "large d makes GD's change small against SGD's (≈ 2/(d − 1))",
+        },
+        {
+            "quantity": "data",
+            "paper": "not given",
+            "ours": f"x ~ N(0, {cfg.input_var:g}·I), y = Vx + ε, ε ~ N(0, {cfg.noise_var:g}·I), "
+            f"rank-1 V of norm {cfg.target_norm:g}, fresh samples every step",
+            "why": "input variance sets the curvature so η_max diverges from Kaiming; online SGD "
+            "makes Thm 5.2's population moments exact",
+        },
+        {
+            "quantity": "second setting",
+            "paper": "—",
+            "ours": f"input variance {rc.input_var:g}, label-noise variance {rc.noise_var:g} "
+            "(claims reachable_*)",
+            "why": "in the first setting no orbit point is stable at η_max (issue #17)",
+        },
+        {
+            "quantity": "batch size S",
+            "paper": "not given",
+            "ours": str(cfg.batch_size),
+            "why": "largest noise",
+        },
+        {
+            "quantity": "loss convention",
+            "paper": "ℓ = ‖UWx − y‖² (eq. 12)",
+            "ours": "same, mean over the batch, no weight decay",
+            "why": "—",
+        },
+        {
+            "quantity": "Kaiming init of U",
+            "paper": "σ_U² = 1",
+            "ours": "fan-in, σ_U² = 1/d = 1 (d = 1)",
+            "why": "identical for the rank-1 model",
+        },
+        {
+            "quantity": "Xavier init",
+            "paper": "σ² = 1/(fan_in + fan_out)",
+            "ours": f"xavier_normal_ with gain {cfg.xavier_gain:.3g} (same variance)",
+            "why": "—",
+        },
+        {
+            "quantity": "steps",
+            "paper": "not given (5000 + more)",
+            "ours": f"{cfg.n_steps} (quick {quick.n_steps})",
+            "why": "equilibrium by ~12000",
+        },
+        {
+            "quantity": "seeds",
+            "paper": "1 curve per run",
+            "ours": f"{cfg.n_seeds} (quick {quick.n_seeds})",
+            "why": "divergence is a fraction",
+        },
+        {
+            "quantity": "GD",
+            "paper": "GD",
+            "ours": "GD on the population loss (exact gradient)",
+            "why": "the expected gradient is known in closed form",
+        },
+        {
+            "quantity": "S",
+            "paper": "stability condition, Tr ∇²L",
+            "ours": "Tr ∇²L of the population loss, closed form (Prop. 5.3 with its factor 2)",
+            "why": "exact at every step",
+        },
+    ]
 
 
 _RUNS = ("sgd_kaiming_max", "sgd_kaiming_warmup", "sgd_kaiming", "sgd_xavier", "gd_kaiming")
@@ -503,138 +526,6 @@ def claims(results: dict[str, Any], cfg: Config) -> list[Claim]:
     ]
 
 
-def _warmup_failures(warm: dict[str, Any], cfg: Config) -> tuple[int, np.ndarray]:
-    """Seeds of the warmup run that diverged, still drift, or end above their initial loss."""
-    drift = np.asarray(warm["loss_drift"], dtype=float)
-    below = np.asarray(warm["loss_below_init"], dtype=bool)
-    converged = np.isfinite(drift) & (drift < cfg.converged_tol) & below
-    return int(np.sum(~converged)), drift
-
-
-def _direction_claims(runs: dict[str, Any]) -> list[Claim]:
-    """The paper: "the stability condition of GD and that of SGD with a Xavier init increases
-    only slightly". Direction (sign of S_end − S_init) and, for Xavier, size (the 1/5 of
-    SGD-Kaiming's change that ``gd_small_change`` uses), both fixed before running."""
-    sgd, xav, gd = runs["sgd_kaiming"], runs["sgd_xavier"], runs["gd_kaiming"]
-    d_sgd = float(sgd["S_end_mean"]) - float(sgd["S_init_mean"])
-    rel = {
-        name: float(r["S_end_mean"]) / float(r["S_init_mean"]) - 1.0
-        for name, r in (("gd", gd), ("xavier", xav))
-    }
-    xav_seeds, gd_seeds = (
-        np.asarray(r["S_end_per_seed"], dtype=float) / np.asarray(r["S_init_per_seed"], dtype=float)
-        - 1.0
-        for r in (xav, gd)
-    )
-    d_x = float(xav["S_end_mean"]) - float(xav["S_init_mean"])
-    return [
-        Claim(
-            id="gd_sharpness_increases",
-            statement="GD from Kaiming init: the stability condition S increases "
-            "(S_end / S_init − 1, mean over seeds, > 0)",
-            value=rel["gd"],
-            op=Op.GT,
-            threshold=0.0,
-            note=f"S_init {float(gd['S_init_mean']):.4g}, S_end {float(gd['S_end_mean']):.4g}; GD "
-            "conserves ‖U‖² − ‖W‖², so from Kaiming (‖U‖² ≈ d, ‖W‖² ≈ 1) it can only shrink "
-            f"‖W‖² while fitting; per seed {np.round(gd_seeds, 3).tolist()}",
-        ),
-        Claim(
-            id="xavier_sharpness_increases",
-            statement="SGD from Xavier init: S increases "
-            "(S_end / S_init − 1, mean over seeds, > 0)",
-            value=rel["xavier"],
-            op=Op.GT,
-            threshold=0.0,
-            note=f"per seed {np.round(xav_seeds, 3).tolist()}",
-        ),
-        Claim(
-            id="xavier_small_change",
-            statement="SGD from Xavier changes S only slightly: |ΔS_Xavier| / |ΔS_SGD,Kaiming|",
-            value=abs(d_x) / abs(d_sgd) if d_sgd != 0 else math.inf,
-            op=Op.LT,
-            threshold=0.2,
-            note=f"ΔS_Xavier = {d_x:.4g}, ΔS_SGD,Kaiming = {d_sgd:.4g}",
-        ),
-    ]
-
-
-def _orbit_and_library_claims(res: dict[str, Any], cfg: Config, *, prefix: str) -> list[Claim]:
-    orb, lib = res["orbit"], res["library"]
-    s_pred, s_lib = float(res["S_pred_end"]), float(lib["S_equilibrium_mean"])
-    return [
-        Claim(
-            id=f"{prefix}orbit_reaches_stability",
-            statement="Some point of the symmetry orbit of the Kaiming init is stable at η_max: "
-            "min over the orbit of E_x λ_max(∇²ℓ_x), times η_max/2 (mean over seeds; < 1 iff "
-            "below 2/η_max)",
-            value=orb["orbit_min_over_threshold_mean"],
-            op=Op.LT,
-            threshold=1.0,
-            note=f"2/η_max = {orb['threshold_2_over_lr_max']:.4g}; orbit minimum per seed "
-            f"{np.round(np.asarray(orb['orbit_min_top_eig'], dtype=float), 1).tolist()}; at init "
-            f"{float(np.mean(orb['top_eig_kaiming'])):.4g}; {orb['seeds_with_stable_orbit_point']}"
-            f"/{cfg.n_seeds} seeds have a stable orbit point (input variance {res['input_var']:g})",
-        ),
-        Claim(
-            id=f"{prefix}library_equilibrium_matches_theory",
-            statement="S at the library's noise equilibrium (nf.collect_stats + "
-            "nf.solve_equilibrium + nf.teleport from each final SGD-Kaiming state) vs Thm 5.2 + "
-            "Prop 5.3 (theory module): |S_lib / S_pred − 1|",
-            value=abs(s_lib / s_pred - 1.0),
-            op=Op.LT,
-            threshold=0.15,
-            note=f"S_lib = {s_lib:.4g} (per seed "
-            f"{np.round(np.asarray(lib['S_equilibrium'], dtype=float), 1).tolist()}), "
-            f"S_pred = {s_pred:.4g}; nf.charges vs ‖W‖² − ‖U‖²: max "
-            f"rel. error {lib['charge_max_rel_err']:.2g}",
-        ),
-    ]
-
-
-def _reachable_claims(res: dict[str, Any], cfg: Config) -> list[Claim]:
-    """The second setting (``Config.reachable()``): the orbit reaches stability, so warmup
-    and no-warmup test the paper's mechanism."""
-    rc = cfg.reachable()
-    runs = res["runs"]
-    big, warm = runs["sgd_kaiming_max"], runs["sgd_kaiming_warmup"]
-    bad, drift = _warmup_failures(warm, rc)
-    s_end, s_pred = float(runs["sgd_kaiming"]["S_end_mean"]), float(res["S_pred_end"])
-    where = f"input variance {rc.input_var:g}, label-noise variance {rc.noise_var:g}"
-    return [
-        *_orbit_and_library_claims(res, rc, prefix="reachable_"),
-        Claim(
-            id="reachable_warmup_stable",
-            statement=f"[{where}] η_small for {cfg.warmup_steps} steps then η_max: number of "
-            "seeds that diverged, still drift or end above their initial loss",
-            value=bad,
-            op=Op.EQ,
-            threshold=0,
-            note=f"{warm['n_diverged']} diverged; loss drift per seed "
-            f"{np.round(drift, 4).tolist()}",
-        ),
-        Claim(
-            id="reachable_warmup_helps",
-            statement=f"[{where}] fraction of seeds diverging at constant η_max minus fraction "
-            "diverging with warmup (> 0: warmup prevents divergence)",
-            value=(big["n_diverged"] - warm["n_diverged"]) / cfg.n_seeds,
-            op=Op.GT,
-            threshold=0.0,
-            note=f"constant η_max: {big['n_diverged']}/{cfg.n_seeds} diverged; warmup: "
-            f"{warm['n_diverged']}/{cfg.n_seeds}",
-        ),
-        Claim(
-            id="reachable_flattening_matches_theory",
-            statement=f"[{where}] S_end of SGD from Kaiming vs Thm 5.2 + Prop 5.3: "
-            "|S_end / S_pred − 1|",
-            value=abs(s_end / s_pred - 1.0),
-            op=Op.LT,
-            threshold=0.15,
-            note=f"S_end = {s_end:.4g}, S_pred = {s_pred:.4g}",
-        ),
-    ]
-
-
 def plot(results: dict[str, Any], cfg: Config, out_dir: Path) -> list[Path]:
     from matplotlib.figure import Figure
 
@@ -681,11 +572,17 @@ def plot(results: dict[str, Any], cfg: Config, out_dir: Path) -> list[Path]:
     ax.legend(fontsize=7, loc="upper right")
     rc, reach = cfg.reachable(), results["reachable"]
     for name in _RUNS:
-        ax_r.plot(steps, np.asarray(s[f"reachable_S_{name}"], dtype=float), color=colors[name],
-                  ls=styles.get(name, "-"), lw=1.8,
-                  label=f"{_LABELS[name]}, {reach['runs'][name]['n_diverged']} div.")  # fmt: skip
-    ax_r.axhline(float(reach["S_pred_end"]), color="k", lw=1, ls="-.",
-                 label="Thm 5.2 + Prop 5.3 (SGD)")  # fmt: skip
+        ax_r.plot(
+            steps,
+            np.asarray(s[f"reachable_S_{name}"], dtype=float),
+            color=colors[name],
+            ls=styles.get(name, "-"),
+            lw=1.8,
+            label=f"{_LABELS[name]}, {reach['runs'][name]['n_diverged']} div.",
+        )
+    ax_r.axhline(
+        float(reach["S_pred_end"]), color="k", lw=1, ls="-.", label="Thm 5.2 + Prop 5.3 (SGD)"
+    )
     ax_r.axvline(cfg.warmup_steps, color="0.5", lw=0.8, ls=":")
     ax_r.set_yscale("log")
     ax_r.set_xlabel("step")

@@ -47,41 +47,57 @@ PAPER = (
     "the equilibrium is at infinity)."
 )
 PAPER_ORDER = 7.0
-NOTES = (
-    "History. Sizes, data and η predate issue #17 (the paper gives none); the thresholds "
-    "(0 decreasing steps, GD/SGD growth < 1/10) are exact or wide. For issue #13 the runs "
-    "train through noetherflow.train.run_sgd / run_gd on an nn.Module (previously one "
-    "batched torch loop with per-sample weights) and the norm identity is now checked with "
-    "the library: nf.charges of nf.ScaleInvariance (total, and u, w for Net-B) against "
-    "nf.exact_step_charges from the step's gradient, every identity_every = 10 steps (every "
-    "step cost 2× the run time; max relative residual ≈ 7e-16). The "
-    "minibatch stream changed, so values moved (seed 0, quick: gd_norm_flat 0.0227 → "
-    "0.0222); verdicts did not. One seed: the claims are per-step exact."
-)
 
 
 def setup(cfg: Config) -> list[dict[str, str]]:
     """Every deviation from the paper's setup, one row each (issue #17)."""
     quick = Config.quick()
     return [
-        {"quantity": "norm of w", "paper": "‖w‖ next to ‖u‖_F (App. A.1)",
-         "ours": "both whole-layer Frobenius norms", "why": "the same symmetries either way"},
-        {"quantity": "sizes", "paper": "not given",
-         "ours": f"d_in = {cfg.d_in}, width {cfg.hidden}, d_out = {cfg.d_out}", "why": "small"},
-        {"quantity": "data", "paper": "not given",
-         "ours": f"{cfg.n_samples} samples x ~ N(0, I), y = βᵀx + {cfg.noise_std:g}ξ, "
-                 f"‖β‖ = {cfg.target_norm:g}", "why": "label noise keeps SGD's gradients nonzero"},
-        {"quantity": "η, S", "paper": "not given",
-         "ours": f"η = {cfg.lr:g}; SGD S = {cfg.batch_size} (with replacement), GD full batch",
-         "why": "—"},
-        {"quantity": "schedule / γ / momentum", "paper": "—",
-         "ours": "constant η, γ = 0, no momentum", "why": "the exact norm identity"},
-        {"quantity": "loss convention", "paper": "not given",
-         "ours": "squared error, mean over the batch", "why": "—"},
-        {"quantity": "steps", "paper": "not given",
-         "ours": f"{cfg.n_steps} (quick {quick.n_steps})", "why": "per-step claims"},
+        {
+            "quantity": "norm of w",
+            "paper": "‖w‖ next to ‖u‖_F (App. A.1)",
+            "ours": "both whole-layer Frobenius norms",
+            "why": "the same symmetries either way",
+        },
+        {
+            "quantity": "sizes",
+            "paper": "not given",
+            "ours": f"d_in = {cfg.d_in}, width {cfg.hidden}, d_out = {cfg.d_out}",
+            "why": "small",
+        },
+        {
+            "quantity": "data",
+            "paper": "not given",
+            "ours": f"{cfg.n_samples} samples x ~ N(0, I), y = βᵀx + {cfg.noise_std:g}ξ, "
+            f"‖β‖ = {cfg.target_norm:g}",
+            "why": "label noise keeps SGD's gradients nonzero",
+        },
+        {
+            "quantity": "η, S",
+            "paper": "not given",
+            "ours": f"η = {cfg.lr:g}; SGD S = {cfg.batch_size} (with replacement), GD full batch",
+            "why": "—",
+        },
+        {
+            "quantity": "schedule / γ / momentum",
+            "paper": "—",
+            "ours": "constant η, γ = 0, no momentum",
+            "why": "the exact norm identity",
+        },
+        {
+            "quantity": "loss convention",
+            "paper": "not given",
+            "ours": "squared error, mean over the batch",
+            "why": "—",
+        },
+        {
+            "quantity": "steps",
+            "paper": "not given",
+            "ours": f"{cfg.n_steps} (quick {quick.n_steps})",
+            "why": "per-step claims",
+        },
         {"quantity": "seeds", "paper": "—", "ours": "1", "why": "the claims are exact per step"},
-    ]  # fmt: skip
+    ]
 
 
 NETS = ("A", "B")
@@ -241,8 +257,17 @@ def _train_one(cfg: Config, seed: int, net: str, method: str) -> dict[str, Any]:
 
     if method == "sgd":
         gen = torch.Generator().manual_seed(batch_seed)
-        res = run_sgd(model, _mse, x, y, lr=cfg.lr, batch_size=cfg.batch_size,
-                      steps=cfg.n_steps, generator=gen, callback=callback)  # fmt: skip
+        res = run_sgd(
+            model,
+            _mse,
+            x,
+            y,
+            lr=cfg.lr,
+            batch_size=cfg.batch_size,
+            steps=cfg.n_steps,
+            generator=gen,
+            callback=callback,
+        )
     else:
         res = run_gd(model, _mse, x, y, lr=cfg.lr, steps=cfg.n_steps, callback=callback)
     every = max(1, cfg.n_steps // cfg.n_records)
@@ -379,15 +404,23 @@ def plot(results: dict[str, Any], cfg: Config, out_dir: Path) -> list[Path]:
     s = results["series"]
     fig = Figure(figsize=(15, 4.5))
     axes = fig.subplots(1, 3)
-    panels = (("norm", "total norm ‖(u, w)‖"), ("u_norm", "second layer ‖u‖_F"),
-              ("w_norm", "first layer ‖w‖_F"))  # fmt: skip
+    panels = (
+        ("norm", "total norm ‖(u, w)‖"),
+        ("u_norm", "second layer ‖u‖_F"),
+        ("w_norm", "first layer ‖w‖_F"),
+    )
     styles = {"A": "C0", "B": "C3"}
     for ax, (suffix, title) in zip(axes, panels, strict=True):
         for net in NETS:
             for m, ls in (("sgd", "-"), ("gd", "--")):
                 y = np.asarray(s[f"net{net}_{m}_{suffix}"])
-                ax.plot(np.asarray(s["step"])[: len(y)], y, ls, color=styles[net],
-                        label=f"Net-{net} {m.upper()}")  # fmt: skip
+                ax.plot(
+                    np.asarray(s["step"])[: len(y)],
+                    y,
+                    ls,
+                    color=styles[net],
+                    label=f"Net-{net} {m.upper()}",
+                )
         ax.set_xlabel("step")
         ax.set_title(title)
         ax.legend(fontsize=8)

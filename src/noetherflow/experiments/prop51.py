@@ -59,51 +59,68 @@ PAPER = (
     "the same sign of U_iW_i; GD keeps the imbalance (eq. 11)."
 )
 PAPER_ORDER = 5.1
-NOTES = (
-    "History. The rate is tested in its corrected form 4η²(E[rx]² + Var[rx]/S) per step "
-    "(the random variable is r·x, the prefactor 4η²/S); the paper's literal η·Var[r] is "
-    "recorded, off by ≈ 5× here (x_std = 2 separates them). Fit window and thresholds "
-    "(25% on the rate, 1% on max|Q|, GD/SGD < 1/10) predate issue #17. For issue #13 the run "
-    "trains through noetherflow.train.run_sgd / run_gd (previously an explicit numpy loop, "
-    "kept as the reference in the tests); the minibatches now come from torch's generator, "
-    "so values moved (seed 0, quick: rate error −0.022 → −0.005, max|Q_T|/max|Q_0| 4.0e-5 → "
-    "3.8e-5), verdicts did not. Until issue #17's ≥ 3 seeds: one SGD seed (the claims have "
-    "margins ≥ 3× over seeds 0–5, see the tests). Now 3 minibatch streams from the same init "
-    "and data (seed 0 is the earlier run); each claim's value is the mean over seeds of the "
-    "per-seed value (for the rate: of |fitted/predicted − 1|, so that errors of opposite sign "
-    "cannot cancel), thresholds unchanged. GD is deterministic: one run. First measurement "
-    "(quick, 3 seeds): rate error 0.042 (0.005–0.074), minority signs 0/0/0, max|Q_T|/max|Q_0| "
-    "4.1e-5, GD/SGD 0.0077 — holding. Full (3 seeds): rate error 0.018 (0.006–0.027), "
-    "minority signs 0/0/0, max|Q_T|/max|Q_0| 1.5e-11, GD/SGD 0.0077 — holding."
-)
 
 
 def setup(cfg: Config) -> list[dict[str, str]]:
     """Every deviation from the paper's setup, one row each (issue #17)."""
     quick = Config.quick()
     return [
-        {"quantity": "sizes", "paper": "U ∈ R^{1×d}, W ∈ R^{d×1}, d not given",
-         "ours": f"d = {cfg.d}", "why": "several neurons make the sign claim meaningful"},
-        {"quantity": "data", "paper": "not given",
-         "ours": f"{cfg.n_samples} samples, x ~ N(0, {cfg.x_std:g}²), y = {cfg.target:g}x + "
-                 f"{cfg.noise_std:g}ε", "why": "x_std ≠ 1 separates Var[rx] from Var[r]"},
-        {"quantity": "η, S", "paper": "not given",
-         "ours": f"η = {cfg.lr:g}, S = {cfg.batch_size} (with replacement)",
-         "why": "small per-step rate: Jensen's gap < 1%; stable"},
-        {"quantity": "schedule / γ", "paper": "constant η, γ = 0",
-         "ours": "constant η, γ = 0", "why": "—"},
-        {"quantity": "loss convention", "paper": "ℓ = (UWx − y)² (eq. 12)",
-         "ours": "same, mean over the batch", "why": "—"},
-        {"quantity": "rate", "paper": "Ċ_B = −Var[r] C_B",
-         "ours": "4η²(E[rx]² + Var[rx]/S) per step", "why": "derivation (module docstring)"},
-        {"quantity": "steps", "paper": "not given",
-         "ours": f"{cfg.n_steps} (quick {quick.n_steps})", "why": "≈ 24 (10) e-folds of Q"},
-        {"quantity": "init", "paper": "mixed signs",
-         "ours": f"N(0, {cfg.init_scale:g}²), half the neurons of each sign", "why": "—"},
-        {"quantity": "seeds", "paper": "—",
-         "ours": f"SGD: {cfg.n_seeds} minibatch streams from one init and data; GD: 1 (exact)",
-         "why": "claims: mean over seeds; spread in the notes"},
-    ]  # fmt: skip
+        {
+            "quantity": "sizes",
+            "paper": "U ∈ R^{1×d}, W ∈ R^{d×1}, d not given",
+            "ours": f"d = {cfg.d}",
+            "why": "several neurons make the sign claim meaningful",
+        },
+        {
+            "quantity": "data",
+            "paper": "not given",
+            "ours": f"{cfg.n_samples} samples, x ~ N(0, {cfg.x_std:g}²), y = {cfg.target:g}x + "
+            f"{cfg.noise_std:g}ε",
+            "why": "x_std ≠ 1 separates Var[rx] from Var[r]",
+        },
+        {
+            "quantity": "η, S",
+            "paper": "not given",
+            "ours": f"η = {cfg.lr:g}, S = {cfg.batch_size} (with replacement)",
+            "why": "small per-step rate: Jensen's gap < 1%; stable",
+        },
+        {
+            "quantity": "schedule / γ",
+            "paper": "constant η, γ = 0",
+            "ours": "constant η, γ = 0",
+            "why": "—",
+        },
+        {
+            "quantity": "loss convention",
+            "paper": "ℓ = (UWx − y)² (eq. 12)",
+            "ours": "same, mean over the batch",
+            "why": "—",
+        },
+        {
+            "quantity": "rate",
+            "paper": "Ċ_B = −Var[r] C_B",
+            "ours": "4η²(E[rx]² + Var[rx]/S) per step",
+            "why": "derivation (module docstring)",
+        },
+        {
+            "quantity": "steps",
+            "paper": "not given",
+            "ours": f"{cfg.n_steps} (quick {quick.n_steps})",
+            "why": "≈ 24 (10) e-folds of Q",
+        },
+        {
+            "quantity": "init",
+            "paper": "mixed signs",
+            "ours": f"N(0, {cfg.init_scale:g}²), half the neurons of each sign",
+            "why": "—",
+        },
+        {
+            "quantity": "seeds",
+            "paper": "—",
+            "ours": f"SGD: {cfg.n_seeds} minibatch streams from one init and data; GD: 1 (exact)",
+            "why": "claims: mean over seeds; spread in the notes",
+        },
+    ]
 
 
 @dataclass(frozen=True)
@@ -285,9 +302,15 @@ def _mse(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
 
 
 def train_library(
-    cfg: Config, x: np.ndarray, y: np.ndarray, u0: np.ndarray, w0: np.ndarray, *,
-    batch_seed: int | None, log_every: int = 1,
-) -> dict[str, np.ndarray]:  # fmt: skip
+    cfg: Config,
+    x: np.ndarray,
+    y: np.ndarray,
+    u0: np.ndarray,
+    w0: np.ndarray,
+    *,
+    batch_seed: int | None,
+    log_every: int = 1,
+) -> dict[str, np.ndarray]:
     """SGD (``batch_seed`` seeds the minibatch generator) or GD (None) through
     :func:`noetherflow.train.run_sgd` / :func:`~noetherflow.train.run_gd`; returns the same
     trajectories as :func:`train` (``u``, ``w``: ``[steps+1, d]``, ``m``: ``[steps]``), with
@@ -305,12 +328,22 @@ def train_library(
 
     X, Y = torch.as_tensor(x)[:, None], torch.as_tensor(y)[:, None]
     if batch_seed is None:
-        run_gd(model, _mse, X, Y, lr=cfg.lr, steps=cfg.n_steps, callback=record,
-               log_every=log_every)  # fmt: skip
+        run_gd(
+            model, _mse, X, Y, lr=cfg.lr, steps=cfg.n_steps, callback=record, log_every=log_every
+        )
     else:
         gen = torch.Generator().manual_seed(batch_seed)
-        run_sgd(model, _mse, X, Y, lr=cfg.lr, batch_size=cfg.batch_size, steps=cfg.n_steps,
-                generator=gen, callback=record)  # fmt: skip
+        run_sgd(
+            model,
+            _mse,
+            X,
+            Y,
+            lr=cfg.lr,
+            batch_size=cfg.batch_size,
+            steps=cfg.n_steps,
+            generator=gen,
+            callback=record,
+        )
     u_arr, w_arr = np.array(us), np.array(ws)
     p = (u_arr[:-1] * w_arr[:-1]).sum(-1)
     if batch_seed is None:
@@ -319,8 +352,12 @@ def train_library(
         m = p * float(np.mean(x * x)) - float(np.mean(x * y))
     else:
         replay = torch.Generator().manual_seed(batch_seed)
-        idx = np.stack([sample_batch(cfg.n_samples, cfg.batch_size, generator=replay).numpy()
-                        for _ in range(len(p))])  # fmt: skip
+        idx = np.stack(
+            [
+                sample_batch(cfg.n_samples, cfg.batch_size, generator=replay).numpy()
+                for _ in range(len(p))
+            ]
+        )
         m = np.mean(p[:, None] * x[idx] ** 2 - x[idx] * y[idx], axis=1)
     return {"u": u_arr, "w": w_arr, "m": m}
 
@@ -391,9 +428,15 @@ def _sgd_analysis(
 
 
 PER_SEED_KEYS = (
-    "rate_rel_err", "fitted_rate", "predicted_rate", "q_entry_ratio_sgd", "gd_over_sgd_change",
-    "sgd_minority_sign_count", "factor_identity_max_err", "q_norm_ratio_sgd",
-)  # fmt: skip
+    "rate_rel_err",
+    "fitted_rate",
+    "predicted_rate",
+    "q_entry_ratio_sgd",
+    "gd_over_sgd_change",
+    "sgd_minority_sign_count",
+    "factor_identity_max_err",
+    "q_norm_ratio_sgd",
+)
 """SGD quantities recorded for every seed (``results["per_seed"]``); the top-level keys and
 the series are seed 0's."""
 
@@ -415,7 +458,7 @@ def run(cfg: Config, seed: int, out_dir: Path) -> dict[str, Any]:
             batch_seed=derive_seed(seed, "prop51", "batches", *([j] if j else [])) % 2**62,
         )
         for j in range(cfg.n_seeds)
-    ]  # fmt: skip  (seed 0 keeps the single-seed stream)
+    ]  # seed 0 keeps the single-seed stream
     gd = train_library(cfg, x, y, u0, w0, batch_seed=None, log_every=cfg.record_every)
     sgd = sgds[0]
     # the library's charge of the double rotation is −Q, at init and at the end of SGD
@@ -442,12 +485,25 @@ def run(cfg: Config, seed: int, out_dir: Path) -> dict[str, Any]:
     uw_gd = gd["u"][-1] * gd["w"][-1]
     pos_gd, neg_gd = int((uw_gd > 0).sum()), int((uw_gd < 0).sum())
     rec = slice(None, None, cfg.record_every)
-    top = {k: a0[k] for k in (
-        "fit_start", "fit_intercept", "fitted_rate", "predicted_rate", "rate_rel_err",
-        "lyapunov_rate", "factor_identity_max_err", "q_norm_ratio_sgd", "q_entry_ratio_sgd",
-        "gd_over_sgd_change", "signs_sgd_end", "sgd_minority_sign_count", "sgd_product_end",
-        "sgd_divergence",
-    )}  # fmt: skip
+    top = {
+        k: a0[k]
+        for k in (
+            "fit_start",
+            "fit_intercept",
+            "fitted_rate",
+            "predicted_rate",
+            "rate_rel_err",
+            "lyapunov_rate",
+            "factor_identity_max_err",
+            "q_norm_ratio_sgd",
+            "q_entry_ratio_sgd",
+            "gd_over_sgd_change",
+            "signs_sgd_end",
+            "sgd_minority_sign_count",
+            "sgd_product_end",
+            "sgd_divergence",
+        )
+    }
     return {
         "series": {
             "step": a0["steps"][rec],

@@ -37,15 +37,7 @@ PAPER = (
     "warming up (not in the paper: a consequence of its mechanism)."
 )
 PAPER_ORDER = 4.05
-NOTES = (
-    "History. First version: fig4's setting only (input variance 5): teleport at step 0 left "
-    "3/6 seeds diverging at η_max, λ_max after teleport 522 > 2/η_max = 250, and the orbit's "
-    "flattest point was ≈ 488 > 250 — the failure follows from the setup (issue #17), not "
-    "from the teleport. Added for #17: the same three claims (same thresholds) in fig4's "
-    "second setting (input variance 1.5, label noise 4), where the orbit reaches stability; "
-    "there the teleport run has 0/6 divergences at η_max, λ_max 196 < 250, and it reaches "
-    "the warmup run's final loss at step 250 against 2750 (first run, seed 0, quick)."
-)
+KIND = "beyond"  # every claim is ours (the paper has no such experiment)
 
 
 def setup(cfg: Config) -> list[dict[str, str]]:
@@ -53,24 +45,40 @@ def setup(cfg: Config) -> list[dict[str, str]]:
     quick = Config.quick()
     rc = cfg.reachable()
     return [
-        {"quantity": "setting", "paper": "Fig. 4 (sizes and data not given)",
-         "ours": f"fig4's: d = {cfg.d_io}, x ~ N(0, {cfg.input_var:g}·I), label noise "
-                 f"{cfg.noise_var:g}, batch size {cfg.batch_size}, fresh samples",
-         "why": "the same problem as fig4"},
-        {"quantity": "second setting", "paper": "—",
-         "ours": f"input variance {rc.input_var:g}, label noise {rc.noise_var:g} "
-                 "(claims reachable_*)",
-         "why": "in the first no orbit point is stable at η_max"},
-        {"quantity": "teleport", "paper": "— (warmup only)",
-         "ours": f"nf.EquilibriumTeleport at step 0, SGD at η_max, {cfg.stats_batch} fresh "
-                 "samples for the statistics",
-         "why": "the paper's mechanism without warmup"},
-        {"quantity": "steps / seeds", "paper": "not given",
-         "ours": f"{cfg.n_steps} / {cfg.n_seeds} (quick {quick.n_steps} / {quick.n_seeds})",
-         "why": "cost"},
-        {"quantity": "loss convention", "paper": "ℓ = ‖UWx − y‖² (eq. 12)",
-         "ours": "same, mean over the batch, no weight decay", "why": "—"},
-    ]  # fmt: skip
+        {
+            "quantity": "setting",
+            "paper": "Fig. 4 (sizes and data not given)",
+            "ours": f"fig4's: d = {cfg.d_io}, x ~ N(0, {cfg.input_var:g}·I), label noise "
+            f"{cfg.noise_var:g}, batch size {cfg.batch_size}, fresh samples",
+            "why": "the same problem as fig4",
+        },
+        {
+            "quantity": "second setting",
+            "paper": "—",
+            "ours": f"input variance {rc.input_var:g}, label noise {rc.noise_var:g} "
+            "(claims reachable_*)",
+            "why": "in the first no orbit point is stable at η_max",
+        },
+        {
+            "quantity": "teleport",
+            "paper": "— (warmup only)",
+            "ours": f"nf.EquilibriumTeleport at step 0, SGD at η_max, {cfg.stats_batch} fresh "
+            "samples for the statistics",
+            "why": "the paper's mechanism without warmup",
+        },
+        {
+            "quantity": "steps / seeds",
+            "paper": "not given",
+            "ours": f"{cfg.n_steps} / {cfg.n_seeds} (quick {quick.n_steps} / {quick.n_seeds})",
+            "why": "cost",
+        },
+        {
+            "quantity": "loss convention",
+            "paper": "ℓ = ‖UWx − y‖² (eq. 12)",
+            "ours": "same, mean over the batch, no weight decay",
+            "why": "—",
+        },
+    ]
 
 
 _RUNS = ("warmup", "teleport", "none")
@@ -417,6 +425,9 @@ def _claims(results: dict[str, Any], cfg: Config, prefix: str) -> list[Claim]:
             note=(f"divergence steps {sorted(div_steps)}; " if div_steps else "")
             + f"no warmup, no teleport: {runs['none']['n_diverged']}/{cfg.n_seeds} diverged; "
             f"warmup: {warm['n_diverged']}/{cfg.n_seeds}",
+            why=f"{tele['n_diverged']} of {cfg.n_seeds} seeds diverge at η_max after the teleport: "
+            f"the flattest point of the init's orbit has E_x λ_max {orbit_min:.4g} against "
+            f"2/η_max = {thr:.4g}, so no teleport can make η_max stable in this setting",
         ),
         Claim(
             id=f"{prefix}teleport_flattens",
@@ -429,6 +440,8 @@ def _claims(results: dict[str, Any], cfg: Config, prefix: str) -> list[Claim]:
             note=f"2/η_max = {thr:.4g}; λ_max Kaiming {eig_k:.4g}, teleported {eig_t:.4g}; "
             f"smallest over the orbit of the init {orbit_min:.4g}; population Hessian "
             f"λ_max Kaiming {pop_k:.4g}, teleported {pop_t:.4g}",
+            why=f"the teleported λ_max is {eig_t:.4g} against 2/η_max = {thr:.4g}; the flattest "
+            f"point of the init's orbit is {orbit_min:.4g}, so no teleport can go below",
         ),
         Claim(
             id=f"{prefix}teleport_faster",
@@ -441,6 +454,9 @@ def _claims(results: dict[str, Any], cfg: Config, prefix: str) -> list[Claim]:
             f"loss {tele['final_loss']:.4g}; the {tele['survivors']} teleport seeds that did "
             f"not diverge: steps {tele['survivors_steps_to_warmup_final_loss']}, final loss "
             f"{tele['survivors_final_loss']:.4g}",
+            why=f"{tele['n_diverged']} of {cfg.n_seeds} teleport seeds diverge, so the seed-mean "
+            "loss never reaches warmup's; the survivors reach it at steps "
+            f"{tele['survivors_steps_to_warmup_final_loss']}",
         ),
     ]
 
@@ -482,12 +498,24 @@ def plot(results: dict[str, Any], cfg: Config, out_dir: Path) -> list[Path]:
     lam = np.asarray(s["orbit_lambda"], dtype=float)
     orbit = np.asarray(s["orbit_top_eig"], dtype=float)
     for i, row in enumerate(orbit):
-        ax2.plot(lam, row, color="C0", lw=0.6, alpha=0.5,
-                 label=f"input variance {cfg.input_var:g}" if i == 0 else None)  # fmt: skip
+        ax2.plot(
+            lam,
+            row,
+            color="C0",
+            lw=0.6,
+            alpha=0.5,
+            label=f"input variance {cfg.input_var:g}" if i == 0 else None,
+        )
     rc = cfg.reachable()
     for i, row in enumerate(np.asarray(s["reachable_orbit_top_eig"], dtype=float)):
-        ax2.plot(lam, row, color="C2", lw=0.6, alpha=0.5,
-                 label=f"input var. {rc.input_var:g} (reachable)" if i == 0 else None)  # fmt: skip
+        ax2.plot(
+            lam,
+            row,
+            color="C2",
+            lw=0.6,
+            alpha=0.5,
+            label=f"input var. {rc.input_var:g} (reachable)" if i == 0 else None,
+        )
     thr = float(results["threshold_2_over_lr_max"])
     ax2.axhline(thr, color="k", ls="--", lw=1, label="2/η_max")
     ax2.axvline(0.0, color="C1", lw=0.8, label="Kaiming init (λ = 0)")

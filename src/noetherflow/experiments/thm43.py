@@ -35,15 +35,6 @@ PAPER = (
     "strictly monotonic; if Σ(θ) is differentiable, λ*(θ) is differentiable."
 )
 PAPER_ORDER = 4.3
-NOTES = (
-    "New in this round. Thresholds fixed before the first full run: counts of violating cases "
-    "== 0; library vs oracle < 1e-9 (float64 statistics, relative to the gross magnitude of "
-    "G's terms); solver vs oracle zero < 1e-6; derivative relative error < 1e-4. Exploration "
-    "before fixing them (one seed): the finite-difference error of dλ*/dε scaled as h² "
-    "(2e-5 at h = 1e-4·‖θ‖, 2e-7 at 1e-5·‖θ‖ for scale invariance), so fd_h = 1e-5. A first "
-    "draft read the dense solver's λ* through torch.as_tensor without a dtype and rounded it "
-    "to float32 (errors 1e-8); fixed in the experiment before any claim was recorded."
-)
 
 
 @dataclass(frozen=True)

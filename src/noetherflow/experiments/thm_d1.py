@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from noetherflow.experiments import _orbit
-from noetherflow.experiments._base import Claim, Op
+from noetherflow.experiments._base import Claim, Kind, Op
 from noetherflow.experiments.thm43 import run_orbits
 
 DESCRIPTION = (
@@ -33,15 +33,6 @@ PAPER = (
     "and GD."
 )
 PAPER_ORDER = 4.31  # App. D, the discrete-time version of Thm 4.3: shown beside it
-NOTES = (
-    "New in this round. Thresholds fixed before the first run (as in thm43): violation counts "
-    "== 0, library vs oracle < 1e-9, solver vs oracle < 1e-6, derivative < 1e-4. The γ < 0 "
-    "claims were written with their expected outcome before running: the printed statement "
-    "fails where κ|C| dominates (scale invariance has no zero at all for κ < 0: both terms of "
-    "G_d are positive), and our rate-coefficient criterion predicts every determined case. "
-    "nf.solve_equilibrium and nf.noether_flow refuse γ < 0, so for γ < 0 the library's γ = 0 "
-    "flow minus κ(γ)C is used and no solver claim is made."
-)
 
 GD = _orbit.GD
 
@@ -172,6 +163,7 @@ def claims(results: dict[str, Any], cfg: Config) -> list[Claim]:
     out += [
         Claim(
             id="negative_gamma_as_printed",
+            kind=Kind.PRINTED,
             statement="D.1 as printed for γ < 0: G_d strictly decreasing with exactly one zero "
             "on the grid; number of γ < 0 cases where it is not",
             value=len(bad),
@@ -180,6 +172,9 @@ def claims(results: dict[str, Any], cfg: Config) -> list[Claim]:
             note=f"fails: {'; '.join(bad[:6])}{' …' if len(bad) > 6 else ''}; holds: "
             f"{'; '.join(good[:4])}{' …' if len(good) > 4 else ''}. With κ < 0 the decay term "
             "−κC(θ_λ) increases with λ; the printed proof covers γ ≥ 0 only",
+            why=f"with γ < 0, κ < 0 and the decay term −κC(θ_λ) increases with λ: in {len(bad)} "
+            f"of {len(neg)} γ < 0 cases G_d is not decreasing with one zero (our criterion "
+            f"mispredicts {len(miss)})",
         ),
         Claim(
             id="negative_gamma_criterion",

