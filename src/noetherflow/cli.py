@@ -326,7 +326,7 @@ def cmd_reproduce(args: argparse.Namespace) -> ExitCode:
 def _exit_code(records: Sequence[dict[str, Any]], *, strict: bool) -> ExitCode:
     # the report's own reading of the records: the summary, the failing list and the exit
     # code cannot disagree (a malformed "claims" or "holds" is refused when loading)
-    from noetherflow._report_records import failing, status_of
+    from noetherflow.report.records import failing, status_of
 
     if any(status_of(r) == "error" for r in records):
         return ExitCode.EXPERIMENT_ERROR
