@@ -218,6 +218,8 @@ class HyperSource:
         params: the parameters whose groups are read.
         adaptive: also accept other optimizers than ``SGD`` (then :meth:`current` gives η and
             the optimizer's own weight decay λ, and :meth:`adam` its settings).
+        zero_lr: accept η = 0 (a warmup from 0, a schedule that reaches 0): the monitor
+            records such steps with its flows marked undefined instead of stopping training.
     """
 
     owner: str
@@ -226,6 +228,7 @@ class HyperSource:
     optimizer: torch.optim.Optimizer | None
     params: tuple[nn.Parameter, ...]
     adaptive: bool = False
+    zero_lr: bool = False
 
     @classmethod
     def create(
@@ -237,6 +240,7 @@ class HyperSource:
         optimizer: torch.optim.Optimizer | None,
         params: Iterable[nn.Parameter],
         adaptive: bool = False,
+        zero_lr: bool = False,
     ) -> HyperSource:
         """Check that exactly one source is given; read the optimizer once to fail early."""
         if optimizer is not None:
@@ -258,7 +262,7 @@ class HyperSource:
                 "read from its param groups at every record) or lr=η (and weight_decay=γ)."
             )
         adam = adaptive and is_adaptive(optimizer)
-        src = cls(owner, lr, weight_decay, optimizer, tuple(params), adam)
+        src = cls(owner, lr, weight_decay, optimizer, tuple(params), adam, zero_lr)
         src.current()
         return src
 
@@ -290,7 +294,7 @@ class HyperSource:
         else:
             assert self.lr is not None
             lr, gamma = float(self.lr), float(self.weight_decay or 0.0)
-        if not (math.isfinite(lr) and lr > 0):
+        if not (math.isfinite(lr) and (lr > 0 or (self.zero_lr and lr == 0))):
             raise ValueError(f"{self.owner}: lr={lr!r} must be a positive finite learning rate η.")
         if not (math.isfinite(gamma) and gamma >= 0):
             raise ValueError(

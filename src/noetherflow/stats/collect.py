@@ -180,6 +180,8 @@ class Capture:
         # Mean gradients already computed by autograd, so the hooks skip them.
         self._means: dict[nn.Parameter, Tensor] = {}
         self._check_means = False
+        # 1: a micro-batch of an accumulated step (merged before Σ is used) may be one sample
+        self.min_batch = 2
 
     def use_mean_gradients(
         self, means: Mapping[nn.Parameter, Tensor], *, check: bool = True
@@ -298,10 +300,12 @@ class Capture:
                 "or estimator='reference'."
             )
         n = next(iter(sizes.values()))
-        check_batch(n)
+        check_batch(n, self.min_batch)
         sc = float(n) if self.reduction is Reduction.MEAN else 1.0
         src = FactorSource(n, facs, self._owners, sc, self._means, self._check_means)
-        st = assemble(src, self.syms, level=self.level, estimator=Estimator.HOOKS.value)
+        st = assemble(
+            src, self.syms, level=self.level, estimator=Estimator.HOOKS.value, min_n=self.min_batch
+        )
         src.verify_means()
         if self.all_reduce:
             all_reduce_stats(st, syms=self.syms, timeout=self.timeout)
