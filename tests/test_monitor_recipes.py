@@ -9,6 +9,7 @@ estimator consumed the global RNG.
 
 from __future__ import annotations
 
+import itertools
 import warnings
 
 import numpy as np
@@ -67,7 +68,7 @@ def test_accumulated_micro_batches_record_the_full_batch(sizes: tuple[int, ...])
     full = record(one, m, [(x, y, 1.0)])
     acc = nf.NoetherMonitor(m, syms, distance_every=1, **kw)
     cuts = np.cumsum((0, *sizes))
-    parts = [(x[a:b], y[a:b], (b - a) / 24) for a, b in zip(cuts[:-1], cuts[1:], strict=True)]
+    parts = [(x[a:b], y[a:b], (b - a) / 24) for a, b in itertools.pairwise(cuts)]
     got = record(acc, m, parts)
     ref = nf.noether_flow(
         syms,
@@ -278,3 +279,50 @@ def test_batch_estimators_leave_the_training_rng_alone(estimator: str) -> None:
         return losses
 
     assert run(True) == run(False)
+
+
+def _ce(kind: str, w: torch.Tensor) -> object:
+    opts = {
+        "ignore": {"ignore_index": -100},
+        "weight": {"ignore_index": -100, "weight": w},
+        "smooth": {"ignore_index": -100, "label_smoothing": 0.1},
+    }[kind]
+
+    def loss_fn(out: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(out.reshape(-1, out.shape[-1]), t.reshape(-1), **opts)
+
+    return loss_fn
+
+
+@pytest.mark.parametrize("kind", ["ignore", "weight", "smooth"])
+def test_token_cross_entropy_hooks_equal_the_reference(kind: str) -> None:
+    """Padded tokens (-100), class weights, label smoothing: per-sample gradients whose mean
+    is the batch gradient; hooks = torch.func reference (float64), and so the monitor."""
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(5, 8), nn.ReLU(), nn.Linear(8, 6), nn.ReLU(), nn.Linear(6, 4))
+    m = m.to(DT)
+    syms = nf.SymmetrySet([nf.Rescaling(m[0], m[2]), nf.Rescaling(m[2], m[4])])
+    x = torch.randn(6, 3, 5, dtype=DT)
+    y = torch.randint(0, 4, (6, 3))
+    y[0, 1:] = -100  # padding: sequences with 1, 2 or 3 real tokens
+    y[2, 0] = -100
+    loss_fn = _ce(kind, torch.rand(4, dtype=DT) + 0.5)
+    ref = nf.collect_stats(m, syms, loss_fn, x, y, estimator="reference")
+    hooks = nf.collect_stats(m, syms, loss_fn, x, y, estimator="hooks")
+    m.zero_grad()
+    loss_fn(m(x), y).backward()
+    for p in syms.params():
+        torch.testing.assert_close(ref.mean[p], p.grad, rtol=1e-10, atol=1e-14)
+    kw = dict(lr=0.1, batch_size=6, weight_decay=1e-3)
+    f_ref = nf.noether_flow(syms, ref, **kw)
+    f_hooks = nf.noether_flow(syms, hooks, **kw)
+    mon = nf.NoetherMonitor(m, syms, every=1, distance=False, **kw)
+    m.zero_grad(set_to_none=True)
+    with mon.track():
+        loss = loss_fn(m(x), y)
+        loss.backward()
+    row = mon.step(loss)
+    assert row is not None
+    for name, key in mon.keys.items():
+        torch.testing.assert_close(f_hooks[name], f_ref[name], rtol=1e-10, atol=0)
+        np.testing.assert_allclose(row[f"flow/{key}"], f_ref[name].numpy(), rtol=1e-10)

@@ -38,7 +38,7 @@ from noetherflow.stats.distributed import all_reduce_stats, is_distributed, unwr
 from noetherflow.stats.factor_source import FactorSource, Record, Unit
 from noetherflow.stats.fsdp import check_not_sharded
 from noetherflow.stats.microbatch import microbatch_grads
-from noetherflow.stats.reference import check_no_train_batchnorm, per_sample_grads
+from noetherflow.stats.reference import _data_dependent, check_no_train_batchnorm, per_sample_grads
 from noetherflow.stats.registry import handler_for, registered_layers
 from noetherflow.symmetry.set import SymmetrySet
 
@@ -478,8 +478,8 @@ def collect_stats(
         return st
     params = syms.params()
     if est is Estimator.REFERENCE:
-        samples = per_sample_grads(
-            model, params, _guard_loss(loss_fn, targets), inp, targets, chunk_size=chunk_size
+        samples = _reference(
+            model, params, _guard_loss(loss_fn, targets), inp, targets, red, chunk_size
         )
     else:
         samples = microbatch_grads(
@@ -499,6 +499,34 @@ def collect_stats(
     if check_finite:
         st.check_finite()
     return st
+
+
+def _reference(
+    model: nn.Module,
+    params: list[nn.Parameter],
+    loss_fn: Callable[[Any, Any], Tensor],
+    inp: ModelInputs,
+    targets: Any,
+    red: Reduction,
+    chunk_size: int | None,
+) -> dict[nn.Parameter, Tensor]:
+    """The reference per-sample gradients: each sample's share of the batch loss.
+
+    :func:`~noetherflow.stats.contributions.per_sample_contributions` (the batch gradient is
+    their mean for any loss, e.g. cross-entropy with ``ignore_index`` or class weights); a
+    model that branches on its inputs' values (which ``vmap`` cannot run) gets the
+    per-sample losses' gradients from a loop instead.
+    """
+    from noetherflow.stats.contributions import per_sample_contributions
+
+    try:
+        return per_sample_contributions(
+            model, params, loss_fn, inp, targets, reduction=red.value, chunk_size=chunk_size
+        )
+    except RuntimeError as exc:  # the loop, or the dtype hint of the per-sample reference
+        if not (_data_dependent(exc) or inp.dtype_hint(exc) is not None):
+            raise
+    return per_sample_grads(model, params, loss_fn, inp, targets, chunk_size=chunk_size)
 
 
 def _detached(x: Any, memo: dict[int, Tensor] | None = None) -> Any:
