@@ -43,11 +43,11 @@ _LATER = (
 
 
 def _unwrap(optimizer: Any) -> Any:
-    inner = getattr(optimizer, "optimizer", None)  # TeleportingOptimizer, LightningOptimizer
-    if not isinstance(optimizer, torch.optim.Optimizer) and isinstance(
-        inner, torch.optim.Optimizer
-    ):
-        return inner
+    # TeleportingOptimizer, LightningOptimizer, accelerate's AcceleratedOptimizer (itself a
+    # torch.optim.Optimizer subclass whose param_groups are the wrapped optimizer's)
+    inner = getattr(optimizer, "optimizer", None)
+    if isinstance(inner, torch.optim.Optimizer) and inner is not optimizer:
+        return _unwrap(inner)
     return optimizer
 
 

@@ -34,11 +34,9 @@ __all__ = ["StepLog", "adam_direction", "unwrap_optimizer"]
 
 def unwrap_optimizer(optimizer: Any) -> torch.optim.Optimizer | None:
     """The ``torch.optim`` optimizer inside a wrapper (TeleportingOptimizer, Lightning's)."""
-    inner = getattr(optimizer, "optimizer", None)
-    if not isinstance(optimizer, torch.optim.Optimizer) and isinstance(
-        inner, torch.optim.Optimizer
-    ):
-        return inner
+    inner = getattr(optimizer, "optimizer", None)  # also accelerate's AcceleratedOptimizer
+    if isinstance(inner, torch.optim.Optimizer) and inner is not optimizer:
+        return unwrap_optimizer(inner)
     return optimizer if isinstance(optimizer, torch.optim.Optimizer) else None
 
 
