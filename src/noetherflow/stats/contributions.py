@@ -34,17 +34,9 @@ from noetherflow.stats.reference import check_no_train_batchnorm, check_targets
 __all__ = ["per_sample_contributions"]
 
 
-def _batched(out: Any) -> tuple[list[Tensor], Any]:
-    """The leaves of vmap's per-sample outputs ``[N, 1, ...]`` as a batch ``[N, ...]``."""
-    leaves, spec = pytree.tree_flatten(out)
-    return [
-        t.flatten(0, 1) if isinstance(t, Tensor) and t.ndim >= 2 and t.shape[1] == 1 else t
-        for t in leaves
-    ], spec
-
-
-def _grad_leaves(leaves: list[Any]) -> list[int]:
-    return [i for i, t in enumerate(leaves) if isinstance(t, Tensor) and t.is_floating_point()]
+def _one_sample(t: Tensor) -> bool:
+    """Whether a vmapped output ``[N, 1, ...]`` holds batches of one (not per-sample scalars)."""
+    return t.ndim >= 2 and t.shape[1] == 1
 
 
 def per_sample_contributions(
@@ -73,9 +65,19 @@ def per_sample_contributions(
     dims = inp.in_dims(n)
     detached = {k: p.detach() for k, p in wanted.items()}
 
+    specs: list[Any] = []
+
     def fwd(pd: dict[str, Tensor], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """The floating-point tensors of the outputs.
+
+        vmap returns tensors only: a Hugging Face cache object is left out (None in the
+        outputs ``loss_fn`` sees).
+        """
         xb = ModelInputs(args, kwargs).unsqueezed(dims)
-        return functional_call(model, ({**pd, **others}, buffers), xb.args, xb.kwargs)
+        out = functional_call(model, ({**pd, **others}, buffers), xb.args, xb.kwargs)
+        flat, spec = pytree.tree_flatten(out)
+        specs.append((spec, [isinstance(t, Tensor) and t.is_floating_point() for t in flat]))
+        return [t for t in flat if isinstance(t, Tensor) and t.is_floating_point()]
 
     devices = sorted({p.device.index or 0 for p in params if p.is_cuda})
     with torch.random.fork_rng(devices=devices):  # pass 2 replays pass 1's random draws
@@ -83,11 +85,14 @@ def per_sample_contributions(
             outs = vmap(fwd, in_dims=(None, *dims), randomness="different")(
                 detached, inp.args, inp.kwargs
             )
-        leaves, spec = _batched(outs)
-        idx = _grad_leaves(leaves)
-        live = [leaves[i].detach().requires_grad_() for i in idx]
-        for i, t in zip(idx, live, strict=True):
-            leaves[i] = t
+        spec, kept = specs[-1]
+        ones = [_one_sample(t) for t in outs]
+        live = [
+            (t.flatten(0, 1) if o else t).detach().requires_grad_()
+            for t, o in zip(outs, ones, strict=True)
+        ]
+        it = iter(live)
+        leaves = [next(it) if k else None for k in kept]
         loss = loss_fn(pytree.tree_unflatten(leaves, spec), targets)
         if loss.ndim == 1 and loss.shape[0] == n:  # one loss per sample
             loss = loss.mean() if reduction == "mean" else loss.sum()
@@ -99,12 +104,8 @@ def per_sample_contributions(
     ]
 
     def one(args: tuple[Any, ...], kwargs: dict[str, Any], cot_i: list[Tensor]) -> Any:
-        def leaves_of(pd: dict[str, Tensor]) -> list[Tensor]:
-            flat, _ = pytree.tree_flatten(fwd(pd, args, kwargs))
-            return [flat[i] for i in idx]
-
-        pull = vjp(leaves_of, detached)[1]
-        return pull([c.unsqueeze(0) for c in cot_i])[0]
+        pull = vjp(lambda pd: fwd(pd, args, kwargs), detached)[1]
+        return pull([c.unsqueeze(0) if o else c for c, o in zip(cot_i, ones, strict=True)])[0]
 
     g = vmap(one, in_dims=(*dims, 0), chunk_size=chunk_size, randomness="different")(
         inp.args, inp.kwargs, cot
