@@ -218,8 +218,9 @@ class HyperSource:
         params: the parameters whose groups are read.
         adaptive: also accept other optimizers than ``SGD`` (then :meth:`current` gives η and
             the optimizer's own weight decay λ, and :meth:`adam` its settings).
-        zero_lr: accept η = 0 (a warmup from 0, a schedule that reaches 0): the monitor
-            records such steps with its flows marked undefined instead of stopping training.
+        zero_lr: accept η = 0 read from the optimizer or set later (a warmup from 0, a
+            schedule that reaches 0): the monitor records such steps with its flows marked
+            undefined instead of stopping training. ``lr=0`` given at construction is refused.
     """
 
     owner: str
@@ -262,7 +263,16 @@ class HyperSource:
                 "read from its param groups at every record) or lr=η (and weight_decay=γ)."
             )
         adam = adaptive and is_adaptive(optimizer)
+        # η = 0 is a step of a schedule (an optimizer's warmup, mon.lr set later), not a
+        # learning rate to build on: refused when given by hand at construction
+        explicit_zero = optimizer is None and lr is not None and float(lr) == 0
         src = cls(owner, lr, weight_decay, optimizer, tuple(params), adam, zero_lr)
+        if explicit_zero:
+            src.zero_lr = False
+            try:
+                src.current()
+            finally:
+                src.zero_lr = zero_lr
         src.current()
         return src
 
