@@ -78,6 +78,7 @@ from noetherflow.symmetry.set import SymmetrySet
 __all__ = ["NoetherMonitor"]
 
 _FORMATS = FORMATS
+_F64 = torch.float64  # a float loss is kept in double (torch.tensor would round it to float32)
 
 
 class NoetherMonitor:
@@ -417,7 +418,9 @@ class NoetherMonitor:
             if self.estimator is Estimator.HOOKS:
                 check_loss_reduction(loss, self.reduction, n_local, "NoetherMonitor")
         if loss is not None:
-            lt = loss.detach() if isinstance(loss, Tensor) else torch.tensor(float(loss))
+            lt = (
+                loss.detach() if isinstance(loss, Tensor) else torch.tensor(float(loss), dtype=_F64)
+            )
             if self.all_reduce:
                 lt = all_reduce_mean(lt.to(torch.float64), n_local)
             row["loss"] = np.asarray(float(lt))
