@@ -8,10 +8,10 @@ generated from one quick experiment (fig1), so the repository is left untouched.
 
 from __future__ import annotations
 
-import importlib.util
-import os
 import contextlib
+import importlib.util
 import io
+import os
 import re
 import runpy
 import shutil
@@ -161,7 +161,7 @@ def test_results_page_placeholder_and_conversion(tmp_path: Path) -> None:
 
 
 def test_getting_started_tour_runs() -> None:
-    """The python blocks of getting-started.md, in order; the training loop cut to 20 steps (two records)."""
+    """The python blocks of getting-started.md, in order; the loop cut to 20 steps (two records)."""
     text = (DOCS / "getting-started.md").read_text(encoding="utf-8")
     code = "\n".join(re.findall(r"```python\n(.*?)```", text, re.S))
     assert "range(200)" in code and 'log_dir="runs/tour"' in code
