@@ -24,7 +24,7 @@ from noetherflow.equilibrium import (
 )
 from noetherflow.flow import charges, exact_step_charges, noether_flow
 from noetherflow.kernels import Kernel, StatsBlock, kernel_for, register_kernel
-from noetherflow.kernels.noise import NoiseModel, TimeModel
+from noetherflow.kernels.noise import NoiseModel, ParamDecay, TimeModel
 from noetherflow.monitor import NoetherMonitor, SharpnessOptions, load_history
 from noetherflow.optim import (
     GroupNoise,
@@ -101,6 +101,7 @@ __all__ = [
     "register_layer",
     # charges and flows
     "NoiseModel",
+    "ParamDecay",
     "TimeModel",
     "charges",
     "exact_step_charges",

@@ -18,20 +18,24 @@ effective coefficients, exact for the stationary point when ⟨vᵀA∇L⟩ = 0)
 other optimizers are refused here: their update is not a gradient step, so they have no
 (κ, c_mean, c_second) noise model (issue #18; ``noetherflow.optim`` has the AdamW analysis).
 
-Param groups: only the groups holding the watched parameters matter; they must agree on lr
-and weight decay (the flows have one η and one γ), otherwise the source refuses with the
-groups and their values.
+Param groups: only the groups holding the watched parameters matter. They must agree on lr,
+momentum, Nesterov and dampening (the flows have one η), otherwise the source refuses with
+the groups and their values; their weight decay may differ (a no-decay group of biases and
+norm weights): :meth:`HyperSource.decay` then gives γ per parameter, which the flows and
+solvers take as ``weight_decay=`` (docs/concepts/flow.md, per-parameter weight decay).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor, nn
+
+from noetherflow.kernels.decay import ParamDecay, parse_decay
 
 __all__ = ["AdamSettings", "HyperSource", "adam_settings", "sgd_hyperparameters"]
 
@@ -65,7 +69,8 @@ class AdamSettings:
         kind: ``"adamw"`` (decoupled decay: ``AdamW``, or ``Adam(decoupled_weight_decay=True)``),
             ``"adam"`` (coupled L2 through the preconditioner), or ``"other"`` (any other
             ``torch.optim`` optimizer: only lr and weight_decay are read, the rest is 0).
-        lr, weight_decay: η and the optimizer's own λ (decoupled for ``"adamw"``).
+        lr, weight_decay: η and the optimizer's own λ (decoupled for ``"adamw"``); the
+            largest λ when the groups differ in weight decay (``mixed_decay``).
         beta1, beta2, eps, amsgrad: as in ``torch.optim.Adam``.
     """
 
@@ -76,16 +81,23 @@ class AdamSettings:
     beta2: float
     eps: float
     amsgrad: bool
+    mixed_decay: bool = False
 
 
 def adam_settings(
     optimizer: torch.optim.Optimizer, params: Iterable[nn.Parameter], *, owner: str
 ) -> AdamSettings:
-    """:class:`AdamSettings` of the groups of an optimizer holding ``params`` (one setting)."""
+    """:class:`AdamSettings` of the groups of an optimizer holding ``params``.
+
+    The groups must agree on everything but the weight decay, which may differ per group
+    (AdamW's decoupled λ acts per parameter, θ ← (1 − ηλ)θ): ``weight_decay`` is then the
+    largest λ and ``mixed_decay`` True (per-symmetry values: call with its parameters).
+    """
     optimizer = _unwrap(optimizer)
     groups = _groups_of(optimizer, params, owner)
     adam = isinstance(optimizer, torch.optim.Adam | torch.optim.AdamW)
     values = set()
+    decays = set()
     for k, g in groups:
         if g.get("maximize", False):
             raise ValueError(
@@ -96,11 +108,11 @@ def adam_settings(
             g.get("decoupled_weight_decay", False)
         )
         b1, b2 = (float(b) for b in g.get("betas", (0.0, 0.0)))
+        decays.add(float(g.get("weight_decay", 0.0)))
         values.add(
             (
                 ("adamw" if decoupled else "adam") if adam else "other",
                 float(g["lr"]),
-                float(g.get("weight_decay", 0.0)),
                 b1,
                 b2,
                 float(g.get("eps", 0.0)),
@@ -110,10 +122,12 @@ def adam_settings(
     if len(values) > 1:
         raise ValueError(
             f"{owner}(optimizer=...): the watched parameters lie in param groups with different "
-            f"settings {sorted(values)}; a charge mixes its parameters, so the records need one "
-            "setting. Watch symmetries whose parameters share one group."
+            f"settings (kind, lr, betas, eps, amsgrad) {sorted(values)}; a charge mixes its "
+            "parameters, so the records need one setting (weight decay may differ). Watch "
+            "symmetries whose parameters share these settings."
         )
-    return AdamSettings(*values.pop())
+    kind, lr, b1, b2, eps, ams = values.pop()
+    return AdamSettings(kind, lr, max(decays), b1, b2, eps, ams, len(decays) > 1)
 
 
 def _groups_of(
@@ -145,17 +159,25 @@ def sgd_hyperparameters(
     parameters are not in the optimizer, or when their groups disagree on lr/weight decay.
     """
     lr, wd, _, _, _ = sgd_settings(optimizer, params, owner=owner)
-    return lr, wd
+    return lr, largest(wd)
+
+
+def largest(decay: float | dict[nn.Parameter, float]) -> float:
+    """The largest γ of a per-parameter decay (the γ itself for one value)."""
+    return max(decay.values()) if isinstance(decay, dict) else decay
 
 
 def sgd_settings(
     optimizer: torch.optim.Optimizer, params: Iterable[nn.Parameter], *, owner: str
-) -> tuple[float, float, float, bool, float]:
+) -> tuple[float, float | dict[nn.Parameter, float], float, bool, float]:
     """(η, γ, β, nesterov, d) of the param groups holding ``params`` (:func:`sgd_hyperparameters`).
 
-    d is the dampening (0 without momentum, where PyTorch ignores it). Also raises for
-    dampening ≥ 1 and when the groups disagree on momentum, Nesterov or dampening.
+    d is the dampening (0 without momentum, where PyTorch ignores it). γ = weight_decay / 2,
+    one float when the groups agree, else a dict parameter → γ over ``params`` (per-group
+    decay). Also raises for dampening ≥ 1 and when the groups disagree on lr, momentum,
+    Nesterov or dampening.
     """
+    params = list(params)
     optimizer = _unwrap(optimizer)
     name = type(optimizer).__name__
     if not isinstance(optimizer, torch.optim.SGD):
@@ -184,7 +206,6 @@ def sgd_settings(
     values = {
         (
             float(g["lr"]),
-            float(g.get("weight_decay", 0.0)),
             float(g.get("momentum", 0.0)),
             bool(g.get("nesterov", False)),
             damp(g),
@@ -200,11 +221,20 @@ def sgd_settings(
         )
         raise ValueError(
             f"{owner}(optimizer=...): the watched parameters lie in param groups with different "
-            f"hyper-parameters ({seen}); the flows have one η and one γ. Watch symmetries whose "
-            "parameters share one group, or pass lr= and weight_decay= explicitly."
+            f"lr, momentum, nesterov or dampening ({seen}); the flows have one η and one "
+            "momentum (weight decay may differ between groups). Watch symmetries whose "
+            "parameters share these settings, or pass lr= and weight_decay= explicitly."
         )
-    lr, wd, beta, nesterov, d = values.pop()
-    return lr, wd / 2.0, beta, nesterov, d
+    lr, beta, nesterov, d = values.pop()
+    wanted = {id(p) for p in params}
+    decay = {
+        p: float(g.get("weight_decay", 0.0)) / 2.0
+        for _, g in groups
+        for p in g["params"]
+        if id(p) in wanted
+    }
+    gammas = set(decay.values())
+    return lr, (gammas.pop() if len(gammas) == 1 else decay), beta, nesterov, d
 
 
 @dataclass
@@ -225,7 +255,7 @@ class HyperSource:
 
     owner: str
     lr: float | None
-    weight_decay: float | None
+    weight_decay: float | Mapping[nn.Parameter, float] | ParamDecay | None
     optimizer: torch.optim.Optimizer | None
     params: tuple[nn.Parameter, ...]
     adaptive: bool = False
@@ -237,7 +267,7 @@ class HyperSource:
         owner: str,
         *,
         lr: float | None,
-        weight_decay: float | None,
+        weight_decay: float | Mapping[nn.Parameter, float] | ParamDecay | None,
         optimizer: torch.optim.Optimizer | None,
         params: Iterable[nn.Parameter],
         adaptive: bool = False,
@@ -286,15 +316,22 @@ class HyperSource:
         """``"sgd"`` (explicit values or SGD), ``"adam"``, ``"adamw"`` or ``"other"``."""
         return self.adam().kind if self.adaptive else "sgd"
 
-    def adam(self) -> AdamSettings:
-        """The optimizer's settings now (``adaptive`` sources of a non-SGD optimizer only)."""
+    def adam(self, params: Iterable[nn.Parameter] | None = None) -> AdamSettings:
+        """The optimizer's settings now (``adaptive`` sources of a non-SGD optimizer only).
+
+        ``params``: the groups of these parameters only (default: all watched ones), e.g.
+        one symmetry's, whose λ is then its own.
+        """
         assert self.adaptive and self.optimizer is not None
-        return adam_settings(self.optimizer, self.params, owner=self.owner)
+        ps = self.params if params is None else params
+        return adam_settings(self.optimizer, ps, owner=self.owner)
 
     def current(self) -> tuple[float, float]:
         """(η, γ) now: the explicit values, or those of the optimizer's param groups.
 
-        For an Adam/AdamW (``adaptive``): η and the optimizer's own weight decay λ.
+        For an Adam/AdamW (``adaptive``): η and the optimizer's own weight decay λ. Groups with
+        different weight decay give their largest γ here (the per-parameter values:
+        :meth:`decay`).
         """
         if self.adaptive:
             a = self.adam()
@@ -303,7 +340,9 @@ class HyperSource:
             lr, gamma = sgd_hyperparameters(self.optimizer, self.params, owner=self.owner)
         else:
             assert self.lr is not None
-            lr, gamma = float(self.lr), float(self.weight_decay or 0.0)
+            dec = parse_decay(0.0 if self.weight_decay is None else self.weight_decay)
+            lr = float(self.lr)
+            gamma = max(dec.values(), default=0.0) if isinstance(dec, ParamDecay) else dec
         if not (math.isfinite(lr) and (lr > 0 or (self.zero_lr and lr == 0))):
             raise ValueError(f"{self.owner}: lr={lr!r} must be a positive finite learning rate η.")
         if not (math.isfinite(gamma) and gamma >= 0):
@@ -312,6 +351,21 @@ class HyperSource:
                 "torch.optim.SGD(weight_decay=w) is γ = w/2)."
             )
         return lr, gamma
+
+    def decay(self) -> float | dict[nn.Parameter, float] | ParamDecay:
+        """γ for the flows' ``weight_decay=``: one float, or γ per parameter of ``params``.
+
+        A dict only when the optimizer's param groups holding the watched parameters have
+        different weight decay (e.g. a no-decay group); explicit values give a float.
+        """
+        if self.optimizer is not None and not self.adaptive:
+            _, wd, _, _, _ = sgd_settings(self.optimizer, self.params, owner=self.owner)
+            return wd
+        if self.optimizer is None and self.weight_decay is not None:
+            dec = parse_decay(self.weight_decay)
+            if isinstance(dec, ParamDecay):
+                return dec
+        return self.current()[1]
 
     def momentum_kwargs(self) -> dict[str, Any]:
         """``momentum=β, nesterov=..., dampening=d`` for the flows/solver.

@@ -46,7 +46,8 @@ from noetherflow.kernels.base import (
     stats_from_samples,
     transport_cotangent,
 )
-from noetherflow.kernels.noise import NoiseModel, TimeModel, resolve_noise
+from noetherflow.kernels.decay import ParamDecay
+from noetherflow.kernels.noise import NoiseModel, TimeModel, check_decay, resolve_noise
 from noetherflow.stats.core import GradStats, with_displacement
 from noetherflow.symmetry.base import DiagonalSymmetry, Symmetry
 from noetherflow.symmetry.set import SymmetrySet
@@ -157,7 +158,7 @@ def solve_equilibrium(
     *,
     lr: float | None = None,
     batch_size: int | None = None,
-    weight_decay: float | None = None,
+    weight_decay: float | Mapping[nn.Parameter, float] | ParamDecay | None = None,
     time: str | TimeModel | None = None,
     tol: float = 1e-12,
     max_iter: int = 100,
@@ -188,7 +189,9 @@ def solve_equilibrium(
             ``time`` (and ``momentum``, ``nesterov``) instead.
         lr: η (keyword form; :meth:`NoiseModel.create`).
         batch_size: S (keyword form).
-        weight_decay: γ of γ‖θ‖² in the loss (keyword form).
+        weight_decay: γ of γ‖θ‖² in the loss (keyword form): one float, or a mapping
+            ``nn.Parameter`` → γ (or :class:`~noetherflow.ParamDecay` with a default) for
+            per-parameter decay, e.g. a no-decay group (docs/concepts/flow.md, PD1–PD6).
         time: ``"continuous"`` or ``"discrete"`` (keyword form).
         tol: relative flow (|flow| / gross magnitude of its terms) at which to stop.
         max_iter: Newton iterations of the joint diagonal solve.
@@ -270,6 +273,7 @@ def solve_equilibrium(
     if ridge is not None and not (math.isfinite(float(ridge)) and float(ridge) >= 0):
         raise ValueError(f"ridge={ridge!r} must be None or a finite number >= 0.")
     _check_inputs(syms, stats)
+    check_decay(nm, syms, "solve_equilibrium")
     stats = with_displacement(stats, displacement, syms.params(), "solve_equilibrium", nm.momentum)
     held = _check_fixed(syms, fixed)
     names: dict[Any, str] = {s: n for n, s in syms.items()}
@@ -386,7 +390,7 @@ def _momentum_terms(
     at_infinity: Mapping[str, InfinityReport],
 ) -> dict[str, tuple[Tensor, Tensor, Tensor]]:
     """(C*, B*, E*) per symmetry at the solution (SGD with momentum, discrete time)."""
-    if not nm.momentum or nm.time is not TimeModel.DISCRETE or not nm.weight_decay:
+    if not nm.momentum or nm.time is not TimeModel.DISCRETE:
         return {}
     from noetherflow.optim.momentum import stationary_terms
 
@@ -403,11 +407,14 @@ def _momentum_terms(
         transport_cotangent(syms[i], element, v)
     out = {}
     for name, s in syms.items():
+        sub = nm.uniform(s.params)  # one γ per symmetry (mixed: refused with momentum)
+        if sub is None or not sub.weight_decay:
+            continue
         c = s.charge_of({p: values[p] for p in s.params})
         # H* = vᵀA∇L by polarisation of the charge's quadratic form
         plus = s.charge_of({p: v[p] + g[p] for p in s.params})
         minus = s.charge_of({p: v[p] - g[p] for p in s.params})
-        terms = stationary_terms(c, (plus - minus) / 4, nm)
+        terms = stationary_terms(c, (plus - minus) / 4, sub)
         rep = at_infinity.get(name)
         if rep is not None:  # per generator where the direction is one, else all of them
             off = rep.direction.reshape(c.shape) != 0 if rep.direction.shape == c.shape else None

@@ -21,7 +21,8 @@ from torch import Tensor, nn
 from noetherflow._checks import check_finite_number, check_stats_cover
 from noetherflow._deprecate import is_old_model_call, warn_model
 from noetherflow.kernels import kernel_for
-from noetherflow.kernels.noise import NoiseModel, TimeModel, resolve_noise
+from noetherflow.kernels.decay import ParamDecay, decay_cross, parse_decay
+from noetherflow.kernels.noise import NoiseModel, TimeModel, check_decay, resolve_noise
 from noetherflow.stats.core import GradStats, with_displacement
 from noetherflow.symmetry.base import Symmetry
 from noetherflow.symmetry.set import SymmetrySet
@@ -68,7 +69,7 @@ def noether_flow(
     *,
     lr: float | None = None,
     batch_size: int | None = None,
-    weight_decay: float | None = None,
+    weight_decay: float | Mapping[nn.Parameter, float] | ParamDecay | None = None,
     time: str | TimeModel | None = None,
     charges: Mapping[str, Tensor] | None = None,
     momentum: float | None = None,
@@ -118,6 +119,7 @@ def noether_flow(
         nesterov=nesterov,
         dampening=dampening,
     )
+    check_decay(nm, syms, "noether_flow")
     stats = with_displacement(stats, displacement, syms.params(), "noether_flow", nm.momentum)
     return {
         name: symmetry_flow(s, stats, nm, None if charges is None else charges[name])
@@ -130,19 +132,30 @@ def exact_step_charges(
     grads: Mapping[nn.Parameter, Tensor],
     *,
     lr: float,
-    weight_decay: float = 0.0,
+    weight_decay: float | Mapping[nn.Parameter, float] | ParamDecay = 0.0,
 ) -> dict[str, Tensor]:
     """Predicted charges after one plain SGD step with minibatch gradient ``grads``.
 
     For θ' = (1 − 2ηγ)θ − ηg (g the gradient of the data loss),
     C(θ') = (1 − 2ηγ)²C(θ) + η² gᵀAg exactly, because θᵀAg = 0 by symmetry (paper eqs. 96–97).
-    Call before the step, compare with :func:`charges` after it. Momentum breaks the identity.
+    With a γ per parameter (``weight_decay`` a mapping; docs/concepts/flow.md, eq. PD2),
+    θ' = Kθ − ηg with K = I − 2ηΓ and C(θ') = θᵀKAKθ + 4η²θᵀΓAg + η²gᵀAg exactly (the
+    cross term no longer vanishes). Call before the step, compare with :func:`charges` after
+    it. Momentum breaks the identity.
     """
     lr = check_finite_number(lr, "lr", "the learning rate η")
-    weight_decay = check_finite_number(weight_decay, "weight_decay", "γ of γ‖θ‖²")
+    dec = parse_decay(weight_decay)
+    if isinstance(dec, ParamDecay):
+        dec.check_covers(syms.params(), "exact_step_charges")
     out = {}
     for name, s in syms.items():
-        c = s.charge()
-        gq = s.charge_of({p: grads[p].detach() for p in s.params})
-        out[name] = (1 - 2 * lr * weight_decay) ** 2 * c + lr**2 * gq
+        g = {p: grads[p].detach() for p in s.params}
+        gq = s.charge_of(g)
+        if not isinstance(dec, ParamDecay):
+            out[name] = (1 - 2 * lr * dec) ** 2 * s.charge() + lr**2 * gq
+            continue
+        theta = {p: p.detach() for p in s.params}
+        gam = {p: dec.of(p) for p in s.params}
+        kt = s.charge_of({p: (1 - 2 * lr * gam[p]) * theta[p] for p in s.params})
+        out[name] = kt + 4 * lr**2 * decay_cross(s, theta, g, gam) + lr**2 * gq
     return out

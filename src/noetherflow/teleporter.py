@@ -49,6 +49,7 @@ from noetherflow._optimizer_state import (
 from noetherflow.eps_solve import solve_within_eps
 from noetherflow.equilibrium import EquilibriumSolution, solve_equilibrium
 from noetherflow.kernels import kernel_for
+from noetherflow.kernels.decay import ParamDecay, parse_decay
 from noetherflow.stats.collect import check_params_of, collect_stats
 from noetherflow.stats.core import Estimator, with_displacement
 from noetherflow.symmetry.eps import EpsReport, check_tolerance
@@ -123,7 +124,9 @@ class EquilibriumTeleport:
             ``torch.optim.SGD(lr=η, weight_decay=w, momentum=β, nesterov=..., dampening=d)``
             is η, γ = w/2 and SGD-with-momentum's effective noise model with the cross term
             of its momentum buffers (the exact stationary point, docs/concepts/optimizers.md);
-            Adam-type optimizers are refused (no gradient-step noise model).
+            Adam-type optimizers are refused (no gradient-step noise model). Param groups
+            with different weight decay (a no-decay group) give γ per parameter;
+            ``weight_decay`` may be such a mapping (:class:`~noetherflow.ParamDecay`) too.
             With both ``lr`` and ``optimizer`` given, ``lr``/``weight_decay`` are the target
             (e.g. the peak learning rate a warmup has not reached yet) and the optimizer is
             used for its state only; ``weight_decay`` without ``lr`` is an error.
@@ -186,7 +189,7 @@ class EquilibriumTeleport:
         *,
         lr: float | None = None,
         batch_size: int,
-        weight_decay: float | None = None,
+        weight_decay: float | Mapping[nn.Parameter, float] | ParamDecay | None = None,
         every: int | None = None,
         at_start: bool = True,
         time: str = "discrete",
@@ -216,7 +219,7 @@ class EquilibriumTeleport:
                 "both by hand (lr=η, weight_decay=γ) or neither (both read from the optimizer)."
             )
         self._lr_arg = None if lr is None else float(lr)
-        self._wd_arg = None if weight_decay is None else float(weight_decay)
+        self._wd_arg = None if weight_decay is None else parse_decay(weight_decay)
         self.batch_size = int(batch_size)
         self.every = None if every is None else int(every)
         self.at_start = bool(at_start)
@@ -312,7 +315,7 @@ class EquilibriumTeleport:
         a dict of keyword inputs; targets None when ``loss_fn`` needs none (labels inside a
         Hugging Face batch: ``tp.solve(batch)`` with ``loss_fn=lambda out, _: out.loss``).
         """
-        lr, gamma = self.hyperparameters()
+        lr, _ = self.hyperparameters()
         with preserved(self.model):
             stats = collect_stats(
                 self.model,
@@ -328,7 +331,7 @@ class EquilibriumTeleport:
         kwargs: dict[str, Any] = {
             "lr": lr,
             "batch_size": self.batch_size,
-            "weight_decay": gamma,
+            "weight_decay": self._source().decay(),  # per parameter where groups differ
             "time": self.time,
             **self.solver_kwargs,
             **self._source().momentum_kwargs(),

@@ -374,14 +374,14 @@ def solve_diag(
             full, n_cg = _cg_step(prob, terms, g, scale, free, rel, tol)
             cg_iters.append(n_cg)
             step = full[idx]
-        f0, t = prob.value_of(terms), 1.0
+        f0, t = prob.value_of(terms, lam), 1.0
         slope = float(gf @ step)
         while t > 1e-12:
             trial = lam.clone()
             trial[idx] += t * step
             terms = prob.terms(trial)
             # Near the minimum F changes below its round-off; don't let that reject the step.
-            if prob.value_of(terms) <= f0 + 1e-4 * t * slope + 1e-13 * abs(f0):
+            if prob.value_of(terms, trial) <= f0 + 1e-4 * t * slope + 1e-13 * abs(f0):
                 break
             t /= 2
         else:

@@ -146,6 +146,9 @@ class _DiagProblem:
     offsets: dict[Any, int]
     grids: list[_Grid]
     negative: Tensor | None = None
+    # b of a linear term −b·λ (``[n]``; None: none): the decay cross term 4η²Q(Γθ, ḡ) of
+    # per-parameter weight decay in discrete time (docs/concepts/flow.md, eq. PD5)
+    lin: Tensor | None = None
 
     def terms(self, lam: Tensor) -> TermValues:
         """Per grid, the two halves of F's terms at ``lam``: m e^{−2s} and c e^{2s}."""
@@ -157,12 +160,13 @@ class _DiagProblem:
             out.append((g, g.m * e, g.c / e))
         return out
 
-    @staticmethod
-    def value_of(terms: TermValues) -> float:
-        return float(sum(0.5 * (lo.sum() + hi.sum()) for _, lo, hi in terms))
+    def value_of(self, terms: TermValues, lam: Tensor) -> float:
+        """F at ``lam`` from its :meth:`terms` there."""
+        f = float(sum(0.5 * (lo.sum() + hi.sum()) for _, lo, hi in terms))
+        return f if self.lin is None else f - float(self.lin @ lam)
 
     def value(self, lam: Tensor) -> float:
-        return self.value_of(self.terms(lam))
+        return self.value_of(self.terms(lam), lam)
 
     def derivatives(
         self,
@@ -208,6 +212,9 @@ class _DiagProblem:
                     blk = 2 * s1 * s2 * rowsum.reshape(k1, k2, b2).sum(2)
                     h[off1 : off1 + k1, off2 : off2 + k2] += blk
                     h[off2 : off2 + k2, off1 : off1 + k1] += blk.T
+        if self.lin is not None:  # −b·λ: ∇ −= b, H unchanged
+            grad -= self.lin
+            scale += self.lin.abs()
         return grad, scale, h
 
     def hessian_operator(self, terms: TermValues) -> HessianOperator:

@@ -30,6 +30,7 @@ import torch
 from torch import Tensor, nn
 from typing_extensions import override
 
+from noetherflow.kernels.decay import decay_charge, decay_cross
 from noetherflow.kernels.noise import NoiseModel
 from noetherflow.stats.core import GradStats, Level, StatsBlock, axis_sum, check_batch
 from noetherflow.symmetry.base import Symmetry, unique_params
@@ -207,6 +208,10 @@ class Kernel(ABC, Generic[S, B]):
     block: ClassVar[type[StatsBlock]]
     joint: ClassVar[bool] = False
     matrix_valued: ClassVar[bool] = False
+    # Γ constant on each parameter commutes with every generator of the family (a diagonal
+    # A, a rotation of an index that no parameter is split along): then the per-parameter
+    # decay term is −C(√κ ⊙ θ) (docs/concepts/flow.md, eq. PD3)
+    decay_commutes: ClassVar[bool] = False
 
     # statistics
     def sample_params(self, syms: Sequence[S]) -> list[nn.Parameter]:
@@ -223,8 +228,33 @@ class Kernel(ABC, Generic[S, B]):
         """Tr[A·M] of one symmetry, in the shape of its charge."""
 
     def flow(self, s: S, stats: GradStats, nm: NoiseModel, charge: Tensor) -> Tensor:
-        """The flow −κC + Tr[A·M] (paper eqs. 7–8 in the convention of docs/concepts/flow.md)."""
-        return -nm.kappa * charge + self.noise(s, stats, nm)
+        """The flow −κC + Tr[A·M] (paper eqs. 7–8 in the convention of docs/concepts/flow.md).
+
+        Where the parameters of ``s`` have different γ (``weight_decay=`` a mapping):
+        :meth:`mixed_flow`.
+        """
+        sub = nm.uniform(s.params)
+        if sub is not None:
+            return -sub.kappa * charge + self.noise(s, stats, sub)
+        return self.mixed_flow(s, stats, nm)
+
+    def mixed_flow(self, s: S, stats: GradStats, nm: NoiseModel) -> Tensor:
+        """The flow with per-parameter γ (docs/concepts/flow.md, eqs. PD1–PD4).
+
+        −C(√κ ⊙ θ) + Tr[A·M] + 4η²·Q(Γθ, ∇L) (the last in discrete time only), for families
+        whose generators commute with Γ; others must override it.
+        """
+        if not self.decay_commutes:
+            raise NotImplementedError(
+                f"{type(self).__name__} has no flow for parameters with different weight "
+                "decay; give the parameters of this symmetry one γ, or override mixed_flow."
+            )
+        mix = nm.mixed_terms(s.params, "noether_flow")
+        values = {p: p.detach() for p in s.params}
+        out = -decay_charge(s, values, mix.kappa) + self.noise(s, stats, mix.noise)
+        if mix.cross:
+            out = out + mix.cross * decay_cross(s, values, stats.mean, mix.gamma)
+        return out
 
     # solving
     @abstractmethod

@@ -27,7 +27,7 @@ from noetherflow.kernels.base import (
     SolveOptions,
     register_kernel,
 )
-from noetherflow.kernels.noise import NoiseModel, cross_values
+from noetherflow.kernels.noise import NoiseModel, TimeModel, cross_values
 from noetherflow.stats.core import GradStats, Level, StatsBlock
 from noetherflow.symmetry.base import Symmetry
 from noetherflow.symmetry.dense import DenseSymmetry
@@ -101,6 +101,67 @@ def _solve_dense(
     return float(root), 0, abs(dF(root)) / scale
 
 
+def _gamma_vec(s: DenseSymmetry, gamma: Mapping[nn.Parameter, float]) -> Tensor:
+    """γ_k per coordinate of the concatenated parameters, float64 CPU. ``[P]``."""
+    return torch.cat([torch.full((p.numel(),), gamma[p], dtype=torch.float64) for p in s.params])
+
+
+def mixed_dense_flow(
+    a: Tensor, theta: Tensor, gbar: Tensor, noise: Tensor | float, gam: Tensor, nm: NoiseModel
+) -> Tensor:
+    """The flow with a per-coordinate Γ that need not commute with A (eqs. PD1–PD2).
+
+    continuous: −2θᵀ(ΓA + AΓ)θ + Tr[AM]; discrete: θᵀ(KAK − A)θ + 4η²θᵀΓAḡ + Tr[AM],
+    K = I − 2ηΓ. ``a`` ``[P, P]``; ``theta``, ``gbar``, ``gam`` ``[P]``; ``noise`` = Tr[AM].
+    A scalar.
+    """
+    if nm.time is TimeModel.DISCRETE:
+        assert nm.lr is not None
+        eta = nm.lr
+        kt = (1 - 2 * eta * gam) * theta
+        return kt @ a @ kt - theta @ a @ theta + 4 * eta**2 * (gam * theta) @ a @ gbar + noise
+    return -4 * (gam * theta) @ a @ theta + noise
+
+
+def _solve_mixed(
+    s: DenseSymmetry, values: Mapping[nn.Parameter, Tensor], stats: GradStats, nm: NoiseModel
+) -> tuple[float, int, float]:
+    """λ* where the flow with non-commuting Γ vanishes along e^{λA} (eq. PD8).
+
+    The decay term is no longer monotone along the orbit (Γ does not commute with A), so the
+    flow is scanned on a grid of |λ|·max|μ| ≤ 40 and the stable zero (the flow falling
+    through 0) nearest to λ = 0 is refined by Brent's method; no stable zero: at infinity
+    in the direction the flow pushes at the far end. Returns what :func:`_solve_dense` does.
+    """
+    mix = nm.mixed_terms(s.params, "solve_equilibrium")
+    mu, q = s.eigvals.cpu().to(torch.float64), s.eigvecs.cpu().to(torch.float64)
+    a = s.A.cpu().to(torch.float64)
+    th = q.T @ s.flat(values).cpu()
+    gq = q.T @ s.flat(stats.mean).cpu()
+    mm = _moment(s, stats, mix.noise, s.flat(stats.mean).cpu(), _block(stats).dense[s].cpu())
+    mt = torch.einsum("ij,ik,kj->j", q, mm.to(torch.float64), q)
+    gam = _gamma_vec(s, mix.gamma)
+
+    def flow(lam: float) -> float:
+        e = torch.exp(lam * mu)
+        noise = float((mu * mt / e.square()).sum())
+        return float(mixed_dense_flow(a, q @ (e * th), q @ (gq / e), noise, gam, mix.noise))
+
+    top = max(float(mu.abs().max()), 1e-300)
+    scale = float((mu.abs() * (mt.abs() + 4 * gam.max() * th.square())).sum()) or 1.0
+    f0 = flow(0.0)
+    if abs(f0) <= 1e-14 * scale:
+        return 0.0, 0, abs(f0) / scale
+    grid = np.linspace(-_LAM_MAX / top, _LAM_MAX / top, 801)
+    vals = np.array([flow(float(t)) for t in grid])
+    falls = [i for i in range(len(grid) - 1) if vals[i] > 0 >= vals[i + 1]]
+    if not falls:
+        return 0.0, int(np.sign(vals[-1] if vals[-1] > 0 else vals[0]) or 1), 1.0
+    i = min(falls, key=lambda j: abs(grid[j] + grid[j + 1]))
+    root = brentq(flow, grid[i], grid[i + 1], xtol=1e-14, rtol=1e-14, maxiter=500)
+    return float(root), 0, abs(flow(root)) / scale
+
+
 class DenseKernel(Kernel[DenseSymmetry, DenseStats]):
     """Kernel of :class:`~noetherflow.symmetry.dense.DenseSymmetry`, one at a time."""
 
@@ -119,6 +180,16 @@ class DenseKernel(Kernel[DenseSymmetry, DenseStats]):
             out.dense[s] = f.T @ f / f.shape[0]
         return out
 
+    @override
+    def mixed_flow(self, s: DenseSymmetry, stats: GradStats, nm: NoiseModel) -> Tensor:
+        """The flow with γ per parameter: Γ need not commute with A (eqs. PD1–PD2)."""
+        mix = nm.mixed_terms(s.params, "noether_flow")
+        theta = s.flat({p: p.detach() for p in s.params})
+        gbar = s.flat(stats.mean)
+        gam = _gamma_vec(s, mix.gamma).to(theta.device)
+        a = s.A.to(theta)
+        return mixed_dense_flow(a, theta, gbar, self.noise(s, stats, mix.noise), gam, mix.noise)
+
     def noise(self, s: DenseSymmetry, stats: GradStats, nm: NoiseModel) -> Tensor:
         """Tr[A M], M = c_mean·ḡḡᵀ + c_second·E[ggᵀ]. A scalar."""
         gbar = s.flat(stats.mean)
@@ -136,7 +207,10 @@ class DenseKernel(Kernel[DenseSymmetry, DenseStats]):
     ) -> GroupSolve:
         """λ* of the monotone flow along e^{λA} (one symmetry)."""
         (s,) = syms
-        lam, sign, res = _solve_dense(s, values, stats, nm)
+        if nm.uniform(s.params) is None:
+            lam, sign, res = _solve_mixed(s, values, stats, nm)
+        else:
+            lam, sign, res = _solve_dense(s, values, stats, nm.uniform(s.params) or nm)
         out = GroupSolve(progress=res)
         if sign:
             out.reports.append(

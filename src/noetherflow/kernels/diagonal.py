@@ -37,6 +37,7 @@ from noetherflow.kernels.base import (
     SolveOptions,
     register_kernel,
 )
+from noetherflow.kernels.decay import decay_cross
 from noetherflow.kernels.noise import NoiseModel, cross_displacement
 from noetherflow.stats.core import GradStats, Level, StatsBlock, axis_sum
 from noetherflow.symmetry.base import DiagonalSymmetry, Symmetry
@@ -134,13 +135,14 @@ def _diag_problem(
     grids = []
     signed = False
     for p, (rows, cols) in per_param.items():
+        nmp = nm.at(p)  # this parameter's γ (and its noise coefficients)
         mean = stats.mean[p].to(torch.float64)
-        c = nm.kappa * values[p].to(torch.float64).square()
-        disp = cross_displacement(stats, nm, p)
+        c = nmp.kappa * values[p].to(torch.float64).square()  # κ_p θ² (eq. PD3)
+        disp = cross_displacement(stats, nmp, p)
         signed = signed or disp is not None
         if p in block.sq:
             sq = block.sq[p].to(torch.float64)
-            m = nm.diag(mean, sq, None if disp is None else disp.to(torch.float64))
+            m = nmp.diag(mean, sq, None if disp is None else disp.to(torch.float64))
             if disp is None:  # else signed: balance() below
                 m = m.clamp(min=0)
             grids.append(compress(_Grid(_to_grid(m), _to_grid(c), rows, cols)))
@@ -154,16 +156,45 @@ def _diag_problem(
                 "), but these statistics hold only per-neuron sums (level='neuron'); collect "
                 "them with level='solve' or 'diag' (the default)."
             )
-        m = _axis_m(nm, mean, block.sq_axis[(p, ax)], disp, ax)
+        m = _axis_m(nmp, mean, block.sq_axis[(p, ax)], disp, ax)
         if disp is None:  # else signed: balance() below
             m = m.clamp(min=0)
         m, cs = m.cpu(), axis_sum(c, ax).cpu()
         shape = (-1, 1) if ax == 0 else (1, -1)
         grids.append(_Grid(m.reshape(shape), cs.reshape(shape), rows, cols))
+    lin = _decay_linear(syms, values, stats, nm, offsets, n)
     if not signed:
-        return _DiagProblem(n, offsets, grids)
+        return _DiagProblem(n, offsets, grids, lin=lin)
     grids, negative = balance(grids, n)
-    return _DiagProblem(n, offsets, grids, negative if bool(negative.ne(0).any()) else None)
+    neg = negative if bool(negative.ne(0).any()) else None
+    return _DiagProblem(n, offsets, grids, neg, lin=lin)
+
+
+def _decay_linear(
+    syms: Sequence[DiagonalSymmetry],
+    values: Mapping[nn.Parameter, Tensor],
+    stats: GradStats,
+    nm: NoiseModel,
+    offsets: Mapping[DiagonalSymmetry, int],
+    n: int,
+) -> Tensor | None:
+    """The b ``[n]`` of F's linear term −b·λ: b_j = 4η²·Q_j(Γθ, ḡ) (docs/concepts/flow.md).
+
+    Discrete time with per-parameter γ only (None otherwise); θ_kḡ_k is invariant along the
+    diagonal orbit, so the term is exactly linear in λ.
+    """
+    lin = None
+    for s in syms:
+        if nm.uniform(s.params) is not None:
+            continue  # one γ: Q(γθ, ḡ) = γθᵀAḡ = 0 by symmetry
+        mix = nm.mixed_terms(s.params, "solve_equilibrium")
+        if not mix.cross:
+            continue
+        if lin is None:
+            lin = torch.zeros(n, dtype=torch.float64)
+        b = mix.cross * decay_cross(s, values, stats.mean, mix.gamma)
+        lin[offsets[s] : offsets[s] + s.num_generators] = b.to(torch.float64).cpu().reshape(-1)
+    return lin
 
 
 _CROSS_REASON = (
@@ -211,6 +242,7 @@ class DiagonalKernel(Kernel[DiagonalSymmetry, DiagonalStats]):
     name: ClassVar[str] = DiagonalStats.key
     block: ClassVar[type[StatsBlock]] = DiagonalStats
     joint: ClassVar[bool] = True
+    decay_commutes: ClassVar[bool] = True
 
     # -- statistics ---------------------------------------------------------------------
     def collect(

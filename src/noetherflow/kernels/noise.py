@@ -29,12 +29,14 @@ c_cross).
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from noetherflow._checks import (
     check_finite_number,
@@ -43,10 +45,14 @@ from noetherflow._checks import (
     check_positive_int,
     parse_enum,
 )
+from noetherflow.kernels.decay import ParamDecay, parse_decay
 
 __all__ = [
+    "MixedDecay",
     "NoiseModel",
+    "ParamDecay",
     "TimeModel",
+    "check_decay",
     "cross_displacement",
     "cross_values",
     "resolve_noise",
@@ -103,6 +109,10 @@ class NoiseModel:
     dampening: float | None = field(default=None, compare=False)
     # weight of the momentum cross term vᵀA∇L (0 without momentum and in continuous time)
     c_cross: float = 0.0
+    # γ per parameter (weight_decay= a mapping); the scalar fields are then those of the
+    # largest γ (or the default), and the kernels read each parameter's model from at(p)
+    decay: ParamDecay | None = None
+    _sub: dict[float, NoiseModel] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         for name in ("kappa", "c_mean", "c_second", "c_cross"):
@@ -123,13 +133,20 @@ class NoiseModel:
         *,
         lr: float,
         batch_size: int,
-        weight_decay: float = 0.0,
+        weight_decay: float | Mapping[nn.Parameter, float] | ParamDecay = 0.0,
         time: str | TimeModel = "continuous",
         momentum: float = 0.0,
         nesterov: bool = False,
         dampening: float = 0.0,
     ) -> NoiseModel:
         """Coefficients of the time model from η, S, γ (module docstring for the formulas).
+
+        ``weight_decay`` is one γ for every parameter, or a mapping ``nn.Parameter`` → γ (or a
+        :class:`~noetherflow.ParamDecay`, which may give a default) for per-parameter decay,
+        e.g. a no-decay group of biases and norm weights (docs/concepts/flow.md, eqs.
+        PD1–PD4). A parameter a symmetry acts on must then be in the mapping unless a default
+        is given. Discrete time with momentum β > 0 needs one γ per symmetry (the (C, B, E)
+        map does not close otherwise); continuous time takes any mapping.
 
         ``momentum=β > 0`` (PyTorch's ``SGD(momentum=β, dampening=d, nesterov=...)``) gives
         the effective coefficients of :func:`noetherflow.optim.momentum_noise`: discrete time
@@ -144,6 +161,17 @@ class NoiseModel:
                 integer, a negative or non-finite γ, or discrete time with ηγ ≥ 1 (κ ≤ 0: the
                 decay step (1 − 2ηγ)θ no longer contracts θ).
         """
+        dec = parse_decay(weight_decay)
+        if isinstance(dec, ParamDecay):
+            return cls._per_parameter(
+                dec,
+                lr=lr,
+                batch_size=batch_size,
+                time=time,
+                momentum=momentum,
+                nesterov=nesterov,
+                dampening=dampening,
+            )
         eta = check_positive(lr, "lr", "the learning rate η")
         s = check_positive_int(batch_size, "batch_size", "the SGD batch size S")
         gam = check_nonnegative(
@@ -180,6 +208,76 @@ class NoiseModel:
             c_mean=eta**2 * (1 - 1 / s),
             c_second=eta**2 / s,
             **hyper,
+        )
+
+    @classmethod
+    def _per_parameter(cls, dec: ParamDecay, **hyper: Any) -> NoiseModel:
+        """``create`` with a γ per parameter: one scalar model per distinct γ, checked now."""
+        subs = {g: cls.create(weight_decay=g, **hyper) for g in sorted(dec.values())}
+        if not subs:
+            raise ValueError(
+                "weight_decay={} is an empty mapping with no default; give each parameter "
+                "the symmetries act on a γ, or nf.ParamDecay({}, default=γ)."
+            )
+        top = subs[dec.default] if dec.default is not None else subs[max(subs)]
+        out = dataclasses.replace(top, decay=dec, _sub=subs)
+        return out
+
+    def at(self, p: nn.Parameter) -> NoiseModel:
+        """The scalar model of parameter ``p`` (this model itself without a mapping)."""
+        if self.decay is None:
+            return self
+        g = self.decay.of(p)
+        sub = self._sub.get(g)
+        if sub is None:  # a model rebuilt by dataclasses.replace without its cache
+            assert self.lr is not None and self.batch_size is not None
+            sub = self._sub[g] = NoiseModel.create(
+                lr=self.lr,
+                batch_size=self.batch_size,
+                weight_decay=g,
+                time=self.time or "continuous",
+                momentum=self.momentum or 0.0,
+                nesterov=bool(self.nesterov),
+                dampening=self.dampening or 0.0,
+            )
+        return sub
+
+    def uniform(self, params: Iterable[nn.Parameter]) -> NoiseModel | None:
+        """The scalar model shared by all of ``params``, or None when their γ differ."""
+        if self.decay is None:
+            return self
+        subs = {id(self.at(p)): self.at(p) for p in params}
+        return next(iter(subs.values())) if len(subs) == 1 else None
+
+    def mixed_terms(self, params: Iterable[nn.Parameter], who: str = "") -> MixedDecay:
+        """κ_p, γ_p and the noise coefficients of parameters with different γ (eqs. PD1–PD4).
+
+        Raises ``ValueError`` for discrete time with momentum (the (C, B, E) map of SGD with
+        momentum does not close when Γ is not a multiple of the identity on a symmetry).
+        """
+        ps = list(params)
+        subs = [self.at(p) for p in ps]
+        if self.time is TimeModel.DISCRETE and (self.momentum or self.nesterov):
+            raise ValueError(
+                f"{who or 'NoiseModel'}: discrete time with momentum β={self.momentum} and "
+                f"parameters of one symmetry with different weight decay "
+                f"{sorted({float(m.weight_decay or 0.0) for m in subs})}: the exact (C, B, E) "
+                "map of SGD with momentum needs one γ per symmetry. Use time='continuous' "
+                "(exact in the η → 0 limit), or one weight decay for the parameters of each "
+                "symmetry."
+            )
+        base = subs[0]
+        # continuous time and plain SGD: the noise coefficients do not depend on γ
+        assert all(
+            (m.c_mean, m.c_second, m.c_cross) == (base.c_mean, base.c_second, base.c_cross)
+            for m in subs
+        )
+        cross = 4 * self.lr**2 if self.time is TimeModel.DISCRETE and self.lr else 0.0
+        return MixedDecay(
+            noise=base,
+            kappa={p: m.kappa for p, m in zip(ps, subs, strict=True)},
+            gamma={p: float(m.weight_decay or 0.0) for p, m in zip(ps, subs, strict=True)},
+            cross=cross,
         )
 
     @classmethod
@@ -232,27 +330,32 @@ class NoiseModel:
         batch_size: int,
         *,
         time: str | TimeModel = "discrete",
-    ) -> list[NoiseModel]:
+        per_group: bool = True,
+    ) -> list[NoiseModel] | NoiseModel:
         """One :class:`NoiseModel` per param group of a ``torch.optim.SGD`` (momentum allowed).
 
         Reads each group's lr η, momentum β, nesterov, dampening d and coupled
         ``weight_decay=λ`` (γ = λ/2 of γ‖θ‖²) via :func:`noetherflow.optim.from_optimizer` and
         returns ``create(lr=η, batch_size=S, weight_decay=λ/2, momentum=β, nesterov=...,
         dampening=d, time=time)``.
-        Discrete time by default (the optimizer takes steps).
+        Discrete time by default (the optimizer takes steps). ``per_group=False`` returns one
+        model for the whole optimizer instead, with γ per parameter from each group's
+        weight decay (a no-decay group of biases and norm weights; docs/concepts/flow.md):
+        the groups must then agree on lr, momentum, nesterov and dampening.
 
         Raises:
             ValueError: an Adam/AdamW optimizer (its update is not a gradient step, so it has
                 no (κ, c_mean, c_second) model; use ``noetherflow.optim.from_optimizer`` and
-                ``noetherflow.optim.adamw_equilibrium_charge``), dampening ≥ 1 or
-                maximize=True.
+                ``noetherflow.optim.adamw_equilibrium_charge``), dampening ≥ 1,
+                maximize=True, or (``per_group=False``) groups that differ in more than
+                their weight decay.
             TypeError: an optimizer other than SGD, Adam or AdamW.
         """
         from noetherflow.optim.hyper import from_optimizer
 
         tm = parse_enum(TimeModel, time, "time", "'continuous' (SGF) or 'discrete' (SGD steps)")
-        out = []
-        for g in from_optimizer(opt, batch_size, time=tm.value):
+        groups = from_optimizer(opt, batch_size, time=tm.value)
+        for g in groups:
             if g.kind != "sgd":
                 raise ValueError(
                     f"param group {g.index} of {type(opt).__name__} is {g.kind}: its update is "
@@ -260,18 +363,30 @@ class NoiseModel:
                     "it; expected torch.optim.SGD. Use noetherflow.optim.from_optimizer and "
                     "noetherflow.optim.adamw_equilibrium_charge for Adam(W)."
                 )
-            out.append(
-                cls.create(
-                    lr=g.lr,
-                    batch_size=g.batch_size,
-                    weight_decay=g.weight_decay,
-                    time=tm,
-                    momentum=g.momentum,
-                    nesterov=g.nesterov,
-                    dampening=g.dampening,
-                )
+
+        def one(g: Any, decay: Any) -> NoiseModel:
+            return cls.create(
+                lr=g.lr,
+                batch_size=g.batch_size,
+                weight_decay=decay,
+                time=tm,
+                momentum=g.momentum,
+                nesterov=g.nesterov,
+                dampening=g.dampening,
             )
-        return out
+
+        if per_group:
+            return [one(g, g.weight_decay) for g in groups]
+        shared = {(g.lr, g.momentum, g.nesterov, g.dampening) for g in groups}
+        if len(shared) > 1:
+            raise ValueError(
+                f"NoiseModel.from_optimizer(per_group=False): the param groups differ in "
+                f"(lr, momentum, nesterov, dampening) {sorted(shared)}; one model has one η "
+                "and one momentum (only the weight decay may differ per group). Use "
+                "per_group=True for one model per group."
+            )
+        decay = ParamDecay({p: g.weight_decay for g in groups for p in g.params})
+        return one(groups[0], decay)
 
     @classmethod
     def from_coefficients(
@@ -305,12 +420,28 @@ class NoiseModel:
         return m
 
 
+@dataclass(frozen=True)
+class MixedDecay:
+    """What the flow of a symmetry with per-parameter γ needs (docs/concepts/flow.md).
+
+    Attributes:
+        noise: a model with the (γ-independent) noise coefficients c_mean, c_second, c_cross.
+        kappa, gamma: κ_p and γ_p per parameter of the symmetry.
+        cross: the weight of Q(Γθ, ∇L) in the flow: 4η² in discrete time (eq. PD2), else 0.
+    """
+
+    noise: NoiseModel
+    kappa: dict[nn.Parameter, float]
+    gamma: dict[nn.Parameter, float]
+    cross: float
+
+
 def resolve_noise(
     noise: NoiseModel | None,
     *,
     lr: float | None,
     batch_size: int | None,
-    weight_decay: float | None,
+    weight_decay: float | Mapping[nn.Parameter, float] | ParamDecay | None,
     time: str | TimeModel | None,
     who: str,
     momentum: float | None = None,
@@ -355,6 +486,16 @@ def resolve_noise(
         nesterov=False if nesterov is None else nesterov,
         dampening=0.0 if dampening is None else dampening,
     )
+
+
+def check_decay(nm: NoiseModel, syms: Any, who: str) -> None:
+    """Every parameter of ``syms`` has a γ, and the mixed ones an exact flow (else raise)."""
+    if nm.decay is None:
+        return
+    nm.decay.check_covers(syms.params(), who)
+    for s in syms:
+        if nm.uniform(s.params) is None:
+            nm.mixed_terms(s.params, who)  # raises where the time model has no mixed flow
 
 
 def cross_displacement(stats: Any, nm: NoiseModel, p: Any) -> Tensor | None:

@@ -159,12 +159,82 @@ def _negative(x: Tensor, y: Tensor, rtol: float) -> bool:
     return bool(min(float(ex.min()), float(ey.min())) < -rtol * top)
 
 
+def _mixed_cross(
+    s: DoubleRotation,
+    values: Mapping[nn.Parameter, Tensor],
+    stats: GradStats,
+    nm: NoiseModel,
+) -> tuple[float, Tensor, Tensor, Tensor, Tensor] | None:
+    """(4η², U-front of Γθ, U-front of ḡ, W-front of Γθ, W-front of ḡ), float64 CPU.
+
+    The parts of the decay cross term H = 4η²[sym(U_Γ Ḡ_Uᵀ) − sym(W_Γ Ḡ_Wᵀ)] (eq. PD4) of
+    a rotation whose parameters have different γ in discrete time; None where it vanishes.
+    """
+    if nm.uniform(s.params) is not None:
+        return None
+    mix = nm.mixed_terms(s.params, "solve_equilibrium")
+    if not mix.cross:
+        return None
+    gt = {p: values[p].to(torch.float64).cpu() * mix.gamma[p] for p in s.params}
+    mean = {p: stats.mean[p].to(torch.float64).cpu() for p in s.params}
+    side = DoubleRotation.side
+    return (
+        mix.cross,
+        side(s.u_blocks, gt),
+        side(s.u_blocks, mean),
+        side(s.w_blocks, gt),
+        side(s.w_blocks, mean),
+    )
+
+
+def _sym(a: Tensor) -> Tensor:
+    return (a + a.T) / 2
+
+
+def _solve_with_cross(
+    x: Tensor,
+    y: Tensor,
+    cross: tuple[float, Tensor, Tensor, Tensor, Tensor],
+    opts: SolveOptions,
+) -> tuple[Tensor, Tensor | None, float, float]:
+    """G with X(G) − Y(G) + H(G) = 0: a fixed point on the geometric mean (eq. PD7).
+
+    At the total element G, X(G) = G⁻¹XG⁻ᵀ and Y(G) = GᵀYG (covariant), but H(G) =
+    c[sym(GᵀU_Γ (G⁻¹Ḡ_U)ᵀ) − sym(G⁻¹W_Γ (GᵀḠ_W)ᵀ)] is not; each iteration solves
+    P Y(G) P = X(G) + H(G) with H frozen and composes G ← G·P^{1/2}, until the flow's relative
+    size is below ``opts.tol`` (H is O(η) against X, so each iteration gains that factor).
+    Returns what :func:`_solve_rotation` does; the total G is not symmetric in general.
+    """
+    c, ug, gu, wg, gw = cross
+    total = torch.eye(x.shape[0], dtype=torch.float64)
+    first: float | None = None
+    rel = 0.0
+    nb: Tensor | None = None
+    for _ in range(max(opts.max_iter, 1)):
+        gi = torch.linalg.inv(total)
+        xg = _sym(gi @ x @ gi.T)
+        yg = _sym(total.T @ y @ total)
+        hg = c * (_sym((total.T @ ug) @ (gi @ gu).T) - _sym((gi @ wg) @ (total.T @ gw).T))
+        scale = float(xg.norm() + yg.norm() + hg.norm()) or 1.0
+        rel = float((xg - yg + hg).norm()) / scale
+        first = rel if first is None else first
+        if rel <= opts.tol:
+            break
+        step, nb, _, _ = _solve_rotation(xg + hg, yg, rtol=opts.rtol_singular, ridge=opts.ridge)
+        total = total @ step
+        if nb is not None and nb.shape[1] > 0:
+            break  # part at infinity: reported, the rest solved once
+    return total, nb, float(first or 0.0), rel
+
+
 class RotationKernel(Kernel[DoubleRotation, RotationStats]):
     """Kernel of :class:`~noetherflow.symmetry.rotation.DoubleRotation`, one pair at a time."""
 
     name: ClassVar[str] = RotationStats.key
     block: ClassVar[type[StatsBlock]] = RotationStats
     matrix_valued: ClassVar[bool] = True
+    # Γ is constant on each parameter and G acts on the rotated index within each block
+    decay_commutes: ClassVar[bool] = True
 
     def collect(
         self, syms: Sequence[DoubleRotation], src: GradSource, level: Level
@@ -197,7 +267,22 @@ class RotationKernel(Kernel[DoubleRotation, RotationStats]):
         stats: GradStats,
         nm: NoiseModel,
     ) -> tuple[Tensor, Tensor]:
-        """X = M_U + κWWᵀ and Y = M_W + κUᵀU (float64, CPU), each ``[d, d]``."""
+        """X = M_U + κWWᵀ and Y = M_W + κUᵀU (float64, CPU), each ``[d, d]``.
+
+        With γ per parameter: X = M_U + W_κW_κᵀ and Y = M_W + U_κU_κᵀ, W_κ = √κ ⊙ W
+        (docs/concepts/flow.md, eq. PD6).
+        """
+        sub = nm.uniform(s.params)
+        if sub is None:
+            mix = nm.mixed_terms(s.params, "solve_equilibrium")
+            mw, mu = self.moments(s, stats, mix.noise)
+            scaled = {p: values[p].to(torch.float64) * mix.kappa[p] ** 0.5 for p in s.params}
+            uk = DoubleRotation.side(s.u_blocks, scaled)
+            wk = DoubleRotation.side(s.w_blocks, scaled)
+            x = mu.to(torch.float64) + wk @ wk.T
+            y = mw.to(torch.float64) + uk @ uk.T
+            return x.cpu(), y.cpu()
+        nm = sub
         mw, mu = self.moments(s, stats, nm)
         uf = DoubleRotation.side(s.u_blocks, values).to(torch.float64)
         wf = DoubleRotation.side(s.w_blocks, values).to(torch.float64)
@@ -214,10 +299,18 @@ class RotationKernel(Kernel[DoubleRotation, RotationStats]):
         names: Mapping[Symmetry, str],
         opts: SolveOptions,
     ) -> GroupSolve:
-        """G = P^{1/2}, P Y P = X on the common range of X and Y (one rotation)."""
+        """G = P^{1/2}, P Y P = X on the common range of X and Y (one rotation).
+
+        With γ per parameter in discrete time, the decay cross term H = 4η²Q(Γθ, ḡ) is not
+        covariant, so G is found by a fixed point on the geometric mean (:func:`_mixed_cross`).
+        """
         (s,) = syms
         x, y = self.xy(s, values, stats, nm)
-        g, nb, pre, res = _solve_rotation(x, y, rtol=opts.rtol_singular, ridge=opts.ridge)
+        cross = _mixed_cross(s, values, stats, nm)
+        if cross is not None:
+            g, nb, pre, res = _solve_with_cross(x, y, cross, opts)
+        else:
+            g, nb, pre, res = _solve_rotation(x, y, rtol=opts.rtol_singular, ridge=opts.ridge)
         out = GroupSolve(progress=pre if opts.coupled else res)
         if nb is not None and nb.shape[1] > 0:
             why = (

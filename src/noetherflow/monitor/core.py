@@ -37,11 +37,12 @@ from noetherflow._hyperparams import HyperSource
 from noetherflow._optimizer_state import preserved
 from noetherflow._tracking import monitor_advice
 from noetherflow.flow import charges, noether_flow
-from noetherflow.kernels.noise import NoiseModel
+from noetherflow.kernels.noise import NoiseModel, check_decay
 from noetherflow.monitor.accumulation import StepCapture, check_loss_reduction
 from noetherflow.monitor.distance import DistanceTracker
 from noetherflow.monitor.notices import (
     adaptive_notice,
+    decay_with_penalty,
     effective_decay,
     penalty_notice,
     undefined_notice,
@@ -124,7 +125,9 @@ class NoetherMonitor:
             prediction ``adamw_charge/*`` (their update is not an SGD step: no flow or
             distance, said once when the monitor is built). With any optimizer the exact
             decomposition of the step before each record is recorded (``step_*``,
-            :attr:`last_step`).
+            :attr:`last_step`). SGD param groups that differ in weight decay only (no-decay
+            groups) give γ per parameter (docs/concepts/flow.md); ``weight_decay`` by hand
+            may be such a mapping too. The row's ``weight_decay`` is then the largest γ.
         reduction: whether the training loss is the batch ``"mean"`` or ``"sum"``.
         log_dir: directory for ``history.csv``/``history.jsonl``/``monitor.json`` (and
             TensorBoard); ``None`` keeps the history in memory only. Existing history files
@@ -177,7 +180,7 @@ class NoetherMonitor:
         every: int = 10,
         lr: float | None = None,
         batch_size: int,
-        weight_decay: float | None = None,
+        weight_decay: float | Mapping[nn.Parameter, float] | None = None,
         optimizer: torch.optim.Optimizer | None = None,
         time: str = "continuous",
         reduction: str | Reduction = "mean",
@@ -212,15 +215,21 @@ class NoetherMonitor:
             adaptive=True,
             zero_lr=True,
         )
-        lr0, gamma0 = self._hyper.current()
+        lr0, _ = self._hyper.current()
         self.sgd = not self._hyper.adaptive  # flows and distances need SGD's noise model
         if self.sgd:
-            NoiseModel.create(  # checks the settings; η = 0 (warmup) is recorded, undefined
-                lr=lr0 if lr0 > 0 else 1.0,
-                batch_size=batch_size,
-                weight_decay=gamma0,
-                time=time,
-                **self._hyper.momentum_kwargs(),
+            # per-group weight decay: γ per parameter (checked against the symmetries here);
+            # η = 0 (a warmup from 0) is recorded as undefined, the settings checked with η = 1
+            check_decay(
+                NoiseModel.create(
+                    lr=lr0 if lr0 > 0 else 1.0,
+                    batch_size=batch_size,
+                    weight_decay=self._hyper.decay(),
+                    time=time,
+                    **self._hyper.momentum_kwargs(),
+                ),
+                syms,
+                "NoetherMonitor",
             )
         bad = [f for f in formats if f not in _FORMATS]
         if bad:
@@ -518,10 +527,12 @@ class NoetherMonitor:
         return "solve" if self.distance and i % self.distance_every == 0 else "neuron"
 
     def _noise_kwargs(self, lr: float, gamma: float) -> dict[str, Any]:
+        """The noise model's keywords; ``gamma``: the one γ with any L2 penalty of the loss."""
+        decay = decay_with_penalty(self._hyper.decay(), gamma, self._capture.penalty.gamma)
         return {
             "lr": lr,
             "batch_size": self.batch_size,
-            "weight_decay": gamma,
+            "weight_decay": decay,
             "time": self.time,
             **self._hyper.momentum_kwargs(),
         }

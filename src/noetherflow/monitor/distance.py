@@ -24,7 +24,7 @@ from torch import Tensor
 from noetherflow.equilibrium import EquilibriumSolution, InfinityReport, solve_equilibrium
 from noetherflow.kernels import kernel_for
 from noetherflow.kernels.diagonal import DiagonalKernel
-from noetherflow.kernels.noise import NoiseModel
+from noetherflow.kernels.noise import NoiseModel, TimeModel
 from noetherflow.monitor.first_order import ChordFactor, chord_solve, diagonal_problem, factor
 from noetherflow.monitor.options import DistanceMode
 from noetherflow.stats.core import GradStats
@@ -103,6 +103,9 @@ class DistanceTracker:
         # The first-order update assumes F's terms are non-negative, which the signed momentum
         # cross term breaks: with it every record takes the full solve.
         signed = nm.c_cross != 0 and bool(stats.displacement)
+        # per-parameter decay in discrete time adds F's linear term, which the chord steps
+        # of the first-order update do not carry: full solves then
+        signed = signed or (nm.decay is not None and nm.time is TimeModel.DISCRETE)
         if self._fac is not None and not signed and not self._due(step, hyper):
             res = self._update(stats, nm)
             if res is not None:

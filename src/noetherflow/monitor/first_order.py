@@ -236,7 +236,8 @@ def diagonal_problem(
             # In the statistics' dtype: the matrix–vector products are the cost of a step.
             m = torch.addcmul(nm.c_second * block.sq[p], mean, mean, value=nm.c_mean)
             m = _to_grid(m.clamp_(min=0))
-            c = _to_grid(nm.kappa * theta.square()) if nm.kappa else None
+            kap = nm.at(p).kappa  # κ of this parameter's γ
+            c = _to_grid(kap * theta.square()) if kap else None
             grids.append(_Grid(m, c, rows, cols))
             continue
         ax = 0 if rows else 1
@@ -249,7 +250,8 @@ def diagonal_problem(
         msq = axis_sum(mean.square(), ax)
         m = (nm.c_mean * msq + nm.c_second * block.sq_axis[(p, ax)]).to(_DT).clamp(min=0)
         shape = (-1, 1) if ax == 0 else (1, -1)
-        c = axis_sum(theta.to(_DT).square(), ax) * nm.kappa if nm.kappa else None
+        kap = nm.at(p).kappa
+        c = axis_sum(theta.to(_DT).square(), ax) * kap if kap else None
         grids.append(_Grid(m.reshape(shape), None if c is None else c.reshape(shape), rows, cols))
     return DiagonalProblem(n, offsets, grids)
 

@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import warnings
+from typing import Any
 
 from noetherflow._errors import StatisticsError
 from noetherflow.monitor.schema import UNDEFINED
 
-__all__ = ["adaptive_notice", "effective_decay", "penalty_notice", "undefined_notice"]
+__all__ = [
+    "adaptive_notice",
+    "decay_with_penalty",
+    "effective_decay",
+    "penalty_notice",
+    "undefined_notice",
+]
 
 
 def adaptive_notice(kind: str, distance: bool, adamw: list[str]) -> None:
@@ -61,6 +68,27 @@ def effective_decay(found: float, gamma: float, from_optimizer: bool) -> float:
             "penalty from the loss."
         )
     return gamma
+
+
+def decay_with_penalty(decay: Any, gamma: float, found: float) -> Any:
+    """The flows' ``weight_decay=`` with an L2 penalty of the loss (γ_loss = ``found``).
+
+    ``decay``: the source's γ (a float, a dict parameter → γ of per-group decay, or a
+    per-parameter mapping given by hand); ``gamma``: :func:`effective_decay` of the one γ.
+    Per-group decay gets γ_loss added to every parameter; a mapping by hand with a penalty
+    is refused (which γ the penalty is part of is not known).
+    """
+    if isinstance(decay, dict):
+        return {p: g + found for p, g in decay.items()}
+    if isinstance(decay, float | int):
+        return gamma
+    if found:
+        raise StatisticsError(
+            "NoetherMonitor: the loss holds an L2 penalty γ‖θ‖² and weight_decay= is a "
+            "per-parameter mapping; put the penalty into the mapping (γ per parameter of the "
+            "γ‖θ‖² in the loss) and drop it from the loss."
+        )
+    return decay
 
 
 def penalty_notice(found: float, from_optimizer: bool, gamma: float) -> None:

@@ -78,7 +78,7 @@ class StepLog:
         keys: Mapping[str, str],
         optimizer: Any,
         due: Callable[[], bool],
-        adam: Callable[[], AdamSettings] | None = None,
+        adam: Callable[..., AdamSettings] | None = None,
     ) -> None:
         self.syms, self.keys = syms, keys
         self.optimizer = unwrap_optimizer(optimizer)
@@ -110,11 +110,18 @@ class StepLog:
         if self._adam is not None and self.adamw_names:
             self._put_adamw(row, self._adam())
 
-    def _put_adamw(self, row: Row, a: AdamSettings) -> None:
-        assert self.optimizer is not None
-        ok = a.kind == "adamw" and a.weight_decay > 0 and a.lr * a.weight_decay < 2
+    def _put_adamw(self, row: Row, a_all: AdamSettings) -> None:
+        assert self.optimizer is not None and self._adam is not None
         for name in self.adamw_names:
             s = self.syms[name]
+            # λ of this symmetry's own param group (no-decay groups differ from the rest)
+            a = self._adam(s.params) if a_all.mixed_decay else a_all
+            ok = (
+                a.kind == "adamw"
+                and not a.mixed_decay
+                and a.weight_decay > 0
+                and a.lr * a.weight_decay < 2
+            )
             dirs = {p: adam_direction(p, self.optimizer.state.get(p, {}), a) for p in s.params}
             if any(d is None for d in dirs.values()):
                 continue  # no gradient at this record: NaN

@@ -18,7 +18,13 @@ from noetherflow.optim.decompose import (
     bilinear_charge,
     decompose_step,
 )
-from noetherflow.optim.hyper import GroupNoise, from_optimizer, group_for_params, optimizer_kind
+from noetherflow.optim.hyper import (
+    GroupNoise,
+    decay_for_params,
+    from_optimizer,
+    group_for_params,
+    optimizer_kind,
+)
 from noetherflow.optim.momentum import (
     EffectiveNoise,
     MomentumStep,
@@ -44,6 +50,7 @@ __all__ = [
     "decompose_step",
     "decoupled_stationary_charge",
     "from_optimizer",
+    "decay_for_params",
     "group_for_params",
     "moment_map",
     "momentum_displacement",

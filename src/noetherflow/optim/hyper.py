@@ -17,7 +17,13 @@ from torch import nn
 
 from noetherflow.optim.momentum import EffectiveNoise, momentum_noise
 
-__all__ = ["GroupNoise", "from_optimizer", "group_for_params", "optimizer_kind"]
+__all__ = [
+    "GroupNoise",
+    "decay_for_params",
+    "from_optimizer",
+    "group_for_params",
+    "optimizer_kind",
+]
 
 KINDS = ("sgd", "adam", "adamw")
 
@@ -187,6 +193,15 @@ def group_for_params(groups: Sequence[GroupNoise], params: Iterable[nn.Parameter
     first = found[0]
     for gr in found[1:]:
         if gr.settings() != first.settings():
+            if _but_decay(gr) == _but_decay(first):
+                raise ValueError(
+                    f"the parameters span param groups {first.index} and {gr.index} that differ "
+                    f"in weight decay only ({_decay(first)} vs {_decay(gr)}): one group's "
+                    "description does not apply. Use decay_for_params(groups, params) for the "
+                    "decay of each parameter, or NoiseModel.from_optimizer(opt, S, "
+                    "per_group=False) for the flows and solvers (docs/concepts/flow.md, "
+                    "per-parameter weight decay)."
+                )
             raise ValueError(
                 f"the parameters span param groups {first.index} and {gr.index} with different "
                 f"settings {first.settings()} vs {gr.settings()}; a charge mixes its parameters, "
@@ -194,3 +209,43 @@ def group_for_params(groups: Sequence[GroupNoise], params: Iterable[nn.Parameter
                 "the same lr, momentum and weight decay)."
             )
     return first
+
+
+def _decay(g: GroupNoise) -> float:
+    return g.decoupled_decay if g.kind == "adamw" else g.weight_decay or g.coupled_l2
+
+
+def _but_decay(g: GroupNoise) -> tuple[object, ...]:
+    """The settings that are not weight decay (the noise model, built from it, left out)."""
+    return (g.kind, g.lr, g.momentum, g.nesterov, g.dampening, g.betas, g.eps)
+
+
+def decay_for_params(
+    groups: Sequence[GroupNoise], params: Iterable[nn.Parameter]
+) -> dict[nn.Parameter, float]:
+    """Each parameter's decay from its group: γ (SGD, γ = λ/2), AdamW's decoupled λ, Adam's L2.
+
+    For groups that differ in weight decay only (a no-decay group of biases and norm
+    weights): SGD's γ per parameter is what ``weight_decay=`` of the flows and solvers takes
+    (docs/concepts/flow.md); AdamW's λ per parameter is the decay of
+    :func:`~noetherflow.optim.adamw_equilibrium_charge` for a symmetry whose parameters share
+    it. Raises if a parameter is in no group or the groups are of different kinds.
+    """
+    where = {id(p): gr for gr in groups for p in gr.params}
+    out: dict[nn.Parameter, float] = {}
+    kinds = set()
+    for p in params:
+        gr = where.get(id(p))
+        if gr is None:
+            raise ValueError(
+                f"a parameter of shape {tuple(p.shape)} is in no param group of the optimizer; "
+                "expected every parameter of the symmetry to be optimised."
+            )
+        kinds.add(gr.kind)
+        out[p] = _decay(gr)
+    if len(kinds) > 1:
+        raise ValueError(
+            f"decay_for_params: the parameters lie in groups of kinds {sorted(kinds)}; their "
+            "decays are not one kind of number (γ of SGD, AdamW's decoupled λ, Adam's L2)."
+        )
+    return out
