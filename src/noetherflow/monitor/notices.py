@@ -22,8 +22,9 @@ def adaptive_notice(kind: str, distance: bool, adamw: list[str]) -> None:
     what = "flows" + (" and distances to the noise equilibrium" if distance else "")
     name = {"adamw": "AdamW", "adam": "Adam"}.get(kind, "an optimizer other than SGD")
     pred = (
-        f" AdamW's random-walk equilibrium charge is recorded for the scale-invariant "
-        f"symmetries {adamw} (adamw_charge/*, adamw_noise/*)."
+        f" AdamW's random-walk equilibrium charge and the distance to it are recorded for "
+        f"the scale-invariant symmetries {adamw} (adamw_charge/*, adamw_distance/*, "
+        "adamw_noise/*), per param group."
         if adamw
         else ""
     )

@@ -66,7 +66,7 @@ def build_schema(
             sch[f"at_infinity/{key}"] = ()
         sch["distance_exact"] = ()
     for name in adamw:
-        for kind in ("adamw_noise", "adamw_charge"):
+        for kind in ("adamw_noise", "adamw_charge", "adamw_distance"):
             sch[f"{kind}/{keys[name]}"] = tuple(ch[name].shape)
     if sharpness:
         for k in ("trace", "trace_se", "top_eigenvalue"):
