@@ -52,7 +52,7 @@ def _run(cmd: list[str], cwd: Path, timeout: float) -> subprocess.CompletedProce
 
 
 def test_every_tutorial_has_a_page() -> None:
-    assert len(TUTORIALS) == 5, TUTORIALS
+    assert len(TUTORIALS) == 6, TUTORIALS
     pages = "\n".join(p.read_text(encoding="utf-8") for p in (DOCS / "tutorials").glob("*.md"))
     for script in TUTORIALS:
         assert f'--8<-- "docs/tutorials/{script}"' in pages, f"no page includes {script}"
@@ -76,6 +76,21 @@ def test_tutorial_runs_tiny(
     printed = capsys.readouterr().out
     assert printed.strip(), f"{script} printed nothing"
     assert not re.search(r"\bnan\b", printed, re.I), f"{script} printed NaN:\n{printed}"
+    shown = _documented_output(script)
+    lines = [ln.strip() for ln in printed.splitlines() if ln.strip()]
+    for want in shown:  # the page's "With `--tiny` it prints" block, line by line, in order
+        assert want in lines, f"{script}: the page shows {want!r}, the run printed:\n{printed}"
+        lines = lines[lines.index(want) + 1 :]
+
+
+def _documented_output(script: str) -> list[str]:
+    """The lines of the ```text block after "With `--tiny` it prints" on the script's page."""
+    for page in (DOCS / "tutorials").glob("*.md"):
+        text = page.read_text(encoding="utf-8")
+        if f'--8<-- "docs/tutorials/{script}"' in text:
+            m = re.search(r"With `--tiny` it prints\s*```text\n(.*?)```", text, re.S)
+            return [ln.strip() for ln in m.group(1).splitlines() if ln.strip()] if m else []
+    return []
 
 
 def test_tutorials_import_nothing_private() -> None:
