@@ -326,3 +326,36 @@ def test_token_cross_entropy_hooks_equal_the_reference(kind: str) -> None:
     for name, key in mon.keys.items():
         torch.testing.assert_close(f_hooks[name], f_ref[name], rtol=1e-10, atol=0)
         np.testing.assert_allclose(row[f"flow/{key}"], f_ref[name].numpy(), rtol=1e-10)
+
+
+def test_fp16_grad_scaler_is_divided_out() -> None:
+    """fp16 autocast with a GradScaler: every gradient is ×scale; with grad_scaler= the flows
+    equal those of the unscaled loss (the scale is a power of 2: exact up to fp16 overflow)."""
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    syms = nf.SymmetrySet([nf.Rescaling(m[0], m[2])])
+    x, y = torch.randn(32, 8), torch.randn(32, 4)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+
+    def flows(scale: bool, given: bool) -> np.ndarray:
+        mon = nf.NoetherMonitor(
+            m,
+            syms,
+            every=1,
+            lr=0.1,
+            batch_size=32,
+            distance=False,
+            grad_scaler=scaler if given else None,
+        )
+        m.zero_grad(set_to_none=True)
+        with mon.track(), torch.autocast("cpu", dtype=torch.float16):
+            loss = F.mse_loss(m(x).float(), y)
+            (scaler.scale(loss) if scale else loss).backward()
+        row = mon.step(loss)
+        assert row is not None and row["undefined"] == 0
+        return np.asarray(row["flow/rescaling0"])
+
+    plain = flows(scale=False, given=False)
+    np.testing.assert_allclose(flows(scale=True, given=True), plain, rtol=1e-5)
+    unscaled = flows(scale=True, given=False)  # what the monitor recorded before: ×scale²
+    np.testing.assert_allclose(unscaled, plain * 2.0**20, rtol=1e-3)

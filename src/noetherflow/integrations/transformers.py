@@ -107,6 +107,8 @@ class NoetherTrainerCallback(TrainerCallback):
         self._world = int(getattr(args, "world_size", 1) or 1)
         self.options.setdefault("progress", False)
         batch = args.per_device_train_batch_size * args.gradient_accumulation_steps * self._world
+        # fp16: accelerate's optimizer wrapper holds the GradScaler that scales every gradient
+        self.options.setdefault("grad_scaler", getattr(optimizer, "scaler", None))
         self.monitor = NoetherMonitor(
             model,
             self.syms,

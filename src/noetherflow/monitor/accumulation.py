@@ -27,7 +27,7 @@ from torch import Tensor, nn
 
 from noetherflow._errors import StatisticsError
 from noetherflow._tracking import monitor_advice, refuse_accumulation
-from noetherflow.stats.accumulate import merge_accumulated
+from noetherflow.stats.accumulate import merge_accumulated, rescaled
 from noetherflow.stats.collect import Capture, capture
 from noetherflow.stats.core import GradStats, Reduction
 from noetherflow.stats.distributed import is_distributed
@@ -128,6 +128,7 @@ class StepCapture:
     model: nn.Module
     syms: SymmetrySet
     reduction: Reduction
+    grad_scaler: Any = None  # torch.amp.GradScaler of an fp16 run: its scale is divided out
     parts: list[GradStats] = field(default_factory=list)
     penalty: LossPenalty = field(default_factory=LossPenalty)
 
@@ -142,8 +143,18 @@ class StepCapture:
         return bool(self.parts)
 
     def merged(self) -> GradStats:
-        """The statistics of the whole step (``StatisticsError`` when under 2 samples)."""
-        return merge_accumulated(self.parts, self.reduction)
+        """The statistics of the whole step (``StatisticsError`` when under 2 samples).
+
+        With a ``grad_scaler`` (enabled), divided by its current scale: the loss it scaled
+        made every gradient, and so the penalty fitted from them, that many times larger.
+        """
+        st = merge_accumulated(self.parts, self.reduction)
+        sc = self.grad_scaler
+        if sc is not None and sc.is_enabled():
+            scale = float(sc.get_scale())
+            self.penalty.gamma /= scale
+            return rescaled(st, 1.0 / scale)
+        return st
 
     @contextlib.contextmanager
     def block(self, level: str) -> Iterator[Capture]:

@@ -168,6 +168,9 @@ class NoetherMonitor:
             (required), or a writer object with ``add_scalar``/``add_histogram``.
         progress: ``None`` (a rich progress bar when stdout is a terminal), ``True``, ``False``.
         total: number of steps, for the progress bar.
+        grad_scaler: the ``torch.amp.GradScaler`` of an fp16 run (its scale multiplies every
+            gradient the hooks see; the statistics are divided by it). The integrations pass
+            it themselves.
         all_reduce: combine the statistics of all ranks; default: whether ``torch.distributed``
             is initialised.
     """
@@ -203,6 +206,7 @@ class NoetherMonitor:
         total: int | None = None,
         all_reduce: bool | None = None,
         momentum_cross: bool = True,
+        grad_scaler: Any = None,
     ) -> None:
         if int(every) != every or every < 1:
             raise ValueError(f"every={every!r} must be a positive integer (steps between records).")
@@ -300,7 +304,7 @@ class NoetherMonitor:
         self.is_writer = self.rank == 0
 
         self._step = 0
-        self._capture = StepCapture(self.model, syms, self.reduction)
+        self._capture = StepCapture(self.model, syms, self.reduction, grad_scaler)
         self._warned: set[int] = set()
         self._rows: list[dict[str, np.ndarray]] = []
         self._t0 = _now()

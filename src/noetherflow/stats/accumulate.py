@@ -31,7 +31,7 @@ import torch
 
 from noetherflow.stats.core import GradStats, Reduction, check_batch
 
-__all__ = ["merge_accumulated"]
+__all__ = ["merge_accumulated", "rescaled"]
 
 
 def merge_accumulated(
@@ -87,3 +87,21 @@ def _set_new(block: object, entry: tuple[str, object, int], value: torch.Tensor)
         d[key] = value
     else:
         d[key] = (*d.get(key, ()), value)
+
+
+def rescaled(stats: GradStats, c: float) -> GradStats:
+    """The statistics of the per-sample gradients c·g_i (in place; returns ``stats``).
+
+    ḡ and the per-sample gradients scale by c, every block's second moments by c². For a
+    loss scaled by a ``torch.amp.GradScaler`` (fp16): c = 1/scale.
+    """
+    if c == 1.0:
+        return stats
+    for p in stats.mean:
+        stats.mean[p] = stats.mean[p] * c
+    for block in stats.blocks.values():
+        for entry in block.entries():
+            block.set_entry(entry, block.get_entry(entry) * (c * c))
+    for p in stats.samples:
+        stats.samples[p] = stats.samples[p] * c
+    return stats
