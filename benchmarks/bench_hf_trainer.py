@@ -6,8 +6,9 @@ side by side: the two runs alternate (order rotated every repetition, each a fre
 the same initial weights), and the ratio of the median ``trainer.train()`` times (and of the
 fastest repetitions) is printed, and the monitor's own time in the run (the sum of its rows'
 ``monitor_time``: hooks' statistics, flows, the record) over the plain run's, which the
-load on a shared machine disturbs less than a ratio of two runs. The symmetries are found before each monitored run and
-timed apart (a one-time cost the callback otherwise pays at ``on_train_begin``). Configurations (``--configs``):
+load on a shared machine disturbs less than a ratio of two runs. The symmetries are found
+before each monitored run and timed apart (a one-time cost the callback otherwise pays at
+``on_train_begin``). Configurations (``--configs``):
 
 * ``adamw`` — the Trainer's default AdamW (a no-decay group for biases and LayerNorm
   weights): charges, the step decomposition (no SGD flows exist for AdamW);
