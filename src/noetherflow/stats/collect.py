@@ -414,6 +414,11 @@ def collect_stats(
         reduction: ``'mean'`` or ``'sum'``, how ``loss_fn`` combines the per-sample losses.
         estimator: ``'hooks'`` (fast, registered layer types), ``'reference'`` (torch.func,
             exact, any model without BatchNorm in training mode), ``'microbatch'`` (any model).
+            A sample's gradient is its share of the batch loss (times N for a mean): with
+            cross-entropy and ``ignore_index`` (padding) the batch mean is over the
+            non-ignored tokens, so a sequence with more tokens weighs more; the mean of the
+            per-sample gradients is the batch gradient for any loss, and hooks = reference
+            (:mod:`noetherflow.stats.contributions`).
         micro_batch_size: micro-batch size m of the ``'microbatch'`` estimator.
         check_finite: raise on NaN/Inf statistics.
         chunk_size: vmap chunk size of the ``'reference'`` estimator (memory bound).
