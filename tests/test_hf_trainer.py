@@ -8,6 +8,7 @@ Trainer normalises the loss by ``num_items_in_batch``: the token mean over the s
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import numpy as np
@@ -194,3 +195,31 @@ def test_trainer_adamw_with_no_decay_groups_warmup_and_accumulation(tmp_path: An
     for key in mon.keys.values():
         assert np.isfinite(h[f"charge/{key}"]).all()
         assert np.isfinite(h[f"step_drift/{key}"][1:]).all()  # the AdamW steps before rows 1, 2
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_activation_checkpointing_gives_the_same_records(reentrant: bool) -> None:
+    """``gradient_checkpointing_enable()`` recomputes the forward in the backward pass: the
+    hooks ignore the recompute (it raised "ran twice" before) and the flows are unchanged."""
+    model = gpt2().train()
+    ids = Padded().ids[:6]
+    syms = nf.find_symmetries(model, {"input_ids": ids})
+
+    def flows() -> dict[str, np.ndarray]:
+        mon = nf.NoetherMonitor(model, syms, every=1, lr=0.1, batch_size=6, distance=False)
+        model.zero_grad(set_to_none=True)
+        with mon.track():
+            loss = model(input_ids=ids, labels=ids).loss
+            loss.backward()
+        row = mon.step(loss)
+        assert row is not None
+        return {k: np.asarray(v) for k, v in row.items() if k.startswith("flow/")}
+
+    plain = flows()
+    kw = {"use_reentrant": reentrant}
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kw)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*requires_grad=True.*")  # reentrant note
+        checkpointed = flows()
+    for k, v in plain.items():
+        np.testing.assert_allclose(checkpointed[k], v, rtol=1e-12, atol=0)

@@ -209,6 +209,10 @@ class Capture:
             ) -> None:
                 if not torch.is_grad_enabled():
                     return
+                if rec.calls and _in_backward():
+                    # activation checkpointing recomputes the forward during the backward
+                    # pass; the first call's hooks already see this layer's gradient
+                    return
                 rec.calls += 1
                 if rec.calls > 1:
                     raise UnsupportedLayerError(
@@ -532,6 +536,11 @@ def _reference(
         if not (_data_dependent(exc) or inp.dtype_hint(exc) is not None):
             raise
     return per_sample_grads(model, params, loss_fn, inp, targets, chunk_size=chunk_size)
+
+
+def _in_backward() -> bool:
+    """Whether autograd is running a backward pass now (a checkpoint's recompute)."""
+    return bool(torch._C._current_graph_task_id() != -1)
 
 
 def _detached(x: Any, memo: dict[int, Tensor] | None = None) -> Any:
