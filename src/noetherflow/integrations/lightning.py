@@ -194,8 +194,9 @@ class NoetherCallback(Callback):  # type: ignore[misc,valid-type]
         if "batch_size" not in kw:
             kw["batch_size"] = _global_batch_size(trainer) * accumulate
         plugin = getattr(getattr(trainer, "strategy", None), "precision_plugin", None)
-        if getattr(plugin, "scaler", None) is not None:  # precision="16-mixed": loss scaling
-            kw.setdefault("grad_scaler", plugin.scaler)
+        scaler = getattr(plugin, "scaler", None)
+        if scaler is not None:  # precision="16-mixed": the loss is scaled
+            kw.setdefault("grad_scaler", scaler)
         log = self.log_to_lightning
         loggers = list(getattr(trainer, "loggers", None) or [])
         to_lightning = bool(log or (log is None and loggers))
