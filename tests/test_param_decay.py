@@ -236,37 +236,45 @@ def test_rotation_fixed_point_against_brute_force_root() -> None:
     assert _rel(g @ g.T, brute @ brute.T) < 1e-8
 
 
-def test_long_sgd_matches_the_mixed_equilibrium() -> None:
+@pytest.mark.parametrize("beta", [0.0, 0.5])
+def test_long_sgd_matches_the_mixed_equilibrium(beta: float) -> None:
     """Time-averaged charge of a long float64 SGD run with a no-decay bias vs the solver.
 
     Model y = u·relu(w x + b) on data with label noise; w, u decayed (γ = 0.01), the bias b
-    not. The tolerance, fixed before running: 5% of the scale w² + b² + u² at the end. The
-    solver's discrete equilibrium at the run's end predicts the time average of
-    C = w² + b² − u² over the second half (5·10⁴ of 10⁵ steps of S = 4 from N = 64; measured
-    1.8% of the scale apart); one γ for all parameters predicts a value more than 5% off (it
-    misses by ~35%), so the test tells the two apart.
+    not; plain SGD (β = 0) and PyTorch's heavy ball (β = 0.5, the buffer's displacement at
+    the end passed as ``displacement=``). The tolerance, fixed before running: 5% of the
+    scale w² + b² + u² at the end. The solver's discrete equilibrium at the run's end
+    predicts the time average of C = w² + b² − u² over the second half (5·10⁴ of 10⁵ steps
+    of S = 4 from N = 64; measured 1.8% (β = 0) and 0.2% (β = 0.5) of the scale apart); one
+    γ for all parameters predicts a value more than 5% off (it misses by ~30%), so the test
+    tells the two apart.
     """
     rng = np.random.default_rng(0)
     n, s, eta, gam = 64, 4, 0.05, 0.01
     x = rng.uniform(0.5, 1.5, n)
     y = 0.8 * x + 0.6 + 0.3 * rng.standard_normal(n)
-    w, b, u = 1.5, 0.2, 0.4
+    theta = np.array([1.5, 0.2, 0.4])  # w, b, u
+    decay = np.array([gam, 0.0, gam])
+    buf = None
     steps, cs = 100_000, []
     for t in range(steps):
         i = rng.integers(0, n, s)
+        w, b, u = theta
         h = w * x[i] + b
         r = u * h - y[i]  # ½ mean r² per batch, h > 0 throughout (checked below)
-        gu, gh = np.mean(r * h), r * u
-        gw, gb = np.mean(gh * x[i]), np.mean(gh)
-        w, b, u = w - eta * (gw + 2 * gam * w), b - eta * gb, u - eta * (gu + 2 * gam * u)
+        grad = np.array([np.mean(r * u * x[i]), np.mean(r * u), np.mean(r * h)])
+        d = grad + 2 * decay * theta
+        buf = d if buf is None else beta * buf + d  # torch.optim.SGD, dampening 0
+        theta = theta - eta * buf
         if t >= steps // 2:
-            cs.append(w * w + b * b - u * u)
-    assert min(w * x.min() + b, 0.0) == 0.0
+            cs.append(theta[0] ** 2 + theta[1] ** 2 - theta[2] ** 2)
+    w, b, u = theta
+    assert w * x.min() + b > 0
     net = nn.Sequential(nn.Linear(1, 1), nn.ReLU(), nn.Linear(1, 1, bias=False)).to(DT)
+    ps = (net[0].weight, net[0].bias, net[2].weight)
     with torch.no_grad():
-        net[0].weight.fill_(w)
-        net[0].bias.fill_(b)
-        net[2].weight.fill_(u)
+        for p, v in zip(ps, theta, strict=True):
+            p.fill_(float(v))
     syms = nf.SymmetrySet([nf.Rescaling(net[0], net[2])])
     xt, yt = torch.as_tensor(x)[:, None], torch.as_tensor(y)[:, None]
 
@@ -274,8 +282,12 @@ def test_long_sgd_matches_the_mixed_equilibrium() -> None:
         return 0.5 * ((out - tgt) ** 2).mean()
 
     st = nf.collect_stats(net, syms, loss, xt, yt)
-    dec = {net[0].weight: gam, net[0].bias: 0.0, net[2].weight: gam}
-    kw = {"lr": eta, "batch_size": s, "time": "discrete"}
+    dec = dict(zip(ps, decay.tolist(), strict=True))
+    kw: dict = {"lr": eta, "batch_size": s, "time": "discrete", "momentum": beta}
+    if beta:
+        kw["displacement"] = {
+            p: torch.full_like(p, -eta * float(v)) for p, v in zip(ps, buf, strict=True)
+        }
 
     def predicted(decay: object) -> float:
         sol = nf.solve_equilibrium(syms, st, weight_decay=decay, **kw)
@@ -287,6 +299,53 @@ def test_long_sgd_matches_the_mixed_equilibrium() -> None:
     scale = w * w + b * b + u * u
     assert abs(predicted(dec) - avg) < 0.05 * scale
     assert abs(predicted(gam) - avg) > 0.05 * scale
+
+
+@pytest.mark.parametrize("dampening", [0.0, 0.3])
+@pytest.mark.parametrize("beta", [0.0, 0.5, 0.9])
+def test_heavy_ball_decay_cross_coefficient(beta: float, dampening: float) -> None:
+    """PD9 against the 3 × 3 maps: per γ-class, the stationary combination of (C, B, E).
+
+    A class of coordinates with one γ follows eq. (2) of optim.momentum plus X_c = θ_cᵀA_cg_c
+    with the vector (2pr, pu + rs, 2su). The row ℓ with ℓ(I − T) = (κ_eff, 0, 0) and
+    ℓ·𝐠 = η_eff² gives the class's weights of H and X: c_cross and, up to the constant
+    −2e/(1 − β) that cancels across classes (Σ_c X_c = 0), cross·γ.
+    """
+    from noetherflow.optim.momentum import MomentumStep, moment_map
+
+    eta, s = 0.1, 8
+    for gam in (0.003, 0.02, 0.2):
+        st = MomentumStep.create(lr=eta, momentum=beta, weight_decay=gam, dampening=dampening)
+        tmat, gvec, hvec = moment_map(st)
+        p, r, s_, u = st.p, st.r, st.s, st.u
+        xvec = torch.tensor([2 * p * r, p * u + r * s_, 2 * s_ * u], dtype=DT)
+        row = torch.linalg.solve(
+            (torch.eye(3, dtype=DT) - tmat).T, torch.tensor([1.0, 0, 0], dtype=DT)
+        )
+        e = eta * (1 - dampening) if beta else eta
+        scale = (e / (1 - beta)) ** 2 / float(row @ gvec)
+        nm = nf.NoiseModel.create(
+            lr=eta,
+            batch_size=s,
+            weight_decay=gam,
+            time="discrete",
+            momentum=beta,
+            dampening=dampening,
+        )
+        assert abs(scale - nm.kappa) < 1e-12 * nm.kappa
+        assert abs(scale * float(row @ hvec) - nm.c_cross) < 1e-12 * max(abs(nm.c_cross), 1e-30)
+        a, b2 = nn.Parameter(torch.zeros(1)), nn.Parameter(torch.zeros(1))
+        mixed = nf.NoiseModel.create(
+            lr=eta,
+            batch_size=s,
+            weight_decay={a: gam, b2: 0.0},
+            time="discrete",
+            momentum=beta,
+            dampening=dampening,
+        )
+        cross = mixed.mixed_terms([a, b2]).cross
+        want = scale * float(row @ xvec) + 2 * e / (1 - beta)
+        assert abs(cross * gam - want) < 1e-10 * abs(want)
 
 
 def test_bad_mappings_say_what_to_pass() -> None:
@@ -313,10 +372,17 @@ def test_bad_mappings_say_what_to_pass() -> None:
         nf.solve_equilibrium(
             syms, st, weight_decay=nf.ParamDecay(dict.fromkeys(other.parameters(), 0.1), 0.0), **kw
         )
-    with pytest.raises(ValueError, match=r"momentum.*one γ per symmetry"):
-        nf.noether_flow(syms, st, weight_decay=dec, momentum=0.9, time="discrete", **kw)
-    # continuous time with momentum is the SGF limit: per-parameter decay is fine there
+    with pytest.raises(ValueError, match=r"Nesterov momentum.*does not split by γ"):
+        nf.noether_flow(
+            syms, st, weight_decay=dec, momentum=0.9, nesterov=True, time="discrete", **kw
+        )
+    # the heavy ball and continuous time (the SGF limit) take per-parameter decay
+    nf.noether_flow(syms, st, weight_decay=dec, momentum=0.9, time="discrete", **kw)
     nf.noether_flow(syms, st, weight_decay=dec, momentum=0.9, time="continuous", **kw)
+    dm, dsyms, ddec, dx = build("dense")
+    dst = nf.collect_stats(dm, dsyms, LOSS, dx, targets(dm, dx))
+    with pytest.raises(ValueError, match=r"a generator that mixes them"):
+        nf.noether_flow(dsyms, dst, weight_decay=ddec, momentum=0.5, time="discrete", **kw)
 
 
 def _groups(m: nn.Module, opt_cls: type, **kw: object) -> torch.optim.Optimizer:
@@ -371,8 +437,8 @@ def test_mixed_groups_still_refused_for_lr_and_momentum() -> None:
     opt = torch.optim.SGD([{"params": decay, "lr": 0.1}, {"params": rest, "lr": 0.2}], lr=0.1)
     with pytest.raises(ValueError, match="lr, momentum, nesterov or dampening"):
         nf.NoetherMonitor(m, syms, optimizer=opt, batch_size=8)
-    opt = _groups(m, torch.optim.SGD, lr=LR, momentum=0.9)
-    with pytest.raises(ValueError, match="one γ per symmetry"):
+    opt = _groups(m, torch.optim.SGD, lr=LR, momentum=0.9, nesterov=True)
+    with pytest.raises(ValueError, match="Nesterov momentum"):
         nf.NoetherMonitor(m, syms, optimizer=opt, batch_size=8, time="discrete")
 
 

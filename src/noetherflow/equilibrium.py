@@ -100,7 +100,8 @@ class EquilibriumSolution:
             charge's shape — that the solution puts the model at
             (:func:`noetherflow.optim.stationary_terms`, with H* = vᵀA∇L of the displacement
             moved along with θ; 0 without one). NaN where the equilibrium is at infinity (the
-            generators of a diagonal report, a whole rotation). Empty otherwise.
+            generators of a diagonal report, a whole rotation). Empty otherwise; a symmetry
+            whose parameters have different γ (per-parameter decay) is left out.
         eps_tolerance: the tolerance on the relative output change that the scale
             invariances before normalisations were kept within
             (:func:`noetherflow.solve_within_eps`, :func:`noetherflow.clip_to_eps`); None: not

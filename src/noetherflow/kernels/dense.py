@@ -133,7 +133,7 @@ def _solve_mixed(
     through 0) nearest to λ = 0 is refined by Brent's method; no stable zero: at infinity
     in the direction the flow pushes at the far end. Returns what :func:`_solve_dense` does.
     """
-    mix = nm.mixed_terms(s.params, "solve_equilibrium")
+    mix = nm.mixed_terms(s.params, "solve_equilibrium", commuting=False)
     mu, q = s.eigvals.cpu().to(torch.float64), s.eigvecs.cpu().to(torch.float64)
     a = s.A.cpu().to(torch.float64)
     th = q.T @ s.flat(values).cpu()
@@ -183,7 +183,7 @@ class DenseKernel(Kernel[DenseSymmetry, DenseStats]):
     @override
     def mixed_flow(self, s: DenseSymmetry, stats: GradStats, nm: NoiseModel) -> Tensor:
         """The flow with γ per parameter: Γ need not commute with A (eqs. PD1–PD2)."""
-        mix = nm.mixed_terms(s.params, "noether_flow")
+        mix = nm.mixed_terms(s.params, "noether_flow", commuting=False)
         theta = s.flat({p: p.detach() for p in s.params})
         gbar = s.flat(stats.mean)
         gam = _gamma_vec(s, mix.gamma).to(theta.device)

@@ -144,9 +144,9 @@ class NoiseModel:
         ``weight_decay`` is one γ for every parameter, or a mapping ``nn.Parameter`` → γ (or a
         :class:`~noetherflow.ParamDecay`, which may give a default) for per-parameter decay,
         e.g. a no-decay group of biases and norm weights (docs/concepts/flow.md, eqs.
-        PD1–PD4). A parameter a symmetry acts on must then be in the mapping unless a default
-        is given. Discrete time with momentum β > 0 needs one γ per symmetry (the (C, B, E)
-        map does not close otherwise); continuous time takes any mapping.
+        PD1–PD9). A parameter a symmetry acts on must then be in the mapping unless a default
+        is given. Discrete time with Nesterov momentum needs one γ per symmetry (its (C, B, E)
+        map does not split by γ); the heavy ball and continuous time take any mapping.
 
         ``momentum=β > 0`` (PyTorch's ``SGD(momentum=β, dampening=d, nesterov=...)``) gives
         the effective coefficients of :func:`noetherflow.optim.momentum_noise`: discrete time
@@ -249,30 +249,43 @@ class NoiseModel:
         subs = {id(self.at(p)): self.at(p) for p in params}
         return next(iter(subs.values())) if len(subs) == 1 else None
 
-    def mixed_terms(self, params: Iterable[nn.Parameter], who: str = "") -> MixedDecay:
-        """κ_p, γ_p and the noise coefficients of parameters with different γ (eqs. PD1–PD4).
+    def mixed_terms(
+        self, params: Iterable[nn.Parameter], who: str = "", *, commuting: bool = True
+    ) -> MixedDecay:
+        """κ_p, γ_p and the noise coefficients of parameters with different γ (eqs. PD1–PD9).
 
-        Raises ``ValueError`` for discrete time with momentum (the (C, B, E) map of SGD with
-        momentum does not close when Γ is not a multiple of the identity on a symmetry).
+        ``commuting``: whether the family's generators commute with Γ. Discrete time with
+        heavy-ball momentum (any dampening) is covered there (eq. PD9); Nesterov momentum,
+        and momentum on a family whose generators do not commute with Γ, raise
+        ``ValueError`` (their (C, B, E) maps do not split by γ).
         """
         ps = list(params)
         subs = [self.at(p) for p in ps]
-        if self.time is TimeModel.DISCRETE and (self.momentum or self.nesterov):
+        momentum = bool(self.momentum) or bool(self.nesterov)
+        discrete = self.time is TimeModel.DISCRETE
+        if discrete and momentum and (self.nesterov or not commuting):
+            why = "Nesterov momentum" if self.nesterov else "a generator that mixes them"
             raise ValueError(
                 f"{who or 'NoiseModel'}: discrete time with momentum β={self.momentum} and "
                 f"parameters of one symmetry with different weight decay "
-                f"{sorted({float(m.weight_decay or 0.0) for m in subs})}: the exact (C, B, E) "
-                "map of SGD with momentum needs one γ per symmetry. Use time='continuous' "
-                "(exact in the η → 0 limit), or one weight decay for the parameters of each "
-                "symmetry."
+                f"{sorted({float(m.weight_decay or 0.0) for m in subs})}: with {why} the "
+                "(C, B, E) map of SGD with momentum does not split by γ, so there is no "
+                "exact flow. Use time='continuous' (exact in the η → 0 limit), heavy-ball "
+                "momentum, or one weight decay for the parameters of each symmetry."
             )
         base = subs[0]
-        # continuous time and plain SGD: the noise coefficients do not depend on γ
+        # continuous time, plain SGD and the heavy ball: the noise coefficients do not
+        # depend on γ (c_cross = −2βη(1 − d)/(1 − β)² for the heavy ball)
         assert all(
             (m.c_mean, m.c_second, m.c_cross) == (base.c_mean, base.c_second, base.c_cross)
             for m in subs
         )
-        cross = 4 * self.lr**2 if self.time is TimeModel.DISCRETE and self.lr else 0.0
+        cross = 0.0
+        if discrete and self.lr:
+            # eq. PD9: 4e²/((1 − β)²(1 + β)), e = η(1 − d); β = 0: 4η² (eq. PD4)
+            beta = float(self.momentum or 0.0)
+            e = self.lr * (1 - float(self.dampening or 0.0)) if beta else self.lr
+            cross = 4 * e**2 / ((1 - beta) ** 2 * (1 + beta))
         return MixedDecay(
             noise=base,
             kappa={p: m.kappa for p, m in zip(ps, subs, strict=True)},
@@ -427,7 +440,9 @@ class MixedDecay:
     Attributes:
         noise: a model with the (γ-independent) noise coefficients c_mean, c_second, c_cross.
         kappa, gamma: κ_p and γ_p per parameter of the symmetry.
-        cross: the weight of Q(Γθ, ∇L) in the flow: 4η² in discrete time (eq. PD2), else 0.
+        cross: the weight of Q(Γθ, ∇L) in the flow: 4η² in discrete time (eq. PD4), with
+            heavy-ball momentum 4e²/((1 − β)²(1 + β)), e = η(1 − d) (eq. PD9); 0 in
+            continuous time.
     """
 
     noise: NoiseModel
@@ -492,10 +507,12 @@ def check_decay(nm: NoiseModel, syms: Any, who: str) -> None:
     """Every parameter of ``syms`` has a γ, and the mixed ones an exact flow (else raise)."""
     if nm.decay is None:
         return
+    from noetherflow.kernels.base import kernel_for
+
     nm.decay.check_covers(syms.params(), who)
     for s in syms:
-        if nm.uniform(s.params) is None:
-            nm.mixed_terms(s.params, who)  # raises where the time model has no mixed flow
+        if nm.uniform(s.params) is None:  # raises where the time model has no mixed flow
+            nm.mixed_terms(s.params, who, commuting=kernel_for(s).decay_commutes)
 
 
 def cross_displacement(stats: Any, nm: NoiseModel, p: Any) -> Tensor | None:
