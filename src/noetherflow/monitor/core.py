@@ -122,12 +122,15 @@ class NoetherMonitor:
             momentum; with it the flows and distances include the cross term of its buffers)
             gets flows and distances; ``Adam``/``AdamW`` get charges, the step
             decomposition and, for AdamW on scale-invariant symmetries, the random-walk
-            prediction ``adamw_charge/*`` (their update is not an SGD step: no flow or
-            distance, said once when the monitor is built). With any optimizer the exact
-            decomposition of the step before each record is recorded (``step_*``,
-            :attr:`last_step`). SGD param groups that differ in weight decay only (no-decay
-            groups) give γ per parameter (docs/concepts/flow.md); ``weight_decay`` by hand
-            may be such a mapping too. The row's ``weight_decay`` is then the largest γ.
+            prediction ``adamw_charge/*`` and the distance to it ``adamw_distance/*`` (their
+            update is not an SGD step: no flow or distance, said once when the monitor is
+            built). An lr of 0 (a warmup from 0) gives rows with flows and distances NaN
+            and ``undefined`` = 1 (:data:`~noetherflow.monitor.schema.UNDEFINED`). With any
+            optimizer the exact decomposition of the step before each record is recorded
+            (``step_*``, :attr:`last_step`). SGD param groups that differ in weight decay
+            only (no-decay groups) give γ per parameter (docs/concepts/flow.md);
+            ``weight_decay`` by hand may be such a mapping too. The row's ``weight_decay`` is
+            then the largest γ.
         reduction: whether the training loss is the batch ``"mean"`` or ``"sum"``.
         log_dir: directory for ``history.csv``/``history.jsonl``/``monitor.json`` (and
             TensorBoard); ``None`` keeps the history in memory only. Existing history files
