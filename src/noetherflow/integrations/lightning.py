@@ -118,10 +118,13 @@ class NoetherCallback(Callback):  # type: ignore[misc,valid-type]
 
     What the monitor needs is read from the trainer at ``on_train_start`` unless given:
 
-    * η and γ from the trainer's optimizer (``trainer.optimizers``, exactly one; plain SGD,
-      re-read at every record so schedulers are followed; γ = SGD weight_decay / 2);
-    * the batch size S from the training ``DataLoader`` (``batch_size`` × ``world_size``, the
-      global batch of one optimizer step); a clear error when it cannot be read.
+    * η and γ from the trainer's optimizer (``trainer.optimizers``, exactly one; re-read at
+      every record so schedulers are followed; γ = SGD weight_decay / 2; any optimizer the
+      monitor takes: SGD with or without momentum, Adam, AdamW);
+    * the batch size S from the training ``DataLoader`` (``batch_size`` × ``world_size`` ×
+      ``accumulate_grad_batches``, the global batch of one optimizer step); a clear error
+      when it cannot be read;
+    * the GradScaler of ``precision="16-mixed"``, whose scale is divided out.
 
     The monitor's own progress bar is off while Lightning shows one (two rich live displays
     break the terminal at teardown); records go to every ``trainer.loggers`` as flat scalars
