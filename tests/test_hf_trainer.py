@@ -223,3 +223,34 @@ def test_activation_checkpointing_gives_the_same_records(reentrant: bool) -> Non
         checkpointed = flows()
     for k, v in plain.items():
         np.testing.assert_allclose(checkpointed[k], v, rtol=1e-12, atol=0)
+
+
+def test_attach_hands_the_records_to_the_reporters(tmp_path: Any) -> None:
+    """The Trainer calls its reporters before the callbacks given to it; after
+    ``cb.attach(trainer)`` a reporter's ``on_log`` carries the record of that step."""
+
+    class Reporter(T.TrainerCallback):  # type: ignore[misc]
+        def __init__(self) -> None:
+            self.logs: list[dict[str, float]] = []
+
+        def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kw: Any) -> None:
+            self.logs.append(dict(logs))
+
+    rep = Reporter()
+    cb = NoetherTrainerCallback(every=1, distance=False)
+    args = T.TrainingArguments(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=4,
+        max_steps=2,
+        learning_rate=0.05,
+        optim="sgd",
+        logging_steps=1,
+        report_to=[],
+        save_strategy="no",
+        use_cpu=True,
+    )
+    trainer = T.Trainer(model=gpt2(), args=args, train_dataset=Padded(), callbacks=[rep, cb])
+    cb.attach(trainer)
+    trainer.train()
+    steps = [e for e in rep.logs if "noether/lr" in e]
+    assert len(steps) == 2 and all(e["noether/lr"] == e["learning_rate"] for e in steps)
