@@ -53,3 +53,16 @@ def test_bench_monitor_tiny_runs() -> None:
     spec.loader.exec_module(mod)
     argv = ["--tiny", "--every", "2", "--steps", "20", "--blocks", "1", "--max-ratio", "1e9"]
     assert mod.main([*argv, "--configs", "default,no-distance,solve,every-record"]) == 0
+
+
+def test_bench_hf_trainer_tiny_runs() -> None:
+    """benchmarks/bench_hf_trainer.py at toy sizes: finite positive ratios (no timing claim)."""
+    pytest.importorskip("transformers")
+    path = SCRIPT.parent / "bench_hf_trainer.py"
+    spec = importlib.util.spec_from_file_location("bench_hf_trainer", path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    res = mod.main(["--tiny", "--reps", "1", "--steps", "2", "--every", "1"])
+    assert set(res) == {"adamw", "sgd"}
+    assert all(math.isfinite(r["ratio"]) and r["ratio"] > 0 for r in res.values())

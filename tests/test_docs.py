@@ -8,7 +8,9 @@ generated from one quick experiment (fig1), so the repository is left untouched.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import io
 import os
 import re
 import runpy
@@ -50,14 +52,16 @@ def _run(cmd: list[str], cwd: Path, timeout: float) -> subprocess.CompletedProce
 
 
 def test_every_tutorial_has_a_page() -> None:
-    assert len(TUTORIALS) == 5, TUTORIALS
+    assert len(TUTORIALS) == 6, TUTORIALS
     pages = "\n".join(p.read_text(encoding="utf-8") for p in (DOCS / "tutorials").glob("*.md"))
     for script in TUTORIALS:
         assert f'--8<-- "docs/tutorials/{script}"' in pages, f"no page includes {script}"
 
 
 @pytest.mark.parametrize("script", TUTORIALS)
-def test_tutorial_runs_tiny(script: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_tutorial_runs_tiny(
+    script: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     """Each script as ``python docs/tutorials/<script> --tiny``; its final asserts must hold.
 
     In-process (runpy, under pytest's warnings-as-errors) to save a torch import each; the
@@ -69,6 +73,24 @@ def test_tutorial_runs_tiny(script: str, monkeypatch: pytest.MonkeyPatch) -> Non
         return
     monkeypatch.setattr(sys, "argv", [str(path), "--tiny"])
     runpy.run_path(str(path), run_name="__main__")
+    printed = capsys.readouterr().out
+    assert printed.strip(), f"{script} printed nothing"
+    assert not re.search(r"\bnan\b", printed, re.I), f"{script} printed NaN:\n{printed}"
+    shown = _documented_output(script)
+    lines = [ln.strip() for ln in printed.splitlines() if ln.strip()]
+    for want in shown:  # the page's "With `--tiny` it prints" block, line by line, in order
+        assert want in lines, f"{script}: the page shows {want!r}, the run printed:\n{printed}"
+        lines = lines[lines.index(want) + 1 :]
+
+
+def _documented_output(script: str) -> list[str]:
+    """The lines of the ```text block after "With `--tiny` it prints" on the script's page."""
+    for page in (DOCS / "tutorials").glob("*.md"):
+        text = page.read_text(encoding="utf-8")
+        if f'--8<-- "docs/tutorials/{script}"' in text:
+            m = re.search(r"With `--tiny` it prints\s*```text\n(.*?)```", text, re.S)
+            return [ln.strip() for ln in m.group(1).splitlines() if ln.strip()] if m else []
+    return []
 
 
 def test_tutorials_import_nothing_private() -> None:
@@ -154,14 +176,17 @@ def test_results_page_placeholder_and_conversion(tmp_path: Path) -> None:
 
 
 def test_getting_started_tour_runs() -> None:
-    """The python blocks of getting-started.md, in order; the training loop cut to 10 steps."""
+    """The python blocks of getting-started.md, in order; the loop cut to 20 steps (two records)."""
     text = (DOCS / "getting-started.md").read_text(encoding="utf-8")
     code = "\n".join(re.findall(r"```python\n(.*?)```", text, re.S))
     assert "range(200)" in code and 'log_dir="runs/tour"' in code
-    code = code.replace("range(200)", "range(10)").replace('log_dir="runs/tour"', "log_dir=None")
+    code = code.replace("range(200)", "range(20)").replace('log_dir="runs/tour"', "log_dir=None")
     ns: dict[str, object] = {}
-    exec(compile(code, "getting-started.md", "exec"), ns)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(code, "getting-started.md", "exec"), ns)
     assert float(ns["handle"].solution.max_distance()) > 0  # type: ignore[attr-defined]
+    assert not re.search(r"\bnan\b", out.getvalue(), re.I), out.getvalue()  # issue #31
 
 
 def test_mkdocs_build_strict(tmp_path: Path) -> None:

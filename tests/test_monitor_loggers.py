@@ -183,3 +183,46 @@ def test_readme_monitor_snippet_runs_and_closes(
     assert mon.history["weight_decay"].tolist() == [1e-4, 1e-4]
     assert (tmp_path / "runs/x/monitor.png").exists()
     assert nf.load_history(tmp_path / "runs/x")["step"].tolist() == [0, 10]
+
+
+def test_wandb_and_mlflow_callbacks_pass_the_step_as_a_step() -> None:
+    """issue #31: the step is the step axis, never a metric; non-finite values left out."""
+    from noetherflow.integrations.loggers import mlflow_on_record, wandb_on_record
+
+    class Run:
+        def __init__(self) -> None:
+            self.defined: list[tuple[str, dict[str, object]]] = []
+            self.logged: list[dict[str, float]] = []
+            self.steps: list[tuple[dict[str, float], int]] = []
+
+        def define_metric(self, name: str, **kw: object) -> None:
+            self.defined.append((name, kw))
+
+        def log(self, metrics: dict[str, float]) -> None:
+            self.logged.append(metrics)
+
+        def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+            self.steps.append((metrics, step))
+
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
+    syms = nf.SymmetrySet([nf.Rescaling(m[0], m[2])])
+    mon = nf.NoetherMonitor(m, syms, every=2, lr=0.1, batch_size=16, progress=False)
+    w, f = Run(), Run()
+    mon.on_record(wandb_on_record(w))
+    mon.on_record(mlflow_on_record(f))
+    x, y = torch.randn(16, 4), torch.randint(0, 3, (16,))
+    for _ in range(4):
+        with mon.track():
+            loss = nn.functional.cross_entropy(m(x), y)
+            loss.backward()
+        mon.step(loss)
+        m.zero_grad()
+    mon.close()
+    assert ("noether/*", {"step_metric": "noether/step"}) in w.defined
+    assert [r["noether/step"] for r in w.logged] == [0, 2]
+    assert [s for _, s in f.steps] == [0, 2]
+    for metrics in [*w.logged, *(mt for mt, _ in f.steps)]:
+        assert "noether/loss" in metrics and "step" not in metrics
+        assert all(np.isfinite(v) for v in metrics.values())
+    assert all("noether/step" not in mt for mt, _ in f.steps)

@@ -220,6 +220,11 @@ def test_adamw_monitor_20_steps_and_its_prediction() -> None:
         assert abs(float(row["adamw_noise/w"].reshape(-1)[0]) - n_true) <= 1e-12 * n_true
         pred = nf.optim.adamw_equilibrium_charge(n_true, lr=lr, weight_decay=lam, beta1=0.0)
         assert abs(float(row["adamw_charge/w"].reshape(-1)[0]) - float(pred)) <= 1e-12 * float(pred)
+        # the distance to it: |λ| of e^λ·w with ‖e^λ w‖² = C* (issue #31)
+        lam_star = 0.5 * np.log(float(pred) / float(w0.square().sum()))
+        assert abs(float(row["adamw_distance/w"].reshape(-1)[0]) - abs(lam_star)) <= 1e-10 * max(
+            abs(lam_star), 1e-3
+        )
     h = mon.history
     assert h["step"].shape == (20,) and np.isfinite(h["charge/w"]).all()
     assert np.isfinite(h["step_drift/w"][1:]).all()

@@ -47,11 +47,11 @@ _LATER = (
 
 
 def _unwrap(optimizer: Any) -> Any:
-    inner = getattr(optimizer, "optimizer", None)  # TeleportingOptimizer, LightningOptimizer
-    if not isinstance(optimizer, torch.optim.Optimizer) and isinstance(
-        inner, torch.optim.Optimizer
-    ):
-        return inner
+    # TeleportingOptimizer, LightningOptimizer, accelerate's AcceleratedOptimizer (itself a
+    # torch.optim.Optimizer subclass whose param_groups are the wrapped optimizer's)
+    inner = getattr(optimizer, "optimizer", None)
+    if isinstance(inner, torch.optim.Optimizer) and inner is not optimizer:
+        return _unwrap(inner)
     return optimizer
 
 
@@ -248,6 +248,9 @@ class HyperSource:
         params: the parameters whose groups are read.
         adaptive: also accept other optimizers than ``SGD`` (then :meth:`current` gives η and
             the optimizer's own weight decay λ, and :meth:`adam` its settings).
+        zero_lr: accept η = 0 read from the optimizer or set later (a warmup from 0, a
+            schedule that reaches 0): the monitor records such steps with its flows marked
+            undefined instead of stopping training. ``lr=0`` given at construction is refused.
     """
 
     owner: str
@@ -256,6 +259,7 @@ class HyperSource:
     optimizer: torch.optim.Optimizer | None
     params: tuple[nn.Parameter, ...]
     adaptive: bool = False
+    zero_lr: bool = False
 
     @classmethod
     def create(
@@ -267,6 +271,7 @@ class HyperSource:
         optimizer: torch.optim.Optimizer | None,
         params: Iterable[nn.Parameter],
         adaptive: bool = False,
+        zero_lr: bool = False,
     ) -> HyperSource:
         """Check that exactly one source is given; read the optimizer once to fail early."""
         if optimizer is not None:
@@ -288,7 +293,16 @@ class HyperSource:
                 "read from its param groups at every record) or lr=η (and weight_decay=γ)."
             )
         adam = adaptive and is_adaptive(optimizer)
-        src = cls(owner, lr, weight_decay, optimizer, tuple(params), adam)
+        # η = 0 is a step of a schedule (an optimizer's warmup, mon.lr set later), not a
+        # learning rate to build on: refused when given by hand at construction
+        explicit_zero = optimizer is None and lr is not None and float(lr) == 0
+        src = cls(owner, lr, weight_decay, optimizer, tuple(params), adam, zero_lr)
+        if explicit_zero:
+            src.zero_lr = False
+            try:
+                src.current()
+            finally:
+                src.zero_lr = zero_lr
         src.current()
         return src
 
@@ -329,7 +343,7 @@ class HyperSource:
             dec = parse_decay(0.0 if self.weight_decay is None else self.weight_decay)
             lr = float(self.lr)
             gamma = max(dec.values(), default=0.0) if isinstance(dec, ParamDecay) else dec
-        if not (math.isfinite(lr) and lr > 0):
+        if not (math.isfinite(lr) and (lr > 0 or (self.zero_lr and lr == 0))):
             raise ValueError(f"{self.owner}: lr={lr!r} must be a positive finite learning rate η.")
         if not (math.isfinite(gamma) and gamma >= 0):
             raise ValueError(

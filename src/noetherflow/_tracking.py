@@ -45,12 +45,10 @@ def refuse_accumulation(model: nn.Module) -> Iterator[None]:
         if state["forwards"] and state["backward"]:
             raise StatisticsError(
                 "NoetherMonitor: a second forward pass ran after a backward pass inside one "
-                "`with mon.track():` — gradient accumulation. The hook statistics are those of "
-                "one forward/backward pass. Either put only the last micro-batch's "
-                "forward/backward inside mon.track() (statistics of that micro-batch, "
-                "batch_size=its size), or use estimator='microbatch' or 'reference' with "
-                "loss_fn and call mon.step(loss, inputs=X, targets=Y) with the whole "
-                "accumulated batch (statistics of the accumulated batch)."
+                "`with mon.track():` — gradient accumulation. Put each micro-batch's forward "
+                "and backward in its own `with mon.track():` block, k blocks before one "
+                "mon.step(), with NoetherMonitor(batch_size=) the whole accumulated batch: "
+                "the record is then that of the accumulated batch, exactly."
             )
         state["forwards"] += 1
 

@@ -6,7 +6,11 @@
 
 Import it explicitly (``from noetherflow.integrations.lightning import NoetherCallback``);
 ``import noetherflow`` never imports Lightning. Works with ``lightning`` (2.x) or the older
-``pytorch_lightning`` package, automatic optimisation, ``accumulate_grad_batches=1``.
+``pytorch_lightning`` package, automatic optimisation; with ``accumulate_grad_batches=k``
+each micro-batch is one ``monitor.track()`` block and the record is that of the whole
+accumulated step (batch size × k). When the trainer has a logger the records go to it at
+Lightning's own step, and the monitor opens no TensorBoard writer of its own (one stream;
+pass ``tensorboard=True`` for a second one under ``log_dir``).
 
 Example:
     >>> import torch, lightning as L
@@ -114,10 +118,13 @@ class NoetherCallback(Callback):  # type: ignore[misc,valid-type]
 
     What the monitor needs is read from the trainer at ``on_train_start`` unless given:
 
-    * η and γ from the trainer's optimizer (``trainer.optimizers``, exactly one; plain SGD,
-      re-read at every record so schedulers are followed; γ = SGD weight_decay / 2);
-    * the batch size S from the training ``DataLoader`` (``batch_size`` × ``world_size``, the
-      global batch of one optimizer step); a clear error when it cannot be read.
+    * η and γ from the trainer's optimizer (``trainer.optimizers``, exactly one; re-read at
+      every record so schedulers are followed; γ = SGD weight_decay / 2; any optimizer the
+      monitor takes: SGD with or without momentum, Adam, AdamW);
+    * the batch size S from the training ``DataLoader`` (``batch_size`` × ``world_size`` ×
+      ``accumulate_grad_batches``, the global batch of one optimizer step); a clear error
+      when it cannot be read;
+    * the GradScaler of ``precision="16-mixed"``, whose scale is divided out.
 
     The monitor's own progress bar is off while Lightning shows one (two rich live displays
     break the terminal at teardown); records go to every ``trainer.loggers`` as flat scalars
@@ -155,15 +162,18 @@ class NoetherCallback(Callback):  # type: ignore[misc,valid-type]
         self.monitor_kwargs = monitor_kwargs
         self.monitor: NoetherMonitor | None = None
         self._stack = contextlib.ExitStack()
-        self._loss: Any = None
+        self._losses: list[Any] = []
         self._batch: Any = None
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         """Build the monitor from the trainer: optimizer, global batch size, loggers."""
-        if getattr(trainer, "accumulate_grad_batches", 1) != 1:
+        accumulate = int(getattr(trainer, "accumulate_grad_batches", 1) or 1)
+        est = self.monitor_kwargs.get("estimator", "hooks")
+        if accumulate != 1 and est != "hooks":
             raise ValueError(
-                "NoetherCallback needs accumulate_grad_batches=1: the statistics are those of "
-                "one forward/backward per optimizer step."
+                f"NoetherCallback(estimator={est!r}) with accumulate_grad_batches={accumulate}: "
+                "the batch estimators see one micro-batch; use the default estimator='hooks' "
+                "(each micro-batch is captured and merged into the step's statistics)."
             )
         if not getattr(pl_module, "automatic_optimization", True):
             raise ValueError(
@@ -185,11 +195,19 @@ class NoetherCallback(Callback):  # type: ignore[misc,valid-type]
         if "lr" not in kw and "optimizer" not in kw:
             kw["optimizer"] = _the_optimizer(trainer)
         if "batch_size" not in kw:
-            kw["batch_size"] = _global_batch_size(trainer)
-        self.monitor = NoetherMonitor(pl_module, self.syms, **kw)
+            kw["batch_size"] = _global_batch_size(trainer) * accumulate
+        plugin = getattr(getattr(trainer, "strategy", None), "precision_plugin", None)
+        scaler = getattr(plugin, "scaler", None)
+        if scaler is not None:  # precision="16-mixed": the loss is scaled
+            kw.setdefault("grad_scaler", scaler)
         log = self.log_to_lightning
         loggers = list(getattr(trainer, "loggers", None) or [])
-        if log or (log is None and loggers):
+        to_lightning = bool(log or (log is None and loggers))
+        if to_lightning and loggers:
+            # one TensorBoard stream: Lightning's logger gets the records at its own step
+            kw.setdefault("tensorboard", False)
+        self.monitor = NoetherMonitor(pl_module, self.syms, **kw)
+        if to_lightning:
             if not loggers:
                 raise ValueError(
                     "NoetherCallback(log_to_lightning=True) but the trainer has no logger; pass "
@@ -203,12 +221,12 @@ class NoetherCallback(Callback):  # type: ignore[misc,valid-type]
         """Open the statistics capture for this step's forward and backward."""
         assert self.monitor is not None
         self._batch = batch
-        self._loss = None
-        self._stack.enter_context(self.monitor.track())
+        self._stack.close()
+        self._stack.enter_context(self.monitor.track())  # one block per micro-batch
 
     def on_before_backward(self, trainer: Any, pl_module: Any, loss: Any) -> None:
-        """Keep the loss for the record."""
-        self._loss = loss
+        """Keep the loss for the record (accumulation: each micro-batch's, already / k)."""
+        self._losses.append(loss)
 
     def on_after_backward(self, trainer: Any, pl_module: Any) -> None:
         """Close the statistics capture."""
@@ -225,7 +243,9 @@ class NoetherCallback(Callback):  # type: ignore[misc,valid-type]
         )
         if needs_batch and mon.due():
             x, y = self.split_batch(self._batch)
-        mon.step(self._loss, inputs=x, targets=y)
+        losses, self._losses = self._losses, []
+        loss = losses[0] if len(losses) == 1 else sum(float(v.detach()) for v in losses) or None
+        mon.step(loss, inputs=x, targets=y)
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         """Close the monitor (flushes its files)."""
@@ -271,11 +291,21 @@ def _global_batch_size(trainer: Any) -> int:
     return bs * int(getattr(trainer, "world_size", 1) or 1)
 
 
+def lightning_step(trainer: Any, default: int) -> int:
+    """The step Lightning logs ``self.log`` metrics at (its optimizer steps so far)."""
+    loop = getattr(getattr(trainer, "fit_loop", None), "epoch_loop", None)
+    step = getattr(loop, "_batches_that_stepped", None)
+    if not isinstance(step, int):
+        step = getattr(trainer, "global_step", None)
+    return step if isinstance(step, int) else default
+
+
 def _to_loggers(trainer: Any) -> Callable[[dict[str, float]], None]:
     def log(record: dict[str, float]) -> None:
         metrics = {f"noether/{k}": v for k, v in record.items() if k != "step" and math.isfinite(v)}
+        step = lightning_step(trainer, int(record["step"]))
         for lg in trainer.loggers:
-            lg.log_metrics(metrics, step=int(getattr(trainer, "global_step", record["step"])))
+            lg.log_metrics(metrics, step=step)
 
     return log
 

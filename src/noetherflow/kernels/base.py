@@ -385,9 +385,15 @@ def needs_samples(syms: SymmetrySet) -> list[nn.Parameter]:
     return syms.params() if syms.coupled_groups() else []
 
 
-def assemble(src: GradSource, syms: SymmetrySet, *, level: Level, estimator: str) -> GradStats:
-    """:class:`GradStats` of ``syms`` from a gradient source: ḡ, then one block per kernel."""
-    check_batch(src.n)
+def assemble(
+    src: GradSource, syms: SymmetrySet, *, level: Level, estimator: str, min_n: int = 2
+) -> GradStats:
+    """:class:`GradStats` of ``syms`` from a gradient source: ḡ, then one block per kernel.
+
+    ``min_n=1`` admits a single sample: a micro-batch whose statistics are merged with
+    others (:func:`noetherflow.stats.accumulate.merge_accumulated`) before Σ is used.
+    """
+    check_batch(src.n, min_n)
     st = GradStats(n=src.n, estimator=estimator)
     groups = kernels_of(syms)
     keep = needs_samples(syms)

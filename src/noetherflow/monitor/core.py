@@ -10,8 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,10 +35,18 @@ from noetherflow._history import (
 )
 from noetherflow._hyperparams import HyperSource
 from noetherflow._optimizer_state import preserved
-from noetherflow._tracking import monitor_advice, refuse_accumulation
+from noetherflow._tracking import monitor_advice
 from noetherflow.flow import charges, noether_flow
 from noetherflow.kernels.noise import NoiseModel, check_decay
+from noetherflow.monitor.accumulation import StepCapture, check_loss_reduction
 from noetherflow.monitor.distance import DistanceTracker
+from noetherflow.monitor.notices import (
+    adaptive_notice,
+    decay_with_penalty,
+    effective_decay,
+    penalty_notice,
+    undefined_notice,
+)
 from noetherflow.monitor.options import (
     DistanceMode,
     SharpnessOptions,
@@ -47,15 +54,16 @@ from noetherflow.monitor.options import (
     parse_distance_mode,
 )
 from noetherflow.monitor.rows import put_distance, put_values
-from noetherflow.monitor.schema import build_schema
+from noetherflow.monitor.schema import UNDEFINED, build_schema
 from noetherflow.monitor.steps import StepLog
 from noetherflow.optim.decompose import StepDecomposition
 from noetherflow.plotting import plot_history
-from noetherflow.stats.collect import Capture, capture, check_params_of, collect_stats
+from noetherflow.stats.collect import Capture, check_params_of, collect_stats
 from noetherflow.stats.core import (
     Estimator,
     GradStats,
     Reduction,
+    SmallBatchError,
     parse_reduction,
     with_displacement,
 )
@@ -72,6 +80,7 @@ from noetherflow.symmetry.set import SymmetrySet
 __all__ = ["NoetherMonitor"]
 
 _FORMATS = FORMATS
+_F64 = torch.float64  # a float loss is kept in double (torch.tensor would round it to float32)
 
 
 class NoetherMonitor:
@@ -114,12 +123,15 @@ class NoetherMonitor:
             momentum; with it the flows and distances include the cross term of its buffers)
             gets flows and distances; ``Adam``/``AdamW`` get charges, the step
             decomposition and, for AdamW on scale-invariant symmetries, the random-walk
-            prediction ``adamw_charge/*`` (their update is not an SGD step: no flow or
-            distance, said once when the monitor is built). With any optimizer the exact
-            decomposition of the step before each record is recorded (``step_*``,
-            :attr:`last_step`). SGD param groups that differ in weight decay only (no-decay
-            groups) give γ per parameter (docs/concepts/flow.md); ``weight_decay`` by hand
-            may be such a mapping too. The row's ``weight_decay`` is then the largest γ.
+            prediction ``adamw_charge/*`` and the distance to it ``adamw_distance/*`` (their
+            update is not an SGD step: no flow or distance, said once when the monitor is
+            built). An lr of 0 (a warmup from 0) gives rows with flows and distances NaN
+            and ``undefined`` = 1 (:data:`~noetherflow.monitor.schema.UNDEFINED`). With any
+            optimizer the exact decomposition of the step before each record is recorded
+            (``step_*``, :attr:`last_step`). SGD param groups that differ in weight decay
+            only (no-decay groups) give γ per parameter (docs/concepts/flow.md);
+            ``weight_decay`` by hand may be such a mapping too. The row's ``weight_decay`` is
+            then the largest γ.
         reduction: whether the training loss is the batch ``"mean"`` or ``"sum"``.
         log_dir: directory for ``history.csv``/``history.jsonl``/``monitor.json`` (and
             TensorBoard); ``None`` keeps the history in memory only. Existing history files
@@ -160,6 +172,9 @@ class NoetherMonitor:
             (required), or a writer object with ``add_scalar``/``add_histogram``.
         progress: ``None`` (a rich progress bar when stdout is a terminal), ``True``, ``False``.
         total: number of steps, for the progress bar.
+        grad_scaler: the ``torch.amp.GradScaler`` of an fp16 run (its scale multiplies every
+            gradient the hooks see; the statistics are divided by it). The integrations pass
+            it themselves.
         all_reduce: combine the statistics of all ranks; default: whether ``torch.distributed``
             is initialised.
     """
@@ -195,6 +210,7 @@ class NoetherMonitor:
         total: int | None = None,
         all_reduce: bool | None = None,
         momentum_cross: bool = True,
+        grad_scaler: Any = None,
     ) -> None:
         if int(every) != every or every < 1:
             raise ValueError(f"every={every!r} must be a positive integer (steps between records).")
@@ -206,14 +222,16 @@ class NoetherMonitor:
             optimizer=optimizer,
             params=syms.params(),
             adaptive=True,
+            zero_lr=True,
         )
         lr0, _ = self._hyper.current()
         self.sgd = not self._hyper.adaptive  # flows and distances need SGD's noise model
         if self.sgd:
-            # per-group weight decay: γ per parameter (checked against the symmetries here)
+            # per-group weight decay: γ per parameter (checked against the symmetries here);
+            # η = 0 (a warmup from 0) is recorded as undefined, the settings checked with η = 1
             check_decay(
                 NoiseModel.create(
-                    lr=lr0,
+                    lr=lr0 if lr0 > 0 else 1.0,
                     batch_size=batch_size,
                     weight_decay=self._hyper.decay(),
                     time=time,
@@ -291,10 +309,10 @@ class NoetherMonitor:
         self.is_writer = self.rank == 0
 
         self._step = 0
-        self._cap: Capture | None = None
+        self._capture = StepCapture(self.model, syms, self.reduction, grad_scaler)
+        self._warned: set[int] = set()
         self._rows: list[dict[str, np.ndarray]] = []
         self._t0 = _now()
-        self._warned_untracked = False
         self.keys: dict[str, str] = symmetry_keys(syms.names)
         adamw = self.sgd is False and self._hyper.kind == "adamw"
         self._steps = StepLog(
@@ -311,7 +329,7 @@ class NoetherMonitor:
             adamw=self._steps.adamw_names,
         )
         if not self.sgd:
-            _adaptive_notice(self._hyper.kind, bool(distance), self._steps.adamw_names)
+            adaptive_notice(self._hyper.kind, bool(distance), self._steps.adamw_names)
         self.log_dir = Path(log_dir) if log_dir is not None else None
         self.formats = tuple(formats)
         self._out = Outputs()
@@ -359,50 +377,21 @@ class NoetherMonitor:
         return (self._step if step is None else step) % self.every == 0
 
     def track(self) -> contextlib.AbstractContextManager[Any]:
-        """Context for the forward and backward pass of one step (hooks on record steps only).
+        """Context for one forward and backward pass (hooks on record steps only).
 
-        One forward and one backward pass: gradient accumulation (several forward/backward
-        passes inside one ``track``) is refused with an error naming it; see the docs for
-        the two ways to monitor an accumulating loop.
+        Gradient accumulation: one ``with mon.track():`` per micro-batch, k of them before
+        one :meth:`step` (the loop backpropagating ``loss_j / k``); the record is that of the
+        whole accumulated batch (:mod:`noetherflow.monitor.accumulation`; pass
+        ``batch_size`` = the accumulated batch). Several forward/backward passes inside one
+        ``track`` are refused with an error naming it.
         """
         if not self.due() or self.estimator is not Estimator.HOOKS or not self.sgd:
             return contextlib.nullcontext()
-        return self._tracking()
+        return self._capture.block(self._level())
 
     def _level(self) -> str:
         # Per-coordinate statistics only when the solver runs at this step; flows need less.
         return self._level_at(self._step)
-
-    @contextlib.contextmanager
-    def _tracking(self) -> Iterator[Capture]:
-        with (
-            monitor_advice(),
-            refuse_accumulation(self.model),
-            capture(
-                self.model,
-                self.syms,
-                reduction=self.reduction,
-                check_finite=False,
-                all_reduce=False,
-                level=self._level(),
-            ) as cap,
-        ):
-            # When every .grad is empty before the backward, afterwards it holds exactly this
-            # batch's mean gradient, so the capture need not recompute it (one matmul per
-            # layer). Not under DDP: its averaged .grad weights ranks equally.
-            params = self.syms.params()
-            fresh = (
-                self.reduction is Reduction.MEAN
-                and not is_distributed()
-                and all(p.grad is None for p in params)
-            )
-            yield cap
-            if fresh:  # a copy: clipping .grad before mon.step() must not change the record
-                cap.use_mean_gradients(
-                    {p: p.grad.detach().clone() for p in params if p.grad is not None},
-                    check=False,
-                )
-        self._cap = cap
 
     def step(
         self,
@@ -421,11 +410,14 @@ class NoetherMonitor:
         self._step += 1
         row = None
         if self.due(i):
-            row = self._record(i, loss, inputs, targets)
+            try:
+                row = self._record(i, loss, inputs, targets)
+            finally:
+                self._capture.reset()
             self._rows.append(row)
             if self.is_writer:
                 self._write(row)
-        self._cap = None
+        self._capture.reset()
         if self._progress is not None:
             self._progress.advance(row)
         return row
@@ -435,38 +427,35 @@ class NoetherMonitor:
         t_start = _now()
         row = {k: np.full(shape, np.nan) for k, shape in self.schema.items()}
         row["step"] = np.asarray(i, dtype=np.int64)
-        stats: GradStats | None = None
+        stats, undefined = self._step_stats(i, inputs, targets)
         n_local = 1
-        if not self.sgd:
-            pass  # Adam/AdamW: no noise model, so no statistics are needed
-        elif self.estimator is not Estimator.HOOKS:
-            stats = self._batch_stats(inputs, targets)
-        elif self._cap is not None:
-            stats = self._cap.stats
         if stats is not None:
             n_local = stats.n
             if self.all_reduce:
                 all_reduce_stats(stats)
-        elif self.sgd and not self._warned_untracked:
-            self._warned_untracked = True
-            warnings.warn(
-                f"NoetherMonitor: step {i} is a record step but no forward/backward ran inside "
-                "`with mon.track():`; only loss and charges are recorded. Wrap the forward and "
-                "backward of every step in mon.track().",
-                RuntimeWarning,
-                stacklevel=3,
-            )
+            if self.estimator is Estimator.HOOKS:
+                check_loss_reduction(loss, self.reduction, n_local, "NoetherMonitor")
         if loss is not None:
-            lt = loss.detach() if isinstance(loss, Tensor) else torch.tensor(float(loss))
+            lt = (
+                loss.detach() if isinstance(loss, Tensor) else torch.tensor(float(loss), dtype=_F64)
+            )
             if self.all_reduce:
                 lt = all_reduce_mean(lt.to(torch.float64), n_local)
             row["loss"] = np.asarray(float(lt))
 
         lr, gamma = self._hyper.current()
+        gamma = self._with_penalty(gamma)
         row["lr"], row["weight_decay"] = np.asarray(lr), np.asarray(gamma)
         ch = charges(self.syms)
         put_values(row, "charge", ch, self.syms, self.keys, self.schema)
         self._steps.put(row, self.schema)
+        if stats is not None and not undefined:
+            undefined = 1 if lr == 0 else (0 if stats.all_finite() else 3)
+        if self.sgd:
+            row["undefined"] = np.asarray(float(undefined))
+            if undefined:
+                self._warn_undefined(i, undefined)
+                stats = None
         if stats is not None:
             # SGD with momentum: the buffers give the cross term c_cross·vᵀA∇L
             noise = self._noise_kwargs(lr, gamma)
@@ -476,8 +465,7 @@ class NoetherMonitor:
             )
             fl = noether_flow(self.syms, stats, NoiseModel.create(**noise), charges=ch)
             put_values(row, "flow", fl, self.syms, self.keys, self.schema)
-            if self.distance and i % self.distance_every == 0 and stats.all_finite():
-                # (NaN statistics, a divergence: the distances stay NaN)
+            if self.distance and i % self.distance_every == 0:
                 res = self._distance.measure(
                     i, stats, NoiseModel.create(**noise), (lr, gamma), **noise
                 )
@@ -489,8 +477,38 @@ class NoetherMonitor:
         row["monitor_time"] = np.asarray(_now() - t_start)
         return row
 
+    def _step_stats(self, i: int, inputs: Any, targets: Any) -> tuple[GradStats | None, int]:
+        """The statistics of this step and, when there are none, the ``undefined`` code."""
+        if not self.sgd:
+            return None, 0  # Adam/AdamW: no noise model, so no statistics are needed
+        try:
+            if self.estimator is not Estimator.HOOKS:
+                return self._batch_stats(inputs, targets), 0
+            if self._capture.tracked:
+                return self._capture.merged(), 0
+        except SmallBatchError:
+            return None, 2
+        return None, 4
+
+    def _with_penalty(self, gamma: float) -> float:
+        """γ plus an L2 penalty found in the loss of this step (see ``.accumulation``)."""
+        found = self._capture.penalty.gamma
+        if found and -1 not in self._warned:
+            self._warned.add(-1)
+            penalty_notice(found, self._hyper.from_optimizer, gamma)
+        return effective_decay(found, gamma, self._hyper.from_optimizer)
+
+    def _warn_undefined(self, i: int, code: int) -> None:
+        if code not in self._warned:  # one warning per reason
+            self._warned.add(code)
+            undefined_notice(i, code)
+
     def _batch_stats(self, inputs: Any, targets: Any) -> GradStats:
-        """Statistics of the given batch with a non-hook estimator (``.grad``, buffers kept)."""
+        """Statistics of the given batch with a non-hook estimator (``.grad``, buffers kept).
+
+        The global random state is restored afterwards: the estimator's own forward passes
+        (dropout) must not change the masks of the training run.
+        """
         if inputs is None:  # targets may be None: labels inside a dict of keyword inputs
             raise ValueError(
                 f"NoetherMonitor(estimator={self.estimator.value!r}) computes the statistics "
@@ -498,7 +516,8 @@ class NoetherMonitor:
                 "is a record step)."
             )
         assert self.loss_fn is not None
-        with preserved(unwrap_ddp(self.model)):
+        devices = sorted({p.device.index or 0 for p in self.syms.params() if p.is_cuda})
+        with preserved(unwrap_ddp(self.model)), torch.random.fork_rng(devices=devices):
             return collect_stats(
                 self.model,
                 self.syms,
@@ -517,10 +536,12 @@ class NoetherMonitor:
         return "solve" if self.distance and i % self.distance_every == 0 else "neuron"
 
     def _noise_kwargs(self, lr: float, gamma: float) -> dict[str, Any]:
+        """The noise model's keywords; ``gamma``: the one γ with any L2 penalty of the loss."""
+        decay = decay_with_penalty(self._hyper.decay(), gamma, self._capture.penalty.gamma)
         return {
             "lr": lr,
             "batch_size": self.batch_size,
-            "weight_decay": self._hyper.decay(),  # γ per parameter where groups differ
+            "weight_decay": decay,
             "time": self.time,
             **self._hyper.momentum_kwargs(),
         }
@@ -579,6 +600,7 @@ class NoetherMonitor:
             "distance_mode": self._distance.mode.value if self.distance else None,
             "solve_every": self.solve_every if self.distance else None,
             "schema": {k: list(v) for k, v in self.schema.items()},
+            "undefined_codes": {str(k): v for k, v in UNDEFINED.items()},
             "world_size": torch.distributed.get_world_size() if is_distributed() else 1,
         }
         write_meta(self.log_dir, meta)
@@ -672,22 +694,3 @@ class NoetherMonitor:
 # -- helpers ------------------------------------------------------------------------------
 def _now() -> float:
     return time.perf_counter()
-
-
-def _adaptive_notice(kind: str, distance: bool, adamw: list[str]) -> None:
-    """The one notice of a monitor built on an optimizer other than SGD."""
-    what = "flows" + (" and distances to the noise equilibrium" if distance else "")
-    name = {"adamw": "AdamW", "adam": "Adam"}.get(kind, "an optimizer other than SGD")
-    pred = (
-        f" AdamW's random-walk equilibrium charge is recorded for the scale-invariant "
-        f"symmetries {adamw} (adamw_charge/*, adamw_noise/*)."
-        if adamw
-        else ""
-    )
-    warnings.warn(
-        f"NoetherMonitor with {name}: charges and the exact per-step decomposition "
-        f"(step_decay/drift/noise) are recorded, but no {what}: they are predictions of SGD's "
-        f"noise model, and this update is not an SGD step.{pred} See the docs' optimizer page.",
-        UserWarning,
-        stacklevel=3,
-    )

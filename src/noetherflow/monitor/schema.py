@@ -8,9 +8,20 @@ from noetherflow.flow import charges
 from noetherflow.kernels import kernel_for
 from noetherflow.symmetry.set import SymmetrySet
 
-__all__ = ["STEP_PARTS", "build_schema"]
+__all__ = ["STEP_PARTS", "UNDEFINED", "build_schema"]
 
 STEP_PARTS = ("decay", "drift", "noise")  # keys step_<part>/<sym> (optim.decompose)
+
+#: The ``undefined`` entry of a row: why its flows and distances are NaN (0: they are defined
+#: or not recorded at all). Written to ``monitor.json`` as ``undefined_codes``.
+UNDEFINED = {
+    0: "defined",
+    1: "lr is 0 (a warmup from 0 or a schedule that reached 0): no SGD noise, the flows' "
+    "time model and the equilibrium are undefined",
+    2: "fewer than 2 samples in the step: the gradient covariance is undefined",
+    3: "non-finite gradient statistics (NaN/Inf: the run diverged or overflowed)",
+    4: "no forward/backward inside mon.track() on this record step: no statistics",
+}
 
 
 def build_schema(
@@ -37,6 +48,8 @@ def build_schema(
         "lr": (),
         "weight_decay": (),
     }
+    if flows:
+        sch["undefined"] = ()
     ch = charges(syms)
     kinds = ["charge"] + (["flow"] if flows else []) + [f"step_{p}" for p in STEP_PARTS if steps]
     for kind in kinds:
@@ -53,7 +66,7 @@ def build_schema(
             sch[f"at_infinity/{key}"] = ()
         sch["distance_exact"] = ()
     for name in adamw:
-        for kind in ("adamw_noise", "adamw_charge"):
+        for kind in ("adamw_noise", "adamw_charge", "adamw_distance"):
             sch[f"{kind}/{keys[name]}"] = tuple(ch[name].shape)
     if sharpness:
         for k in ("trace", "trace_se", "top_eigenvalue"):

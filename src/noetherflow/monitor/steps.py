@@ -8,8 +8,10 @@
 * With ``AdamW`` (decoupled λ > 0), for scale-invariant symmetries: the random-walk
   equilibrium charge C* of :func:`noetherflow.optim.adamw_equilibrium_charge` (eq. A2) from
   the measured nᵀAn, n = g/(√v̂ + ε) the normalised update direction of this step (g the
-  batch gradient in ``.grad``, v̂ Adam's bias-corrected second moment including g). One
-  record is one sample of nᵀAn: average the rows over a stationary window for E[nᵀAn].
+  batch gradient in ``.grad``, v̂ Adam's bias-corrected second moment including g), with the
+  η, λ, β₁ of the symmetry's own param group; and the distance to it, |λ| = ½|ln(C*/C)|
+  (:func:`scale_distance`). One record is one sample of nᵀAn: average the rows over a
+  stationary window for E[nᵀAn] (and C* of the average for the distance).
 """
 
 from __future__ import annotations
@@ -28,16 +30,27 @@ from noetherflow.optim.adam import adamw_equilibrium_charge
 from noetherflow.optim.decompose import StepDecomposition, StepRecorder
 from noetherflow.symmetry.set import SymmetrySet
 
-__all__ = ["StepLog", "adam_direction", "unwrap_optimizer"]
+__all__ = ["StepLog", "adam_direction", "scale_distance", "unwrap_optimizer"]
+
+
+def scale_distance(charge: np.ndarray, target: np.ndarray) -> np.ndarray:
+    """|λ| of the rescaling θ → e^λ θ that takes the charge C = ‖θ‖² to ``target``.
+
+    C(e^λ θ) = e^{2λ} C, so λ = ½ ln(C*/C): the distance to AdamW's predicted equilibrium
+    charge C* in the units of the monitor's ``distance/*`` (the group parameter). NaN where
+    C or C* is not positive. Same shape as ``charge``.
+    """
+    c, t = np.asarray(charge, dtype=np.float64), np.asarray(target, dtype=np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out = 0.5 * np.abs(np.log(t / c))
+    return np.where((c > 0) & (t > 0), out, np.nan)
 
 
 def unwrap_optimizer(optimizer: Any) -> torch.optim.Optimizer | None:
     """The ``torch.optim`` optimizer inside a wrapper (TeleportingOptimizer, Lightning's)."""
-    inner = getattr(optimizer, "optimizer", None)
-    if not isinstance(optimizer, torch.optim.Optimizer) and isinstance(
-        inner, torch.optim.Optimizer
-    ):
-        return inner
+    inner = getattr(optimizer, "optimizer", None)  # also accelerate's AcceleratedOptimizer
+    if isinstance(inner, torch.optim.Optimizer) and inner is not optimizer:
+        return unwrap_optimizer(inner)
     return optimizer if isinstance(optimizer, torch.optim.Optimizer) else None
 
 
@@ -133,9 +146,9 @@ class StepLog:
                 c = adamw_equilibrium_charge(
                     noise, lr=a.lr, weight_decay=a.weight_decay, beta1=a.beta1
                 )
-                row[f"adamw_charge/{key}"] = np.asarray(to_numpy(c)).reshape(
-                    row[f"adamw_charge/{key}"].shape
-                )
+                shape = row[f"adamw_charge/{key}"].shape
+                row[f"adamw_charge/{key}"] = star = np.asarray(to_numpy(c)).reshape(shape)
+                row[f"adamw_distance/{key}"] = scale_distance(row[f"charge/{key}"], star)
 
     def close(self) -> None:
         """Remove the optimizer hooks."""

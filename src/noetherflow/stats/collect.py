@@ -45,7 +45,7 @@ from noetherflow.stats.distributed import all_reduce_stats, is_distributed, unwr
 from noetherflow.stats.factor_source import FactorSource, Record, Unit
 from noetherflow.stats.fsdp import bind_sharded, check_hooks_only, is_sharded_model, restored_grads
 from noetherflow.stats.microbatch import microbatch_grads
-from noetherflow.stats.reference import check_no_train_batchnorm, per_sample_grads
+from noetherflow.stats.reference import _data_dependent, check_no_train_batchnorm, per_sample_grads
 from noetherflow.stats.registry import handler_for, registered_layers
 from noetherflow.symmetry.set import SymmetrySet
 
@@ -206,6 +206,8 @@ class Capture:
         # Mean gradients already computed by autograd, so the hooks skip them.
         self._means: dict[nn.Parameter, Tensor] = {}
         self._check_means = False
+        # 1: a micro-batch of an accumulated step (merged before Σ is used) may be one sample
+        self.min_batch = 2
 
     def use_mean_gradients(
         self, means: Mapping[nn.Parameter, Tensor], *, check: bool = True
@@ -232,6 +234,10 @@ class Capture:
                 rec: Record = rec,
             ) -> None:
                 if not torch.is_grad_enabled():
+                    return
+                if rec.calls and _in_backward():
+                    # activation checkpointing recomputes the forward during the backward
+                    # pass; the first call's hooks already see this layer's gradient
                     return
                 rec.calls += 1
                 if not self._stamp:  # the parameters this batch's gradients belong to
@@ -331,10 +337,12 @@ class Capture:
                 "or estimator='reference'."
             )
         n = next(iter(sizes.values()))
-        check_batch(n)
+        check_batch(n, self.min_batch)
         sc = float(n) if self.reduction is Reduction.MEAN else 1.0
         src = FactorSource(n, facs, self._owners, sc, self._means, self._check_means)
-        st = assemble(src, self.syms, level=self.level, estimator=Estimator.HOOKS.value)
+        st = assemble(
+            src, self.syms, level=self.level, estimator=Estimator.HOOKS.value, min_n=self.min_batch
+        )
         src.verify_means()
         st.fingerprint = dict(self._stamp)  # taken in the forward pass
         if self.all_reduce:
@@ -447,6 +455,11 @@ def collect_stats(
         reduction: ``'mean'`` or ``'sum'``, how ``loss_fn`` combines the per-sample losses.
         estimator: ``'hooks'`` (fast, registered layer types), ``'reference'`` (torch.func,
             exact, any model without BatchNorm in training mode), ``'microbatch'`` (any model).
+            A sample's gradient is its share of the batch loss (times N for a mean): with
+            cross-entropy and ``ignore_index`` (padding) the batch mean is over the
+            non-ignored tokens, so a sequence with more tokens weighs more; the mean of the
+            per-sample gradients is the batch gradient for any loss, and hooks = reference
+            (:mod:`noetherflow.stats.contributions`).
         micro_batch_size: micro-batch size m of the ``'microbatch'`` estimator.
         check_finite: raise on NaN/Inf statistics.
         chunk_size: vmap chunk size of the ``'reference'`` estimator (memory bound).
@@ -525,8 +538,8 @@ def collect_stats(
         return st
     params = syms.params()
     if est is Estimator.REFERENCE:
-        samples = per_sample_grads(
-            model, params, _guard_loss(loss_fn, targets), inp, targets, chunk_size=chunk_size
+        samples = _reference(
+            model, params, _guard_loss(loss_fn, targets), inp, targets, red, chunk_size
         )
     else:
         samples = microbatch_grads(
@@ -547,6 +560,39 @@ def collect_stats(
     if check_finite:
         st.check_finite()
     return st
+
+
+def _reference(
+    model: nn.Module,
+    params: list[nn.Parameter],
+    loss_fn: Callable[[Any, Any], Tensor],
+    inp: ModelInputs,
+    targets: Any,
+    red: Reduction,
+    chunk_size: int | None,
+) -> dict[nn.Parameter, Tensor]:
+    """The reference per-sample gradients: each sample's share of the batch loss.
+
+    :func:`~noetherflow.stats.contributions.per_sample_contributions` (the batch gradient is
+    their mean for any loss, e.g. cross-entropy with ``ignore_index`` or class weights); a
+    model that branches on its inputs' values (which ``vmap`` cannot run) gets the
+    per-sample losses' gradients from a loop instead.
+    """
+    from noetherflow.stats.contributions import per_sample_contributions
+
+    try:
+        return per_sample_contributions(
+            model, params, loss_fn, inp, targets, reduction=red.value, chunk_size=chunk_size
+        )
+    except RuntimeError as exc:  # the loop, or the dtype hint of the per-sample reference
+        if not (_data_dependent(exc) or inp.dtype_hint(exc) is not None):
+            raise
+    return per_sample_grads(model, params, loss_fn, inp, targets, chunk_size=chunk_size)
+
+
+def _in_backward() -> bool:
+    """Whether autograd is running a backward pass now (a checkpoint's recompute)."""
+    return bool(torch._C._current_graph_task_id() != -1)
 
 
 def _detached(x: Any, memo: dict[int, Tensor] | None = None) -> Any:

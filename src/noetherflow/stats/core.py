@@ -21,7 +21,11 @@ from noetherflow._checks import parse_enum
 from noetherflow._divergence import is_finite
 from noetherflow._errors import NonFiniteGradientError, StatisticsError
 
-__all__ = ["Estimator", "GradStats", "Level", "Reduction", "StatsBlock"]
+__all__ = ["Estimator", "GradStats", "Level", "Reduction", "SmallBatchError", "StatsBlock"]
+
+
+class SmallBatchError(StatisticsError):
+    """Fewer samples than the gradient covariance Σ needs (a batch of one)."""
 
 
 class Reduction(str, Enum):
@@ -73,10 +77,10 @@ def parse_level(level: str | Level) -> Level:
     )
 
 
-def check_batch(n: int) -> None:
-    """Σ needs at least two samples."""
-    if n < 2:
-        raise StatisticsError(
+def check_batch(n: int, minimum: int = 2) -> None:
+    """Σ needs at least two samples (``minimum=1``: a part of a batch, merged later)."""
+    if n < minimum:
+        raise SmallBatchError(
             f"Got a batch of {n} sample(s); the gradient covariance Σ needs at least 2. "
             "Pass a larger batch (it is treated as the data distribution)."
         )

@@ -21,7 +21,11 @@ from noetherflow.stats import layers as formulas
 from noetherflow.stats.core import axis_sum
 from noetherflow.stats.registry import LayerHandler
 
-__all__ = ["FactorSource", "Record", "Unit"]
+__all__ = ["FactorSource", "MeanGapError", "Record", "Unit"]
+
+
+class MeanGapError(StatisticsError):
+    """autograd's mean gradient is not the mean of the per-sample gradients the hooks saw."""
 
 
 @dataclass
@@ -43,17 +47,36 @@ class Record:
     calls: int = 0
     side_grad: bool = False  # a second output of the layer fed the loss
     handles: list[Any] = field(default_factory=list)
+    precision: torch.dtype | None = None  # the factors' dtype before promotion (bf16 autocast)
 
     def done(self) -> bool:
         """Whether the backward pass has reached this layer."""
         return self.g is not None or self.facs is not None
 
     def factors(self) -> dict[str, tuple[Tensor, Tensor]]:
-        """``{part: (a, g)}`` of the captured batch."""
+        """``{part: (a, g)}`` of the captured batch, in a common dtype of at least float32.
+
+        Under ``torch.autocast`` a layer's input and output-gradient may be bfloat16/float16
+        (or differ in dtype); the statistics are squares and sums over the batch, so they are
+        formed in float32 (:attr:`precision` keeps the lowest dtype seen, for round-off
+        tolerances).
+        """
         if self.facs is not None:
-            return self.facs
+            return {k: self._promote(a, g) for k, (a, g) in self.facs.items()}
         assert self.handler.factors is not None and self.a is not None and self.g is not None
-        return {"": self.handler.factors(self.module, self.a, self.g)}
+        a, g = self._promote(self.a, self.g)
+        return {"": self.handler.factors(self.module, a, g)}
+
+    def _promote(self, a: Tensor, g: Tensor) -> tuple[Tensor, Tensor]:
+        if not (a.is_floating_point() and g.is_floating_point()):
+            return a, g
+        dt = torch.promote_types(a.dtype, g.dtype)
+        low = min((a.dtype, g.dtype), key=lambda t: torch.finfo(t).bits)
+        if torch.finfo(dt).bits < 32:
+            dt = torch.float32
+        if low != dt:
+            self.precision = low
+        return a.to(dt), g.to(dt)
 
     def reset(self) -> None:
         """Forget the captured batch."""
@@ -61,6 +84,7 @@ class Record:
         self.call = self.facs = None
         self.calls = 0
         self.side_grad = False
+        self.precision = None
 
 
 @dataclass(frozen=True)
@@ -114,7 +138,7 @@ class FactorSource(GradSource):
             return
         gaps = torch.stack([gp.to(torch.float64) for _, gp in self._gaps]).cpu()
         for (u, _), (diff, scale) in zip(self._gaps, gaps.tolist(), strict=True):
-            tol = _PROBE_TOL.get(self._facs[u.key][0].dtype, 1e-2)
+            tol = _PROBE_TOL.get(u.rec.precision or self._facs[u.key][0].dtype, 1e-2)
             if diff > tol * scale and diff > 1e-30:
                 name = f"{u.rec.name}.{u.part}" if u.part else u.rec.name
                 _raise_mean_gap(name, u.role, self._sc, diff / max(scale, 1e-300))
@@ -271,7 +295,7 @@ def _mean_gap(rec: Record, role: str, a: Tensor, g: Tensor, sc: float, known: Te
 
 
 def _raise_mean_gap(name: str, role: str, sc: float, gap: float) -> None:
-    raise StatisticsError(
+    raise MeanGapError(
         f"The gradient of loss_fn on layer {name!r} ({role}) is not the "
         f"{'mean' if sc != 1.0 else 'sum'} of per-sample gradients (relative difference "
         f"{gap:.3g}): loss_fn adds a term that is not a per-sample loss, e.g. an L2 penalty, "

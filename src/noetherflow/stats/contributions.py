@@ -1,0 +1,113 @@
+"""Exact per-sample gradients of a loss that does not split into per-sample losses.
+
+A batch loss L = ``loss_fn(model(x), y)`` is often not the mean of per-sample losses
+``loss_fn(model(x_i), y_i)``: cross-entropy with ``ignore_index`` (padding) and
+``reduction="mean"`` is the mean over the non-ignored *tokens* of the batch, with class
+weights the weighted mean Σ w_t ℓ_t / Σ w_t over the batch. The per-sample gradient is then
+defined by the share of L that flows through sample i's output o_i:
+
+    g_i = c · J_iᵀ ∂L/∂o_i,        c = N (``reduction="mean"``) or 1 (``"sum"``),
+
+with J_i = ∂o_i/∂θ, so that (1/N) Σ_i g_i = ∇L (mean) or Σ_i g_i = ∇L (sum): the batch
+gradient, whatever the loss. It is what the hooks estimator measures (the output-gradients
+of the batch's own backward pass), and for a loss that is the mean (sum) of per-sample
+losses it is the per-sample gradient ∇ℓ_i itself. Two passes: the batch of per-sample
+outputs and the cotangents ∂L/∂o_i, then one vector–Jacobian product per sample
+(``torch.func``: ``vmap(vjp)``), both with the same random state (dropout draws the same
+masks in both). When ``loss_fn`` returns one loss per sample (labels among the keyword
+inputs, the loss computed inside the model), L is their mean (sum).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.func import functional_call, vjp, vmap
+from torch.utils import _pytree as pytree
+
+from noetherflow._inputs import ModelInputs
+from noetherflow.stats.reference import check_no_train_batchnorm, check_targets
+
+__all__ = ["per_sample_contributions"]
+
+
+def _one_sample(t: Tensor) -> bool:
+    """Whether a vmapped output ``[N, 1, ...]`` holds batches of one (not per-sample scalars)."""
+    return t.ndim >= 2 and t.shape[1] == 1
+
+
+def per_sample_contributions(
+    model: nn.Module,
+    params: list[nn.Parameter],
+    loss_fn: Callable[[Any, Any], Tensor],
+    inputs: Any,
+    targets: Any,
+    *,
+    reduction: str = "mean",
+    chunk_size: int | None = None,
+) -> dict[nn.Parameter, Tensor]:
+    """g_i = c·J_iᵀ∂L/∂o_i of the module docstring, ``[N, *p.shape]`` per parameter.
+
+    Same inputs as :func:`noetherflow.stats.reference.per_sample_grads` (which this
+    equals for a loss that is the mean or sum of per-sample losses).
+    """
+    check_no_train_batchnorm(model, "reference")
+    inp = ModelInputs.of(inputs, "collect_stats")
+    n = inp.batch_size("collect_stats")
+    check_targets(targets, n, "reference")
+    names = {id(p): k for k, p in model.named_parameters()}
+    wanted = {names[id(p)]: p for p in params}
+    others = {k: p.detach() for k, p in model.named_parameters() if k not in wanted}
+    buffers = dict(model.named_buffers())
+    dims = inp.in_dims(n)
+    detached = {k: p.detach() for k, p in wanted.items()}
+
+    specs: list[Any] = []
+
+    def fwd(pd: dict[str, Tensor], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """The floating-point tensors of the outputs.
+
+        vmap returns tensors only: a Hugging Face cache object is left out (None in the
+        outputs ``loss_fn`` sees).
+        """
+        xb = ModelInputs(args, kwargs).unsqueezed(dims)
+        out = functional_call(model, ({**pd, **others}, buffers), xb.args, xb.kwargs)
+        flat, spec = pytree.tree_flatten(out)
+        specs.append((spec, [isinstance(t, Tensor) and t.is_floating_point() for t in flat]))
+        return [t for t in flat if isinstance(t, Tensor) and t.is_floating_point()]
+
+    devices = sorted({p.device.index or 0 for p in params if p.is_cuda})
+    with torch.random.fork_rng(devices=devices):  # pass 2 replays pass 1's random draws
+        with torch.no_grad():
+            outs = vmap(fwd, in_dims=(None, *dims), randomness="different")(
+                detached, inp.args, inp.kwargs
+            )
+        spec, kept = specs[-1]
+        ones = [_one_sample(t) for t in outs]
+        live = [
+            (t.flatten(0, 1) if o else t).detach().requires_grad_()
+            for t, o in zip(outs, ones, strict=True)
+        ]
+        it = iter(live)
+        leaves = [next(it) if k else None for k in kept]
+        loss = loss_fn(pytree.tree_unflatten(leaves, spec), targets)
+        if loss.ndim == 1 and loss.shape[0] == n:  # one loss per sample
+            loss = loss.mean() if reduction == "mean" else loss.sum()
+        cots = torch.autograd.grad(loss, live, allow_unused=True)
+    scale = float(n) if reduction == "mean" else 1.0
+    cot = [
+        torch.zeros_like(t) if c is None else c.detach() * scale
+        for t, c in zip(live, cots, strict=True)
+    ]
+
+    def one(args: tuple[Any, ...], kwargs: dict[str, Any], cot_i: list[Tensor]) -> Any:
+        pull = vjp(lambda pd: fwd(pd, args, kwargs), detached)[1]
+        return pull([c.unsqueeze(0) if o else c for c, o in zip(cot_i, ones, strict=True)])[0]
+
+    g = vmap(one, in_dims=(*dims, 0), chunk_size=chunk_size, randomness="different")(
+        inp.args, inp.kwargs, cot
+    )
+    return {p: g[k] for k, p in wanted.items()}
