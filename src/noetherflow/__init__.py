@@ -6,6 +6,7 @@ of the docs' Concepts pages (docs/concepts/flow.md says where they differ from t
 """
 
 from noetherflow._errors import (
+    BranchWarning,
     EpsWarning,
     NonFiniteGradientError,
     StatisticsError,
@@ -81,6 +82,7 @@ __all__ = [
     "SymmetrySet",
     "VerifyResult",
     # detection
+    "BranchWarning",
     "CoverageReport",
     "CoverageStatus",
     "EpsReport",
