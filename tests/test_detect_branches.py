@@ -21,7 +21,7 @@ from noetherflow.symmetry._fx.branch_check import input_variants
 from noetherflow.symmetry._fx.branches import InputBranches
 
 sys.path.insert(0, str(Path(__file__).parent))
-import real_models as RM  # noqa: E402
+import real_models as RM
 
 DT = torch.float64
 

@@ -64,7 +64,7 @@ from noetherflow.symmetry.rescaling import Rescaling
 from noetherflow.symmetry.rotation import Block, DoubleRotation
 from noetherflow.symmetry.scaling import ScaleInvariance
 from noetherflow.symmetry.set import SymmetrySet, VerifyResult
-from noetherflow.teleport import TeleportError, TeleportHandle, teleport
+from noetherflow.teleport import FunctionChangedError, TeleportError, TeleportHandle, teleport
 from noetherflow.teleporter import EquilibriumTeleport, TeleportingOptimizer, TeleportRecord
 
 __version__ = "0.1.0"
@@ -146,6 +146,7 @@ __all__ = [
     "StatisticsError",
     "SymmetryDefinitionError",
     "SymmetryNotPresentError",
+    "FunctionChangedError",
     "TeleportError",
     "UnsupportedLayerError",
     # optimizers beyond plain SGD (issue #18)

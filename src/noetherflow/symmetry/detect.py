@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 import warnings
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -37,8 +38,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from noetherflow._inputs import ModelInputs
 from noetherflow._errors import BranchWarning
+from noetherflow._inputs import ModelInputs
+from noetherflow._teleport_check import Probe
 from noetherflow.symmetry._fx import engine as pat
 from noetherflow.symmetry._fx.branch_check import check_branches, describe_uncovered
 from noetherflow.symmetry._fx.branches import Branch
@@ -416,6 +418,7 @@ def find_symmetries(
         syms.verification[label] = res
     syms.detection = detection
     syms.param_names = names
+    syms.probe, syms.model_ref = Probe(inp), weakref.ref(model)
     if not traced:
         warnings.warn(
             f"find_symmetries: {notes[0]}. See syms.coverage(model).", UserWarning, stacklevel=2

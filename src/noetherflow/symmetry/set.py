@@ -65,6 +65,10 @@ class SymmetrySet:
         # to_dict()/table() name parameters without being given the model.
         self.detection: DetectionReport | None = None
         self.param_names: dict[int, str] = {}
+        # Filled by nf.find_symmetries: the example inputs and (weakly) the model, which
+        # nf.teleport runs to check that a teleport leaves the outputs unchanged.
+        self.probe: Any = None
+        self.model_ref: Any = None
         for s in symmetries:
             self.add(s)
 
