@@ -337,7 +337,7 @@ def propagate(info: GraphInfo, source: fx.Node, axis: int) -> list[Arrival]:
 
         out = _step(info, node, ins, flows, mode, heads, via, arrivals, stop)
         if out is not None and out.rotary is None:
-            out.rotary = flows[ins[0]].rotary
+            out.rotary = _merged_rotary([flows[a].rotary for a in ins])
         if out is not None and _is_blank(out.idx):
             continue  # e.g. the key half of a rotary output when following the query
         if out is not None:
@@ -345,6 +345,14 @@ def propagate(info: GraphInfo, source: fx.Node, axis: int) -> list[Arrival]:
             pending.extend(u for u in node.users if u not in done)
             pending.sort(key=info.order.__getitem__)
     return arrivals
+
+
+def _merged_rotary(maps: list[dict[int, int] | None]) -> dict[int, int] | None:
+    """The rotary pairs of every input (a cat of a rotated and an unrotated part)."""
+    got = [m for m in maps if m is not None]
+    if not got:
+        return None
+    return {f: g for m in got for f, g in m.items()}
 
 
 def _step(
@@ -381,7 +389,12 @@ def _step(
             return None
         return _Flow(out, new_mode, heads, via)
 
-    multi_ok = node.op == "call_function" and (node.target in _MATMUL_FUNCS or node.target is _SDPA)
+    multi_ok = node.op == "call_function" and (
+        node.target in _MATMUL_FUNCS
+        or node.target is _SDPA
+        or getattr(node.target, "__name__", "") in ROTARY_FUNCTIONS  # q and k of a fused qkv
+        or (node.target is torch.cat and _cat_of_flows(node, ins))
+    )
     if len(ins) > 1 and not multi_ok:
         stop(f"read by {name} together with other features of the same layer")
         return None
@@ -420,6 +433,8 @@ def _step(
             return None
         if t is torch.cat and _cat_with_empty(node, ins, info):
             return _Flow(idx0, mode, heads, via)
+        if t is torch.cat and len(ins) > 1:
+            return moved()  # the parts of one layer's output put back together (partial rotary)
         if getattr(t, "__name__", "") in ROTARY_FUNCTIONS:
             return _rotary(node, ins, flows, mode, heads, via, info, stop)
         if t in _HOM_FUNCS:
@@ -460,6 +475,12 @@ def _step(
         what = f"{name} (a residual connection or other sum)"
     stop(f"read by {what}")
     return None
+
+
+def _cat_of_flows(node: fx.Node, ins: list[fx.Node]) -> bool:
+    """``torch.cat([a, b, …])`` whose every part carries features of the source being followed."""
+    seq = node.args[0] if node.args else node.kwargs.get("tensors")
+    return isinstance(seq, list | tuple) and len(seq) > 1 and set(seq) == set(ins)
 
 
 def _scalar(
@@ -518,18 +539,22 @@ def _rotary(
     """A rotary embedding ``f(q, k, cos, sin, …) → (q', k')``, linear in q and in k.
 
     Which coordinates of the last axis it mixes is measured by applying it to unit vectors;
-    each must be paired with exactly one other (a rotation plane). The features pass through
-    unchanged in place, and the flow remembers the pairs so that only the rotations that
-    commute with every position's rotation are proposed.
+    each must be paired with exactly one other (a rotation plane: halves as in Llama, or
+    interleaved pairs as in GPT-J) or left alone (partial rotary, GPT-NeoX and Phi: it is
+    its own partner). The features pass through unchanged in place, and the flow remembers
+    the pairs so that only the rotations that commute with every position's rotation are
+    proposed. ``f(x, sin, cos) → x'`` (one tensor, GPT-J) is followed like ``f(q, k, …)``.
     """
     args = list(node.args)
     out: list[Tensor] = []
     partner: dict[int, int] = {}
-    for pos in (0, 1):
+    single = isinstance(info.values.get(node), Tensor)  # GPT-J: f(x, sin, cos) → x'
+    for pos in (0,) if single else (0, 1):
         a = args[pos] if pos < len(args) else None
         value = info.values.get(a) if isinstance(a, fx.Node) else None
-        if not isinstance(value, Tensor):
-            stop(f"read by {node.target} in an unsupported position")
+        if not isinstance(value, Tensor) or (single and a not in ins) or (single and len(ins) > 1):
+            fname = getattr(node.target, "__name__", node.target)
+            stop(f"read by {fname} in an unsupported position")
             return None
         if not isinstance(a, fx.Node) or a not in ins:
             out.append(torch.full(value.shape, -1.0, dtype=torch.float64))
@@ -546,7 +571,11 @@ def _rotary(
                     stop("read by a rotary embedding with features not on the last axis")
                     return None
         out.append(idx)
-    return _Flow(tuple(out), mode, heads, via, rotary=partner)
+    prev = next((flows[a].rotary for a in ins if flows[a].rotary is not None), None)
+    if prev is not None:
+        stop("read by a second rotary embedding")
+        return None
+    return _Flow(out[0] if single else tuple(out), mode, heads, via, rotary=partner)
 
 
 def _matmul(
