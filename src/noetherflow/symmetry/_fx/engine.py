@@ -389,6 +389,8 @@ def _step(
             return None
         return _Flow(out, new_mode, heads, via)
 
+    if node.target in (torch.baddbmm, "baddbmm"):
+        return _baddbmm(node, ins, flows, mode, heads, via, info, arrivals, stop, name)
     multi_ok = node.op == "call_function" and (
         node.target in _MATMUL_FUNCS
         or node.target is _SDPA
@@ -578,7 +580,7 @@ def _rotary(
     return _Flow(out[0] if single else tuple(out), mode, heads, via, rotary=partner)
 
 
-def _matmul(
+def _baddbmm(
     node: fx.Node,
     ins: list[fx.Node],
     flows: dict[fx.Node, _Flow],
@@ -590,7 +592,39 @@ def _matmul(
     stop: Callable[[str], None],
     name: str,
 ) -> _Flow | None:
-    a = node.args[0]
+    """``β·input + α·(batch1 @ batch2)`` (BLOOM's attention scores with ALiBi): q·kᵀ."""
+    args = list(node.args)
+    kw = node.kwargs
+    names = ("input", "batch1", "batch2")
+    role = {n: kw.get(n, args[i] if i < len(args) else None) for i, n in enumerate(names)}
+    if role["input"] in ins or role["batch1"] is None or role["batch2"] is None:
+        stop(f"read by {name} as the added term")
+        return None
+    if role["batch1"] not in ins and role["batch2"] not in ins:
+        stop(f"read by {name} in an unsupported position")
+        return None
+    out = _matmul(node, ins, flows, mode, heads, via, info, arrivals, stop, name, a=role["batch1"])
+    if out is not None:  # att @ v through baddbmm: the added term mixes in
+        stop(f"read by {name} (added to another tensor)")
+        return None
+    return None
+
+
+def _matmul(
+    node: fx.Node,
+    ins: list[fx.Node],
+    flows: dict[fx.Node, _Flow],
+    mode: int,
+    heads: list[frozenset[int]] | None,
+    via: tuple[str, ...],
+    info: GraphInfo,
+    arrivals: list[Arrival],
+    stop: Callable[[str], None],
+    name: str,
+    a: Any = None,
+) -> _Flow | None:
+    """``a @ b``: features of ``a`` (``node.args[0]`` unless given) along the contracted axis."""
+    a = node.args[0] if a is None else a
     result: _Flow | None = None
     for src in ins:
         f = flows[src]
