@@ -20,7 +20,7 @@ import noetherflow as nf
 
 pytest.importorskip("transformers")
 
-import hf_zoo as Z  # noqa: E402
+import hf_zoo as Z
 
 # model → (key heads, rotated planes per head, unrotated coordinates per head)
 ROTARY = {
