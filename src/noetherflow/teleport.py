@@ -199,8 +199,8 @@ def teleport(
                 "a solution is valid only at the parameters it was solved at. Collect the "
                 "statistics and solve again, then teleport."
             )
-    moved = eps_moved(syms, solution.steps) if solution.eps_tolerance is None else []
-    if moved:
+    eps_syms = eps_moved(syms, solution.steps) if solution.eps_tolerance is None else []
+    if eps_syms:
         _warn_eps(syms, solution.steps)
     saved: dict[Tensor, Tensor] = {p: p.detach().clone() for p in params}
     for s in syms:  # buffers moved with the parameters (ScaleInvariance before a BatchNorm)
@@ -224,7 +224,8 @@ def teleport(
     if check == "off" or target is None or chosen is None or not steps:
         apply(None)
         return handle
-    norms = [syms[i].norm for i, _ in steps if syms.names[i] in moved]
+    # the known normalisations' eps explains their change: compared with it ~0
+    norms = [getattr(syms[i], "norm", None) for i, _ in steps if syms.names[i] in eps_syms]
     check_teleport(
         target,
         Probe.of(chosen, "teleport(probe=...)"),
@@ -232,7 +233,7 @@ def teleport(
         lambda: _restore(saved),
         [syms.names[i] for i, _ in steps],
         tolerance=check_tolerance or default_tolerance(target, solution.eps_tolerance),
-        zero_eps_of=norms,
+        zero_eps_of=[m for m in norms if isinstance(m, nn.Module)],
         on_change=check,
         seed=seed,
     )

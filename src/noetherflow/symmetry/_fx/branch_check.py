@@ -74,9 +74,13 @@ def input_variants(inp: ModelInputs, seed: int) -> list[ModelInputs]:
             new = []
         else:
             new = _int_variants(t, gen)
-        for v in new:
-            out.append(inp.map(lambda a, t=t, v=v: v if a is t else a))
+        out.extend(_replaced(inp, t, v) for v in new)
     return out
+
+
+def _replaced(inp: ModelInputs, old: Tensor, new: Tensor) -> ModelInputs:
+    """``inp`` with the tensor ``old`` replaced by ``new``."""
+    return inp.map(lambda a: new if a is old else a)
 
 
 def outcomes(

@@ -30,6 +30,15 @@ from typing import Any
 import torch
 from torch import Tensor, fx, nn
 
+from noetherflow.symmetry._fx.flows import (
+    Arrival,
+    _arrival,
+    _Flow,
+    _merged_rotary,
+    _refine,
+    _rows_constant,
+    _worse,
+)
 from noetherflow.symmetry._fx.layers import (
     is_known_module,
     is_zoo_activation,
@@ -42,9 +51,9 @@ from noetherflow.symmetry._fx.probes import (
     _cat_with_empty,
     _constant_over_reduced,
     _is_blank,
-    _rotary_pairs,
     _shape_only,
 )
+from noetherflow.symmetry._fx.rotary import _rotary
 from noetherflow.symmetry._fx.tables import (
     _DROPOUT_FUNCS,
     _DROPOUT_MODULES,
@@ -242,62 +251,12 @@ class Proposal:
 # -- the propagation engine -----------------------------------------------------------------
 
 
-@dataclass
-class _Flow:
-    idx: Any  # Tensor, or a tuple/list of Tensors after split
-    mode: int
-    heads: list[frozenset[int]] | None
-    via: tuple[str, ...]
-    rotary: dict[int, int] | None = None  # feature → the feature it is rotated with
-
-
-@dataclass
-class Arrival:
-    """Where a set of features of the source ends up."""
-
-    node: fx.Node
-    kind: str  # "consumer" | "contract_a" | "contract_b" | "break"
-    idx: Tensor
-    mode: int
-    heads: list[frozenset[int]] | None
-    via: tuple[str, ...]
-    reason: str = ""
-    rotary: dict[int, int] | None = None  # set after a rotary embedding (feature → partner)
-
-    @property
-    def features(self) -> set[int]:
-        return {int(v) for v in torch.unique(self.idx).tolist()}
-
-
-def _arrival(node: fx.Node, kind: str, idx: Tensor, f: _Flow) -> Arrival:
-    return Arrival(node, kind, idx, f.mode, f.heads, f.via, rotary=f.rotary)
-
-
-def _worse(a: int, b: int) -> int:
-    return max(a, b)
-
-
-def _refine(
-    a: list[frozenset[int]] | None, b: list[frozenset[int]] | None
-) -> list[frozenset[int]] | None:
-    if a is None:
-        return b
-    if b is None:
-        return a
-    out = {x & y for x in a for y in b}
-    return sorted((s for s in out if s), key=min)
-
-
 def _is_index_tensor(v: Any) -> bool:
     return isinstance(v, Tensor) and v.dtype == torch.float64
 
 
 def _integral(t: Tensor) -> bool:
     return bool(torch.isfinite(t).all()) and bool((t == t.round()).all())
-
-
-def _rows_constant(t: Tensor, dim: int) -> bool:
-    return bool((t == t.narrow(dim, 0, 1)).all())
 
 
 def source_index(value: Tensor, axis: int) -> Tensor:
@@ -345,14 +304,6 @@ def propagate(info: GraphInfo, source: fx.Node, axis: int) -> list[Arrival]:
             pending.extend(u for u in node.users if u not in done)
             pending.sort(key=info.order.__getitem__)
     return arrivals
-
-
-def _merged_rotary(maps: list[dict[int, int] | None]) -> dict[int, int] | None:
-    """The rotary pairs of every input (a cat of a rotated and an unrotated part)."""
-    got = [m for m in maps if m is not None]
-    if not got:
-        return None
-    return {f: g for m in got for f, g in m.items()}
 
 
 def _step(
@@ -526,58 +477,6 @@ def _scalar(
             return _Flow(idx0.expand(out.shape).clone(), _worse(mode, HOMOGENEOUS), heads, via)
     stop(f"read by {name} (element-wise product with another tensor)")
     return None
-
-
-def _rotary(
-    node: fx.Node,
-    ins: list[fx.Node],
-    flows: dict[fx.Node, _Flow],
-    mode: int,
-    heads: list[frozenset[int]] | None,
-    via: tuple[str, ...],
-    info: GraphInfo,
-    stop: Callable[[str], None],
-) -> _Flow | None:
-    """A rotary embedding ``f(q, k, cos, sin, …) → (q', k')``, linear in q and in k.
-
-    Which coordinates of the last axis it mixes is measured by applying it to unit vectors;
-    each must be paired with exactly one other (a rotation plane: halves as in Llama, or
-    interleaved pairs as in GPT-J) or left alone (partial rotary, GPT-NeoX and Phi: it is
-    its own partner). The features pass through unchanged in place, and the flow remembers
-    the pairs so that only the rotations that commute with every position's rotation are
-    proposed. ``f(x, sin, cos) → x'`` (one tensor, GPT-J) is followed like ``f(q, k, …)``.
-    """
-    args = list(node.args)
-    out: list[Tensor] = []
-    partner: dict[int, int] = {}
-    single = isinstance(info.values.get(node), Tensor)  # GPT-J: f(x, sin, cos) → x'
-    for pos in (0,) if single else (0, 1):
-        a = args[pos] if pos < len(args) else None
-        value = info.values.get(a) if isinstance(a, fx.Node) else None
-        if not isinstance(value, Tensor) or (single and a not in ins) or (single and len(ins) > 1):
-            fname = getattr(node.target, "__name__", node.target)
-            stop(f"read by {fname} in an unsupported position")
-            return None
-        if not isinstance(a, fx.Node) or a not in ins:
-            out.append(torch.full(value.shape, -1.0, dtype=torch.float64))
-            continue
-        idx = flows[a].idx
-        pairs = _rotary_pairs(info, node, pos, value)
-        if pairs is None or not isinstance(idx, Tensor):
-            stop(f"read by {getattr(node.target, '__name__', node.target)}, which mixes features")
-            return None
-        flat = idx.reshape(-1, idx.shape[-1])
-        for i, j in pairs.items():
-            for fi, fj in set(zip(flat[:, i].tolist(), flat[:, j].tolist(), strict=True)):
-                if partner.setdefault(int(fi), int(fj)) != int(fj):
-                    stop("read by a rotary embedding with features not on the last axis")
-                    return None
-        out.append(idx)
-    prev = next((flows[a].rotary for a in ins if flows[a].rotary is not None), None)
-    if prev is not None:
-        stop("read by a second rotary embedding")
-        return None
-    return _Flow(out[0] if single else tuple(out), mode, heads, via, rotary=partner)
 
 
 def _baddbmm(
