@@ -356,8 +356,19 @@ def find_symmetries(
     )
     gen = torch.Generator().manual_seed(seed)
     verified: list[_Verified] = []
+    seen: set[tuple[str, tuple[int, ...]]] = set()
     for prop in sorted(proposals, key=lambda q: (q.order, q.sub)):
+        key = (prop.label, tuple(sorted(map(id, prop.params))))
+        if key in seen:
+            continue  # the same candidate at another use of a shared module
+        seen.add(key)
         bad = [p for p in prop.params if not ledger.eligible(p)]
+        if bad and ledger.shared_uses(prop.params) and not prop.approximate:
+            bad = []  # a shared module called k times: checked numerically like any other
+            prop.note = (prop.note + "; " if prop.note else "") + (
+                f"its module is shared: used {ledger.shared_uses(prop.params)} times, "
+                "the same transformation at every use"
+            )
         if bad:
             for p in bad:
                 why = (

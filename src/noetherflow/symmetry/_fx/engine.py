@@ -167,6 +167,7 @@ class Ledger:
 
     names: dict[int, str]
     uses: dict[int, int] = field(default_factory=dict)
+    owners: dict[int, set[str]] = field(default_factory=dict)  # who reads it, per use
     reasons: dict[int, list[str]] = field(default_factory=dict)
     unsupported: dict[str, str] = field(default_factory=dict)
 
@@ -178,6 +179,18 @@ class Ledger:
 
     def eligible(self, p: Tensor) -> bool:
         return p.requires_grad and self.uses.get(id(p), 0) == 1
+
+    def shared_uses(self, params: Sequence[Tensor]) -> int:
+        """k > 1 when every parameter is read only by one module, called k times (ALBERT's
+        shared layer), else 0. A symmetry acting inside that module then acts identically
+        at every use; a parameter read by two modules (weight tying) or twice in one call
+        gives 0."""
+        ks = {self.uses.get(id(p), 0) for p in params}
+        if len(ks) != 1 or not all(p.requires_grad for p in params):
+            return 0
+        k = ks.pop()
+        one_owner = all(len(self.owners.get(id(p), set())) == 1 for p in params)
+        return k if k > 1 and one_owner else 0
 
 
 def _layer_params(m: nn.Module) -> list[nn.Parameter]:
@@ -209,6 +222,7 @@ def count_uses(info: GraphInfo, ledger: Ledger) -> None:
                 if id(p) not in seen:
                     seen.add(id(p))
                     ledger.uses[id(p)] = ledger.uses.get(id(p), 0) + 1
+                    ledger.owners.setdefault(id(p), set()).add(info.qual(str(node.target)))
             if any(True for _ in m.parameters()):
                 qual = info.qual(str(node.target))
                 problem = module_problem(m)
@@ -224,6 +238,8 @@ def count_uses(info: GraphInfo, ledger: Ledger) -> None:
                 if _explicit_norm_users(node) is not None:
                     n_uses = 1  # w / w.norm(): one use
                 ledger.uses[id(v)] = ledger.uses.get(id(v), 0) + max(1, n_uses)
+                # read directly by the graph: never a shared module's use
+                ledger.owners.setdefault(id(v), set()).add(f"{node.name}@{len(ledger.owners)}")
 
 
 # -- proposals ------------------------------------------------------------------------------
