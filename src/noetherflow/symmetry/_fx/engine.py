@@ -181,10 +181,11 @@ class Ledger:
         return p.requires_grad and self.uses.get(id(p), 0) == 1
 
     def shared_uses(self, params: Sequence[Tensor]) -> int:
-        """k > 1 when every parameter is read only by one module, called k times (ALBERT's
-        shared layer), else 0. A symmetry acting inside that module then acts identically
-        at every use; a parameter read by two modules (weight tying) or twice in one call
-        gives 0."""
+        """The k uses when every parameter is read only by one module, called k > 1 times.
+
+        ALBERT's shared layer: a symmetry acting inside that module acts identically at every
+        use. 0 otherwise: a parameter read by two modules (weight tying) or twice in one call.
+        """
         ks = {self.uses.get(id(p), 0) for p in params}
         if len(ks) != 1 or not all(p.requires_grad for p in params):
             return 0
