@@ -254,6 +254,16 @@ class Capture:
         self._check_means = False
 
     # -- statistics -------------------------------------------------------------------------
+    def batch_rows(self) -> int | None:
+        """Dim 0 of the captured layer inputs when they agree (None before a forward)."""
+        sizes: set[int] = set()
+        for rec in self._records:
+            if rec.facs is not None:
+                sizes |= {a.shape[0] for a, _ in rec.facs.values()}
+            elif isinstance(rec.a, Tensor) and rec.a.dim() > 1:  # the raw input: no unfold
+                sizes.add(int(rec.a.shape[0]))
+        return sizes.pop() if len(sizes) == 1 else None
+
     @property
     def stats(self) -> GradStats:
         """Gradient statistics of the captured batch (computed on first access)."""
@@ -468,6 +478,15 @@ def collect_stats(
             },
             check=check,
         )
+        if cap.batch_rows() not in (None, n):
+            raise UnsupportedLayerError(
+                f"collect_stats: the inputs hold a batch of {n} samples, but the layers a "
+                f"symmetry acts on read {cap.batch_rows()} rows along dim 0 (batch and tokens "
+                "flattened into one axis before them, e.g. x.reshape(B * T, C)); "
+                "estimator='hooks' reads dim 0 of every layer input as the batch, so its "
+                "per-sample statistics would be per row. Use estimator='reference' or "
+                "'microbatch' (any layout), or keep the token axis (x of shape [B, T, C])."
+            )
         st = cap.stats
         if check:
             _mark_loss_checked(loss_fn)
