@@ -14,7 +14,8 @@ scale invariances with every eps set to ~0, where they are exact). Columns:
 * ``hold``: claims whose independent change is ≤ 1e-8 in the mode they were found in, on
   both unseen batches (a claim that fails is a false claim and is listed);
 * ``params``: parameters (tensors) with a symmetry / all trainable;
-* ``not analysed``: parameters with no symmetry, by the first reason of the coverage report.
+* ``not analysed``: parameters with no symmetry, by the first reason of the coverage report
+  (a parameter without a symmetry and without a reason is listed as NO REASON GIVEN).
 
 ``--markdown`` prints the table for docs/concepts/detection.md.
 """
@@ -62,6 +63,9 @@ def run(name: str) -> dict[str, object]:
                 row["false"].append(f"{mode} {s.label} ({worst:.2g})")  # type: ignore[union-attr]
         cov = syms.coverage(model)
         with_sym = sum(1 for p in cov.params if p.symmetries)
+        row.setdefault("no reason", []).extend(  # type: ignore[union-attr]
+            f"{mode} {p.name}" for p in cov.params if not p.symmetries and not p.reasons
+        )
         reasons = Counter(
             (p.reasons[0].split(":")[0][:60] if p.reasons else "?")
             for p in cov.params
@@ -111,6 +115,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{'':12s} not analysed (eval): {e['reasons']}")
         for f in r["false"]:  # type: ignore[union-attr]
             print(f"  FALSE CLAIM: {f}")
+        for f in r["no reason"]:  # type: ignore[union-attr]
+            print(f"  NO REASON GIVEN: {f}")
     print(f"{len(rows)} models, {total_false} false claims")
     return 1 if total_false else 0
 

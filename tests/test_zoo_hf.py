@@ -39,6 +39,9 @@ def _detect(name: str, train: bool) -> tuple[torch.nn.Module, nf.SymmetrySet, ob
 
 
 def _holds(model: torch.nn.Module, syms: nf.SymmetrySet, make: object, train: bool) -> None:
+    """Every claim exact on unseen batches; every parameter without one says why."""
+    cov = syms.coverage(model)
+    assert [p.name for p in cov.params if not p.symmetries and not p.reasons] == []
     for s in syms:
         zero = s.family.value == "scale"
         for seed in (1, 2):
