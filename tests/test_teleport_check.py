@@ -137,3 +137,23 @@ def test_equilibrium_teleport_checks_on_its_batch() -> None:
     else:  # the equilibrium moved it little: then the outputs must be unchanged
         after = model(x).detach()
         assert float((after - before).norm() / before.norm()) <= 1e-8
+
+
+def test_unchecked_eps_teleport_of_a_copy_is_judged_without_eps() -> None:
+    """An unchecked solution moving a known LayerNorm (EpsWarning): the check compares with
+    that norm's eps ~0, on the copy's own norm too, so only an unexplained change raises."""
+    import copy
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.LayerNorm(8, eps=0.1), nn.Linear(8, 2)).to(DT)
+    x = torch.randn(16, 4, dtype=DT)
+    syms = nf.find_symmetries(model, x)
+    sol = _solution(syms, 2.0)
+    clone = copy.deepcopy(model)
+    before = _outputs(clone, x)
+    with pytest.warns(nf.EpsWarning):
+        nf.teleport(clone, sol)
+    after = _outputs(clone, x)
+    assert float((after[False] - before[False]).norm() / before[False].norm()) > 1e-3  # via eps
+    with pytest.warns(nf.EpsWarning):
+        nf.teleport(sol)

@@ -225,7 +225,8 @@ def teleport(
         apply(None)
         return handle
     # the known normalisations' eps explains their change: compared with it ~0
-    norms = [getattr(syms[i], "norm", None) for i, _ in steps if syms.names[i] in eps_syms]
+    # (the original set's modules: a rebound copy's symmetries hold views of them)
+    norms = [getattr(solution.syms[i], "norm", None) for i, _ in steps if syms.names[i] in eps_syms]
     check_teleport(
         target,
         Probe.of(chosen, "teleport(probe=...)"),
@@ -233,11 +234,32 @@ def teleport(
         lambda: _restore(saved),
         [syms.names[i] for i, _ in steps],
         tolerance=check_tolerance or default_tolerance(target, solution.eps_tolerance),
-        zero_eps_of=[m for m in norms if isinstance(m, nn.Module)],
+        zero_eps_of=_in_model(target, [m for m in norms if isinstance(m, nn.Module)], solution),
         on_change=check,
         seed=seed,
     )
     return handle
+
+
+def _in_model(
+    target: nn.Module, norms: list[nn.Module], solution: EquilibriumSolution
+) -> list[nn.Module]:
+    """``norms`` as modules of ``target`` (a copy's, by qualified name in the original)."""
+    own = {id(m) for m in target.modules()}
+    if all(id(m) in own for m in norms):
+        return norms
+    original = _model_of(solution.syms)
+    names = {id(m): n for n, m in original.named_modules()} if original is not None else {}
+    out = []
+    for m in norms:
+        if id(m) in own:
+            out.append(m)
+        elif id(m) in names:
+            try:
+                out.append(target.get_submodule(names[id(m)]))
+            except AttributeError:
+                continue
+    return out
 
 
 def _model_of(syms: SymmetrySet) -> nn.Module | None:
