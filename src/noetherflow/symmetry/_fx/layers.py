@@ -28,6 +28,7 @@ __all__ = [
     "is_known_module",
     "layer_spec",
     "norm_spec",
+    "register_dense",
     "register_layer",
     "register_norm",
 ]
@@ -77,12 +78,35 @@ _NORMS: dict[type, Callable[[nn.Module], NormSpec]] = {}
 _NORMS_BY_NAME: dict[str, Callable[[nn.Module], NormSpec]] = {}
 
 
-def register_layer(cls: type | str, spec: Callable[[nn.Module], LayerSpec]) -> None:
-    """Register a linear layer type (a class, or its qualified name ``"pkg.mod.Class"``)."""
-    if isinstance(cls, str):
-        _LAYERS_BY_NAME[cls] = spec
-    else:
-        _LAYERS[cls] = spec
+def register_layer(
+    cls: type | str, spec: Callable[[nn.Module], LayerSpec], *, overwrite: bool = False
+) -> None:
+    """Register a linear layer type (a class, or its qualified name ``"pkg.mod.Class"``).
+
+    Raises:
+        ValueError: ``cls`` is registered already and ``overwrite`` is False.
+    """
+    table: dict[object, object] = _LAYERS_BY_NAME if isinstance(cls, str) else _LAYERS  # type: ignore[assignment]
+    if cls in table and not overwrite:
+        name = cls if isinstance(cls, str) else cls.__name__
+        raise ValueError(
+            f"register_layer: {name} has a detection pattern already; pass overwrite=True to "
+            "replace it."
+        )
+    table[cls] = spec
+
+
+def register_dense(cls: type, *, transposed: bool, overwrite: bool = False) -> None:
+    """``cls`` computes ``y = x·Wᵀ + b`` (``W [out, in]``), or ``x·W + b`` when ``transposed``.
+
+    Called by :func:`noetherflow.stats.register_layer` for dense layers. A class detection
+    knows already (``nn.Linear``, Hugging Face ``Conv1D``) keeps its pattern.
+    """
+    known = cls in _LAYERS or f"{cls.__module__}.{cls.__qualname__}" in _LAYERS_BY_NAME
+    if known and not overwrite:
+        return
+    axes = (1, 0) if transposed else (0, 1)
+    register_layer(cls, lambda m: LayerSpec(-1, -1, *axes), overwrite=True)
 
 
 def register_norm(cls: type | str, spec: Callable[[nn.Module], NormSpec]) -> None:
