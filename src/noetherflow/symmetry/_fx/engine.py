@@ -357,11 +357,14 @@ def _step(
             return None
         return _Flow(out, new_mode, heads, via)
 
+    if node.target is torch.einsum:
+        return _einsum(node, ins, flows, mode, heads, via, info, arrivals, stop, name)
     if node.target in (torch.baddbmm, "baddbmm"):
         return _baddbmm(node, ins, flows, mode, heads, via, info, arrivals, stop, name)
     multi_ok = node.op == "call_function" and (
         node.target in _MATMUL_FUNCS
         or node.target is _SDPA
+        or node.target is torch.einsum
         or getattr(node.target, "__name__", "") in ROTARY_FUNCTIONS  # q and k of a fused qkv
         or (node.target is torch.cat and _cat_of_flows(node, ins))
     )
@@ -493,6 +496,49 @@ def _scalar(
         if isinstance(out, Tensor) and _broadcasts(idx0.shape, out.shape):
             return _Flow(idx0.expand(out.shape).clone(), _worse(mode, HOMOGENEOUS), heads, via)
     stop(f"read by {name} (element-wise product with another tensor)")
+    return None
+
+
+def _einsum(
+    node: fx.Node,
+    ins: list[fx.Node],
+    flows: dict[fx.Node, _Flow],
+    mode: int,
+    heads: list[frozenset[int]] | None,
+    via: tuple[str, ...],
+    info: GraphInfo,
+    arrivals: list[Arrival],
+    stop: Callable[[str], None],
+    name: str,
+) -> _Flow | None:
+    """``einsum`` of two operands that is a batched ``q @ kᵀ`` or ``att @ v``.
+
+    ``"…id,…jd->…ij"`` (the same batch letters, the last contracted): q·kᵀ, read like
+    ``scaled_dot_product_attention``'s q and k; ``"…ij,…jd->…id"``: a matmul.
+    """
+    eq, *ops = node.args
+    if len(ops) == 1 and isinstance(ops[0], list | tuple):
+        ops = list(ops[0])
+    if not isinstance(eq, str) or len(ops) != 2 or "->" not in eq or "." in eq:
+        stop(f"read by {name} (an einsum that is not a batched matmul)")
+        return None
+    lhs_rhs, out = eq.replace(" ", "").split("->")
+    lhs, rhs = lhs_rhs.split(",")
+    same_batch = len(lhs) == len(rhs) == len(out) >= 2 and lhs[:-2] == rhs[:-2] == out[:-2]
+    if same_batch and lhs[-1] == rhs[-1] and out[-2:] == lhs[-2] + rhs[-2]:  # q·kᵀ
+        for src in ins:
+            f = flows[src]
+            if not isinstance(f.idx, Tensor) or not _rows_constant(f.idx, -2):
+                stop(f"read by {name} with features not on the contracted axis")
+                return None
+            if src is ops[0]:
+                arrivals.append(_arrival(node, "contract_a", f.idx, f))
+            if src is ops[1]:
+                arrivals.append(_arrival(node, "contract_b", f.idx.transpose(-1, -2), f))
+        return None
+    if same_batch and lhs[-1] == rhs[-2] and out[-2:] == lhs[-2] + rhs[-1]:  # a @ b
+        return _matmul(node, ins, flows, mode, heads, via, info, arrivals, stop, name, a=ops[0])
+    stop(f"read by {name} (an einsum that is not a batched matmul)")
     return None
 
 
