@@ -60,3 +60,26 @@ def test_detection_registry_refuses_silent_overwrite() -> None:
     with pytest.raises(ValueError, match="has a detection pattern already"):
         spec = detection_layers.LayerSpec(-1, -1, 0, 1)
         detection_layers.register_layer(nn.Linear, lambda m: spec)
+
+
+def test_hand_built_symmetries_take_registered_layers() -> None:
+    """``Rescaling``/``DoubleRotation`` read the layer registry's layout, not a class list."""
+    torch.manual_seed(1)
+    a, b = ex.TransposedLinear(3, 5), ex.TransposedLinear(5, 2)
+    x = torch.randn(9, 3, dtype=DT)
+    for sym, net in (
+        (nf.Rescaling(a, b), nn.Sequential(a, nn.ReLU(), b)),
+        (nf.DoubleRotation(a, b), nn.Sequential(a, b)),
+    ):
+        w0 = a.weight.detach().clone()
+        with torch.no_grad():
+            before = net(x)
+            sym.apply_(sym.random_element(0.5, torch.Generator().manual_seed(2)))
+            after = net(x)
+        assert float((a.weight.detach() - w0).norm() / w0.norm()) > 1e-2  # it moved them
+        assert float((after - before).norm() / before.norm()) < 1e-12, type(sym).__name__
+    with pytest.raises(nf.SymmetryDefinitionError, match="layer is a ReLU; expected a linear"):
+        nf.Rescaling(nn.ReLU(), b)
+    conv = nn.Conv1d(5, 2, 1).to(DT)
+    with pytest.raises(nf.SymmetryDefinitionError, match="expected a dense linear layer"):
+        nf.DoubleRotation(a, conv)
