@@ -219,6 +219,7 @@ def _on_branches(
 
     def check_on(var: ModelInputs, i: int) -> float:
         if id(var) not in checkers:
+            checkers.clear()  # one variant at a time: its float64 copies only
             checkers[id(var)] = Checker(model, var, loss_fn, targets, seed, _Isolated)
         v = live[i]
         chk = checkers[id(var)].check(
