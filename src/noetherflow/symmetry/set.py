@@ -72,6 +72,12 @@ class SymmetrySet:
         for s in symmetries:
             self.add(s)
 
+    def __getstate__(self) -> dict[str, Any]:
+        # the weak reference to the model does not pickle; a loaded set has no probe model
+        state = dict(self.__dict__)
+        state["model_ref"] = None
+        return state
+
     def add(self, sym: Symmetry) -> None:
         """Append a symmetry; its name must be unique in the set."""
         if not isinstance(sym, Symmetry):
