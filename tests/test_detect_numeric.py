@@ -158,3 +158,23 @@ def test_unregistered_layernorm_subclass_eps_is_kept_within_tolerance() -> None:
     nf.teleport(sol)  # checks itself too
     after = model(x).detach()
     assert float((after - before).norm() / before.norm()) <= 1e-6
+
+
+class _InlineReLU(nn.Module):
+    """DistilBERT-style: an activation module built inside forward (outside the tree)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 6), nn.Linear(6, 3)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.b(nn.ReLU()(self.a(x)))
+
+
+def test_module_built_inside_forward_traces_the_whole_model() -> None:
+    torch.manual_seed(3)
+    model = _InlineReLU().to(DT)
+    syms = nf.find_symmetries(model, torch.randn(8, 4, dtype=DT))
+    assert syms.detection is not None and syms.detection.traced
+    assert syms.names == ["rescaling:a→b"]
+    assert _independent(model, syms[0], torch.randn(5, 4, dtype=DT), zero_eps=False) < 1e-12
