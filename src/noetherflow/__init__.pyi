@@ -6,6 +6,7 @@ it is imported here and listed in ``__all__`` (tests/test_layout.py checks both 
 """
 
 from ._errors import (
+    BranchWarning,
     EpsWarning,
     NonFiniteGradientError,
     StatisticsError,
@@ -63,7 +64,7 @@ from .symmetry.rescaling import Rescaling
 from .symmetry.rotation import Block, DoubleRotation
 from .symmetry.scaling import ScaleInvariance
 from .symmetry.set import SymmetrySet, VerifyResult
-from .teleport import TeleportError, TeleportHandle, teleport
+from .teleport import FunctionChangedError, TeleportError, TeleportHandle, teleport
 from .teleporter import EquilibriumTeleport, TeleportingOptimizer, TeleportRecord
 
 __version__: str
@@ -81,6 +82,7 @@ __all__ = [
     "SymmetrySet",
     "VerifyResult",
     # detection
+    "BranchWarning",
     "CoverageReport",
     "CoverageStatus",
     "EpsReport",
@@ -145,6 +147,7 @@ __all__ = [
     "StatisticsError",
     "SymmetryDefinitionError",
     "SymmetryNotPresentError",
+    "FunctionChangedError",
     "TeleportError",
     "UnsupportedLayerError",
     # optimizers beyond plain SGD (issue #18)

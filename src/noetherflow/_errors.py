@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 __all__ = [
+    "BranchWarning",
     "EpsWarning",
     "NonFiniteGradientError",
     "StatisticsError",
@@ -39,4 +40,13 @@ class EpsWarning(UserWarning):
     within an eps tolerance (:func:`noetherflow.solve_within_eps`,
     :func:`noetherflow.clip_to_eps`): the outputs change through eps, by how much depends on
     the variance each normalisation divides by.
+    """
+
+
+class BranchWarning(UserWarning):
+    """The forward branches on the values of its inputs (``if x.mean() > 0``).
+
+    Raised (as a warning) by :func:`noetherflow.find_symmetries` when a symmetry failed on
+    inputs taking another branch (dropped) or could not be checked on every branch (kept,
+    not marked verified). The message names the branch (file, line, code).
     """

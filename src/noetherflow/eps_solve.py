@@ -33,6 +33,7 @@ import torch
 from torch import Tensor, nn
 
 from noetherflow._inputs import ModelInputs
+from noetherflow._teleport_check import Probe
 from noetherflow.equilibrium import EquilibriumSolution, solve_equilibrium
 from noetherflow.kernels.noise import NoiseModel
 from noetherflow.stats.core import GradStats
@@ -162,4 +163,4 @@ def solve_within_eps(
     for name, lam in held.items():
         gens = torch.isfinite(lam).nonzero().flatten().tolist()
         report.clipped.append(EpsClip(name, gens, _lam(first, name), _lam(sol, name)))
-    return replace(sol, eps_tolerance=tolerance), report
+    return replace(sol, eps_tolerance=tolerance, probe=Probe(args)), report

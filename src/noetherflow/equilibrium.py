@@ -96,6 +96,8 @@ class EquilibriumSolution:
             (:func:`noetherflow.solve_within_eps`, :func:`noetherflow.clip_to_eps`); None: not
             checked, and :func:`noetherflow.teleport` warns (:class:`noetherflow.EpsWarning`)
             if it moves such a scale invariance.
+        probe: inputs :func:`noetherflow.teleport` checks the outputs on (set by
+            :func:`noetherflow.solve_within_eps` to its inputs); None: the symmetry set's.
     """
 
     syms: SymmetrySet
@@ -108,6 +110,7 @@ class EquilibriumSolution:
     iterations: int = 0
     fingerprint: tuple[tuple[float, float, float], ...] | None = None
     eps_tolerance: float | None = None
+    probe: Any = None
     momentum_terms: dict[str, tuple[Tensor, Tensor, Tensor]] = field(default_factory=dict)
 
     def max_distance(self) -> float:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -11,13 +12,20 @@ from torch import Tensor, nn
 
 from noetherflow._checks import same_fingerprint as _same
 from noetherflow._errors import EpsWarning
+from noetherflow._teleport_check import (
+    CHECKS,
+    FunctionChangedError,
+    Probe,
+    check_teleport,
+    default_tolerance,
+)
 from noetherflow.equilibrium import EquilibriumSolution, fingerprint
 from noetherflow.stats.distributed import unwrap_ddp
 from noetherflow.stats.fsdp import bind_sharded
 from noetherflow.symmetry.eps import eps_moved
 from noetherflow.symmetry.set import SymmetrySet, rebind_symmetry
 
-__all__ = ["TeleportError", "TeleportHandle", "teleport"]
+__all__ = ["FunctionChangedError", "TeleportError", "TeleportHandle", "teleport"]
 
 
 class TeleportError(ValueError):
@@ -106,7 +114,13 @@ def _warn_eps(syms: SymmetrySet, steps: list[tuple[int, Any]]) -> None:
         )
 
 
-def teleport(*args: Any) -> TeleportHandle:
+def teleport(
+    *args: Any,
+    probe: Any = None,
+    check: str = "raise",
+    check_tolerance: float | None = None,
+    seed: int = 0,
+) -> TeleportHandle:
     """Move the parameters along the symmetry orbits to the solved noise equilibrium.
 
     ``teleport(solution)`` moves the parameters the solution was computed for;
@@ -116,10 +130,39 @@ def teleport(*args: Any) -> TeleportHandle:
     symmetry); its Noether charges move to their equilibrium values. Optimizer state
     (momentum, Adam moments) is not transformed here; see ``nf.EquilibriumTeleport``.
 
+    The teleport checks itself: the model's outputs on a probe batch, in training and eval
+    mode and in its own dtype, are compared before and after (four forwards of the probe).
+    The probe is ``probe`` if given, else the solution's (``solve_within_eps`` sets its
+    inputs), else the example inputs of :func:`~noetherflow.find_symmetries`; a hand-built
+    symmetry set without ``probe`` is not checked. The change allowed is
+    ``check_tolerance``, by default the dtype's round-off (1e-4 float32, 1e-8 float64),
+    10·τ for a solution kept within an eps tolerance τ, and the change not explained by the
+    known normalisations' eps for an unchecked solution that moves them (which warns with
+    :class:`~noetherflow.EpsWarning`); docs/concepts/teleport.md.
+
+    Args:
+        *args: ``(solution,)`` or ``(model, solution)``.
+        probe: inputs to check the outputs on (a tensor, tuple or dict of keyword inputs).
+        check: ``"raise"`` (default: undo the teleport and raise), ``"warn"`` (keep it and
+            warn) or ``"off"``.
+        check_tolerance: the relative output change allowed (see above).
+        seed: seeds dropout in the probe's forwards.
+
     Raises:
         TeleportError: the parameters changed since the solution was computed (a training
             step in between, or the solution was applied already): solve again.
+        FunctionChangedError: the outputs on the probe changed beyond the tolerance; the
+            teleport was undone. The message names the symmetries responsible.
     """
+    if check not in CHECKS:
+        raise ValueError(f"teleport: check={check!r}; expected one of {list(CHECKS)}.")
+    if check_tolerance is not None and not (
+        isinstance(check_tolerance, int | float) and check_tolerance > 0
+    ):
+        raise ValueError(
+            f"teleport: check_tolerance={check_tolerance!r}; expected a number > 0 (the "
+            "relative output change allowed) or None (the default for the model's dtype)."
+        )
     if len(args) == 1 and isinstance(args[0], EquilibriumSolution):
         model, solution = None, args[0]
     elif len(args) == 2 and isinstance(args[1], EquilibriumSolution):
@@ -153,11 +196,76 @@ def teleport(*args: Any) -> TeleportHandle:
                 "a solution is valid only at the parameters it was solved at. Collect the "
                 "statistics and solve again, then teleport."
             )
-    if solution.eps_tolerance is None:
+    eps_syms = eps_moved(syms, solution.steps) if solution.eps_tolerance is None else []
+    if eps_syms:
         _warn_eps(syms, solution.steps)
     saved: dict[Tensor, Tensor] = {p: p.detach().clone() for p in params}
     for s in syms:  # buffers moved with the parameters (ScaleInvariance before a BatchNorm)
         saved.update({b: b.detach().clone() for b in s.state_buffers()})
-    for i, element in solution.steps:
-        syms[i].apply_(element)
-    return TeleportHandle(solution, saved)
+    handle = TeleportHandle(solution, saved)
+    steps = solution.steps
+
+    def apply(only: Sequence[int] | None) -> None:
+        for k, (i, element) in enumerate(steps):
+            if only is None or k in only:
+                syms[i].apply_(element)
+
+    target = model if model is not None else _model_of(solution.syms)
+    chosen = probe if probe is not None else solution.probe or solution.syms.probe
+    if probe is not None and target is None:
+        raise TypeError(
+            "teleport(solution, probe=...): the symmetry set was not built by "
+            "nf.find_symmetries, so the model to run the probe on is unknown; call "
+            "teleport(model, solution, probe=...)."
+        )
+    if check == "off" or target is None or chosen is None or not steps:
+        apply(None)
+        return handle
+    # the known normalisations' eps explains their change: compared with it ~0
+    # (the original set's modules: a rebound copy's symmetries hold views of them)
+    norms = [getattr(solution.syms[i], "norm", None) for i, _ in steps if syms.names[i] in eps_syms]
+    check_teleport(
+        target,
+        Probe.of(chosen, "teleport(probe=...)"),
+        apply,
+        lambda: _restore(saved),
+        [syms.names[i] for i, _ in steps],
+        tolerance=check_tolerance or default_tolerance(target, solution.eps_tolerance),
+        zero_eps_of=_in_model(target, [m for m in norms if isinstance(m, nn.Module)], solution),
+        on_change=check,
+        seed=seed,
+    )
+    return handle
+
+
+def _in_model(
+    target: nn.Module, norms: list[nn.Module], solution: EquilibriumSolution
+) -> list[nn.Module]:
+    """``norms`` as modules of ``target`` (a copy's, by qualified name in the original)."""
+    own = {id(m) for m in target.modules()}
+    if all(id(m) in own for m in norms):
+        return norms
+    original = _model_of(solution.syms)
+    names = {id(m): n for n, m in original.named_modules()} if original is not None else {}
+    out = []
+    for m in norms:
+        if id(m) in own:
+            out.append(m)
+        elif id(m) in names:
+            try:
+                out.append(target.get_submodule(names[id(m)]))
+            except AttributeError:
+                continue
+    return out
+
+
+def _model_of(syms: SymmetrySet) -> nn.Module | None:
+    """The model ``find_symmetries`` built ``syms`` on, if it is still alive."""
+    ref = syms.model_ref
+    return ref() if ref is not None else None
+
+
+def _restore(saved: dict[Tensor, Tensor]) -> None:
+    with torch.no_grad():
+        for p, v in saved.items():
+            p.copy_(v)

@@ -47,6 +47,7 @@ from noetherflow._optimizer_state import (
     transform_optimizer_state,
     transport_,
 )
+from noetherflow._teleport_check import CHECKS, Probe
 from noetherflow.eps_solve import solve_within_eps
 from noetherflow.equilibrium import EquilibriumSolution, solve_equilibrium
 from noetherflow.kernels.decay import ParamDecay, parse_decay
@@ -148,6 +149,9 @@ class EquilibriumTeleport:
             (:func:`~noetherflow.solve_within_eps`, on the teleport's batch); the report is
             :attr:`TeleportRecord.eps`. Without it such generators move to their equilibrium
             however far, and eps may change the function.
+        check: after every teleport the outputs on the teleport's batch are compared
+            (:func:`noetherflow.teleport`): ``"raise"`` (default: undo and raise
+            :class:`~noetherflow.FunctionChangedError`), ``"warn"`` or ``"off"``.
         momentum_cross: with an SGD with momentum, solve with the cross term c_cross·vᵀA∇L
             of its buffers (default; exact). False drops it (the ⟨vᵀA∇L⟩ = 0
             approximation, docs/concepts/optimizers.md).
@@ -203,6 +207,7 @@ class EquilibriumTeleport:
         solver_kwargs: Mapping[str, Any] | None = None,
         eps_tolerance: float | None = None,
         momentum_cross: bool = True,
+        check: str = "raise",
     ) -> None:
         check_model_and_set(model, syms, "EquilibriumTeleport")
         if not callable(loss_fn):
@@ -250,6 +255,11 @@ class EquilibriumTeleport:
             check_tolerance(eps_tolerance, "EquilibriumTeleport(eps_tolerance=...)")
         self.eps_tolerance = None if eps_tolerance is None else float(eps_tolerance)
         self.momentum_cross = check_bool(momentum_cross, "momentum_cross")
+        if check not in CHECKS:
+            raise ValueError(
+                f"EquilibriumTeleport: check={check!r}; expected one of {list(CHECKS)}."
+            )
+        self.check = check
         self._eps_report: EpsReport | None = None
         self.history: list[TeleportRecord] = []
         self.steps_seen = 0
@@ -364,7 +374,7 @@ class EquilibriumTeleport:
         """Teleport now (whatever the schedule): solve, move, transport ``.grad`` and state."""
         t0 = time.perf_counter()
         sol = self.solve(inputs, targets)
-        teleport(self.model, sol)
+        teleport(self.model, sol, probe=Probe.of(inputs, "EquilibriumTeleport"), check=self.check)
         # .grad, if any, was computed at the old point: its value at the new one is T^{-T}g.
         for i, element in sol.steps:
             sym = self.syms[i]

@@ -43,6 +43,7 @@ from noetherflow.stats.core import (
 )
 from noetherflow.stats.distributed import all_reduce_stats, is_distributed, unwrap_ddp
 from noetherflow.stats.factor_source import FactorSource, Record, Unit
+from noetherflow.stats.flattened import regroup, row_order
 from noetherflow.stats.fsdp import bind_sharded, check_hooks_only, is_sharded_model, restored_grads
 from noetherflow.stats.microbatch import microbatch_grads
 from noetherflow.stats.reference import _data_dependent, check_no_train_batchnorm, per_sample_grads
@@ -201,6 +202,7 @@ class Capture:
             )
         self._owners = owners
         self._records = recs
+        self._regroup: tuple[int, bool] | None = None  # (N, batch-major): see .flattened
         self._stats: GradStats | None = None
         self._stamp: dict[nn.Parameter, tuple[float, float, float]] = {}
         # Mean gradients already computed by autograd, so the hooks skip them.
@@ -293,6 +295,16 @@ class Capture:
         self._check_means = False
 
     # -- statistics -------------------------------------------------------------------------
+    def batch_rows(self) -> int | None:
+        """Dim 0 of the captured layer inputs when they agree (None before a forward)."""
+        sizes: set[int] = set()
+        for rec in self._records:
+            if rec.facs is not None:
+                sizes |= {a.shape[0] for a, _ in rec.facs.values()}
+            elif isinstance(rec.a, Tensor) and rec.a.dim() > 1:  # the raw input: no unfold
+                sizes.add(int(rec.a.shape[0]))
+        return sizes.pop() if len(sizes) == 1 else None
+
     @property
     def stats(self) -> GradStats:
         """Gradient statistics of the captured batch (computed on first access)."""
@@ -327,6 +339,8 @@ class Capture:
         sizes: dict[str, int] = {}
         for rec in self._records:
             for part, (a, g) in rec.factors().items():
+                if self._regroup is not None:  # batch × tokens flattened: see .flattened
+                    a, g = (regroup(t, *self._regroup) for t in (a, g))
                 sizes[rec.name] = a.shape[0]
                 facs[(id(rec.module), part)] = (a, g)
         if len(set(sizes.values())) > 1:
@@ -531,6 +545,22 @@ def collect_stats(
                     if g is not None
                 },
                 check=check,
+            )
+        rows = cap.batch_rows()
+        if rows not in (None, n):
+            assert rows is not None
+            order = row_order(model, [r.module for r in cap._records], inp, n, rows)
+            if order is not None:
+                cap._regroup = (n, order)
+        if rows not in (None, n) and cap._regroup is None:
+            raise UnsupportedLayerError(
+                f"collect_stats: the inputs hold a batch of {n} samples, but the layers a "
+                f"symmetry acts on read {cap.batch_rows()} rows along dim 0 (batch and tokens "
+                "flattened into one axis before them, e.g. x.reshape(B * T, C)); "
+                "estimator='hooks' reads dim 0 of every layer input as the batch, so its "
+                "per-sample statistics would be per row. Use estimator='reference' or "
+                "'microbatch' (any layout), or keep the token axis (x of shape [B, T, C]). "
+                "(Rows grouped by sample, batch- or token-major, are regrouped; these are not.)"
             )
         st = cap.stats
         if check and not sharded:  # under FSDP the mean-gradient half of the check did not run

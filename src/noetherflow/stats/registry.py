@@ -161,6 +161,10 @@ _REGISTRY: dict[type[nn.Module], LayerHandler] = {}
 def register_layer(cls: type[nn.Module], handler: LayerHandler, *, overwrite: bool = False) -> None:
     """Teach the hook estimator a layer type (exact class; subclasses register separately).
 
+    A dense linear layer (``factors=linear_factors``, one part) is also made known to
+    :func:`noetherflow.find_symmetries` with the same weight layout (``transposed``: the
+    weight is ``[in, out]``), so one registration is found, hooked, solved and teleported.
+
     Raises:
         ValueError: ``cls`` is registered already and ``overwrite`` is False.
     """
@@ -172,6 +176,11 @@ def register_layer(cls: type[nn.Module], handler: LayerHandler, *, overwrite: bo
             "replace its handler."
         )
     _REGISTRY[cls] = handler
+    dense = handler.factors is linear_factors and not handler.elementwise
+    if dense and handler.parts is None and handler.call_factors is None:
+        from noetherflow.symmetry._fx.layers import register_dense
+
+        register_dense(cls, transposed=handler.transposed, overwrite=overwrite)
 
 
 _NORM = LayerHandler(layernorm_factors, elementwise=True)

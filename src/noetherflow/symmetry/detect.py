@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 import warnings
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -38,9 +39,13 @@ import torch
 from torch import Tensor, nn
 
 from noetherflow._checks import check_finite_model, check_positive, check_seed
+from noetherflow._errors import BranchWarning
 from noetherflow._inputs import ModelInputs
 from noetherflow._shard import refuse_sharded
+from noetherflow._teleport_check import Probe
 from noetherflow.symmetry._fx import engine as pat
+from noetherflow.symmetry._fx.branch_check import check_branches, describe_uncovered
+from noetherflow.symmetry._fx.branches import Branch
 from noetherflow.symmetry._fx.capture import capture
 from noetherflow.symmetry._fx.check import Check, Checker
 from noetherflow.symmetry._fx.matchers import run_patterns
@@ -191,6 +196,73 @@ def _confirm_on_whole_model(
     return out
 
 
+def _on_branches(
+    model: nn.Module,
+    inp: ModelInputs,
+    branches: list[Branch],
+    verified: list[_Verified],
+    loss_fn: Callable[[Any, Any], Tensor] | None,
+    targets: Any,
+    seed: int,
+    detection: DetectionReport,
+    ledger: pat.Ledger,
+) -> dict[int, str]:
+    """Check ``verified`` on inputs taking the other branches of control flow on the inputs.
+
+    Rejects (``v.chk = None``) the candidates that fail there; returns ``id(v)`` → why for
+    those kept but not verified on every branch (see :mod:`.branch_check`). Warns, naming the
+    branches, unless every branch was seen both ways and every candidate held on each.
+    """
+    live = [v for v in verified if v.chk is not None]
+    if not branches or not live:
+        return {}
+    tol = detection.tolerance
+    checkers: dict[int, Checker] = {}
+
+    def check_on(var: ModelInputs, i: int) -> float:
+        if id(var) not in checkers:
+            checkers.clear()  # one variant at a time: its float64 copies only
+            checkers[id(var)] = Checker(model, var, loss_fn, targets, seed, _Isolated)
+        v = live[i]
+        chk = checkers[id(var)].check(
+            v.sym, v.element, v.prop.uses_norm_eps, tol, detection.scale, control=False, climb=False
+        )
+        return chk.rel
+
+    verdict = check_branches(
+        model, inp, lambda: _Isolated(model, seed), seed, check_on, len(live), tol
+    )
+    for i, why in verdict.failed.items():
+        live[i].chk = None
+        detection.rejected.append((live[i].prop.label, why))
+        ledger.note(list(live[i].prop.params), f"candidate {live[i].prop.label} {why}")
+    what = verdict.describe()
+    detection.notes.append(
+        f"the forward converts input-dependent values to Python (control flow on the inputs): "
+        f"{what}; the symmetries were checked on {verdict.others} variant(s) of the example "
+        "inputs that take other branches"
+    )
+    unproven: dict[int, str] = {}
+    if verdict.uncovered:
+        why = (
+            "the forward branches on input values at "
+            f"{describe_uncovered(verdict.uncovered)}, and no variant of the example took "
+            "every other branch"
+        )
+        unproven = {id(v): why for v in live if v.chk is not None}
+    if verdict.failed or unproven:
+        warnings.warn(
+            f"find_symmetries: the forward branches on the values of its inputs ({what}): the "
+            "traced graph holds for the example's branch only. "
+            f"{len(verdict.failed)} symmetr(ies) failed on inputs taking another branch and "
+            f"were dropped; {len(unproven)} are kept but not marked verified "
+            "(syms.verification[name].verified is False). See syms.coverage(model).",
+            BranchWarning,
+            stacklevel=3,
+        )
+    return unproven
+
+
 def find_symmetries(
     model: nn.Module,
     example_inputs: Any,
@@ -293,8 +365,19 @@ def find_symmetries(
     )
     gen = torch.Generator().manual_seed(seed)
     verified: list[_Verified] = []
+    seen: set[tuple[str, tuple[int, ...]]] = set()
     for prop in sorted(proposals, key=lambda q: (q.order, q.sub)):
+        key = (prop.label, tuple(sorted(map(id, prop.params))))
+        if key in seen:
+            continue  # the same candidate at another use of a shared module
+        seen.add(key)
         bad = [p for p in prop.params if not ledger.eligible(p)]
+        if bad and ledger.shared_uses(prop.params) and not prop.approximate:
+            bad = []  # a shared module called k times: checked numerically like any other
+            prop.note = (prop.note + "; " if prop.note else "") + (
+                f"its module is shared: used {ledger.shared_uses(prop.params)} times, "
+                "the same transformation at every use"
+            )
         if bad:
             for p in bad:
                 why = (
@@ -318,6 +401,9 @@ def find_symmetries(
         if _verify(v, checker, tolerance, scale, detection, ledger):
             verified.append(v)
     composed = _confirm_on_whole_model(verified, checker, tolerance, scale, detection, ledger)
+    unproven = _on_branches(
+        model, inp, cap.branches, verified, loss_fn, targets, seed, detection, ledger
+    )
     found: list[tuple[str, Symmetry, VerifyResult]] = []
     labels: set[str] = set()
     for v in verified:
@@ -342,13 +428,17 @@ def find_symmetries(
                 f"change {rel_all:.2g}"
             )
         detection.sym_notes[label] = f"{label}: {note}verified on {v.chk.how}{tail}"
-        found.append((label, v.sym, VerifyResult(label, rel, tolerance, True)))
+        ok = id(v) not in unproven
+        if not ok:
+            detection.sym_notes[label] += f"; NOT verified for every input: {unproven[id(v)]}"
+        found.append((label, v.sym, VerifyResult(label, rel, tolerance, ok)))
     detection.reasons = ledger.reasons
     syms = SymmetrySet(s for _, s, _ in found)
     for label, _, res in found:
         syms.verification[label] = res
     syms.detection = detection
     syms.param_names = names
+    syms.probe, syms.model_ref = Probe(inp), weakref.ref(model)
     if not traced:
         warnings.warn(
             f"find_symmetries: {notes[0]}. See syms.coverage(model).", UserWarning, stacklevel=2

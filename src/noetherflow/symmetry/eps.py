@@ -132,7 +132,7 @@ def _norm_variance(norm: nn.Module, x: Tensor, per_channel: bool, train: bool) -
         return v if per_channel else v.min().reshape(1)
     if isinstance(norm, nn.GroupNorm):
         v = x.reshape(x.shape[0], norm.num_groups, -1).var(-1, unbiased=False)
-    elif "RMS" in type(norm).__name__:
+    elif spec.rms or "RMS" in type(norm).__name__:
         v = x.pow(2).mean(spec.axis)
     else:
         v = x.var(spec.axis, unbiased=False)

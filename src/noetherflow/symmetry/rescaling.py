@@ -14,11 +14,29 @@ from torch import nn
 from typing_extensions import override
 
 from noetherflow._errors import SymmetryDefinitionError
+from noetherflow.symmetry._fx.layers import LayerSpec, layer_spec
 from noetherflow.symmetry.base import DiagonalSymmetry, DiagonalTerm, Family, check_params
 
 __all__ = ["Rescaling"]
 
-_LAYERS = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
+
+def linear_layer(layer: nn.Module, who: str, name: str, dense: bool = False) -> LayerSpec:
+    """The layer registry's :class:`LayerSpec` of ``layer``, or a SymmetryDefinitionError.
+
+    The layers known to detection and hooks alike: ``nn.Linear``, convolutions, Hugging Face
+    ``Conv1D``, a dense layer registered with :func:`noetherflow.stats.register_layer`, or
+    one that computes ``x·Wᵀ + b`` / ``x·W + b``. ``dense``: not a convolution.
+    """
+    spec = layer_spec(layer)
+    if spec is None or (dense and spec.conv):
+        kinds = "dense linear layer" if dense else "linear or convolutional layer"
+        raise SymmetryDefinitionError(
+            f"{who}: {name} layer is a {type(layer).__name__}; expected a {kinds} (nn.Linear"
+            f"{'' if dense else ', nn.Conv1d/2d/3d'}, Hugging Face Conv1D, or a layer "
+            "registered with noetherflow.stats.register_layer). For other parameters use "
+            "ScaleInvariance, DenseSymmetry or DoubleRotation.from_blocks."
+        )
+    return spec
 
 
 def _param(layer: nn.Module, name: str) -> nn.Parameter:
@@ -30,8 +48,10 @@ class Rescaling(DiagonalSymmetry):
     """Per-neuron (per-channel) rescaling between two layers.
 
     Args:
-        first: the layer producing the neurons (``nn.Linear`` or ``nn.Conv{1,2,3}d``); its
-            weight rows and bias entries scale up by e^{λ_j}.
+        first: the layer producing the neurons (``nn.Linear``, ``nn.Conv{1,2,3}d``, or any
+            layer of the layer registry: HF ``Conv1D``, one registered with
+            ``noetherflow.stats.register_layer``); its weight rows (along the registry's
+            output axis) and bias entries scale up by e^{λ_j}.
         second: the layer consuming them; its input columns scale down by e^{-λ_j}.
         block: number of consecutive input columns of ``second`` per neuron, e.g. H·W when an
             ``nn.Flatten`` sits between a conv with C channels and a linear layer.
@@ -48,12 +68,8 @@ class Rescaling(DiagonalSymmetry):
         self, first: nn.Module, second: nn.Module, *, block: int = 1, label: str | None = None
     ) -> None:
         super().__init__(label=label)
-        for name, layer in (("first", first), ("second", second)):
-            if not isinstance(layer, _LAYERS):
-                raise SymmetryDefinitionError(
-                    f"Rescaling: {name} layer is a {type(layer).__name__}; expected nn.Linear or "
-                    "nn.Conv1d/2d/3d. For other parameters use ScaleInvariance or DenseSymmetry."
-                )
+        s1 = linear_layer(first, "Rescaling", "first")
+        s2 = linear_layer(second, "Rescaling", "second")
         if getattr(first, "groups", 1) != 1:
             raise SymmetryDefinitionError(
                 f"Rescaling: grouped convolutions (groups={first.groups}) are not supported; "
@@ -64,8 +80,9 @@ class Rescaling(DiagonalSymmetry):
         self._w1 = _param(first, "weight")
         self._b1 = _param(first, "bias")
         self._w2 = _param(second, "weight")
-        n_out = self._w1.shape[0]
-        n_in = self._w2.shape[1]
+        self._axes = (s1.w_out, s2.w_in)  # neuron axis of each weight (registry layout)
+        n_out = self._w1.shape[s1.w_out]
+        n_in = self._w2.shape[s2.w_in]
         if getattr(second, "groups", 1) != 1:
             raise SymmetryDefinitionError(
                 f"Rescaling: grouped convolutions (groups={second.groups}) are not supported."
@@ -87,15 +104,15 @@ class Rescaling(DiagonalSymmetry):
     @property
     @override
     def num_generators(self) -> int:
-        return int(self._w1.shape[0])
+        return int(self._w1.shape[self._axes[0]])
 
     @override
     def terms(self) -> list[DiagonalTerm]:
         if self._terms is None:
-            terms = [DiagonalTerm(self._w1, 0, 1, 1.0)]
+            terms = [DiagonalTerm(self._w1, self._axes[0], 1, 1.0)]
             if self._b1 is not None:
                 terms.append(DiagonalTerm(self._b1, 0, 1, 1.0))
-            terms.append(DiagonalTerm(self._w2, 1, self.block, -1.0))
+            terms.append(DiagonalTerm(self._w2, self._axes[1], self.block, -1.0))
             self._terms = terms
         return self._terms
 

@@ -86,9 +86,11 @@ class DoubleRotation(Symmetry):
     """U·W = (U G)(G^{-1} W) for every invertible G.
 
     Args:
-        first: ``nn.Linear`` computing the hidden vector (W ``[d, d_in]``; its bias rotates
-            with it).
-        second: ``nn.Linear`` reading it (U ``[d_out, d]``; its bias is untouched).
+        first: a dense linear layer of the layer registry (``nn.Linear``, HF ``Conv1D``, one
+            registered with ``noetherflow.stats.register_layer``) computing the hidden
+            vector (W ``[d, d_in]`` or ``[d_in, d]``; its bias rotates with it).
+        second: such a layer reading it (U ``[d_out, d]`` or ``[d, d_out]``; its bias is
+            untouched).
         label: optional name shown in tables.
 
     For slices of parameters (attention heads, packed projections) use
@@ -102,25 +104,23 @@ class DoubleRotation(Symmetry):
         return [(b.param, b.axis) for b in [*self.w_blocks, *self.u_blocks]]
 
     def __init__(self, first: nn.Module, second: nn.Module, *, label: str | None = None) -> None:
-        for name, layer in (("first", first), ("second", second)):
-            if not isinstance(layer, nn.Linear):
-                raise SymmetryDefinitionError(
-                    f"DoubleRotation: {name} layer is a {type(layer).__name__}; expected "
-                    "nn.Linear. For slices of other parameters use DoubleRotation.from_blocks."
-                )
-        assert isinstance(first, nn.Linear) and isinstance(second, nn.Linear)
+        from noetherflow.symmetry.rescaling import linear_layer
+
+        s1 = linear_layer(first, "DoubleRotation", "first", dense=True)
+        s2 = linear_layer(second, "DoubleRotation", "second", dense=True)
         w1: nn.Parameter = first.weight  # type: ignore[assignment]
         w2: nn.Parameter = second.weight  # type: ignore[assignment]
-        d = w1.shape[0]
-        if w2.shape[1] != d:
+        d = w1.shape[s1.w_out]
+        if w2.shape[s2.w_in] != d:
             raise SymmetryDefinitionError(
                 f"DoubleRotation: layers do not chain: first has {d} outputs, second expects "
-                f"{w2.shape[1]} inputs; expected equal sizes."
+                f"{w2.shape[s2.w_in]} inputs; expected equal sizes."
             )
-        w_blocks = [Block(w1, 0, 0, d)]
-        if first.bias is not None:
-            w_blocks.append(Block(first.bias, 0, 0, d))
-        self._init(w_blocks, [Block(w2, 1, 0, d)], label)
+        w_blocks = [Block(w1, s1.w_out, 0, d)]
+        bias = getattr(first, "bias", None)
+        if isinstance(bias, nn.Parameter):
+            w_blocks.append(Block(bias, 0, 0, d))
+        self._init(w_blocks, [Block(w2, s2.w_in, 0, d)], label)
 
     @classmethod
     def from_blocks(

@@ -74,8 +74,18 @@ class SymmetrySet:
         # to_dict()/table() name parameters without being given the model.
         self.detection: DetectionReport | None = None
         self.param_names: dict[int, str] = {}
+        # Filled by nf.find_symmetries: the example inputs and (weakly) the model, which
+        # nf.teleport runs to check that a teleport leaves the outputs unchanged.
+        self.probe: Any = None
+        self.model_ref: Any = None
         for s in symmetries:
             self.add(s)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # the weak reference to the model does not pickle; a loaded set has no probe model
+        state = dict(self.__dict__)
+        state["model_ref"] = None
+        return state
 
     def add(self, sym: Symmetry) -> None:
         """Append a symmetry; its name must be unique in the set."""

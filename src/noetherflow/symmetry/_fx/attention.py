@@ -152,9 +152,12 @@ class AttentionPattern:
         """Rotary embeddings: only maps commuting with every position's rotation survive.
 
         A rotary embedding turns each plane (pair of coordinates) of a head by an angle
-        proportional to the position. With distinct frequencies, the invertible maps G with
-        qᵀ R_Δ k = (Gᵀq)ᵀ R_Δ (G⁻¹k) for every Δ are those commuting with all R_Δ: per plane,
-        a scaling times a rotation within the plane. Its symmetric generators (the ones with
+        proportional to the position; a partial one (GPT-NeoX, Phi) leaves the other
+        coordinates alone, and any invertible map of those alone commutes with it: the full
+        group on them, one double rotation (:meth:`_unrotated`). With distinct
+        frequencies, the invertible maps G with qᵀ R_Δ k = (Gᵀq)ᵀ R_Δ (G⁻¹k) for every Δ
+        are those commuting with all R_Δ: per plane, a scaling times a rotation within the
+        plane. Its symmetric generators (the ones with
         a Noether charge) are the per-plane scalings: one d = 1 double rotation per plane,
         acting on the two query rows against the two key rows of that plane.
         """
@@ -164,15 +167,21 @@ class AttentionPattern:
             ledger.note(params, f"{sa.name}·{sb.name}: only one side has a rotary embedding")
             return []
         pos = {f: i for i, f in enumerate(k)}
-        planes = sorted({tuple(sorted((i, pos.get(rb.get(f, -1), -1)))) for i, f in enumerate(k)})
-        if any(i < 0 for i, _ in planes) or len(planes) * 2 != len(k):
+        # a feature the embedding never saw (sliced off and concatenated back, Phi and GPT-J)
+        # is not rotated: its own partner, like one the embedding leaves in place
+        ra = {**{f: f for q in qs for f in q}, **ra}
+        rb = {**{f: f for f in k}, **rb}
+        pairs = sorted({tuple(sorted((i, pos.get(rb[f], -1)))) for i, f in enumerate(k)})
+        planes = [(i, j) for i, j in pairs if i != j]
+        fixed = [i for i, j in pairs if i == j]  # not rotated (partial rotary)
+        if any(i < 0 for i, _ in pairs) or len(planes) * 2 + len(fixed) != len(k):
             ledger.note(params, f"{sa.name}·{sb.name}: rotary planes of head {h} leave the head")
             return []
-        if any(ra.get(q[i]) != q[j] for q in qs for i, j in planes):
+        if any(ra.get(q[i]) != q[j] for q in qs for i, j in pairs):
             ledger.note(params, f"{sa.name}·{sb.name}: query and key rotary planes differ")
             return []
         first_is_a = info.order[sa.node] <= info.order[sb.node]
-        out = []
+        out = self._unrotated(info, node, sa, sb, h, k, qs, fixed, first_is_a, params, ledger)
         for p, (i, j) in enumerate(planes):
             q_blocks = [b for q in qs for f in (q[i], q[j]) for b in _blocks(sa.module, f, f + 1)]
             k_blocks = [b for f in (k[i], k[j]) for b in _blocks(sb.module, f, f + 1)]
@@ -190,6 +199,46 @@ class AttentionPattern:
                 )
             )
         return out
+
+    def _unrotated(
+        self,
+        info: GraphInfo,
+        node: fx.Node,
+        sa: _Source,
+        sb: _Source,
+        h: int,
+        k: tuple[int, ...],
+        qs: list[tuple[int, ...]],
+        fixed: list[int],
+        first_is_a: bool,
+        params: list[Any],
+        ledger: Ledger,
+    ) -> list[Proposal]:
+        """The coordinates a partial rotary leaves alone: the full group, query against key."""
+        if len(fixed) < 2:
+            return []  # one coordinate: its scaling is a plane-free d = 1 rotation, skipped
+        rk = _range_of([k[i] for i in fixed])
+        rqs = [_range_of([q[i] for i in fixed]) for q in qs]
+        if rk is None or any(r is None for r in rqs):
+            ledger.note(
+                params, f"{sa.name}·{sb.name}: head {h}'s unrotated part is not a contiguous slice"
+            )
+            return []
+        q_blocks = [blk for r in rqs if r is not None for blk in _blocks(sa.module, *r)]
+        k_blocks = _blocks(sb.module, *rk)
+        w, u = (q_blocks, k_blocks) if first_is_a else (k_blocks, q_blocks)
+        label = f"rotation:{sa.name}·{sb.name}[h{h},pass]"
+        return [
+            Proposal(
+                Family.ROTATION,
+                label,
+                partial(DoubleRotation.from_blocks, w, u, label=label),
+                params,
+                min(info.order[sa.node], info.order[sb.node]),
+                sub=info.order[node],
+                note="partial rotary: the coordinates it does not rotate, the full group",
+            )
+        ]
 
     def match_mha(self, info: GraphInfo, node: fx.Node, ledger: Ledger) -> list[Proposal]:
         m = info.module(node)

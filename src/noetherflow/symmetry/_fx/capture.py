@@ -32,6 +32,7 @@ from torch.fx._symbolic_trace import _orig_module_call, _orig_module_getattr
 from torch.fx.proxy import Attribute
 
 from noetherflow._inputs import ModelInputs
+from noetherflow.symmetry._fx.branches import Branch, InputBranches
 from noetherflow.symmetry._fx.engine import ROTARY_FUNCTIONS, GraphInfo
 from noetherflow.symmetry._fx.hub import out_of_tree_call
 from noetherflow.symmetry._fx.layers import is_known_module
@@ -247,13 +248,18 @@ def _symbolic(model: nn.Module) -> fx.GraphModule:
     return fx.GraphModule(tracer.root, graph, type(model).__name__)
 
 
-def _concrete(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> fx.GraphModule:
+def _concrete(
+    model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[fx.GraphModule, list[Branch]]:
+    """The graph traced on ``args``/``kwargs``, and the branches taken on their values."""
     tracer = ConcreteTracer(args, kwargs, _leaf_functions(model))
     before = set(model.__dict__)
+    watch = InputBranches([args, kwargs])
     try:
-        with torch.enable_grad():  # no inference fast paths (nn.TransformerEncoderLayer)
+        # enable_grad: no inference fast paths (nn.TransformerEncoderLayer)
+        with torch.enable_grad(), watch:
             graph = tracer.trace(model)
-        return fx.GraphModule(tracer.root, graph, type(model).__name__)
+        return fx.GraphModule(tracer.root, graph, type(model).__name__), watch.branches
     finally:
         for k in set(model.__dict__) - before:  # fx stores constants on the root: remove them
             delattr(model, k)
@@ -275,13 +281,15 @@ class Capture:
     """The graphs of a model and what could not be analysed.
 
     ``method`` is "symbolic", "concrete" or "per module"; ``not_analysed`` maps a module's
-    qualified name to the reason its parameters were not analysed.
+    qualified name to the reason its parameters were not analysed; ``branches`` lists the
+    control flow on input values the traced graphs fixed to the example's branch.
     """
 
     infos: list[GraphInfo]
     method: str
     notes: list[str] = field(default_factory=list)
     not_analysed: dict[str, str] = field(default_factory=dict)
+    branches: list[Branch] = field(default_factory=list)
 
     @property
     def complete(self) -> bool:
@@ -339,14 +347,14 @@ def capture(
             sym_why = _why(exc)
     try:
         with isolated():
-            gm = _concrete(model, inp.args, inp.kwargs)
+            gm, branches = _concrete(model, inp.args, inp.kwargs)
         with isolated(), torch.no_grad():
             values = _record(gm, ())
         note = (
             f"torch.fx could not trace the model symbolically ({sym_why}); it was traced on the "
             "example inputs instead (shapes and control flow fixed to those of the example)"
         )
-        return Capture([GraphInfo(gm, values)], "concrete", [note])
+        return Capture([GraphInfo(gm, values)], "concrete", [note], branches=branches)
     except Exception as exc:
         concrete_why = _why(exc)
     return _per_module(model, inp, isolated, run_failed, sym_why, concrete_why)
@@ -402,10 +410,11 @@ def _per_module(
             a, k = seen[0]
             try:
                 with isolated():
-                    gm = _concrete(m, a, k)
+                    gm, branches = _concrete(m, a, k)
                 with isolated(), torch.no_grad():
                     values = _record(gm, ())
                 cap.infos.append(GraphInfo(gm, values, prefix=name))
+                cap.branches.extend(b for b in branches if b not in cap.branches)
                 return
             except Exception as exc:
                 why = f"does not trace ({_why(exc)})"

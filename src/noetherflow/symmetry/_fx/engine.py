@@ -30,6 +30,15 @@ from typing import Any
 import torch
 from torch import Tensor, fx, nn
 
+from noetherflow.symmetry._fx.flows import (
+    Arrival,
+    _arrival,
+    _Flow,
+    _merged_rotary,
+    _refine,
+    _rows_constant,
+    _worse,
+)
 from noetherflow.symmetry._fx.layers import (
     is_known_module,
     is_zoo_activation,
@@ -42,9 +51,9 @@ from noetherflow.symmetry._fx.probes import (
     _cat_with_empty,
     _constant_over_reduced,
     _is_blank,
-    _rotary_pairs,
     _shape_only,
 )
+from noetherflow.symmetry._fx.rotary import _rotary
 from noetherflow.symmetry._fx.tables import (
     _DROPOUT_FUNCS,
     _DROPOUT_MODULES,
@@ -158,6 +167,7 @@ class Ledger:
 
     names: dict[int, str]
     uses: dict[int, int] = field(default_factory=dict)
+    owners: dict[int, set[str]] = field(default_factory=dict)  # who reads it, per use
     reasons: dict[int, list[str]] = field(default_factory=dict)
     unsupported: dict[str, str] = field(default_factory=dict)
 
@@ -169,6 +179,19 @@ class Ledger:
 
     def eligible(self, p: Tensor) -> bool:
         return p.requires_grad and self.uses.get(id(p), 0) == 1
+
+    def shared_uses(self, params: Sequence[Tensor]) -> int:
+        """The k uses when every parameter is read only by one module, called k > 1 times.
+
+        ALBERT's shared layer: a symmetry acting inside that module acts identically at every
+        use. 0 otherwise: a parameter read by two modules (weight tying) or twice in one call.
+        """
+        ks = {self.uses.get(id(p), 0) for p in params}
+        if len(ks) != 1 or not all(p.requires_grad for p in params):
+            return 0
+        k = ks.pop()
+        one_owner = all(len(self.owners.get(id(p), set())) == 1 for p in params)
+        return k if k > 1 and one_owner else 0
 
 
 def _layer_params(m: nn.Module) -> list[nn.Parameter]:
@@ -200,6 +223,7 @@ def count_uses(info: GraphInfo, ledger: Ledger) -> None:
                 if id(p) not in seen:
                     seen.add(id(p))
                     ledger.uses[id(p)] = ledger.uses.get(id(p), 0) + 1
+                    ledger.owners.setdefault(id(p), set()).add(info.qual(str(node.target)))
             if any(True for _ in m.parameters()):
                 qual = info.qual(str(node.target))
                 problem = module_problem(m)
@@ -215,6 +239,8 @@ def count_uses(info: GraphInfo, ledger: Ledger) -> None:
                 if _explicit_norm_users(node) is not None:
                     n_uses = 1  # w / w.norm(): one use
                 ledger.uses[id(v)] = ledger.uses.get(id(v), 0) + max(1, n_uses)
+                # read directly by the graph: never a shared module's use
+                ledger.owners.setdefault(id(v), set()).add(f"{node.name}@{len(ledger.owners)}")
 
 
 # -- proposals ------------------------------------------------------------------------------
@@ -242,62 +268,12 @@ class Proposal:
 # -- the propagation engine -----------------------------------------------------------------
 
 
-@dataclass
-class _Flow:
-    idx: Any  # Tensor, or a tuple/list of Tensors after split
-    mode: int
-    heads: list[frozenset[int]] | None
-    via: tuple[str, ...]
-    rotary: dict[int, int] | None = None  # feature → the feature it is rotated with
-
-
-@dataclass
-class Arrival:
-    """Where a set of features of the source ends up."""
-
-    node: fx.Node
-    kind: str  # "consumer" | "contract_a" | "contract_b" | "break"
-    idx: Tensor
-    mode: int
-    heads: list[frozenset[int]] | None
-    via: tuple[str, ...]
-    reason: str = ""
-    rotary: dict[int, int] | None = None  # set after a rotary embedding (feature → partner)
-
-    @property
-    def features(self) -> set[int]:
-        return {int(v) for v in torch.unique(self.idx).tolist()}
-
-
-def _arrival(node: fx.Node, kind: str, idx: Tensor, f: _Flow) -> Arrival:
-    return Arrival(node, kind, idx, f.mode, f.heads, f.via, rotary=f.rotary)
-
-
-def _worse(a: int, b: int) -> int:
-    return max(a, b)
-
-
-def _refine(
-    a: list[frozenset[int]] | None, b: list[frozenset[int]] | None
-) -> list[frozenset[int]] | None:
-    if a is None:
-        return b
-    if b is None:
-        return a
-    out = {x & y for x in a for y in b}
-    return sorted((s for s in out if s), key=min)
-
-
 def _is_index_tensor(v: Any) -> bool:
     return isinstance(v, Tensor) and v.dtype == torch.float64
 
 
 def _integral(t: Tensor) -> bool:
     return bool(torch.isfinite(t).all()) and bool((t == t.round()).all())
-
-
-def _rows_constant(t: Tensor, dim: int) -> bool:
-    return bool((t == t.narrow(dim, 0, 1)).all())
 
 
 def source_index(value: Tensor, axis: int) -> Tensor:
@@ -337,7 +313,7 @@ def propagate(info: GraphInfo, source: fx.Node, axis: int) -> list[Arrival]:
 
         out = _step(info, node, ins, flows, mode, heads, via, arrivals, stop)
         if out is not None and out.rotary is None:
-            out.rotary = flows[ins[0]].rotary
+            out.rotary = _merged_rotary([flows[a].rotary for a in ins])
         if out is not None and _is_blank(out.idx):
             continue  # e.g. the key half of a rotary output when following the query
         if out is not None:
@@ -381,7 +357,17 @@ def _step(
             return None
         return _Flow(out, new_mode, heads, via)
 
-    multi_ok = node.op == "call_function" and (node.target in _MATMUL_FUNCS or node.target is _SDPA)
+    if node.target is torch.einsum:
+        return _einsum(node, ins, flows, mode, heads, via, info, arrivals, stop, name)
+    if node.target in (torch.baddbmm, "baddbmm"):
+        return _baddbmm(node, ins, flows, mode, heads, via, info, arrivals, stop, name)
+    multi_ok = node.op == "call_function" and (
+        node.target in _MATMUL_FUNCS
+        or node.target is _SDPA
+        or node.target is torch.einsum
+        or getattr(node.target, "__name__", "") in ROTARY_FUNCTIONS  # q and k of a fused qkv
+        or (node.target is torch.cat and _cat_of_flows(node, ins))
+    )
     if len(ins) > 1 and not multi_ok:
         stop(f"read by {name} together with other features of the same layer")
         return None
@@ -420,6 +406,8 @@ def _step(
             return None
         if t is torch.cat and _cat_with_empty(node, ins, info):
             return _Flow(idx0, mode, heads, via)
+        if t is torch.cat and len(ins) > 1:
+            return moved()  # the parts of one layer's output put back together (partial rotary)
         if getattr(t, "__name__", "") in ROTARY_FUNCTIONS:
             return _rotary(node, ins, flows, mode, heads, via, info, stop)
         if t in _HOM_FUNCS:
@@ -460,6 +448,12 @@ def _step(
         what = f"{name} (a residual connection or other sum)"
     stop(f"read by {what}")
     return None
+
+
+def _cat_of_flows(node: fx.Node, ins: list[fx.Node]) -> bool:
+    """``torch.cat([a, b, …])`` whose every part carries features of the source being followed."""
+    seq = node.args[0] if node.args else node.kwargs.get("tensors")
+    return isinstance(seq, list | tuple) and len(seq) > 1 and set(seq) == set(ins)
 
 
 def _scalar(
@@ -505,7 +499,7 @@ def _scalar(
     return None
 
 
-def _rotary(
+def _einsum(
     node: fx.Node,
     ins: list[fx.Node],
     flows: dict[fx.Node, _Flow],
@@ -513,40 +507,69 @@ def _rotary(
     heads: list[frozenset[int]] | None,
     via: tuple[str, ...],
     info: GraphInfo,
+    arrivals: list[Arrival],
     stop: Callable[[str], None],
+    name: str,
 ) -> _Flow | None:
-    """A rotary embedding ``f(q, k, cos, sin, …) → (q', k')``, linear in q and in k.
+    """``einsum`` of two operands that is a batched ``q @ kᵀ`` or ``att @ v``.
 
-    Which coordinates of the last axis it mixes is measured by applying it to unit vectors;
-    each must be paired with exactly one other (a rotation plane). The features pass through
-    unchanged in place, and the flow remembers the pairs so that only the rotations that
-    commute with every position's rotation are proposed.
+    ``"…id,…jd->…ij"`` (the same batch letters, the last contracted): q·kᵀ, read like
+    ``scaled_dot_product_attention``'s q and k; ``"…ij,…jd->…id"``: a matmul.
     """
+    eq, *ops = node.args
+    if len(ops) == 1 and isinstance(ops[0], list | tuple):
+        ops = list(ops[0])
+    if not isinstance(eq, str) or len(ops) != 2 or "->" not in eq or "." in eq:
+        stop(f"read by {name} (an einsum that is not a batched matmul)")
+        return None
+    lhs_rhs, out = eq.replace(" ", "").split("->")
+    lhs, rhs = lhs_rhs.split(",")
+    same_batch = len(lhs) == len(rhs) == len(out) >= 2 and lhs[:-2] == rhs[:-2] == out[:-2]
+    if same_batch and lhs[-1] == rhs[-1] and out[-2:] == lhs[-2] + rhs[-2]:  # q·kᵀ
+        for src in ins:
+            f = flows[src]
+            if not isinstance(f.idx, Tensor) or not _rows_constant(f.idx, -2):
+                stop(f"read by {name} with features not on the contracted axis")
+                return None
+            if src is ops[0]:
+                arrivals.append(_arrival(node, "contract_a", f.idx, f))
+            if src is ops[1]:
+                arrivals.append(_arrival(node, "contract_b", f.idx.transpose(-1, -2), f))
+        return None
+    if same_batch and lhs[-1] == rhs[-2] and out[-2:] == lhs[-2] + rhs[-1]:  # a @ b
+        return _matmul(node, ins, flows, mode, heads, via, info, arrivals, stop, name, a=ops[0])
+    stop(f"read by {name} (an einsum that is not a batched matmul)")
+    return None
+
+
+def _baddbmm(
+    node: fx.Node,
+    ins: list[fx.Node],
+    flows: dict[fx.Node, _Flow],
+    mode: int,
+    heads: list[frozenset[int]] | None,
+    via: tuple[str, ...],
+    info: GraphInfo,
+    arrivals: list[Arrival],
+    stop: Callable[[str], None],
+    name: str,
+) -> _Flow | None:
+    """``β·input + α·(batch1 @ batch2)`` (BLOOM's attention scores with ALiBi): q·kᵀ."""
     args = list(node.args)
-    out: list[Tensor] = []
-    partner: dict[int, int] = {}
-    for pos in (0, 1):
-        a = args[pos] if pos < len(args) else None
-        value = info.values.get(a) if isinstance(a, fx.Node) else None
-        if not isinstance(value, Tensor):
-            stop(f"read by {node.target} in an unsupported position")
-            return None
-        if not isinstance(a, fx.Node) or a not in ins:
-            out.append(torch.full(value.shape, -1.0, dtype=torch.float64))
-            continue
-        idx = flows[a].idx
-        pairs = _rotary_pairs(info, node, pos, value)
-        if pairs is None or not isinstance(idx, Tensor):
-            stop(f"read by {getattr(node.target, '__name__', node.target)}, which mixes features")
-            return None
-        flat = idx.reshape(-1, idx.shape[-1])
-        for i, j in pairs.items():
-            for fi, fj in set(zip(flat[:, i].tolist(), flat[:, j].tolist(), strict=True)):
-                if partner.setdefault(int(fi), int(fj)) != int(fj):
-                    stop("read by a rotary embedding with features not on the last axis")
-                    return None
-        out.append(idx)
-    return _Flow(tuple(out), mode, heads, via, rotary=partner)
+    kw = node.kwargs
+    names = ("input", "batch1", "batch2")
+    role = {n: kw.get(n, args[i] if i < len(args) else None) for i, n in enumerate(names)}
+    if role["input"] in ins or role["batch1"] is None or role["batch2"] is None:
+        stop(f"read by {name} as the added term")
+        return None
+    if role["batch1"] not in ins and role["batch2"] not in ins:
+        stop(f"read by {name} in an unsupported position")
+        return None
+    out = _matmul(node, ins, flows, mode, heads, via, info, arrivals, stop, name, a=role["batch1"])
+    if out is not None:  # att @ v through baddbmm: the added term mixes in
+        stop(f"read by {name} (added to another tensor)")
+        return None
+    return None
 
 
 def _matmul(
@@ -560,8 +583,10 @@ def _matmul(
     arrivals: list[Arrival],
     stop: Callable[[str], None],
     name: str,
+    a: Any = None,
 ) -> _Flow | None:
-    a = node.args[0]
+    """``a @ b``: features of ``a`` (``node.args[0]`` unless given) along the contracted axis."""
+    a = node.args[0] if a is None else a
     result: _Flow | None = None
     for src in ins:
         f = flows[src]

@@ -4,9 +4,11 @@ A :class:`LayerSpec` says where a parameterised linear layer keeps its features 
 output, of the input, of the weight); a :class:`NormSpec` says which axis a normalisation
 normalises and where its eps lives. Lookups walk the class's MRO, first by class, then by
 qualified name (for optional packages such as Hugging Face ``transformers``, which is never
-imported here), then by the duck-typed rules (``*RMSNorm`` modules of any model family). A
-subclass that overrides ``forward`` does not inherit its base's registration (its forward may
-do anything, e.g. permute around the norm): it is traced through unless registered itself.
+imported here), then by what the module computes (:mod:`noetherflow.symmetry._fx.numeric`: a
+linear map, a LayerNorm or RMSNorm with its eps, checked numerically), then the duck-typed
+``*RMSNorm`` rule. A subclass that overrides ``forward`` does not inherit its base's
+registration (its forward may do anything, e.g. permute around the norm): it is recognised
+numerically or traced through.
 
 Register a new layer with :func:`register_layer` / :func:`register_norm`.
 """
@@ -18,12 +20,15 @@ from dataclasses import dataclass
 
 from torch import nn
 
+from noetherflow.symmetry._fx.numeric import is_rms, linear_affine, numeric_layer, numeric_norm
+
 __all__ = [
     "LayerSpec",
     "NormSpec",
     "is_known_module",
     "layer_spec",
     "norm_spec",
+    "register_dense",
     "register_layer",
     "register_norm",
 ]
@@ -55,12 +60,16 @@ class NormSpec:
     the layer feeding it is scale invariant on its own; otherwise the whole feature vector
     is normalised together (LayerNorm, RMSNorm, GroupNorm). ``eps_attr``: the attribute
     holding eps. ``batch``: a BatchNorm (running statistics, train/eval behaviour).
+    ``rms``: divides by the root mean square (no centring). ``linear_affine``: its affine
+    weight multiplies the output (False for Gemma's ``(1 + w)``: no rescaling of w).
     """
 
     axis: int
     per_channel: bool
     eps_attr: str = "eps"
     batch: bool = False
+    rms: bool = False
+    linear_affine: bool = True
 
 
 _LAYERS: dict[type, Callable[[nn.Module], LayerSpec]] = {}
@@ -69,12 +78,35 @@ _NORMS: dict[type, Callable[[nn.Module], NormSpec]] = {}
 _NORMS_BY_NAME: dict[str, Callable[[nn.Module], NormSpec]] = {}
 
 
-def register_layer(cls: type | str, spec: Callable[[nn.Module], LayerSpec]) -> None:
-    """Register a linear layer type (a class, or its qualified name ``"pkg.mod.Class"``)."""
-    if isinstance(cls, str):
-        _LAYERS_BY_NAME[cls] = spec
-    else:
-        _LAYERS[cls] = spec
+def register_layer(
+    cls: type | str, spec: Callable[[nn.Module], LayerSpec], *, overwrite: bool = False
+) -> None:
+    """Register a linear layer type (a class, or its qualified name ``"pkg.mod.Class"``).
+
+    Raises:
+        ValueError: ``cls`` is registered already and ``overwrite`` is False.
+    """
+    table: dict[object, object] = _LAYERS_BY_NAME if isinstance(cls, str) else _LAYERS  # type: ignore[assignment]
+    if cls in table and not overwrite:
+        name = cls if isinstance(cls, str) else cls.__name__
+        raise ValueError(
+            f"register_layer: {name} has a detection pattern already; pass overwrite=True to "
+            "replace it."
+        )
+    table[cls] = spec
+
+
+def register_dense(cls: type, *, transposed: bool, overwrite: bool = False) -> None:
+    """``cls`` computes ``y = x·Wᵀ + b`` (``W [out, in]``), or ``x·W + b`` when ``transposed``.
+
+    Called by :func:`noetherflow.stats.register_layer` for dense layers. A class detection
+    knows already (``nn.Linear``, Hugging Face ``Conv1D``) keeps its pattern.
+    """
+    known = cls in _LAYERS or f"{cls.__module__}.{cls.__qualname__}" in _LAYERS_BY_NAME
+    if known and not overwrite:
+        return
+    axes = (1, 0) if transposed else (0, 1)
+    register_layer(cls, lambda m: LayerSpec(-1, -1, *axes), overwrite=True)
 
 
 def register_norm(cls: type | str, spec: Callable[[nn.Module], NormSpec]) -> None:
@@ -105,11 +137,15 @@ def layer_spec(m: nn.Module | None) -> LayerSpec | None:
         return None
     out = _lookup(m, _LAYERS, _LAYERS_BY_NAME)  # type: ignore[arg-type]
     assert out is None or isinstance(out, LayerSpec)
+    if out is None and not _registered_elsewhere(m):
+        axes = numeric_layer(m)  # e.g. FalconLinear: an nn.Linear with its own forward
+        if axes is not None:
+            return LayerSpec(-1, -1, *axes)
     return out
 
 
 def _duck_rms_norm(m: nn.Module) -> NormSpec | None:
-    """``*RMSNorm`` modules of model zoos (LlamaRMSNorm, T5LayerNorm-like): one 1-D weight."""
+    """``*RMSNorm`` modules the numeric test could not run (e.g. on the meta device)."""
     if not type(m).__name__.endswith("RMSNorm"):
         return None
     own = dict(m.named_parameters(recurse=False))
@@ -118,7 +154,7 @@ def _duck_rms_norm(m: nn.Module) -> NormSpec | None:
         return None
     for attr in ("variance_epsilon", "eps"):
         if isinstance(getattr(m, attr, None), float):
-            return NormSpec(-1, False, attr)
+            return NormSpec(-1, False, attr, rms=True)
     return None
 
 
@@ -128,7 +164,22 @@ def norm_spec(m: nn.Module | None) -> NormSpec | None:
         return None
     out = _lookup(m, _NORMS, _NORMS_BY_NAME)  # type: ignore[arg-type]
     assert out is None or isinstance(out, NormSpec)
-    return out if out is not None else _duck_rms_norm(m)
+    if out is not None:
+        return out
+    if not _registered_elsewhere(m):
+        found = numeric_norm(m)  # T5LayerNorm, Gemma's (1 + w) RMSNorm, LayerNorm subclasses
+        if found is not None:
+            axis, attr, kind = found
+            return NormSpec(axis, False, attr, rms=is_rms(kind), linear_affine=linear_affine(kind))
+    return _duck_rms_norm(m)
+
+
+def _registered_elsewhere(m: nn.Module) -> bool:
+    """A torch.nn builtin that is not a layer or norm here (Embedding, activations)."""
+    cls = type(m)
+    return cls.__module__.startswith("torch.nn") and not any(
+        c in _LAYERS or c in _NORMS for c in cls.__mro__
+    )
 
 
 # Element-wise activations of model zoos, none positively homogeneous of degree 1 (GELU,

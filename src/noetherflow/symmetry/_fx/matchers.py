@@ -379,6 +379,13 @@ def run_patterns(info: GraphInfo, ledger: Ledger) -> list[Proposal]:
             props.extend(attend.match_mha(info, node, ledger))
             continue
         nspec = norm_spec(m)
+        if nspec is not None and not nspec.linear_affine:
+            ledger.note(
+                affine_params(m),
+                f"{info.qual(str(node.target))} multiplies by (1 + weight): its affine weight "
+                "has no rescaling symmetry",
+            )
+            continue
         if nspec is not None and affine_params(m):
             value = info.values.get(node)
             if isinstance(value, Tensor) and value.dim() >= 1:

@@ -65,7 +65,10 @@ def _is_blank(idx: Any) -> bool:
 
 
 def _rotary_pairs(info: GraphInfo, node: fx.Node, pos: int, value: Tensor) -> dict[int, int] | None:
-    """Position → partner along the last axis, measured with unit vectors (None if not pairs)."""
+    """Position → partner along the last axis, measured with unit vectors (None if not pairs).
+
+    A coordinate the embedding leaves in place (partial rotary) is its own partner.
+    """
     d = value.shape[-1]
     args = [info.values.get(a) if isinstance(a, fx.Node) else a for a in node.args]
     kwargs = {
@@ -79,8 +82,12 @@ def _rotary_pairs(info: GraphInfo, node: fx.Node, pos: int, value: Tensor) -> di
             probe = list(args)
             probe[pos] = e
             res = node.target(*probe, **kwargs)  # type: ignore[operator]
-            hit = res[pos].reshape(-1, d).abs().amax(0) > 0
+            got = res if isinstance(res, Tensor) else res[pos]
+            hit = got.reshape(-1, d).abs().amax(0) > 0
             others = [int(j) for j in torch.nonzero(hit).flatten() if int(j) != i]
+            if not others and bool(hit[i]):
+                out[i] = i  # not rotated (partial rotary): its own partner
+                continue
             if len(others) != 1:
                 return None
             out[i] = others[0]

@@ -1,0 +1,79 @@
+"""Hugging Face families that detection used to miss, found completely and exactly (#26).
+
+A few models of tests/hf_zoo.py (the full set is benchmarks/zoo_hf.py): partial rotary
+(GPT-NeoX, Phi), interleaved partial rotary (GPT-J), fused qkv through the rotary function
+(GPT-NeoX, Falcon), ``baddbmm`` attention scores (BLOOM), FalconLinear, T5LayerNorm,
+ConvNeXtV2's LayerNorm subclass. The expected q·k symmetries follow from the configs: per
+key head, one per rotated plane and one for the unrotated coordinates (when at least two);
+V/O one per key/value head. Every claim is checked independently in float64, eval and train
+mode, on batches detection did not see (hf_zoo.independent_change).
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+import noetherflow as nf
+
+pytest.importorskip("transformers")
+
+import hf_zoo as Z
+
+# model → (key heads, rotated planes per head, unrotated coordinates per head)
+ROTARY = {
+    "gpt-neox": (2, 2, 4),  # head_dim 8, rotary_pct 0.5
+    "phi": (2, 1, 2),  # head_dim 4, partial_rotary_factor 0.5
+    "gpt-j": (2, 2, 4),  # head_dim 8, rotary_dim 4 (interleaved pairs)
+    "falcon": (1, 4, 0),  # multi-query: one key head, head_dim 8, full rotary
+}
+
+
+def _detect(name: str, train: bool) -> tuple[torch.nn.Module, nf.SymmetrySet, object]:
+    torch.manual_seed(0)
+    model, make = Z.MODELS[name]()
+    model = model.to(torch.float64).train(train)
+    return model, nf.find_symmetries(model, make(0)), make
+
+
+def _holds(model: torch.nn.Module, syms: nf.SymmetrySet, make: object, train: bool) -> None:
+    """Every claim exact on unseen batches; every parameter without one says why."""
+    cov = syms.coverage(model)
+    assert [p.name for p in cov.params if not p.symmetries and not p.reasons] == []
+    for s in syms:
+        zero = s.family.value == "scale"
+        for seed in (1, 2):
+            rel = Z.independent_change(model, s, make(seed), train, zero)  # type: ignore[operator]
+            assert rel <= 1e-8, (s.label, rel)
+
+
+@pytest.mark.parametrize("name", sorted(ROTARY))
+def test_rotary_families_are_complete(name: str) -> None:
+    model, syms, make = _detect(name, train=False)
+    kv, planes, unrotated = ROTARY[name]
+    qk = [n for n in syms.names if "·" in n]
+    assert len([n for n in qk if "plane" in n]) == kv * planes
+    assert len([n for n in qk if ",pass]" in n]) == (kv if unrotated >= 2 else 0)
+    vo = [n for n in syms.names if re.search(r"→.*(dense|o_proj|out_proj)\[", n)]
+    assert len(vo) == kv, syms.names
+    _holds(model, syms, make, train=False)
+
+
+def test_bloom_baddbmm_scores_give_qk_rotations() -> None:
+    model, syms, make = _detect("bloom", train=False)
+    qk = [n for n in syms.names if "query_key_value·" in n or "·h.0.self_attention" in n]
+    assert len(qk) == 2, syms.names  # one per head
+    _holds(model, syms, make, train=False)
+
+
+@pytest.mark.parametrize("name", ["t5", "convnextv2", "distilbert"])
+def test_renamed_norms_and_inline_modules_hold_in_both_modes(name: str) -> None:
+    for train in (False, True):
+        model, syms, make = _detect(name, train)
+        assert len(syms) > 0
+        _holds(model, syms, make, train)
+    if name == "convnextv2":  # the LayerNorm subclass is a norm module: its eps is seen
+        scale = [s for s in syms if s.family.value == "scale"]
+        assert scale and all(getattr(s, "norm", None) is not None for s in scale)
