@@ -313,6 +313,9 @@ FILES = {
     "r3": "test_bad_inputs_round3.py",
     "cli-env": "test_bad_inputs_cli_env.py",
     "hf": "test_hf_training.py",
+    "trainer": "test_hf_trainer.py",
+    "recipes": "test_monitor_recipes.py",
+    "pl": "test_lightning_recipes.py",
 }
 
 
@@ -322,7 +325,9 @@ def test_trust_page_names_existing_tests() -> None:
 
     here = Path(__file__).parent
     page = (here.parent / "docs" / "trust.md").read_text(encoding="utf-8")
-    refs = re.findall(r"\b(bad|mon|cli-env|cli|real|fuzz|r3|hf)::`([A-Za-z_:]+)`", page)
+    refs = re.findall(
+        r"\b(bad|mon|cli-env|cli|real|fuzz|r3|hf|trainer|recipes|pl)::`([A-Za-z_:]+)`", page
+    )
     assert len(refs) > 40, len(refs)
     for prefix, name in refs:
         source = (here / FILES[prefix]).read_text(encoding="utf-8")
