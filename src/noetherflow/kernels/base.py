@@ -345,10 +345,12 @@ def kernels_of(syms: SymmetrySet | Sequence[Symmetry]) -> list[tuple[Kernel[Any,
 
 # -- assembly ------------------------------------------------------------------------------
 def needs_samples(syms: SymmetrySet) -> list[nn.Parameter]:
-    """Parameters whose per-sample gradients a solver must keep (coupled sets: all)."""
-    # Once any symmetry is coupled, the solver sweeps over all of them with transported
-    # per-sample gradients, so every parameter's samples are kept.
-    return syms.params() if syms.coupled_groups() else []
+    """Parameters whose per-sample gradients a solver must keep: those of coupled groups.
+
+    The solver sweeps over each coupled group (:meth:`SymmetrySet.coupled_groups`) with its
+    per-sample gradients transported along the orbit; the other symmetries need none.
+    """
+    return unique_params([syms[i] for g in syms.coupled_groups() for i in g])
 
 
 def assemble(src: GradSource, syms: SymmetrySet, *, level: Level, estimator: str) -> GradStats:
