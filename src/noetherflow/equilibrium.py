@@ -391,7 +391,7 @@ def _solve_block(
         for k, members in groups:
             todo = [s for s in members if s in stale]
             if todo:  # rebuild only the statistics the moves since their last use touched
-                refresh_stats_(cur, samples, todo)
+                refresh_stats_(cur, samples, todo, means=not coupled)
                 for s in todo:
                     del stale[s]
             res = k.solve(members, values, cur, nm, names, opts)
@@ -405,7 +405,10 @@ def _solve_block(
             for s, element in res.steps:
                 out.steps.append((index[s], element))
                 out.totals[s] = k.compose(out.totals[s], element)
-                _move(s, element, values, samples, cur.displacement if coupled else {})
+                if coupled:
+                    _move(s, element, values, samples, cur.displacement, cur.mean)
+                else:
+                    s.act_(element, values)
                 stale.update(dict.fromkeys(touches.get(s, ())))
             for s, r in res.residual.items():
                 out.residual[names[s]] = r
@@ -512,9 +515,12 @@ def _move(
     values: Mapping[nn.Parameter, Tensor],
     samples: Mapping[nn.Parameter, Tensor],
     disp: dict[nn.Parameter, Tensor],
+    mean: Mapping[nn.Parameter, Tensor],
 ) -> None:
+    """Move θ by ``element``, and the per-sample gradients, ḡ and v by T^{-T}, in place."""
     s.act_(element, values)
-    if samples:
-        s.transport_grads_(element, samples)
+    s.transport_grads_(element, samples)
+    # ḡ is the samples' mean: moved the same way (as one more sample), not recomputed
+    s.transport_grads_(element, {p: mean[p].unsqueeze(0) for p in s.params})
     if disp:
         transport_cotangent(s, element, disp)

@@ -381,18 +381,25 @@ def stats_from_samples(
 
 
 def refresh_stats_(
-    stats: GradStats, samples: Mapping[nn.Parameter, Tensor], syms: Sequence[Symmetry]
+    stats: GradStats,
+    samples: Mapping[nn.Parameter, Tensor],
+    syms: Sequence[Symmetry],
+    *,
+    means: bool = True,
 ) -> None:
     """Recompute in place ḡ and each kernel's statistics of ``syms`` only, from ``samples``.
 
     What :func:`stats_from_samples` would give for these symmetries; the entries of other
     symmetries are kept. The coupled solver calls it after a move, for the symmetries whose
-    coordinates the move touched, instead of re-assembling every block.
+    coordinates the move touched, instead of re-assembling every block. ``means=False``
+    keeps ḡ: the caller moved it along with the samples (ḡ is their mean, and the transport
+    T^{-T} is linear), which spares a pass over every sample of a large fused parameter per
+    move.
     """
     if not syms:
         return
     src = SampleSource(samples)
-    for p in unique_params(syms):
+    for p in unique_params(syms) if means else ():
         stats.mean[p] = src.mean(p)
     for k, members in kernels_of(syms):
         new = k.collect(members, src, Level.DIAG)

@@ -20,6 +20,7 @@ from torch import Tensor, nn
 from typing_extensions import override
 
 from noetherflow._errors import StatisticsError
+from noetherflow._threads import one_thread
 from noetherflow.kernels.base import (
     GradSource,
     GroupSolve,
@@ -72,13 +73,15 @@ def _sym_fn(a: Tensor, fn: Any) -> Tensor:
     return (v * fn(w)) @ v.T
 
 
-def geometric_mean(X: Tensor, Y: Tensor) -> Tensor:
+def geometric_mean(X: Tensor, Y: Tensor, y_eigh: tuple[Tensor, Tensor] | None = None) -> Tensor:
     """The SPD solution P of P Y P = X: P = Y^{-1/2}(Y^{1/2} X Y^{1/2})^{1/2} Y^{-1/2}.
 
-    ``X``, ``Y``: symmetric positive definite ``[d, d]`` → ``[d, d]``.
+    ``X``, ``Y``: symmetric positive definite ``[d, d]`` → ``[d, d]``. ``y_eigh``: the
+    ``torch.linalg.eigh`` of ``Y`` when the caller has it (Y^{±1/2} from one decomposition).
     """
-    yh = _sym_fn(Y, torch.sqrt)
-    yih = _sym_fn(Y, lambda w: 1 / torch.sqrt(w))
+    w, v = torch.linalg.eigh(Y) if y_eigh is None else y_eigh
+    yh = (v * torch.sqrt(w)) @ v.T
+    yih = (v * (1 / torch.sqrt(w))) @ v.T
     z = yh @ X @ yh
     z = (z + z.T) / 2
     p = yih @ _sym_fn(z, lambda w: torch.sqrt(w.clamp(min=0))) @ yih
@@ -137,7 +140,7 @@ def _solve_rotation(
         if q.shape[1] == 0:
             return eye, nb, 0.0, 0.0
         xs, ys = q.T @ X @ q, q.T @ Y @ q
-    w, v = torch.linalg.eigh(geometric_mean(xs, ys))
+    w, v = torch.linalg.eigh(geometric_mean(xs, ys, (ey, vy) if q is None else None))
     w = w.clamp(min=float(w.max()) * 1e-300)
     gr = (v * w.sqrt()) @ v.T
     gri = (v / w.sqrt()) @ v.T
@@ -216,15 +219,17 @@ class RotationKernel(Kernel[DoubleRotation, RotationStats]):
     ) -> GroupSolve:
         """G = P^{1/2}, P Y P = X on the common range of X and Y (one rotation)."""
         (s,) = syms
-        x, y = self.xy(s, values, stats, nm)
-        g, nb, pre, res = _solve_rotation(x, y, rtol=opts.rtol_singular, ridge=opts.ridge)
+        with one_thread():  # d×d algebra: see noetherflow._threads
+            x, y = self.xy(s, values, stats, nm)
+            g, nb, pre, res = _solve_rotation(x, y, rtol=opts.rtol_singular, ridge=opts.ridge)
+            negative = nb is not None and nb.shape[1] > 0 and _negative(x, y, opts.rtol_singular)
         out = GroupSolve(progress=pre if opts.coupled else res)
         if nb is not None and nb.shape[1] > 0:
             why = (
                 "no gradient noise and no weight-decay term on one side: the width exceeds "
                 "what the weights and data span"
             )
-            if _negative(x, y, opts.rtol_singular):
+            if negative:
                 why = (
                     "X or Y has negative eigenvalues: with the momentum cross term "
                     "c_cross·vᵀA∇L the noise term is negative along them, the buffer pushing "
@@ -249,8 +254,9 @@ class RotationKernel(Kernel[DoubleRotation, RotationStats]):
 
     def distance(self, s: DoubleRotation, total: Any) -> Tensor:
         """‖log P‖_F with P = GGᵀ, from the eigenvalues alone (P is SPD)."""
-        p = total @ total.T
-        return torch.linalg.eigvalsh((p + p.T) / 2).log().norm()
+        with one_thread():
+            p = total @ total.T
+            return torch.linalg.eigvalsh((p + p.T) / 2).log().norm()
 
     def record(self, value: Tensor) -> Tensor:
         """The Frobenius norm of the matrix charge (or flow)."""
