@@ -47,7 +47,7 @@ from noetherflow.kernels.base import (
     transport_cotangent,
 )
 from noetherflow.kernels.noise import NoiseModel, TimeModel, resolve_noise
-from noetherflow.stats.core import GradStats, with_displacement
+from noetherflow.stats.core import GradStats, Level, with_displacement
 from noetherflow.symmetry.base import DiagonalSymmetry, Symmetry
 from noetherflow.symmetry.set import SymmetrySet
 
@@ -363,7 +363,7 @@ def _solve_block(
     """
     if coupled:
         samples = {p: stats.samples[p].to(torch.float64, copy=True) for p in part.params()}
-        cur = stats_from_samples(samples, part, estimator=stats.estimator)
+        cur = stats_from_samples(samples, part, estimator=stats.estimator, level=Level.SOLVE)
         # the displacement moves with the samples (a cotangent), in place in _move
         cur.displacement = {
             p: v.to(torch.float64, copy=True)
@@ -391,7 +391,7 @@ def _solve_block(
         for k, members in groups:
             todo = [s for s in members if s in stale]
             if todo:  # rebuild only the statistics the moves since their last use touched
-                refresh_stats_(cur, samples, todo, means=not coupled)
+                refresh_stats_(cur, samples, todo, means=False, level=Level.SOLVE)
                 for s in todo:
                     del stale[s]
             res = k.solve(members, values, cur, nm, names, opts)
