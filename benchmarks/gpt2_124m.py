@@ -7,8 +7,8 @@ python benchmarks/gpt2_124m.py [--quick] [--threads 2] [--steps 30] [--reps 3]
 
 Hugging Face ``GPT2LMHeadModel(GPT2Config())`` (12 layers, width 768, 12 heads, vocabulary
 50,257, 124,439,808 parameters, random init, dropout off), a batch of 4 × 128 random tokens,
-cross-entropy on random next-token targets. ``--quick``: 2 layers, width 128, 4 heads,
-vocabulary 1,024, 4 × 32 tokens (a smoke run in seconds). Phases, in one process:
+cross-entropy on random next-token targets. ``--quick``: 2 layers, width 64, 2 heads,
+vocabulary 512, 4 × 16 tokens (a smoke run in seconds). Phases, in one process:
 
 * ``detect``: one ``find_symmetries`` on the ``--detect-batch`` slice of the batch (default
   the whole batch): seconds and peak memory above the model (Linux ``VmHWM``, reset before
@@ -65,13 +65,14 @@ def build(quick: bool, seed: int = 0) -> tuple[nn.Module, Tensor, Tensor]:
 
     torch.manual_seed(seed)
     size: dict[str, Any] = (
-        {"n_layer": 2, "n_embd": 128, "n_head": 4, "vocab_size": 1024, "n_positions": 64}
+        {"n_layer": 2, "n_embd": 64, "n_head": 2, "vocab_size": 512, "n_positions": 32}
         if quick
         else {}
     )
-    cfg = T.GPT2Config(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, **size)
+    ids = {"bos_token_id": 0, "eos_token_id": 0} if quick else {}
+    cfg = T.GPT2Config(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, **size, **ids)
     model = LM(T.GPT2LMHeadModel(cfg))
-    tokens = 32 if quick else 128
+    tokens = 16 if quick else 128
     g = torch.Generator().manual_seed(seed + 1)
     x = torch.randint(0, cfg.vocab_size, (BATCH, tokens), generator=g)
     y = torch.randint(0, cfg.vocab_size, (BATCH, tokens), generator=g)

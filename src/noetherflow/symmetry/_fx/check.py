@@ -251,7 +251,10 @@ class Checker:
                     else flat_outputs(out)
                 )
         parts = {"": main.detach()}
-        parts.update({k: torch.cat(v) for k, v in c.outputs.items()})
+        # a layer's output is a fresh tensor: one call needs no copy (a whole GPT-2 signal
+        # at 4 × 128 tokens is 0.4 GB of float64)
+        parts.update({k: v[0] if len(v) == 1 else torch.cat(v) for k, v in c.outputs.items()})
+        c.outputs = {}
         return parts
 
     def _base_of(self, c: _Copy, scope: str) -> dict[str, Tensor]:
@@ -272,6 +275,19 @@ class Checker:
             self._base[(z, scope)] = self._signal(c, scope)
         return self._base[(z, scope)]
 
+    def release(self, scopes: Sequence[str]) -> None:
+        """Forget the signals at ``scopes`` (both copies): no check will need them again.
+
+        A signal holds every probed layer output of its scope in float64, and an enclosing
+        scope holds them again, so keeping all of them costs several forwards' worth of
+        memory. A released signal is recomputed if it is needed after all (the same numbers:
+        the rerun is the same computation).
+        """
+        for scope in scopes:
+            if scope:
+                for z in (0, 1):
+                    self._base.pop((z, scope), None)
+
     def _scope_ok(self, c: _Copy, scope: str, tolerance: float) -> bool:
         """``scope`` ran once, and rerunning it alone reproduces its output in the forward."""
         z = int(c.zero_eps)
@@ -289,6 +305,7 @@ class Checker:
                     )
                 except Exception:  # the module does not rerun alone: check the whole model
                     ok = False
+                rec.records[scope].output = None  # compared once: the copy is not needed again
             self._usable[(z, scope)] = ok
         return self._usable[(z, scope)] and self._recorders[z].replayable(scope)
 
