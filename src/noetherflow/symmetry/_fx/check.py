@@ -193,6 +193,22 @@ class _Copy:
         return hook
 
 
+def _flat(out: Any, model: nn.Module) -> Tensor:
+    """:func:`flat_outputs`, without its copy when ``out`` is one fresh tensor.
+
+    A model's logits are the largest tensor of a signal (0.2 GB in float64 for GPT-2 at
+    4 × 128 tokens) and are also the last layer's probed output: a flat view shares them. An
+    output that shares memory with a parameter or buffer (a model returning a weight) is
+    copied, since a check moves the parameters in place after taking the base signal.
+    """
+    if isinstance(out, Tensor) and out.is_floating_point() and out.is_contiguous():
+        ptr = out.untyped_storage().data_ptr()
+        owned = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
+        if ptr not in owned:
+            return out.detach().reshape(-1)
+    return flat_outputs(out)
+
+
 class Checker:
     """Relative change of the signal under a group element, with a degeneracy control.
 
@@ -241,14 +257,14 @@ class Checker:
         if scope:
             rec = self._recorders[int(c.zero_eps)]
             with _replaying(c.model.get_submodule(scope)), _functional_eps(c.zero_eps):
-                main = flat_outputs(rec.replay(scope))
+                main = _flat(rec.replay(scope), c.model)
         else:
             with self.isolated(c.model, self.seed), _functional_eps(c.zero_eps):
                 out = self.inp(c.model)
                 main = (
                     self.loss_fn(out, self.targets).reshape(1)
                     if self.loss_fn is not None
-                    else flat_outputs(out)
+                    else _flat(out, c.model)
                 )
         parts = {"": main.detach()}
         # a layer's output is a fresh tensor: one call needs no copy (a whole GPT-2 signal
