@@ -366,9 +366,7 @@ def _solve_block(
         cur = stats_from_samples(samples, part, estimator=stats.estimator, level=Level.SOLVE)
         # the displacement moves with the samples (a cotangent), in place in _move
         cur.displacement = {
-            p: v.to(torch.float64, copy=True)
-            for p, v in stats.displacement.items()
-            if p in samples
+            p: v.to(torch.float64, copy=True) for p, v in stats.displacement.items() if p in samples
         }
         touches = overlaps(list(part))
         if _warm_start(part, opts, held, names, index, values, samples, cur, out):
