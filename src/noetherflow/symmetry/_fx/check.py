@@ -180,6 +180,10 @@ class _Copy:
                     setattr(m, spec.eps_attr, torch.finfo(torch.float64).tiny)
         self.mapping = copy_mapping(model, self.model)
         self.outputs: dict[str, list[Tensor]] = {}
+        # Set by Checker._streamed: each output is compared with this base as it is produced
+        # and only ‖after − base‖ of each call and the length seen so far are kept, per part.
+        self.against: dict[str, Tensor] | None = None
+        self.diffs: dict[str, tuple[list[float], int]] = {}
         for name, m in self.model.named_modules():
             if _probed(m):
                 m.register_forward_hook(self._hook(name))
@@ -187,8 +191,20 @@ class _Copy:
     def _hook(self, name: str) -> Callable[..., None]:
         def hook(_m: nn.Module, _inp: Any, out: Any) -> None:
             t = out[0] if isinstance(out, tuple) else out
-            if isinstance(t, Tensor) and t.is_floating_point():
-                self.outputs.setdefault(name, []).append(t.detach().reshape(-1))
+            if not (isinstance(t, Tensor) and t.is_floating_point()):
+                return
+            flat = t.detach().reshape(-1)
+            if self.against is None:
+                self.outputs.setdefault(name, []).append(flat)
+                return
+            base = self.against.get(name)
+            if base is None:
+                return
+            norms, seen = self.diffs.get(name, ([], 0))
+            n = flat.numel()
+            if seen + n <= base.numel():  # a longer part is a shape mismatch: skipped later
+                norms.append(float((flat - base[seen : seen + n]).norm()))
+            self.diffs[name] = (norms, seen + n)
 
         return hook
 
@@ -497,9 +513,32 @@ class Checker:
         try:
             for s64, (_, element) in zip(s64s, items, strict=True):
                 s64.apply_(element)
-            return self._rel(self._signal(c), base, skip)
+            return self._streamed(c, base, skip)
         finally:
             self._restore(saved)
+
+    def _streamed(self, c: _Copy, base: dict[str, Tensor], skip: set[str]) -> float:
+        """:meth:`_rel` of a whole-model signal, each layer output compared as it is produced.
+
+        The same relative changes (a part of one call: the same norm of the same difference;
+        of several calls: the root of their squared norms), without holding a second copy
+        of every layer output of the model.
+        """
+        c.against, c.diffs = base, {}
+        try:
+            main = self._signal(c)[""]
+        finally:
+            c.against = None
+        worst = self._rel({"": main}, base, skip)
+        for k, (norms, seen) in c.diffs.items():
+            b = base[k]
+            if k in skip or seen != b.numel():
+                continue
+            diff = norms[0] if len(norms) == 1 else math.sqrt(sum(x * x for x in norms))
+            d = diff / float(b.norm().clamp_min(1e-300))
+            if not d <= worst:  # NaN counts as the worst change
+                worst = d if d == d else float("inf")
+        return worst
 
     @staticmethod
     def _perturb(c: _Copy, s64: Symmetry, gen: torch.Generator) -> list[tuple[Tensor, Tensor]]:
