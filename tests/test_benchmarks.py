@@ -66,3 +66,20 @@ def test_bench_hf_trainer_tiny_runs() -> None:
     res = mod.main(["--tiny", "--reps", "1", "--steps", "2", "--every", "1"])
     assert set(res) == {"adamw", "sgd"}
     assert all(math.isfinite(r["ratio"]) and r["ratio"] > 0 for r in res.values())
+
+
+def test_gpt2_124m_quick_runs() -> None:
+    """benchmarks/gpt2_124m.py keeps working: every phase at the quick size, finite figures."""
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "gpt2_124m.py"
+    spec = importlib.util.spec_from_file_location("gpt2_124m", path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    with pytest.warns(UserWarning, match="AdamW"):  # the monitor says AdamW has no distances
+        res = mod.main(["--quick", "--threads", "1", "--steps", "10", "--reps", "1"])
+    assert res["detect"]["symmetries"] > 0 and res["detect"]["seconds"] > 0
+    assert math.isfinite(res["stats"]["ratio_solve"]) and res["stats"]["ratio_solve"] > 0
+    assert res["solve"]["converged"]
+    for kind in ("sgdm", "adamw"):
+        mon = res["monitor"][kind]
+        assert math.isfinite(mon["ratio"]) and mon["ratio"] > 0 and mon["first_record_s"] > 0

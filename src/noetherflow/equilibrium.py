@@ -54,7 +54,7 @@ from noetherflow.kernels.base import (
 )
 from noetherflow.kernels.decay import ParamDecay
 from noetherflow.kernels.noise import NoiseModel, TimeModel, check_decay, resolve_noise
-from noetherflow.stats.core import GradStats, with_displacement
+from noetherflow.stats.core import GradStats, Level, with_displacement
 from noetherflow.symmetry.base import DiagonalSymmetry, Symmetry
 from noetherflow.symmetry.set import SymmetrySet
 
@@ -277,8 +277,8 @@ def solve_equilibrium(
     held = _check_fixed(syms, fixed)
     names: dict[Any, str] = {s: n for n, s in syms.items()}
     index = {s: i for i, s in enumerate(syms)}
-    coupled = bool(syms.coupled_groups())
-    if coupled and not stats.samples:
+    blocks = syms.coupled_groups()
+    if blocks and not stats.samples:
         raise ValueError(
             "These symmetries share parameters with a rotation or dense symmetry (a chain), so "
             "the solver needs per-sample gradients, but the statistics hold none. Collect them "
@@ -288,74 +288,28 @@ def solve_equilibrium(
     stamp = fingerprint(params)
     # the steps are written on whole parameters: an FSDP2 shard is gathered, once per solve
     values = {p: _shard.full(p.detach()).to(torch.float64, copy=True) for p in params}
-    if coupled:
-        samples = {p: stats.samples[p].to(torch.float64).clone() for p in params}
-        cur = stats_from_samples(samples, syms, estimator=stats.estimator)
-        # the displacement moves with the samples (a cotangent), in place in _move
-        cur.displacement = {p: v.to(torch.float64).clone() for p, v in stats.displacement.items()}
-        touches = overlaps(list(syms))
-    else:
-        samples, cur, touches = {}, stats, {}
     opts = SolveOptions(
         tol=tol,
         max_iter=max_iter,
         rtol_singular=rtol_singular,
         ridge=ridge,
-        coupled=coupled,
+        coupled=False,
         init=None if init is None else init.elements,
         method=method.value,
         fixed=held or None,
     )
-    # Joint kernels solve all their symmetries in one step; the others one at a time, in
-    # set order, after the joint ones (block Gauss–Seidel; docs/concepts/equilibrium.md).
-    groups: list[tuple[Any, list[Symmetry]]] = []
-    for k, members in kernels_of(syms):
-        if k.joint:
-            groups.append((k, members))
-    for s in syms:
-        if not kernel_for(s).joint:
-            groups.append((kernel_for(s), [s]))
-
-    steps: list[tuple[int, Any]] = []
-    totals: dict[Symmetry, Any] = {s: s.identity_element() for s in syms}
-    reports: dict[str, InfinityReport] = {}
-    residual: dict[str, float] = {}
-    converged, iterations = True, 0
-    stale: dict[Symmetry, None] = {}  # symmetries whose statistics a move has changed
-    for sweep in range(1, (max_sweeps if coupled else 1) + 1):
-        iterations = sweep
-        worst = 0.0
-        own_iterations: list[int] = []
-        for k, members in groups:
-            todo = [s for s in members if s in stale]
-            if todo:  # rebuild only the statistics the moves since their last use touched
-                refresh_stats_(cur, samples, todo)
-                for s in todo:
-                    del stale[s]
-            res = k.solve(members, values, cur, nm, names, opts)
-            if not coupled:
-                if res.converged is not None:
-                    converged = converged and res.converged
-                if res.iterations is not None:
-                    own_iterations.append(res.iterations)
-            for r in res.reports:
-                reports[r.name] = r
-            for s, element in res.steps:
-                steps.append((index[s], element))
-                totals[s] = k.compose(totals[s], element)
-                _move(s, element, values, samples, cur.displacement if coupled else {})
-                stale.update(dict.fromkeys(touches.get(s, ())))
-            for s, r in res.residual.items():
-                residual[names[s]] = r
-            worst = max(worst, res.progress)
-        if not coupled and own_iterations:
-            iterations = max(own_iterations)
-        # later sweeps continue from the moved values: held generators move no more
-        opts = replace(opts, init=None, fixed=_no_move(held))
-        if coupled:
-            converged = worst <= max(tol, 1e-10)
-            if converged and sweep > 1:
-                break
+    # Independent blocks (no parameter shared across two): the symmetries of no coupled
+    # group are solved once, jointly; each coupled group by its own sweeps, until its own
+    # flows converge. Same answer as sweeping over all at once, as the blocks do not interact.
+    coupled_ids = {i for g in blocks for i in g}
+    parts = [[i for i in range(len(syms)) if i not in coupled_ids], *blocks]
+    out = _Solved(totals={s: s.identity_element() for s in syms})
+    for k, part in enumerate(parts):
+        if part:
+            sub = syms.subset(part)
+            _solve_block(sub, k > 0, values, stats, nm, names, index, opts, max_sweeps, held, out)
+    converged, iterations = out.converged, max(out.sweeps or out.newton or [1])
+    steps, totals, reports, residual = out.steps, out.totals, out.reports, out.residual
 
     distance: dict[str, Tensor] = {}
     for s in syms:
@@ -379,6 +333,132 @@ def solve_equilibrium(
         fingerprint=stamp,
         momentum_terms=_momentum_terms(syms, values, stats, nm, steps, reports),
     )
+
+
+@dataclass
+class _Solved:
+    """What the blocks of one solve have found so far (:func:`_solve_block` appends)."""
+
+    totals: dict[Symmetry, Any]
+    steps: list[tuple[int, Any]] = field(default_factory=list)
+    reports: dict[str, InfinityReport] = field(default_factory=dict)
+    residual: dict[str, float] = field(default_factory=dict)
+    converged: bool = True
+    sweeps: list[int] = field(default_factory=list)  # per coupled block
+    newton: list[int] = field(default_factory=list)  # iterations of the uncoupled solves
+
+
+def _solve_block(
+    part: SymmetrySet,
+    coupled: bool,
+    values: dict[nn.Parameter, Tensor],
+    stats: GradStats,
+    nm: NoiseModel,
+    names: Mapping[Any, str],
+    index: Mapping[Symmetry, int],
+    opts: SolveOptions,
+    max_sweeps: int,
+    held: Mapping[str, Tensor],
+    out: _Solved,
+) -> None:
+    """Solve one block: once (uncoupled), or by block Gauss–Seidel sweeps (a coupled group).
+
+    ``values`` (float64 parameters) move in place; steps, totals and reports go to ``out``.
+    """
+    if coupled:
+        samples = {p: stats.samples[p].to(torch.float64, copy=True) for p in part.params()}
+        cur = stats_from_samples(samples, part, estimator=stats.estimator, level=Level.SOLVE)
+        # the displacement moves with the samples (a cotangent), in place in _move
+        cur.displacement = {
+            p: v.to(torch.float64, copy=True) for p, v in stats.displacement.items() if p in samples
+        }
+        touches = overlaps(list(part))
+        if _warm_start(part, opts, held, names, index, values, samples, cur, out):
+            opts = replace(opts, init=None)  # the start is where the values are now
+    else:
+        samples, cur, touches = {}, stats, {}
+    opts = replace(opts, coupled=coupled)
+    # Joint kernels solve all their symmetries in one step; the others one at a time, in
+    # set order, after the joint ones (block Gauss–Seidel; docs/concepts/equilibrium.md).
+    groups: list[tuple[Any, list[Symmetry]]] = []
+    for k, members in kernels_of(part):
+        if k.joint:
+            groups.append((k, members))
+    for s in part:
+        if not kernel_for(s).joint:
+            groups.append((kernel_for(s), [s]))
+    stale: dict[Symmetry, None] = {}  # symmetries whose statistics a move has changed
+    own_iterations: list[int] = []
+    done, sweep = False, 0
+    for sweep in range(1, (max_sweeps if coupled else 1) + 1):
+        worst = 0.0
+        for k, members in groups:
+            todo = [s for s in members if s in stale]
+            if todo:  # rebuild only the statistics the moves since their last use touched
+                refresh_stats_(cur, samples, todo, means=False, level=Level.SOLVE)
+                for s in todo:
+                    del stale[s]
+            res = k.solve(members, values, cur, nm, names, opts)
+            if not coupled:
+                if res.converged is not None:
+                    out.converged = out.converged and res.converged
+                if res.iterations is not None:
+                    own_iterations.append(res.iterations)
+            for r in res.reports:
+                out.reports[r.name] = r
+            for s, element in res.steps:
+                out.steps.append((index[s], element))
+                out.totals[s] = k.compose(out.totals[s], element)
+                if coupled:
+                    _move(s, element, values, samples, cur.displacement, cur.mean)
+                else:
+                    s.act_(element, values)
+                stale.update(dict.fromkeys(touches.get(s, ())))
+            for s, r in res.residual.items():
+                out.residual[names[s]] = r
+            worst = max(worst, res.progress)
+        # later sweeps continue from the moved values: held generators move no more
+        opts = replace(opts, init=None, fixed=_no_move(held))
+        done = worst <= max(opts.tol, 1e-10)
+        if coupled and done and sweep > 1:
+            break
+    if coupled:
+        out.converged = out.converged and done
+        out.sweeps.append(sweep)
+    else:
+        out.newton.extend(own_iterations)
+
+
+def _warm_start(
+    part: SymmetrySet,
+    opts: SolveOptions,
+    held: Mapping[str, Tensor],
+    names: Mapping[Any, str],
+    index: Mapping[Symmetry, int],
+    values: dict[nn.Parameter, Tensor],
+    samples: dict[nn.Parameter, Tensor],
+    cur: GradStats,
+    out: _Solved,
+) -> bool:
+    """Start a coupled block's sweeps at the previous solution (``init``), if it has all of it.
+
+    Every member is moved by its element of ``init`` first (θ, the samples, ḡ and v, as a
+    sweep's steps move them), then the statistics are rebuilt: the sweeps run from there to
+    the same stopping criterion, so to the same equilibrium, usually in fewer sweeps. Not
+    with held generators (their values are measured from the current θ). Returns whether
+    it moved.
+    """
+    init = opts.init
+    if not init or held or any(names[s] not in init for s in part):
+        return False
+    for s in part:
+        k = kernel_for(s)
+        element = init[names[s]]
+        _move(s, element, values, samples, cur.displacement, cur.mean)
+        out.steps.append((index[s], element))
+        out.totals[s] = k.compose(out.totals[s], element)
+    refresh_stats_(cur, samples, list(part), means=False, level=Level.SOLVE)
+    return True
 
 
 def _momentum_terms(
@@ -479,9 +559,12 @@ def _move(
     values: Mapping[nn.Parameter, Tensor],
     samples: Mapping[nn.Parameter, Tensor],
     disp: dict[nn.Parameter, Tensor],
+    mean: Mapping[nn.Parameter, Tensor],
 ) -> None:
+    """Move θ by ``element``, and the per-sample gradients, ḡ and v by T^{-T}, in place."""
     s.act_(element, values)
-    if samples:
-        s.transport_grads_(element, samples)
+    s.transport_grads_(element, samples)
+    # ḡ is the samples' mean: moved the same way (as one more sample), not recomputed
+    s.transport_grads_(element, {p: mean[p].unsqueeze(0) for p in s.params})
     if disp:
         transport_cotangent(s, element, disp)

@@ -97,16 +97,23 @@ class GradSource(ABC):
 
 
 class SampleSource(GradSource):
-    """A :class:`GradSource` over per-sample gradients ``[N, *shape]`` per parameter."""
+    """A :class:`GradSource` over per-sample gradients ``[N, *shape]`` per parameter.
 
-    def __init__(self, samples: Mapping[nn.Parameter, Tensor]) -> None:
+    ``reduced``: kernels are told no samples are at hand, so that at ``level="solve"`` the
+    diagonal statistics are per-neuron sums wherever the solver needs no more (the coupled
+    sweeps rebuild them after every move: a grid per coordinate of a fused projection costs
+    far more to build and to solve on than its per-neuron sums).
+    """
+
+    def __init__(self, samples: Mapping[nn.Parameter, Tensor], *, reduced: bool = False) -> None:
         self._samples = samples
         self.n = int(next(iter(samples.values())).shape[0])
         self._sq: dict[nn.Parameter, Tensor] = {}
+        self._reduced = reduced
 
     @override
     def has_samples(self, p: nn.Parameter) -> bool:
-        return True
+        return not self._reduced
 
     @override
     def samples(self, p: nn.Parameter) -> Tensor:
@@ -379,10 +386,12 @@ def kernels_of(syms: SymmetrySet | Sequence[Symmetry]) -> list[tuple[Kernel[Any,
 
 # -- assembly ------------------------------------------------------------------------------
 def needs_samples(syms: SymmetrySet) -> list[nn.Parameter]:
-    """Parameters whose per-sample gradients a solver must keep (coupled sets: all)."""
-    # Once any symmetry is coupled, the solver sweeps over all of them with transported
-    # per-sample gradients, so every parameter's samples are kept.
-    return syms.params() if syms.coupled_groups() else []
+    """Parameters whose per-sample gradients a solver must keep: those of coupled groups.
+
+    The solver sweeps over each coupled group (:meth:`SymmetrySet.coupled_groups`) with its
+    per-sample gradients transported along the orbit; the other symmetries need none.
+    """
+    return unique_params([syms[i] for g in syms.coupled_groups() for i in g])
 
 
 def assemble(
@@ -410,30 +419,47 @@ def assemble(
 
 
 def stats_from_samples(
-    samples: Mapping[nn.Parameter, Tensor], syms: SymmetrySet, *, estimator: str
+    samples: Mapping[nn.Parameter, Tensor],
+    syms: SymmetrySet,
+    *,
+    estimator: str,
+    level: Level = Level.DIAG,
 ) -> GradStats:
-    """Build :class:`GradStats` from per-sample gradients ``[N, *shape]`` per parameter."""
+    """Build :class:`GradStats` from per-sample gradients ``[N, *shape]`` per parameter.
+
+    ``level="solve"``: the diagonal statistics the solver needs, per-neuron sums wherever
+    they suffice (:class:`SampleSource` ``reduced``); the samples are kept either way.
+    """
     n = next(iter(samples.values())).shape[0]
     check_batch(n)
-    return assemble(SampleSource(samples), syms, level=Level.DIAG, estimator=estimator)
+    src = SampleSource(samples, reduced=level is Level.SOLVE)
+    return assemble(src, syms, level=level, estimator=estimator)
 
 
 def refresh_stats_(
-    stats: GradStats, samples: Mapping[nn.Parameter, Tensor], syms: Sequence[Symmetry]
+    stats: GradStats,
+    samples: Mapping[nn.Parameter, Tensor],
+    syms: Sequence[Symmetry],
+    *,
+    means: bool = True,
+    level: Level = Level.DIAG,
 ) -> None:
     """Recompute in place ḡ and each kernel's statistics of ``syms`` only, from ``samples``.
 
     What :func:`stats_from_samples` would give for these symmetries; the entries of other
     symmetries are kept. The coupled solver calls it after a move, for the symmetries whose
-    coordinates the move touched, instead of re-assembling every block.
+    coordinates the move touched, instead of re-assembling every block. ``means=False``
+    keeps ḡ: the caller moved it along with the samples (ḡ is their mean, and the transport
+    T^{-T} is linear), which spares a pass over every sample of a large fused parameter per
+    move. ``level``: as in :func:`stats_from_samples`.
     """
     if not syms:
         return
-    src = SampleSource(samples)
-    for p in unique_params(syms):
+    src = SampleSource(samples, reduced=level is Level.SOLVE)
+    for p in unique_params(syms) if means else ():
         stats.mean[p] = src.mean(p)
     for k, members in kernels_of(syms):
-        new = k.collect(members, src, Level.DIAG)
+        new = k.collect(members, src, level)
         old = stats.blocks.get(k.name)
         if old is None:
             stats.blocks[k.name] = new

@@ -21,6 +21,7 @@ from typing_extensions import override
 
 from noetherflow._checks import check_spd
 from noetherflow._errors import StatisticsError
+from noetherflow._threads import one_thread
 from noetherflow.kernels.base import (
     GradSource,
     GroupSolve,
@@ -92,10 +93,15 @@ def geometric_mean(X: Tensor, Y: Tensor) -> Tensor:
     return _geometric_mean(X, Y)
 
 
-def _geometric_mean(X: Tensor, Y: Tensor) -> Tensor:
-    """:func:`geometric_mean` without the checks (the solver's X, Y are SPD by construction)."""
-    yh = _sym_fn(Y, torch.sqrt)
-    yih = _sym_fn(Y, lambda w: 1 / torch.sqrt(w))
+def _geometric_mean(X: Tensor, Y: Tensor, y_eigh: tuple[Tensor, Tensor] | None = None) -> Tensor:
+    """:func:`geometric_mean` without the checks (the solver's X, Y are SPD by construction).
+
+    ``y_eigh``: the ``torch.linalg.eigh`` of ``Y`` when the caller has it (Y^{±1/2} from one
+    decomposition).
+    """
+    w, v = torch.linalg.eigh(Y) if y_eigh is None else y_eigh
+    yh = (v * torch.sqrt(w)) @ v.T
+    yih = (v * (1 / torch.sqrt(w))) @ v.T
     z = yh @ X @ yh
     z = (z + z.T) / 2
     p = yih @ _sym_fn(z, lambda w: torch.sqrt(w.clamp(min=0))) @ yih
@@ -154,7 +160,7 @@ def _solve_rotation(
         if q.shape[1] == 0:
             return eye, nb, 0.0, 0.0
         xs, ys = q.T @ X @ q, q.T @ Y @ q
-    w, v = torch.linalg.eigh(_geometric_mean(xs, ys))
+    w, v = torch.linalg.eigh(_geometric_mean(xs, ys, (ey, vy) if q is None else None))
     w = w.clamp(min=float(w.max()) * 1e-300)
     gr = (v * w.sqrt()) @ v.T
     gri = (v / w.sqrt()) @ v.T
@@ -322,19 +328,21 @@ class RotationKernel(Kernel[DoubleRotation, RotationStats]):
         covariant, so G is found by a fixed point on the geometric mean (:func:`_mixed_cross`).
         """
         (s,) = syms
-        x, y = self.xy(s, values, stats, nm)
-        cross = _mixed_cross(s, values, stats, nm)
-        if cross is not None:
-            g, nb, pre, res = _solve_with_cross(x, y, cross, opts)
-        else:
-            g, nb, pre, res = _solve_rotation(x, y, rtol=opts.rtol_singular, ridge=opts.ridge)
+        with one_thread():  # d×d algebra: see noetherflow._threads
+            x, y = self.xy(s, values, stats, nm)
+            cross = _mixed_cross(s, values, stats, nm)
+            if cross is not None:
+                g, nb, pre, res = _solve_with_cross(x, y, cross, opts)
+            else:
+                g, nb, pre, res = _solve_rotation(x, y, rtol=opts.rtol_singular, ridge=opts.ridge)
+            negative = nb is not None and nb.shape[1] > 0 and _negative(x, y, opts.rtol_singular)
         out = GroupSolve(progress=pre if opts.coupled else res)
         if nb is not None and nb.shape[1] > 0:
             why = (
                 "no gradient noise and no weight-decay term on one side: the width exceeds "
                 "what the weights and data span"
             )
-            if _negative(x, y, opts.rtol_singular):
+            if negative:
                 why = (
                     "X or Y has negative eigenvalues: with the momentum cross term "
                     "c_cross·vᵀA∇L the noise term is negative along them, the buffer pushing "
@@ -359,8 +367,9 @@ class RotationKernel(Kernel[DoubleRotation, RotationStats]):
 
     def distance(self, s: DoubleRotation, total: Any) -> Tensor:
         """‖log P‖_F with P = GGᵀ, from the eigenvalues alone (P is SPD)."""
-        p = total @ total.T
-        return torch.linalg.eigvalsh((p + p.T) / 2).log().norm()
+        with one_thread():
+            p = total @ total.T
+            return torch.linalg.eigvalsh((p + p.T) / 2).log().norm()
 
     def record(self, value: Tensor) -> Tensor:
         """The Frobenius norm of the matrix charge (or flow)."""

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from noetherflow.symmetry.base import Symmetry
+from noetherflow.symmetry.base import Symmetry, unique_params
 
 __all__ = [
     "StepDecomposition",
@@ -78,9 +78,18 @@ def decompose_step(
             no separable decay (e.g. Adam's coupled L2 goes through the preconditioner).
     """
     ks = {p: float(shrink[p] if isinstance(shrink, Mapping) else shrink) for p in sym.params}
-    theta = {p: before[p] for p in sym.params}
     decayed = {p: ks[p] * before[p] for p in sym.params}
     rest = {p: after[p] - decayed[p] for p in sym.params}
+    return _decompose(sym, before, decayed, rest, after)
+
+
+def _decompose(
+    sym: Symmetry, before: Values, decayed: Values, rest: Values, after: Values
+) -> StepDecomposition:
+    """:func:`decompose_step` from θ, θ_d = kθ, θ' − θ_d and θ' (each ``sym.params`` keys)."""
+    theta = {p: before[p] for p in sym.params}
+    decayed = {p: decayed[p] for p in sym.params}
+    rest = {p: rest[p] for p in sym.params}
     c0 = sym.charge_of(theta)
     cd = sym.charge_of(decayed)
     return StepDecomposition(
@@ -201,7 +210,8 @@ class StepRecorder:
 
     def before_step(self) -> None:
         """Snapshot the parameters (and the decay factors) before ``optimizer.step()``."""
-        self._snap = {p: p.detach().clone() for s in self.syms.values() for p in s.params}
+        # each parameter once: a fused projection is shared by tens of symmetries
+        self._snap = {p: p.detach().clone() for p in unique_params(self.syms.values())}
         self._k = self._shrinks()
 
     def after_step(self) -> dict[str, StepDecomposition]:
@@ -212,7 +222,6 @@ class StepRecorder:
                 "just before optimizer.step()."
             )
         snap, self._snap = self._snap, None
-        out = {}
         for name, s in self.syms.items():
             missing = [tuple(p.shape) for p in s.params if p not in self._k]
             if missing:
@@ -220,6 +229,8 @@ class StepRecorder:
                     f"symmetry {name!r}: parameters of shapes {missing} are not in the optimizer; "
                     "expected every parameter of the symmetry in one of its param groups."
                 )
-            after = {p: p.detach() for p in s.params}
-            out[name] = decompose_step(s, snap, after, {p: self._k[p] for p in s.params})
-        return out
+        # θ_d = kθ and θ' − θ_d once per parameter, shared by every symmetry acting on it
+        after = {p: p.detach() for p in snap}
+        decayed = {p: float(self._k[p]) * snap[p] for p in snap}
+        rest = {p: after[p] - decayed[p] for p in snap}
+        return {name: _decompose(s, snap, decayed, rest, after) for name, s in self.syms.items()}

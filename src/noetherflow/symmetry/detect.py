@@ -366,7 +366,12 @@ def find_symmetries(
     gen = torch.Generator().manual_seed(seed)
     verified: list[_Verified] = []
     seen: set[tuple[str, tuple[int, ...]]] = set()
-    for prop in sorted(proposals, key=lambda q: (q.order, q.sub)):
+    order = sorted(proposals, key=lambda q: (q.order, q.sub))
+    # the last candidate that may check on each scope: its signal is dropped after that one
+    last_use = {s: i for i, q in enumerate(order) for s in scopes[id(q)]}
+    for i, prop in enumerate(order):
+        if checker is not None:
+            checker.release([s for s in scopes[id(order[i - 1])] if last_use[s] < i] if i else [])
         key = (prop.label, tuple(sorted(map(id, prop.params))))
         if key in seen:
             continue  # the same candidate at another use of a shared module
@@ -400,6 +405,8 @@ def find_symmetries(
         v = _Verified(prop, sym, element, scopes[id(prop)])
         if _verify(v, checker, tolerance, scale, detection, ledger):
             verified.append(v)
+    if checker is not None:
+        checker.release(every_scope)  # the composed check needs the whole model's signal only
     composed = _confirm_on_whole_model(verified, checker, tolerance, scale, detection, ledger)
     unproven = _on_branches(
         model, inp, cap.branches, verified, loss_fn, targets, seed, detection, ledger

@@ -23,6 +23,7 @@ from typing_extensions import override
 
 from noetherflow import _shard
 from noetherflow._errors import SymmetryDefinitionError
+from noetherflow._threads import one_thread
 from noetherflow.symmetry.base import Family, Symmetry, check_params
 
 __all__ = ["Block", "DoubleRotation"]
@@ -257,24 +258,27 @@ class DoubleRotation(Symmetry):
     @override
     def act_(self, element: Tensor, values: Mapping[nn.Parameter, Tensor]) -> None:
         g = self._check_g(element).to(torch.float64)
-        ginv = torch.linalg.inv(g)
-        self._act(self.w_blocks, ginv, values)
-        self._act(self.u_blocks, g.T, values)
+        with one_thread():  # d×d products: see noetherflow._threads
+            ginv = torch.linalg.inv(g)
+            self._act(self.w_blocks, ginv, values)
+            self._act(self.u_blocks, g.T, values)
 
     @override
     def transport_grads_(self, element: Tensor, grads: Mapping[nn.Parameter, Tensor]) -> None:
         # W_f → G^{-1}W_f makes ∇W_f → Gᵀ∇W_f; U_f → GᵀU_f makes ∇U_f → G^{-1}∇U_f.
         g = self._check_g(element).to(torch.float64)
-        ginv = torch.linalg.inv(g)
-        self._act_batched(self.w_blocks, g.T, grads)
-        self._act_batched(self.u_blocks, ginv, grads)
+        with one_thread():
+            ginv = torch.linalg.inv(g)
+            self._act_batched(self.w_blocks, g.T, grads)
+            self._act_batched(self.u_blocks, ginv, grads)
 
     @override
     def random_element(self, scale: float, generator: torch.Generator) -> Tensor:
         b = torch.randn(self.d, self.d, generator=generator, dtype=torch.float64)
-        b = (b + b.T) / 2
-        b = b / torch.linalg.matrix_norm(b, ord=2) * scale
-        return torch.linalg.matrix_exp(b).to(self._params[0].device)
+        with one_thread():
+            b = (b + b.T) / 2
+            b = b / torch.linalg.matrix_norm(b, ord=2) * scale
+            return torch.linalg.matrix_exp(b).to(self._params[0].device)
 
     @override
     def identity_element(self) -> Tensor:

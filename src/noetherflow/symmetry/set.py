@@ -123,6 +123,14 @@ class SymmetrySet:
         """``(name, symmetry)`` pairs, in order."""
         return list(zip(self._names, self._syms, strict=True))
 
+    def subset(self, indices: Iterable[int]) -> SymmetrySet:
+        """The symmetries at ``indices`` (in that order) under their names in this set."""
+        out = SymmetrySet()
+        for i in indices:
+            out._syms.append(self._syms[i])
+            out._names.append(self._names[i])
+        return out
+
     def params(self) -> list[nn.Parameter]:
         """Every parameter acted on by some symmetry, once each (a new list each call)."""
         if self._params is None:
@@ -134,11 +142,14 @@ class SymmetrySet:
         return [(i, s) for i, s in enumerate(self._syms) if s.commuting]  # type: ignore[misc]
 
     def coupled_groups(self) -> list[list[int]]:
-        """Indices of symmetries whose statistics must be solved together.
+        """Indices of symmetries whose statistics must be solved together, by sweeps.
 
-        Diagonal symmetries commute and are always solved jointly; a rotation or dense
-        symmetry that shares a parameter with another symmetry couples them (chains).
-        Returns the connected components (as index lists) that need sweeps.
+        Symmetries sharing a parameter are linked; a connected component that holds a
+        rotation or dense symmetry sharing a parameter with another symmetry (a chain) needs
+        sweeps with transported per-sample gradients. Returns those components (index lists,
+        in set order). The components are independent: no symmetry outside one shares a
+        parameter with it, so each is solved on its own. Diagonal symmetries linked only to
+        one another commute and are solved jointly without sweeps; they are not listed.
         """
         n = len(self._syms)
         parent = list(range(n))
@@ -152,13 +163,13 @@ class SymmetrySet:
         owner: dict[int, int] = {}
         for i, s in enumerate(self._syms):
             for p in s.params:
-                j = owner.setdefault(id(p), i)
-                if j != i and not (s.commuting and self._syms[j].commuting):
-                    parent[find(i)] = find(j)
+                parent[find(i)] = find(owner.setdefault(id(p), i))
         groups: dict[int, list[int]] = {}
         for i in range(n):
             groups.setdefault(find(i), []).append(i)
-        return [g for g in groups.values() if len(g) > 1]
+        return [
+            g for g in groups.values() if len(g) > 1 and not all(self._syms[i].commuting for i in g)
+        ]
 
     # -- verification -----------------------------------------------------------------------
     def verify(
