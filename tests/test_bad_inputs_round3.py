@@ -333,3 +333,14 @@ def test_trust_page_names_existing_tests() -> None:
         source = (here / FILES[prefix]).read_text(encoding="utf-8")
         for part in name.split("::"):
             assert re.search(rf"^\s*(def|class) {part}\b", source, re.M), f"{prefix}::{name}"
+
+
+def test_find_symmetries_names_targets_its_loss_cannot_take() -> None:
+    m = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2)).double()
+    x = torch.randn(5, 3, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"loss_fn\(model\(example_inputs\), targets\).*a str"):
+        nf.find_symmetries(m, x, loss_fn=nn.MSELoss(), targets="abc")
+    with pytest.raises(ValueError, match="returned a float"):
+        nf.find_symmetries(m, x, loss_fn=lambda out, y: 1.0, targets=None)
+    ok = nf.find_symmetries(m, x, loss_fn=nn.MSELoss(), targets=torch.randn(5, 2).double())
+    assert len(ok) == 1

@@ -263,6 +263,36 @@ def _on_branches(
     return unproven
 
 
+def _check_loss_runs(
+    model: nn.Module, inp: ModelInputs, loss_fn: Any, targets: Any, seed: int
+) -> None:
+    """One ``loss_fn(model(inputs), targets)`` up front: a user's mismatch named, not torch's."""
+    with _Isolated(model, seed), torch.no_grad():
+        try:
+            out = inp(model)
+        except Exception as exc:
+            raise _run_failed(model, inp, exc) from exc
+    try:
+        loss = loss_fn(out, targets)
+    except Exception as exc:
+        got = (
+            f"a tensor of shape {tuple(targets.shape)}"
+            if isinstance(targets, Tensor)
+            else f"a {type(targets).__name__}"
+        )
+        raise ValueError(
+            f"find_symmetries: loss_fn(model(example_inputs), targets) failed with "
+            f"{type(exc).__name__}: {str(exc).strip()[:200]}; targets is {got}. Expected targets "
+            "that loss_fn accepts with the model's outputs (e.g. a tensor of labels with the "
+            "batch on dim 0), or loss_fn=None to compare the outputs."
+        ) from exc
+    if not isinstance(loss, Tensor) or not loss.is_floating_point():
+        raise ValueError(
+            f"find_symmetries: loss_fn returned a {type(loss).__name__}; expected a "
+            "floating-point tensor (the loss)."
+        )
+
+
 def find_symmetries(
     model: nn.Module,
     example_inputs: Any,
@@ -333,6 +363,8 @@ def find_symmetries(
     inp = ModelInputs.of(example_inputs, "find_symmetries")
     check_finite_model(model, "find_symmetries")
     inp.check_finite("find_symmetries")
+    if loss_fn is not None:
+        _check_loss_runs(model, inp, loss_fn, targets, seed)
     names = {id(p): n for n, p in model.named_parameters()}
     cap = capture(
         model, inp, lambda: _Isolated(model, seed), lambda exc: _run_failed(model, inp, exc)
