@@ -88,15 +88,27 @@ def _zero_eps(norms: Sequence[nn.Module]) -> Iterator[None]:
             setattr(m, attr, v)
 
 
-def _outputs(model: nn.Module, probe: Probe, seed: int) -> dict[bool, Tensor]:
-    """Outputs in train and eval mode; mode, buffers and RNG state restored afterwards."""
+def _outputs(
+    model: nn.Module, probe: Probe, seed: int, zero_eps_of: Sequence[nn.Module] = ()
+) -> dict[bool, Tensor]:
+    """Outputs in train and eval mode; mode, buffers and RNG state restored afterwards.
+
+    The eps of ``zero_eps_of`` is set to ~0 for the forward passes: in training mode all of
+    them, in eval mode those without running statistics (a BatchNorm's eval function is kept
+    exactly with its own eps, since the teleport moves its running variance + eps).
+    """
     was = model.training
     buffers = [(b, b.detach().clone()) for b in model.buffers()]
+    batch = [m for m in zero_eps_of if getattr(m, "running_var", None) is None]
     out: dict[bool, Tensor] = {}
     try:
         for train in (True, False):
             model.train(train)
-            with torch.random.fork_rng(devices=[]), torch.no_grad():
+            with (
+                _zero_eps(zero_eps_of if train else batch),
+                torch.random.fork_rng(devices=[]),
+                torch.no_grad(),
+            ):
                 torch.manual_seed(seed)
                 out[train] = flat_outputs(probe.inputs(model)).detach().to(torch.float64)
             with torch.no_grad():
@@ -149,24 +161,25 @@ def check_teleport(
     Returns:
         The relative change per mode (``{True: train, False: eval}``), teleport applied.
     """
-    with _zero_eps(zero_eps_of):
-        before = _outputs(model, probe, seed)
-        if not all(bool(torch.isfinite(v).all()) for v in before.values()):
-            apply(None)  # the probe does not give finite outputs: nothing to compare
-            return {True: math.nan, False: math.nan}
-        apply(None)
-        rel = _rel(_outputs(model, probe, seed), before)
-        if all(r <= tolerance for r in rel.values()):
-            return rel
+    # eps is zeroed for the forward passes only: a teleport applied meanwhile would move a
+    # BatchNorm's running variance with the zeroed eps
+    before = _outputs(model, probe, seed, zero_eps_of)
+    if not all(bool(torch.isfinite(v).all()) for v in before.values()):
+        apply(None)  # the probe does not give finite outputs: nothing to compare
+        return {True: math.nan, False: math.nan}
+    apply(None)
+    rel = _rel(_outputs(model, probe, seed, zero_eps_of), before)
+    if all(r <= tolerance for r in rel.values()):
+        return rel
+    restore()
+    culprits = []
+    for k, name in enumerate(names):
+        apply([k])
+        alone = _rel(_outputs(model, probe, seed, zero_eps_of), before)
         restore()
-        culprits = []
-        for k, name in enumerate(names):
-            apply([k])
-            alone = _rel(_outputs(model, probe, seed), before)
-            restore()
-            worst = max(alone.values())
-            if worst > tolerance:
-                culprits.append((worst, name))
+        worst = max(alone.values())
+        if worst > tolerance:
+            culprits.append((worst, name))
     culprits.sort(reverse=True)
     who = (
         ", ".join(f"{n} ({c:.2g})" for c, n in culprits[:5])
