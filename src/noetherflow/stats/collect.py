@@ -605,19 +605,23 @@ def _reference(
 
     :func:`~noetherflow.stats.contributions.per_sample_contributions` (the batch gradient is
     their mean for any loss, e.g. cross-entropy with ``ignore_index`` or class weights); a
-    model that branches on its inputs' values (which ``vmap`` cannot run) gets the
-    per-sample losses' gradients from a loop instead.
+    model that branches on its inputs' values (which ``vmap`` cannot run, e.g. Hugging Face's
+    attention-mask checks) gets the same shares from a loop, one backward per sample
+    (:func:`~noetherflow.stats.contributions.contributions_loop`).
     """
-    from noetherflow.stats.contributions import per_sample_contributions
+    from noetherflow.stats.contributions import contributions_loop, per_sample_contributions
 
     try:
         return per_sample_contributions(
             model, params, loss_fn, inp, targets, reduction=red.value, chunk_size=chunk_size
         )
     except RuntimeError as exc:  # the loop, or the dtype hint of the per-sample reference
-        if not (_data_dependent(exc) or inp.dtype_hint(exc) is not None):
+        if inp.dtype_hint(exc) is not None:
+            return per_sample_grads(model, params, loss_fn, inp, targets, chunk_size=chunk_size)
+        if not _data_dependent(exc):
             raise
-    return per_sample_grads(model, params, loss_fn, inp, targets, chunk_size=chunk_size)
+    # vmap cannot run the model: the same shares, one backward per sample
+    return contributions_loop(model, params, loss_fn, inp, targets, reduction=red.value)
 
 
 def _in_backward() -> bool:

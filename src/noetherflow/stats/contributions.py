@@ -28,10 +28,11 @@ from torch import Tensor, nn
 from torch.func import functional_call, vjp, vmap
 from torch.utils import _pytree as pytree
 
+from noetherflow._errors import StatisticsError
 from noetherflow._inputs import ModelInputs
 from noetherflow.stats.reference import check_no_train_batchnorm, check_targets
 
-__all__ = ["per_sample_contributions"]
+__all__ = ["contributions_loop", "per_sample_contributions"]
 
 
 def _one_sample(t: Tensor) -> bool:
@@ -95,6 +96,7 @@ def per_sample_contributions(
         leaves = [next(it) if k else None for k in kept]
         loss = loss_fn(pytree.tree_unflatten(leaves, spec), targets)
         if loss.ndim == 1 and loss.shape[0] == n:  # one loss per sample
+            check_in_model_loss(model, inp, loss_fn, targets, loss, reduction)
             loss = loss.mean() if reduction == "mean" else loss.sum()
         cots = torch.autograd.grad(loss, live, allow_unused=True)
     scale = float(n) if reduction == "mean" else 1.0
@@ -111,3 +113,107 @@ def per_sample_contributions(
         inp.args, inp.kwargs, cot
     )
     return {p: g[k] for k, p in wanted.items()}
+
+
+def contributions_loop(
+    model: nn.Module,
+    params: list[nn.Parameter],
+    loss_fn: Callable[[Any, Any], Tensor],
+    inputs: Any,
+    targets: Any,
+    *,
+    reduction: str = "mean",
+) -> dict[nn.Parameter, Tensor]:
+    """:func:`per_sample_contributions` without ``vmap``: the same shares, sample by sample.
+
+    For models that ``vmap`` cannot run (control flow on input values, e.g. Hugging Face's
+    attention-mask checks). Each sample's forward alone gives o_i (as ``vmap`` would); the
+    outputs stacked over the batch (a scalar per sample, e.g. a loss computed inside the
+    model, becomes ``[N]``) go through ``loss_fn`` once for the cotangents ∂L/∂o_i; then
+    g_i = c·J_iᵀ∂L/∂o_i by one backward per sample. Dropout draws each sample's masks once
+    (the same in both halves): the shares are exact in any mode.
+    """
+    inp = ModelInputs.of(inputs, "collect_stats")
+    n = inp.batch_size("collect_stats")
+    saved = [(b, b.detach().clone()) for b in model.buffers()]
+    try:
+        per: list[list[Any]] = []
+        spec: Any = None
+        for i in range(n):
+            flat, spec = pytree.tree_flatten(inp.slice(i, i + 1, n)(model))
+            per.append(flat)
+        kept = [isinstance(t, Tensor) and t.is_floating_point() for t in per[0]]
+        live: list[Tensor] = []
+        for j, k in enumerate(kept):
+            if k:
+                col = [f[j] for f in per]
+                whole = torch.stack(col) if col[0].ndim == 0 else torch.cat(col, 0)
+                live.append(whole.detach().requires_grad_())
+        it = iter(live)
+        loss = loss_fn(
+            pytree.tree_unflatten([next(it) if k else None for k in kept], spec), targets
+        )
+        if loss.ndim == 1 and loss.shape[0] == n:  # one loss per sample
+            check_in_model_loss(model, inp, loss_fn, targets, loss, reduction)
+            loss = loss.mean() if reduction == "mean" else loss.sum()
+        cots = torch.autograd.grad(loss, live, allow_unused=True)
+        scale = float(n) if reduction == "mean" else 1.0
+        rows: list[tuple[Tensor, ...]] = []
+        for i, flat in enumerate(per):
+            outs = [t for t, k in zip(flat, kept, strict=True) if k]
+            pairs = [
+                (o, (c[i] if o.ndim == 0 else c[i : i + 1]).detach() * scale)
+                for o, c in zip(outs, cots, strict=True)
+                if c is not None and o.requires_grad
+            ]
+            gs = torch.autograd.grad(
+                [o for o, _ in pairs], params, [c for _, c in pairs], allow_unused=True
+            )
+            rows.append(
+                tuple(
+                    torch.zeros_like(p) if g is None else g.detach()
+                    for p, g in zip(params, gs, strict=True)
+                )
+            )
+    finally:
+        with torch.no_grad():
+            for b, v in saved:
+                b.copy_(v)
+    return {p: torch.stack([r[j] for r in rows]) for j, p in enumerate(params)}
+
+
+def check_in_model_loss(
+    model: nn.Module,
+    inp: ModelInputs,
+    loss_fn: Any,
+    targets: Any,
+    per_sample: Tensor,
+    reduction: str,
+) -> None:
+    """Refuse a loss computed inside the model that is not the mean (sum) of per-sample losses.
+
+    ``per_sample``: ``[N]`` losses of the samples run alone. Cross-entropy with padding
+    (``ignore_index``) inside a Hugging Face model is a mean over the batch's tokens, so each
+    sample's share cannot be read from its own loss; the shares need the logits. Checked
+    against the batch's own loss (one forward), in eval mode or without dropout (random masks
+    would differ between the two).
+    """
+    if model.training and any(
+        isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0 for m in model.modules()
+    ):
+        return
+    with torch.no_grad(), torch.random.fork_rng(devices=[]):
+        whole = loss_fn(inp(model), targets)
+    want = per_sample.mean() if reduction == "mean" else per_sample.sum()
+    if isinstance(whole, Tensor) and whole.numel() == 1:
+        a, b = float(whole.detach()), float(want.detach())
+        if abs(a - b) > 1e-6 * max(abs(a), abs(b), 1e-30):
+            raise StatisticsError(
+                f"reference estimator: the loss computed inside the model is not the {reduction} "
+                f"of the samples' own losses (batch {a:.6g}, {reduction} of per-sample "
+                f"{b:.6g}), e.g. cross-entropy over padded tokens (ignore_index) averaged over "
+                "the batch's tokens: each sample's share is undefined from its own loss. Pass "
+                "the labels as targets with a loss_fn on the logits (e.g. lambda out, y: "
+                "F.cross_entropy(out.logits[:, :-1].flatten(0, 1), y[:, 1:].flatten(), "
+                "ignore_index=-100)), or use estimator='hooks'."
+            )
