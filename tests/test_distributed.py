@@ -99,6 +99,7 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
         torch.save(res, Path(out) / f"rank{rank}.pt")
     finally:
         dist.destroy_process_group()
+    os._exit(0)  # a finished worker skips teardown, where gloo's threads can abort it
 
 
 def _free_port() -> int:

@@ -323,6 +323,7 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
     finally:
         dist.barrier()
         dist.destroy_process_group()
+    os._exit(0)  # a finished worker skips teardown, where gloo's threads can abort it
 
 
 def _free_port() -> int:

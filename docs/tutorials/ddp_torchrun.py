@@ -105,6 +105,10 @@ def _spawned(rank: int, port: int, n_steps: int) -> None:
     )
     torch.set_num_threads(1)
     train(n_steps)
+    # A finished worker skips the interpreter's teardown: gloo's threads could abort it
+    # (SIGABRT after the check had passed, seen under load), failing a correct run.
+    sys.stdout.flush()
+    os._exit(0)
 
 
 def main(tiny: bool = False) -> None:
