@@ -30,7 +30,12 @@ from torch.utils import _pytree as pytree
 
 from noetherflow._errors import StatisticsError
 from noetherflow._inputs import ModelInputs
-from noetherflow.stats.reference import check_no_train_batchnorm, check_targets
+from noetherflow.stats.reference import (
+    buffers_kept,
+    check_no_train_batchnorm,
+    check_targets,
+    stack_rows,
+)
 
 __all__ = ["contributions_loop", "per_sample_contributions"]
 
@@ -95,9 +100,7 @@ def per_sample_contributions(
         it = iter(live)
         leaves = [next(it) if k else None for k in kept]
         loss = loss_fn(pytree.tree_unflatten(leaves, spec), targets)
-        if loss.ndim == 1 and loss.shape[0] == n:  # one loss per sample
-            check_in_model_loss(model, inp, loss_fn, targets, loss, reduction)
-            loss = loss.mean() if reduction == "mean" else loss.sum()
+        loss = _batch_loss(loss, n, reduction, model, inp, loss_fn, targets)
         cots = torch.autograd.grad(loss, live, allow_unused=True)
     scale = float(n) if reduction == "mean" else 1.0
     cot = [
@@ -135,8 +138,7 @@ def contributions_loop(
     """
     inp = ModelInputs.of(inputs, "collect_stats")
     n = inp.batch_size("collect_stats")
-    saved = [(b, b.detach().clone()) for b in model.buffers()]
-    try:
+    with buffers_kept(model):
         per: list[list[Any]] = []
         spec: Any = None
         for i in range(n):
@@ -150,15 +152,11 @@ def contributions_loop(
                 whole = torch.stack(col) if col[0].ndim == 0 else torch.cat(col, 0)
                 live.append(whole.detach().requires_grad_())
         it = iter(live)
-        loss = loss_fn(
-            pytree.tree_unflatten([next(it) if k else None for k in kept], spec), targets
-        )
-        if loss.ndim == 1 and loss.shape[0] == n:  # one loss per sample
-            check_in_model_loss(model, inp, loss_fn, targets, loss, reduction)
-            loss = loss.mean() if reduction == "mean" else loss.sum()
+        out = pytree.tree_unflatten([next(it) if k else None for k in kept], spec)
+        loss = _batch_loss(loss_fn(out, targets), n, reduction, model, inp, loss_fn, targets)
         cots = torch.autograd.grad(loss, live, allow_unused=True)
         scale = float(n) if reduction == "mean" else 1.0
-        rows: list[tuple[Tensor, ...]] = []
+        rows = []
         for i, flat in enumerate(per):
             outs = [t for t, k in zip(flat, kept, strict=True) if k]
             pairs = [
@@ -166,20 +164,32 @@ def contributions_loop(
                 for o, c in zip(outs, cots, strict=True)
                 if c is not None and o.requires_grad
             ]
-            gs = torch.autograd.grad(
-                [o for o, _ in pairs], params, [c for _, c in pairs], allow_unused=True
-            )
             rows.append(
-                tuple(
-                    torch.zeros_like(p) if g is None else g.detach()
-                    for p, g in zip(params, gs, strict=True)
+                torch.autograd.grad(
+                    [o for o, _ in pairs], params, [c for _, c in pairs], allow_unused=True
                 )
             )
-    finally:
-        with torch.no_grad():
-            for b, v in saved:
-                b.copy_(v)
-    return {p: torch.stack([r[j] for r in rows]) for j, p in enumerate(params)}
+    return stack_rows(params, rows)
+
+
+def _batch_loss(
+    loss: Tensor,
+    n: int,
+    reduction: str,
+    model: nn.Module,
+    inp: ModelInputs,
+    loss_fn: Any,
+    targets: Any,
+) -> Tensor:
+    """The batch loss L from ``loss_fn``'s value.
+
+    One loss per sample (``[N]``, computed inside the model) is checked
+    (:func:`check_in_model_loss`) and reduced by ``reduction``.
+    """
+    if loss.ndim == 1 and loss.shape[0] == n:
+        check_in_model_loss(model, inp, loss_fn, targets, loss, reduction)
+        return loss.mean() if reduction == "mean" else loss.sum()
+    return loss
 
 
 def check_in_model_loss(

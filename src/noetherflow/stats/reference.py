@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -141,24 +142,38 @@ def _loop(
     n: int,
 ) -> tuple[dict[nn.Parameter, Tensor], Tensor]:
     """Per-sample gradients ``[N, *p.shape]`` and losses ``[N]``, one backward per sample."""
-    saved = [(b, b.detach().clone()) for b in model.buffers()]
-    rows: list[tuple[Tensor, ...]] = []
+    rows: list[Sequence[Tensor | None]] = []
     losses: list[Tensor] = []
-    try:
+    with buffers_kept(model):
         for i in range(n):
             out = inp.slice(i, i + 1, n)(model)
             loss = loss_fn(out, None if targets is None else targets[i : i + 1])
-            gs = torch.autograd.grad(loss, params, allow_unused=True)
+            rows.append(torch.autograd.grad(loss, params, allow_unused=True))
             losses.append(loss.detach().reshape(()))
-            rows.append(
-                tuple(
-                    torch.zeros_like(p) if g is None else g.detach()
-                    for p, g in zip(params, gs, strict=True)
-                )
-            )
+    return stack_rows(params, rows), torch.stack(losses)
+
+
+@contextmanager
+def buffers_kept(model: nn.Module) -> Iterator[None]:
+    """The model's buffers (BatchNorm running statistics) put back as they were on exit."""
+    saved = [(b, b.detach().clone()) for b in model.buffers()]
+    try:
+        yield
     finally:
         with torch.no_grad():
             for b, v in saved:
                 b.copy_(v)
-    grads = {p: torch.stack([r[j] for r in rows]) for j, p in enumerate(params)}
-    return grads, torch.stack(losses)
+
+
+def stack_rows(
+    params: Sequence[nn.Parameter], rows: Sequence[Sequence[Tensor | None]]
+) -> dict[nn.Parameter, Tensor]:
+    """Per-sample gradients ``[N, *p.shape]`` from one row of gradients per sample.
+
+    A ``None`` (a parameter the sample's loss does not reach) is a zero gradient.
+    """
+
+    def grad(p: nn.Parameter, g: Tensor | None) -> Tensor:
+        return torch.zeros_like(p) if g is None else g.detach()
+
+    return {p: torch.stack([grad(p, r[j]) for r in rows]) for j, p in enumerate(params)}
