@@ -480,20 +480,19 @@ def run_experiments(
     results: dict[str, dict[str, Any]] = {}
     outer = min(jobs, len(specs)) if specs else 1
     inner = max(1, jobs // outer)
+    options: dict[str, Any] = {
+        "quick": quick,
+        "seed": seed,
+        "out_dir": out,
+        "jobs": inner,
+        "torch_threads": torch_threads,
+        "overrides": overrides,
+    }
     if outer <= 1:
         for exp_id, target in specs:
             if on_start:
                 on_start(exp_id)
-            rec = run_experiment(
-                exp_id,
-                target,
-                quick=quick,
-                seed=seed,
-                out_dir=out,
-                jobs=inner,
-                torch_threads=torch_threads,
-                overrides=overrides,
-            )
+            rec = run_experiment(exp_id, target, **options)
             results[exp_id] = rec
             if on_done:
                 on_done(exp_id, rec)
@@ -507,17 +506,7 @@ def run_experiments(
     ) as ex:
         futures: dict[cf.Future[dict[str, Any]], tuple[str, str]] = {}
         for exp_id, target in specs:
-            fut = ex.submit(
-                run_experiment,
-                exp_id,
-                target,
-                quick=quick,
-                seed=seed,
-                out_dir=out,
-                jobs=inner,
-                torch_threads=torch_threads,
-                overrides=overrides,
-            )
+            fut = ex.submit(run_experiment, exp_id, target, **options)
             futures[fut] = (exp_id, target)
             if on_start:
                 on_start(exp_id)
