@@ -113,8 +113,7 @@ def setup(cfg: Config) -> list[dict[str, str]]:
         {
             "quantity": "σ² large / small",
             "paper": "not given",
-            "ours": f"η = {cfg.lr:g}, S = {cfg.fast_batch} (fast) and S = {cfg.slow_batch} "
-            "(slow)",
+            "ours": f"η = {cfg.lr:g}, S = {cfg.fast_batch} (fast) and S = {cfg.slow_batch} (slow)",
             "why": "t_equi/t_erm ≈ 0.1 and ≈ 15",
         },
         {
@@ -241,8 +240,8 @@ def run(cfg: Config, seed: int, out_dir: Path) -> dict[str, Any]:
     """GD's t_erm, the fast and the slow SGD runs, and the progress of C at the checkpoints."""
     eq = equilibrium(cfg)
     t_erm_gd = eq["t_erm_gd"]
-    n_fast = int(math.ceil(1.2 * t_erm_gd / cfg.lr))
-    n_slow = int(math.ceil((1.2 * t_erm_gd + cfg.takeoff_equi * eq["t_equi_slow"]) / cfg.lr))
+    n_fast = math.ceil(1.2 * t_erm_gd / cfg.lr)
+    n_slow = math.ceil((1.2 * t_erm_gd + cfg.takeoff_equi * eq["t_equi_slow"]) / cfg.lr)
     series: dict[str, Any] = {}
     out: dict[str, Any] = {"equilibrium": eq}
     phases = (
@@ -371,9 +370,7 @@ def plot(results: dict[str, Any], cfg: Config, out_dir: Path) -> list[Path]:
         ax.axvline(1.0, color="0.4", ls="--", lw=0.8)
         ax.axhline(1.0, color="0.6", ls=":", lw=0.8)
         ax.set_xlabel("t / t_erm(GD)")
-        ax.set_title(
-            f"{name} phase: S = {size}, t_equi/t_erm = {eq[f't_equi_{name}'] / t_erm:.3g}"
-        )
+        ax.set_title(f"{name} phase: S = {size}, t_equi/t_erm = {eq[f't_equi_{name}'] / t_erm:.3g}")
         ax.legend(fontsize=8)
     fig.tight_layout()
     return [save_figure(fig, out_dir / "phases.png")]
