@@ -45,14 +45,14 @@ PAPER_ORDER = 5.41
 class Config:
     """Settings of ``approx_signs`` (all ours; the paper gives none).
 
-    ``lr = 0.05``, ``batch_size = 1``, ``zeta = 1`` (h_min = ζ along the orbit in every case),
+    ``lr = 0.02`` (0.05 diverged one chain at θ₂ = (½, 2), notes), ``batch_size = 1``, ``zeta = 1`` (h_min = ζ along the orbit in every case),
     label noise 1, ``n_chains = 64`` (quick 32), ``n_steps = 6000`` with the average over the
     last ``avg_frac = 2/3`` (the slowest relaxation, rate ≈ ζ, has ≈ 100 e-folds before the
     window). A sign holds when the t-statistic over chains exceeds ``t_min = 3`` in the
     predicted direction (fixed before the first run, notes/approx_signs.md).
     """
 
-    lr: float = 0.05
+    lr: float = 0.02
     batch_size: int = 1
     zeta: float = 1.0
     noise_std: float = 1.0
@@ -70,7 +70,7 @@ class Config:
 
 def setup(cfg: Config) -> list[dict[str, str]]:
     """Every deviation from the paper's setup, one row each."""
-    return [
+    rows = [
         {
             "quantity": "model",
             "paper": "general ℓ₁ + ζℓ₂",
@@ -92,6 +92,16 @@ def setup(cfg: Config) -> list[dict[str, str]]:
             "why": "a t-statistic over chains",
         },
     ]
+    if cfg != Config():
+        rows.append(
+            {
+                "quantity": "quick mode",
+                "paper": "—",
+                "ours": f"{cfg.n_chains} chains (full {Config().n_chains})",
+                "why": "time; same thresholds",
+            }
+        )
+    return rows
 
 
 def _t_stat(per_chain: np.ndarray) -> float:
@@ -128,14 +138,18 @@ def simulate_neuron(cfg: Config, seed: int, w2: float, u2: float) -> np.ndarray:
     start = int(cfg.n_steps * (1 - cfg.avg_frac))
     acc = np.zeros(c)
     c_star = w2 * w2 - u2 * u2
-    for k in range(cfg.n_steps):
-        x = rng.standard_normal((c, s))
-        y = x + cfg.noise_std * rng.standard_normal((c, s))
-        r = u[:, None] * w[:, None] * x - y
-        m = 2.0 * (r * x).mean(1)
-        w, u = w - eta * (m * u + cfg.zeta * (w - w2)), u - eta * (m * w + cfg.zeta * (u - u2))
-        if k >= start:
-            acc += w * w - u * u - c_star
+    with np.errstate(over="ignore", invalid="ignore"):  # a diverging chain is data
+        for k in range(cfg.n_steps):
+            x = rng.standard_normal((c, s))
+            y = x + cfg.noise_std * rng.standard_normal((c, s))
+            r = u[:, None] * w[:, None] * x - y
+            m = 2.0 * (r * x).mean(1)
+            w, u = (
+                w - eta * (m * u + cfg.zeta * (w - w2)),
+                u - eta * (m * w + cfg.zeta * (u - u2)),
+            )
+            if k >= start:
+                acc += w * w - u * u - c_star
     return np.asarray(acc / (cfg.n_steps - start))
 
 
@@ -158,6 +172,7 @@ def run(cfg: Config, seed: int, out_dir: Path) -> dict[str, Any]:
         pred = cfg.lr / cfg.batch_size * cs["trace_sigma_a"] / cfg.zeta
         out[name] = {
             "mean_deviation": float(dev.mean()),
+            "non_finite_chains": int(np.sum(~np.isfinite(dev))),
             "t_stat": _t_stat(dev),
             "trace_sigma_a": cs["trace_sigma_a"],
             "eq23_prediction": pred,
@@ -191,8 +206,10 @@ def claims(results: dict[str, Any], cfg: Config) -> list[Claim]:
                 op=">",
                 threshold=cfg.t_min,
                 note=f"mean C − C* = {c['mean_deviation']:.4g}; eq. 23 (η/S)Tr[ΣA]/ζ = "
-                f"{c['eq23_prediction']:.4g}",
-                why=f"the deviation {c['mean_deviation']:.3g} has t = {c['t_stat']:.3g}",
+                f"{c['eq23_prediction']:.4g}; non-finite (diverged) chains: "
+                f"{c['non_finite_chains']}",
+                why=f"the deviation {c['mean_deviation']:.3g} has t = {c['t_stat']:.3g} "
+                f"({c['non_finite_chains']} chains diverged)",
             )
         )
     return out
