@@ -45,9 +45,10 @@ PAPER_ORDER = 5.41
 class Config:
     """Settings of ``approx_signs`` (all ours; the paper gives none).
 
-    ``lr = 0.02`` (0.05 diverged one chain at θ₂ = (½, 2), notes), ``batch_size = 1``, ``zeta = 1`` (h_min = ζ along the orbit in every case),
-    label noise 1, ``n_chains = 64`` (quick 32), ``n_steps = 6000`` with the average over the
-    last ``avg_frac = 2/3`` (the slowest relaxation, rate ≈ ζ, has ≈ 100 e-folds before the
+    ``lr = 0.02`` (0.05 diverged one chain at θ₂ = (½, 2), notes), ``batch_size = 1``,
+    ``zeta = 1`` (h_min = ζ along the orbit in every case), label noise 1, ``n_chains = 64``
+    (quick 32), ``n_steps = 6000`` with the average over the last ``avg_frac = 2/3`` (the
+    slowest relaxation, ηζ = 0.02 per step, has 40 e-folds before the
     window). A sign holds when the t-statistic over chains exceeds ``t_min = 3`` in the
     predicted direction (fixed before the first run, notes/approx_signs.md).
     """
