@@ -33,7 +33,6 @@ from noetherflow._history import (
     symmetry_keys,
     write_meta,
 )
-from noetherflow._hyperparams import HyperSource
 from noetherflow._optimizer_state import preserved
 from noetherflow._tracking import monitor_advice
 from noetherflow.flow import charges, noether_flow
@@ -57,6 +56,7 @@ from noetherflow.monitor.rows import put_distance, put_values
 from noetherflow.monitor.schema import UNDEFINED, build_schema
 from noetherflow.monitor.steps import StepLog
 from noetherflow.optim.decompose import StepDecomposition
+from noetherflow.optim.source import HyperSource
 from noetherflow.plotting import plot_history
 from noetherflow.stats.collect import Capture, check_params_of, collect_stats
 from noetherflow.stats.core import (
