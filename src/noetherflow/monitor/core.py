@@ -19,7 +19,6 @@ import torch
 from torch import Tensor, nn
 
 from noetherflow._checks import check_bool
-from noetherflow._hyperparams import HyperSource
 from noetherflow.flow import charges, noether_flow
 from noetherflow.kernels.noise import NoiseModel, check_decay
 from noetherflow.monitor.accumulation import StepCapture, check_loss_reduction
@@ -56,6 +55,7 @@ from noetherflow.monitor.rows import put_distance, put_values
 from noetherflow.monitor.schema import UNDEFINED, build_schema
 from noetherflow.monitor.steps import StepLog
 from noetherflow.optim.decompose import StepDecomposition
+from noetherflow.optim.source import HyperSource
 from noetherflow.plotting import plot_history
 from noetherflow.stats.collect import Capture, check_params_of, collect_stats
 from noetherflow.stats.core import (
