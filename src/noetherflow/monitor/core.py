@@ -463,12 +463,12 @@ class NoetherMonitor:
             stats = with_displacement(
                 stats, disp, self.syms.params(), "NoetherMonitor", noise["momentum"]
             )
-            fl = noether_flow(self.syms, stats, NoiseModel.create(**noise), charges=ch)
+            # one noise model per record: η and γ reach the flows and the tracker only in it
+            nm = NoiseModel.create(**noise)
+            fl = noether_flow(self.syms, stats, nm, charges=ch)
             put_values(row, "flow", fl, self.syms, self.keys, self.schema)
             if self.distance and i % self.distance_every == 0:
-                res = self._distance.measure(
-                    i, stats, NoiseModel.create(**noise), (lr, gamma), **noise
-                )
+                res = self._distance.measure(i, stats, nm)
                 put_distance(row, res, self.syms, self.keys, self.schema)
         sh = self.sharpness
         if sh is not None and i % (sh.every or self.every) == 0:
