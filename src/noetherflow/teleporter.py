@@ -40,7 +40,6 @@ import torch
 from torch import Tensor, nn
 
 from noetherflow._checks import check_bool, check_model_and_set, check_positive_int
-from noetherflow._hyperparams import HyperSource
 from noetherflow._optimizer_state import (
     OptimizerState,
     preserved,
@@ -51,6 +50,7 @@ from noetherflow._teleport_check import CHECKS, Probe
 from noetherflow.eps_solve import solve_within_eps
 from noetherflow.equilibrium import EquilibriumSolution, solve_equilibrium
 from noetherflow.kernels.decay import ParamDecay, parse_decay
+from noetherflow.optim.source import HyperSource
 from noetherflow.stats.collect import check_params_of, collect_stats
 from noetherflow.stats.core import Estimator, with_displacement
 from noetherflow.stats.distributed import unwrap_ddp

@@ -218,7 +218,8 @@ class Kernel(ABC, Generic[S, B]):
     matrix_valued: ClassVar[bool] = False
     # solve_equilibrium(fixed=...) may hold its generators at given values
     can_hold: ClassVar[bool] = False
-    # the monitor may follow its equilibrium between full solves (monitor/first_order.py)
+    # the monitor may follow its equilibrium between full solves (monitor/first_order.py):
+    # then :meth:`problem` gives the convex F(λ) its solve minimises
     incremental: ClassVar[bool] = False
     # Γ constant on each parameter commutes with every generator of the family (a diagonal
     # A, a rotation of an index that no parameter is split along): then the per-parameter
@@ -233,6 +234,19 @@ class Kernel(ABC, Generic[S, B]):
     @abstractmethod
     def collect(self, syms: Sequence[S], src: GradSource, level: Level) -> B:
         """The statistics block of ``syms`` from ``src``."""
+
+    def problem(
+        self,
+        syms: Sequence[S],
+        values: Mapping[nn.Parameter, Tensor],
+        stats: GradStats,
+        nm: NoiseModel,
+    ) -> Any:
+        """The function F(λ) whose minimiser :meth:`solve` finds (kernels with ``incremental``)."""
+        raise NotImplementedError(
+            f"{type(self).__name__} has no incremental problem (incremental = False); the "
+            "monitor solves its symmetries in full."
+        )
 
     # noise and flow
     @abstractmethod
