@@ -12,6 +12,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 
+import torch
 from torch import Tensor, nn
 from typing_extensions import override
 
@@ -96,7 +97,18 @@ class SampleSource(GradSource):
     def axis_sq(
         self, want: Mapping[nn.Parameter, tuple[int, ...]]
     ) -> dict[tuple[nn.Parameter, int], Tensor]:
-        return {(p, ax): axis_sum(self.sq(p), ax) for p, axes in want.items() for ax in axes}
+        out = {}
+        for p, axes in want.items():
+            v = self._samples[p]
+            for ax in axes:
+                if p in self._sq:
+                    out[p, ax] = axis_sum(self._sq[p], ax)
+                    continue
+                # one fused reduction: no [N, *shape] temporary of squares (a large
+                # fused projection's samples are refreshed after every coupled move)
+                rest = [k for k in range(v.dim()) if k != ax + 1]
+                out[p, ax] = torch.linalg.vector_norm(v, dim=rest).square() / v.shape[0]
+        return out
 
     @override
     def front_moment(self, p: nn.Parameter, axis: int, start: int, stop: int) -> Tensor:
