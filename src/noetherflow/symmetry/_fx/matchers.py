@@ -28,12 +28,14 @@ from noetherflow.symmetry._fx.affine import (
     affine_params,
 )
 from noetherflow.symmetry._fx.attention import AttentionPattern
+from noetherflow.symmetry._fx.biases import refuse_extra_biases
 from noetherflow.symmetry._fx.common import (
     _NN_LAYERS,
     _blocks,
     _column_map,
     _is_dense,
     _kinds,
+    _NotASlice,
     _only,
     _param,
     _range_of,
@@ -176,7 +178,7 @@ class RotationPattern:
             n_cols = int(_weight(second).shape[_w_in(second)])
             whole = cmap is not None and torch.equal(cmap, torch.arange(n_cols))
             both_nn = isinstance(first, nn.Linear) and isinstance(second, nn.Linear)
-            if len(src.arrivals) == 1 and arr.heads is None and both_nn:
+            if len(src.arrivals) == 1 and arr.heads is None and both_nn and not arr.biases:
                 if whole and first.out_features == second.in_features:
                     label = f"rotation:{src.name}→{sname}"
                     out.append(
@@ -212,7 +214,14 @@ class RotationPattern:
                     continue
                 tag = f"[h{h}]" if len(groups) > 1 else f"[{rw[0]}:{rw[1]}]"
                 label = f"rotation:{src.name}→{sname}{tag}"
-                w_blocks = _blocks(first, *rw)
+                try:
+                    w_blocks = _blocks(first, *rw, arr)
+                except _NotASlice as exc:
+                    ledger.note(
+                        [*src.params, _weight(second)],
+                        f"{src.name} → {sname}: a bias stored apart is not one slice for {exc}",
+                    )
+                    continue
                 # One block per reader of the head: several query heads share a value head
                 # in grouped-query attention, and all of them turn with it.
                 u_blocks = [Block(_param(_weight(second)), _w_in(second), *rc) for rc in runs]
@@ -391,7 +400,8 @@ def run_patterns(info: GraphInfo, ledger: Ledger) -> list[Proposal]:
             if isinstance(value, Tensor) and value.dim() >= 1:
                 arrs = propagate(info, node, nspec.axis if value.dim() > 1 else 0)
                 qual = info.qual(str(node.target))
-                props.extend(affine.match(info, qual, m, arrs, ledger))
+                if not refuse_extra_biases(arrs, affine_params(m), ledger, qual, "rescaling"):
+                    props.extend(affine.match(info, qual, m, arrs, ledger))
             continue
         spec = layer_spec(m)
         if spec is None:
@@ -407,8 +417,11 @@ def run_patterns(info: GraphInfo, ledger: Ledger) -> list[Proposal]:
         for arr in src.arrivals:
             if arr.kind == "break":
                 ledger.note(src.params, f"output of {src.name} is {arr.reason}")
-        for matcher in (rescale, rotate, scale):
-            props.extend(matcher.match(info, src, ledger))
-        props.extend(layer_scale.match(info, src.name, m, src.arrivals, ledger))
+        props.extend(rotate.match(info, src, ledger))
+        # the rotations turn a bias stored apart with the rows; the diagonal families do not
+        if not refuse_extra_biases(src.arrivals, src.params, ledger, src.name, "rescaling"):
+            for matcher in (rescale, scale):
+                props.extend(matcher.match(info, src, ledger))
+            props.extend(layer_scale.match(info, src.name, m, src.arrivals, ledger))
     props.extend(attend.match_contractions(info, sources, ledger))
     return props
