@@ -34,7 +34,7 @@ DT = torch.float64
 
 
 def test_registered_layer_is_found_hooked_solved_and_teleported() -> None:
-    assert ex.TransposedLinear in detection_layers._LAYERS  # the registration, not a guess
+    assert ex.TransposedLinear in detection_layers.LAYERS  # the registration, not a guess
     torch.manual_seed(0)
     model = nn.Sequential(ex.TransposedLinear(3, 6), nn.ReLU(), ex.TransposedLinear(6, 2))
     x, y = torch.randn(32, 3, dtype=DT), torch.randn(32, 2, dtype=DT)

@@ -19,6 +19,7 @@ from torch import Tensor, nn
 
 __all__ = [
     "Fingerprint",
+    "batch_statistics",
     "check_bool",
     "check_finite_model",
     "check_finite_number",
@@ -271,3 +272,22 @@ def check_spd(m: Any, name: str, who: str) -> Tensor:
 
 def _of(meaning: str) -> str:
     return f" ({meaning})" if meaning else ""
+
+
+def batch_statistics(m: nn.Module) -> str | None:
+    """Why ``m`` normalises by the statistics of the batch (None when it does not).
+
+    The one check of "BatchNorm in training mode" (PyTorch's rule): a BatchNorm in training
+    mode, or in eval mode without running statistics (``track_running_stats=False``),
+    normalises with the batch's own mean and variance, which couples the samples: per-sample
+    gradients are not defined, and the layer input and output-gradient do not give them.
+    Any other module (LayerNorm, GroupNorm, an eval-mode BatchNorm with running statistics)
+    gives None.
+    """
+    if not isinstance(m, nn.modules.batchnorm._BatchNorm):
+        return None
+    if m.training:
+        return "training-mode BatchNorm (batch statistics couple the samples)"
+    if m.running_mean is None or m.running_var is None:
+        return "BatchNorm without running statistics (batch statistics couple the samples)"
+    return None

@@ -33,6 +33,7 @@ from noetherflow.optim.adam import (
     decoupled_stationary_charge,
     rotational_equilibrium_norm,
 )
+from noetherflow.optim.groups import read_groups
 
 DESCRIPTION = (
     "AdamW on digits: equilibrium norm and angular update of a scale-invariant layer against "
@@ -148,7 +149,7 @@ def _train(
     """
     x, y = O.digits()
     gen = torch.Generator().manual_seed(derive_seed(seed, "batches"))
-    ks = [1 - g["lr"] * g["weight_decay"] for g in opt.param_groups]
+    ks = [g.shrink for g in read_groups(opt)]
     acc: list[dict[str, Any]] = [{"traj": []} for _ in nets]
     bad: list[list[int | None]] = [[None] * net.n for net in nets]
     for t in range(cfg.burn + cfg.window):

@@ -28,6 +28,7 @@ import torch
 from noetherflow.experiments import _optim as O
 from noetherflow.experiments._base import Claim, Op, derive_seed, save_figure
 from noetherflow.experiments._claims import SeedSpread, over_seeds
+from noetherflow.optim.groups import ParamGroup, read_groups
 from noetherflow.optim.momentum import MomentumStep, momentum_noise, stationary_moments
 
 DESCRIPTION = (
@@ -146,7 +147,7 @@ def _train(
     """
     x, y = O.digits()
     gen = torch.Generator().manual_seed(derive_seed(seed, "batches"))
-    groups = opt.param_groups
+    groups = read_groups(opt)
     acc: list[dict[str, Any]] = [{"traj": [], "n_stats": 0} for _ in nets]
     bad: list[list[int | None]] = [[None] * net.n for net in nets]
     for t in range(cfg.burn + cfg.window):
@@ -163,22 +164,22 @@ def _train(
         if t < cfg.burn:
             continue
         for net, grp, a in zip(nets, groups, acc, strict=True):
-            if grp["momentum"] > 0:
+            if grp.momentum > 0:
                 e = net.sym.charge_of(_displacement(net, opt, grp))
                 a["e"] = e if "e" not in a else a["e"] + e
     return acc, bad
 
 
-def _displacement(net: O.Replicas, opt: torch.optim.SGD, grp: dict[str, Any]) -> dict[Any, Any]:
+def _displacement(net: O.Replicas, opt: torch.optim.SGD, grp: ParamGroup) -> dict[Any, Any]:
     """v = −η·buffer per parameter of the charges."""
-    return {p: -grp["lr"] * opt.state[p]["momentum_buffer"] for p in net.sym.params}
+    return {p: -grp.lr * opt.state[p]["momentum_buffer"] for p in net.sym.params}
 
 
 def _before_step(
     cfg: Config,
     net: O.Replicas,
     opt: torch.optim.SGD,
-    grp: dict[str, Any],
+    grp: ParamGroup,
     acc: dict[str, Any],
     x: torch.Tensor,
     y: torch.Tensor,
@@ -192,7 +193,7 @@ def _before_step(
         return
     acc["c"] = c if "c" not in acc else acc["c"] + c
     if t % cfg.every == 0:
-        v = _displacement(net, opt, grp) if grp["momentum"] > 0 else None
+        v = _displacement(net, opt, grp) if grp.momentum > 0 else None
         g, h = net.moments(x, y, cfg.batch_size, v)
         acc["g"] = g if "g" not in acc else acc["g"] + g
         acc["h"] = h if "h" not in acc else acc["h"] + h

@@ -30,6 +30,7 @@ import torch
 from torch import Tensor, nn
 from typing_extensions import override
 
+from noetherflow._registry import Registry
 from noetherflow.kernels.decay import decay_charge, decay_cross
 from noetherflow.kernels.noise import NoiseModel
 from noetherflow.stats.core import GradStats, Level, StatsBlock, axis_sum, check_batch
@@ -217,7 +218,8 @@ class Kernel(ABC, Generic[S, B]):
     matrix_valued: ClassVar[bool] = False
     # solve_equilibrium(fixed=...) may hold its generators at given values
     can_hold: ClassVar[bool] = False
-    # the monitor may follow its equilibrium between full solves (monitor/first_order.py)
+    # the monitor may follow its equilibrium between full solves (monitor/first_order.py):
+    # then :meth:`problem` gives the convex F(λ) its solve minimises
     incremental: ClassVar[bool] = False
     # Γ constant on each parameter commutes with every generator of the family (a diagonal
     # A, a rotation of an index that no parameter is split along): then the per-parameter
@@ -232,6 +234,19 @@ class Kernel(ABC, Generic[S, B]):
     @abstractmethod
     def collect(self, syms: Sequence[S], src: GradSource, level: Level) -> B:
         """The statistics block of ``syms`` from ``src``."""
+
+    def problem(
+        self,
+        syms: Sequence[S],
+        values: Mapping[nn.Parameter, Tensor],
+        stats: GradStats,
+        nm: NoiseModel,
+    ) -> Any:
+        """The function F(λ) whose minimiser :meth:`solve` finds (kernels with ``incremental``)."""
+        raise NotImplementedError(
+            f"{type(self).__name__} has no incremental problem (incremental = False); the "
+            "monitor solves its symmetries in full."
+        )
 
     # noise and flow
     @abstractmethod
@@ -336,8 +351,10 @@ def transport_cotangent(s: Symmetry, element: Any, tensors: Mapping[nn.Parameter
 
 
 # -- registry ------------------------------------------------------------------------------
-_KERNELS: dict[type, Kernel[Any, Any]] = {}
-_RESOLVED: dict[type, Kernel[Any, Any]] = {}  # cache of kernel_for by class
+# Symmetry class → kernel, resolved by MRO (the rule of noetherflow._registry.Registry).
+KERNELS: Registry[Kernel[Any, Any]] = Registry(
+    "kernel", register_with="noetherflow.kernels.register_kernel(cls, kernel)", flag="overwrite"
+)
 
 
 def register_kernel(cls: type, kernel: Kernel[Any, Any], *, overwrite: bool = False) -> None:
@@ -348,30 +365,20 @@ def register_kernel(cls: type, kernel: Kernel[Any, Any], *, overwrite: bool = Fa
     """
     if not (isinstance(cls, type) and issubclass(cls, Symmetry)):
         raise TypeError(f"register_kernel: {cls!r} is not a Symmetry subclass.")
-    if cls in _KERNELS and not overwrite:
-        raise ValueError(
-            f"register_kernel: {cls.__name__} has a kernel already "
-            f"({type(_KERNELS[cls]).__name__}); pass overwrite=True to replace it."
-        )
-    _KERNELS[cls] = kernel
-    _RESOLVED.clear()
+    KERNELS.register(cls, kernel, replace=overwrite)
 
 
 def kernel_for(s: Symmetry | type[Symmetry]) -> Kernel[Any, Any]:
-    """The kernel of a symmetry (or class): the nearest registered class in its MRO."""
+    """The kernel of a symmetry (or class): the nearest registered class in its MRO.
+
+    Raises:
+        TypeError: no class in its MRO has a kernel (the message names the fix).
+    """
     cls = s if isinstance(s, type) else type(s)
-    hit = _RESOLVED.get(cls)
-    if hit is not None:
-        return hit
-    for c in cls.__mro__:
-        k = _KERNELS.get(c)
-        if k is not None:
-            _RESOLVED[cls] = k
-            return k
-    raise TypeError(
-        f"No kernel is registered for {cls.__name__}; register one with "
-        "noetherflow.kernels.register_kernel(cls, kernel) (see the docs' Extending page)."
-    )
+    try:
+        return KERNELS[cls]
+    except KeyError as e:
+        raise TypeError(f"{e.args[0]} (See the docs' Extending page.)") from None
 
 
 def kernels_of(syms: SymmetrySet | Sequence[Symmetry]) -> list[tuple[Kernel[Any, Any], list[Any]]]:
@@ -380,7 +387,7 @@ def kernels_of(syms: SymmetrySet | Sequence[Symmetry]) -> list[tuple[Kernel[Any,
     for s in syms:
         k = kernel_for(s)
         groups.setdefault(id(k), (k, []))[1].append(s)
-    order = {id(k): i for i, k in enumerate(dict.fromkeys(_KERNELS.values()))}
+    order = {id(k): i for i, k in enumerate(dict.fromkeys(KERNELS.values()))}
     return sorted(groups.values(), key=lambda kv: order.get(id(kv[0]), len(order)))
 
 

@@ -289,6 +289,17 @@ class DiagonalKernel(Kernel[DiagonalSymmetry, DiagonalStats]):
         return out
 
     # -- solving ------------------------------------------------------------------------
+    @override
+    def problem(
+        self,
+        syms: Sequence[DiagonalSymmetry],
+        values: Mapping[nn.Parameter, Tensor],
+        stats: GradStats,
+        nm: NoiseModel,
+    ) -> _DiagProblem:
+        """F(λ) of ``syms`` at ``values`` (float64): what :meth:`solve` minimises."""
+        return _diag_problem(syms, values, stats, nm)
+
     def solve(
         self,
         syms: Sequence[DiagonalSymmetry],

@@ -24,8 +24,15 @@ from torch import Tensor
 from noetherflow import _shard
 from noetherflow.equilibrium import EquilibriumSolution, InfinityReport, solve_equilibrium
 from noetherflow.kernels import kernel_for
-from noetherflow.kernels.noise import NoiseModel, TimeModel
-from noetherflow.monitor.first_order import ChordFactor, chord_solve, diagonal_problem, factor
+from noetherflow.kernels.noise import NoiseModel
+from noetherflow.monitor.first_order import (
+    ChordFactor,
+    at_infinity,
+    chord_solve,
+    diagonal_problem,
+    factor,
+    span,
+)
 from noetherflow.monitor.options import DistanceMode
 from noetherflow.stats.core import GradStats
 from noetherflow.symmetry.set import SymmetrySet
@@ -33,6 +40,16 @@ from noetherflow.symmetry.set import SymmetrySet
 __all__ = ["DistanceResult", "DistanceTracker"]
 
 _HYPER_RTOL = 0.05  # relative change of η or γ that calls for a full solve
+
+
+def _hyper_of(nm: NoiseModel) -> tuple[float, float]:
+    """(η, γ) of a noise model (the largest γ under per-parameter decay).
+
+    A model built from its coefficients has no η, γ: then (c_second, κ), which move with them.
+    """
+    if nm.lr is None:
+        return nm.c_second, nm.kappa
+    return float(nm.lr), float(nm.weight_decay or 0.0)
 
 
 @dataclass
@@ -92,25 +109,18 @@ class DistanceTracker:
         self._reports: list[InfinityReport] = []
         self.solves = 0
 
-    def measure(
-        self, step: int, stats: GradStats, nm: NoiseModel, hyper: tuple[float, float], **kw: Any
-    ) -> DistanceResult:
-        """The distances at ``step`` from this record's statistics.
+    def measure(self, step: int, stats: GradStats, nm: NoiseModel) -> DistanceResult:
+        """The distances at ``step`` from this record's statistics and noise model.
 
-        ``kw`` are the noise keywords of :func:`noetherflow.solve_equilibrium` (η, S, γ, time,
-        momentum); ``nm`` is the same noise model; ``hyper`` is (η, γ).
+        ``nm`` is the one form in which η and γ reach the tracker: the full solve takes it as
+        it is, and its (η, γ) decide when the hyper-parameters moved (:func:`_hyper_of`).
         """
-        # The first-order update assumes F's terms are non-negative, which the signed momentum
-        # cross term breaks: with it every record takes the full solve.
-        signed = nm.c_cross != 0 and bool(stats.displacement)
-        # per-parameter decay in discrete time adds F's linear term, which the chord steps
-        # of the first-order update do not carry: full solves then
-        signed = signed or (nm.decay is not None and nm.time is TimeModel.DISCRETE)
-        if self._fac is not None and not signed and not self._due(step, hyper):
+        hyper = _hyper_of(nm)
+        if self._fac is not None and not self._due(step, hyper):
             res = self._update(stats, nm)
             if res is not None:
                 return res
-        return self._solve(step, stats, nm, hyper, track=not signed, **kw)
+        return self._solve(step, stats, nm, hyper)
 
     def _due(self, step: int, hyper: tuple[float, float]) -> bool:
         if step - self._solved_at >= self.solve_every:
@@ -128,8 +138,8 @@ class DistanceTracker:
     def _update(self, stats: GradStats, nm: NoiseModel) -> DistanceResult | None:
         """The incremental solve, or ``None`` when it does not converge (then: a full solve)."""
         assert self._fac is not None
-        prob = diagonal_problem(list(self.syms.items()), self._values(), stats, nm)
-        if not torch.equal(prob.one_sided().to(self._fac.free.device), ~self._fac.free):
+        prob = diagonal_problem(self.syms, self._values(), stats, nm)
+        if not torch.equal(at_infinity(prob), ~self._fac.free):
             return None  # an equilibrium moved to or from infinity: the full solve reports it
         lam, ok, its, size = chord_solve(
             self._fac, prob, tol=self.tol, max_iter=self.max_iter, start=self._lam
@@ -139,8 +149,8 @@ class DistanceTracker:
         self._lam = lam
         out = {}
         for name, s in self.syms.items():
-            off, k = prob.offsets[name]
-            out[name] = kernel_for(s).distance(s, lam[off : off + k].to(s.params[0].device))
+            element = lam[span(prob, s)].to(s.params[0].device)
+            out[name] = kernel_for(s).distance(s, element)
         return DistanceResult(
             out, list(self._reports), exact=False, correction=size, iterations=its
         )
@@ -151,17 +161,13 @@ class DistanceTracker:
         stats: GradStats,
         nm: NoiseModel,
         hyper: tuple[float, float],
-        track: bool = True,
-        **kw: Any,
     ) -> DistanceResult:
-        sol = solve_equilibrium(
-            self.syms, stats, **{"init": self.warm, **self.solver_options}, **kw
-        )
+        sol = solve_equilibrium(self.syms, stats, nm, **{"init": self.warm, **self.solver_options})
         self.solves += 1
         # Warm start of the next solve; a failed solve is not a good start.
         self.warm = sol if sol.converged else None
         self._fac = None
-        if self.trackable and track and sol.converged:
+        if self.trackable and sol.converged:
             self._fac = self._factor(sol, stats, nm)
             self._lam = None if self._fac is None else self._fac.lam0
             self._solved_at, self._hyper, self._reports = step, hyper, list(sol.at_infinity)
@@ -170,15 +176,13 @@ class DistanceTracker:
     def _factor(
         self, sol: EquilibriumSolution, stats: GradStats, nm: NoiseModel
     ) -> ChordFactor | None:
-        prob = diagonal_problem(list(self.syms.items()), self._values(), stats, nm)
-        dev = stats.mean[self.syms.params()[0]].device
-        lam0 = torch.zeros(prob.n, dtype=torch.float64, device=dev)
-        free = torch.ones(prob.n, dtype=torch.bool, device=dev)
-        for name, (off, k) in prob.offsets.items():
-            lam0[off : off + k] = torch.as_tensor(sol.elements[name]).reshape(-1).to(lam0)
+        prob = diagonal_problem(self.syms, self._values(), stats, nm)
+        lam0 = torch.zeros(prob.n, dtype=torch.float64)
+        free = torch.ones(prob.n, dtype=torch.bool)
+        for name, s in self.syms.items():
+            lam0[span(prob, s)] = torch.as_tensor(sol.elements[name]).reshape(-1).to(lam0)
         for rep in sol.at_infinity:
-            off, k = prob.offsets[rep.name]
-            free[off : off + k] &= rep.direction.reshape(-1).to(dev) == 0
+            free[span(prob, self.syms[rep.name])] &= rep.direction.reshape(-1).cpu() == 0
         if not bool(free.any()):
             return None  # everything at infinity: the full solve costs nothing anyway
         return factor(prob, lam0, free)

@@ -23,11 +23,11 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from noetherflow._hyperparams import AdamSettings
 from noetherflow.monitor.rows import Row, put_values, to_numpy
 from noetherflow.monitor.schema import STEP_PARTS
 from noetherflow.optim.adam import adamw_equilibrium_charge
 from noetherflow.optim.decompose import StepDecomposition, StepRecorder
+from noetherflow.optim.source import AdamSettings
 from noetherflow.symmetry.set import SymmetrySet
 
 __all__ = ["StepLog", "adam_direction", "scale_distance", "unwrap_optimizer"]

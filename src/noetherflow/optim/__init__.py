@@ -2,8 +2,10 @@
 
 Beyond the paper (issue #18). ``momentum``: the exact map of (C, B, E) for heavy-ball (any
 dampening) and Nesterov SGD and its stationary point; ``decompose``: the exact per-step
-decomposition of any update; ``hyper``: noise descriptions read from a ``torch.optim``
-optimizer; ``adam``: the stationary condition and random-walk equilibrium of Adam(W).
+decomposition of any update; ``groups``: the one reader of an optimizer's param groups;
+``hyper``: noise descriptions built from them; ``source``: the η and γ the monitor and
+teleporter read at each use; ``adam``: the stationary condition and random-walk
+equilibrium of Adam(W).
 """
 
 from noetherflow.optim.adam import (
@@ -18,6 +20,7 @@ from noetherflow.optim.decompose import (
     bilinear_charge,
     decompose_step,
 )
+from noetherflow.optim.groups import ParamGroup, read_groups
 from noetherflow.optim.hyper import (
     GroupNoise,
     decay_for_params,
@@ -42,6 +45,7 @@ __all__ = [
     "EffectiveNoise",
     "GroupNoise",
     "MomentumStep",
+    "ParamGroup",
     "StepDecomposition",
     "StepRecorder",
     "adamw_angular_update",
@@ -57,6 +61,7 @@ __all__ = [
     "momentum_noise",
     "momentum_step_moments",
     "optimizer_kind",
+    "read_groups",
     "rotational_equilibrium_norm",
     "stationary_closed_form",
     "stationary_moments",

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from noetherflow.optim.groups import read_groups
 from noetherflow.symmetry.base import Symmetry, unique_params
 
 __all__ = [
@@ -101,26 +102,6 @@ def _decompose(
     )
 
 
-def _shrink_of(group: Mapping[str, object], kind: str) -> float:
-    """The decay factor k of one param group: a shrink θ → kθ inside the step, else 1."""
-    lr = float(group["lr"])  # type: ignore[arg-type]
-    wd = float(group.get("weight_decay", 0.0))  # type: ignore[arg-type]
-    if kind == "sgd" or kind == "adamw":
-        return 1.0 - lr * wd
-    if kind == "adam" and bool(group.get("decoupled_weight_decay", False)):
-        return 1.0 - lr * wd
-    return 1.0  # coupled L2 through a preconditioner, or another optimizer: all in the rest
-
-
-def _kind(optimizer: torch.optim.Optimizer) -> str:
-    from noetherflow.optim.hyper import optimizer_kind
-
-    try:
-        return optimizer_kind(optimizer)
-    except TypeError:
-        return "other"
-
-
 class StepRecorder:
     """Records :func:`decompose_step` for every symmetry around ``optimizer.step()``.
 
@@ -155,8 +136,6 @@ class StepRecorder:
     def __init__(self, syms: Mapping[str, Symmetry], optimizer: torch.optim.Optimizer) -> None:
         self.syms = dict(syms)
         self.optimizer = optimizer
-        kind = _kind(optimizer)
-        self._groups = [(g, kind) for g in optimizer.param_groups]
         self._snap: dict[nn.Parameter, Tensor] | None = None
         self._k: dict[nn.Parameter, float] = {}
         self.last: dict[str, StepDecomposition] | None = None
@@ -194,17 +173,15 @@ class StepRecorder:
 
     def _shrinks(self) -> dict[nn.Parameter, float]:
         out: dict[nn.Parameter, float] = {}
-        for group, kind in self._groups:
-            k = _shrink_of(group, kind)
-            damp = float(group.get("dampening", 0.0)) if kind == "sgd" else 0.0
-            if damp and float(group.get("momentum", 0.0)) and group["params"]:
+        for g in read_groups(self.optimizer):  # read at each step: schedules are followed
+            k = g.shrink
+            if g.dampening and g.params:
                 # SGD puts the decay term into the buffer with weight (1 − d), except on the
                 # buffer's first step (PyTorch starts it undampened).
-                first = self.optimizer.state.get(group["params"][0], {})
+                first = self.optimizer.state.get(g.params[0], {})
                 if first.get("momentum_buffer") is not None:
-                    lr, wd = float(group["lr"]), float(group.get("weight_decay", 0.0))
-                    k = 1.0 - lr * (1.0 - damp) * wd
-            for p in group["params"]:
+                    k = 1.0 - g.lr * (1.0 - g.dampening) * g.weight_decay
+            for p in g.params:
                 out[p] = k
         return out
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from noetherflow.optim.groups import ParamGroup, read_groups, unwrap
 from noetherflow.optim.momentum import EffectiveNoise, momentum_noise
 
 __all__ = [
@@ -93,63 +94,58 @@ class GroupNoise:
         )
 
 
-def _group(i: int, g: dict, kind: str, batch_size: int, time: str) -> GroupNoise:
-    if g.get("maximize", False):
+def _group(pg: ParamGroup, batch_size: int, time: str) -> GroupNoise:
+    i = pg.index
+    if pg.maximize:
         raise ValueError(
             f"param group {i}: maximize=True is not supported; the noise equilibrium is for "
             "minimisation. Negate the loss instead."
         )
-    lr = float(g["lr"])
-    wd = float(g.get("weight_decay", 0.0))
-    if kind == "sgd":
-        mom = float(g.get("momentum", 0.0))
-        nest = bool(g.get("nesterov", False))
-        # PyTorch ignores dampening without momentum (no buffer)
-        damp = float(g.get("dampening", 0.0)) if mom != 0 else 0.0
+    if pg.kind == "sgd":
         try:
             noise = momentum_noise(
-                lr=lr,
+                lr=pg.lr,
                 batch_size=batch_size,
-                weight_decay=wd / 2,
-                momentum=mom,
-                nesterov=nest,
+                weight_decay=pg.weight_decay / 2,
+                momentum=pg.momentum,
+                nesterov=pg.nesterov,
                 time=time,
-                dampening=damp,
+                dampening=pg.dampening,
             )
         except ValueError as e:
             raise ValueError(f"param group {i}: {e}") from None
         return GroupNoise(
             i,
-            kind,
-            lr,
+            "sgd",
+            pg.lr,
             batch_size,
-            mom,
-            nest,
-            wd / 2,
+            pg.momentum,
+            pg.nesterov,
+            pg.weight_decay / 2,
             0.0,
             0.0,
             None,
             None,
             noise,
-            tuple(g["params"]),
-            damp,
+            pg.params,
+            pg.dampening,
         )
-    b1, b2 = (float(b) for b in g["betas"])
-    decoupled = kind == "adamw" or bool(g.get("decoupled_weight_decay", False))
+    assert pg.betas is not None and pg.eps is not None
+    decoupled = pg.kind == "adamw"
     return GroupNoise(
         i,
-        "adamw" if decoupled else "adam",
-        lr,
+        pg.kind,
+        pg.lr,
         batch_size,
-        b1,
+        pg.betas[0],
         False,
         0.0,
-        wd if decoupled else 0.0,
-        0.0 if decoupled else wd,
-        (b1, b2),
-        float(g["eps"]),
+        pg.weight_decay if decoupled else 0.0,
+        0.0 if decoupled else pg.weight_decay,
+        pg.betas,
+        pg.eps,
         None,
-        tuple(g["params"]),
+        pg.params,
     )
 
 
@@ -168,8 +164,8 @@ def from_optimizer(
         raise ValueError(
             f"batch_size={batch_size!r} must be a positive integer S (the batch size)."
         )
-    kind = optimizer_kind(opt)
-    return [_group(i, g, kind, int(batch_size), time) for i, g in enumerate(opt.param_groups)]
+    optimizer_kind(unwrap(opt))  # refuses another optimizer
+    return [_group(pg, int(batch_size), time) for pg in read_groups(opt)]
 
 
 def group_for_params(groups: Sequence[GroupNoise], params: Iterable[nn.Parameter]) -> GroupNoise:

@@ -98,6 +98,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
+from noetherflow.optim.groups import read_groups
+
 if TYPE_CHECKING:
     from noetherflow.flow import NoiseModel
 
@@ -401,11 +403,11 @@ def momentum_displacement(
         )
     want = None if params is None else {id(p) for p in params}
     out: dict[torch.nn.Parameter, Tensor] = {}
-    for group in optimizer.param_groups:
-        for p in group["params"]:
+    for group in read_groups(optimizer):
+        for p in group.params:
             if want is not None and id(p) not in want:
                 continue
             buf = optimizer.state.get(p, {}).get("momentum_buffer")
             if buf is not None:
-                out[p] = -float(group["lr"]) * buf.detach()
+                out[p] = -group.lr * buf.detach()
     return out

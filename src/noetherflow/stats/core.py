@@ -299,17 +299,18 @@ def with_displacement(
             "SGD whose buffers these are (or NoiseModel.from_optimizer(opt, batch_size))."
         )
     if isinstance(displacement, torch.optim.Optimizer):
+        from noetherflow.optim.groups import read_groups
         from noetherflow.optim.momentum import momentum_displacement
 
         ids = {id(p) for p in params}
-        groups = [g for g in displacement.param_groups if any(id(p) in ids for p in g["params"])]
+        groups = [g for g in read_groups(displacement) if any(id(p) in ids for p in g.params)]
         if not groups:
             raise ValueError(
                 f"{who}: the {type(displacement).__name__} given as displacement= holds none of "
                 "the symmetry set's parameters (another model, or a copy?); expected the "
                 "optimizer that trains these parameters."
             )
-        betas = sorted({float(g.get("momentum", 0.0)) for g in groups})
+        betas = sorted({g.momentum if g.kind == "sgd" else 0.0 for g in groups})
         if betas != [float(momentum)]:
             raise ValueError(
                 f"{who}: the optimizer's momentum is {betas} but the noise model's is "

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from noetherflow._checks import batch_statistics
 from noetherflow._errors import StatisticsError
 from noetherflow._inputs import ModelInputs
 from noetherflow.stats.reference import check_targets
@@ -47,9 +48,7 @@ def microbatch_grads(
             f"micro_batch_size={m} does not split a batch of {n} into at least 2 equal "
             "micro-batches; pass a divisor of the batch size that is at most half of it."
         )
-    if m == 1 and any(
-        isinstance(mod, nn.modules.batchnorm._BatchNorm) and mod.training for mod in model.modules()
-    ):
+    if m == 1 and any(batch_statistics(mod) for mod in model.modules()):
         raise StatisticsError(
             "micro_batch_size=1 with BatchNorm in training mode: a micro-batch of one has no "
             "batch statistics. Pass micro_batch_size >= 2."

@@ -16,6 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from noetherflow._checks import batch_statistics
+
 __all__ = [
     "batchnorm_check",
     "batchnorm_factors",
@@ -87,18 +89,9 @@ def t5_rmsnorm_factors(m: nn.Module, a: Tensor, g: Tensor) -> tuple[Tensor, Tens
 
 
 def batchnorm_check(m: nn.Module) -> str | None:
-    """Why a BatchNorm's affine cannot be read per sample (None when it can).
-
-    In training mode (and in eval mode without running statistics) BatchNorm normalises with
-    the statistics of the batch, which couples the samples: per-sample gradients are not
-    defined, and the layer input and output-gradient do not give them.
-    """
+    """Why a BatchNorm's affine cannot be read per sample (:func:`batch_statistics`)."""
     assert isinstance(m, nn.modules.batchnorm._BatchNorm)
-    if m.training:
-        return "training-mode BatchNorm (batch statistics couple the samples)"
-    if m.running_mean is None or m.running_var is None:
-        return "BatchNorm without running statistics (batch statistics couple the samples)"
-    return None
+    return batch_statistics(m)
 
 
 def batchnorm_factors(m: nn.Module, a: Tensor, g: Tensor) -> tuple[Tensor, Tensor]:

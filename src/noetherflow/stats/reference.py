@@ -10,23 +10,29 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call, grad_and_value, vmap
 
-from noetherflow._errors import StatisticsError
+from noetherflow._checks import batch_statistics
+from noetherflow._errors import StatisticsError, UnsupportedLayerError
 from noetherflow._inputs import ModelInputs
 
 __all__ = ["per_sample_grads", "per_sample_grads_and_losses"]
 
-_BN = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
-
 
 def check_no_train_batchnorm(model: nn.Module, estimator: str) -> None:
+    """Refuse a model with a BatchNorm that normalises by the batch (:func:`batch_statistics`)."""
     for name, m in model.named_modules():
-        if isinstance(m, _BN) and m.training:
-            raise StatisticsError(
-                f"Module {name!r} is BatchNorm in training mode: it couples the samples of a "
-                f"batch, so per-sample gradients are undefined and estimator={estimator!r} "
-                "cannot be used. Use estimator='microbatch' (statistics of micro-batch "
-                "gradients) or put the model in eval mode."
-            )
+        if batch_statistics(m) is None:
+            continue
+        what, fix = (
+            ("in training mode", "put the model in eval mode")
+            if m.training
+            else ("without running statistics", "keep track_running_stats=True")
+        )
+        raise UnsupportedLayerError(
+            f"Module {name!r} is BatchNorm {what}: it normalises by the statistics of the "
+            f"batch, which couple its samples, so per-sample gradients are undefined and "
+            f"estimator={estimator!r} cannot be used. Use estimator='microbatch' (statistics of "
+            f"micro-batch gradients) or {fix}."
+        )
 
 
 def check_targets(targets: Any, n: int, estimator: str) -> None:

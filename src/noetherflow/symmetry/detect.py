@@ -42,9 +42,8 @@ from torch import Tensor, nn
 
 from noetherflow._checks import check_finite_model, check_positive, check_seed
 from noetherflow._errors import BranchWarning
-from noetherflow._inputs import ModelInputs
+from noetherflow._inputs import ModelInputs, Probe
 from noetherflow._shard import refuse_sharded
-from noetherflow._teleport_check import Probe
 from noetherflow.symmetry._fx import engine as pat
 from noetherflow.symmetry._fx.branch_check import check_branches, describe_uncovered
 from noetherflow.symmetry._fx.branches import Branch

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, fx, nn
 
+from noetherflow._checks import batch_statistics
 from noetherflow.symmetry._fx.affine import (
     AffineRescalingPattern,
     LayerScalePattern,
@@ -253,8 +254,7 @@ class ScalePattern:
         if nspec.batch:
             if _w_out(src.module) != 0:
                 return []
-            uses_batch = norm.training or not norm.track_running_stats
-            if not uses_batch:
+            if batch_statistics(norm) is None:
                 ledger.note(
                     params,
                     f"{nname} is a BatchNorm in eval mode (running statistics): not scale "

@@ -36,6 +36,7 @@ import torch
 from torch import Tensor, nn
 
 from noetherflow.kernels.decay import ParamDecay, parse_decay
+from noetherflow.optim.groups import groups_holding, unwrap
 
 __all__ = ["AdamSettings", "HyperSource", "adam_settings", "sgd_hyperparameters"]
 
@@ -46,18 +47,9 @@ _LATER = (
 )
 
 
-def _unwrap(optimizer: Any) -> Any:
-    # TeleportingOptimizer, LightningOptimizer, accelerate's AcceleratedOptimizer (itself a
-    # torch.optim.Optimizer subclass whose param_groups are the wrapped optimizer's)
-    inner = getattr(optimizer, "optimizer", None)
-    if isinstance(inner, torch.optim.Optimizer) and inner is not optimizer:
-        return _unwrap(inner)
-    return optimizer
-
-
 def is_adaptive(optimizer: Any) -> bool:
     """Whether ``optimizer`` (unwrapped) is a ``torch.optim`` optimizer other than ``SGD``."""
-    opt = _unwrap(optimizer)
+    opt = unwrap(optimizer)
     return isinstance(opt, torch.optim.Optimizer) and not isinstance(opt, torch.optim.SGD)
 
 
@@ -93,32 +85,17 @@ def adam_settings(
     (AdamW's decoupled λ acts per parameter, θ ← (1 − ηλ)θ): ``weight_decay`` is then the
     largest λ and ``mixed_decay`` True (per-symmetry values: call with its parameters).
     """
-    optimizer = _unwrap(optimizer)
-    groups = _groups_of(optimizer, params, owner)
-    adam = isinstance(optimizer, torch.optim.Adam | torch.optim.AdamW)
     values = set()
     decays = set()
-    for k, g in groups:
-        if g.get("maximize", False):
+    for g in groups_holding(optimizer, params, owner):
+        if g.maximize:
             raise ValueError(
-                f"{owner}(optimizer=...): param group {k} has maximize=True; expected "
+                f"{owner}(optimizer=...): param group {g.index} has maximize=True; expected "
                 "minimisation (maximize=False)."
             )
-        decoupled = isinstance(optimizer, torch.optim.AdamW) or bool(
-            g.get("decoupled_weight_decay", False)
-        )
-        b1, b2 = (float(b) for b in g.get("betas", (0.0, 0.0)))
-        decays.add(float(g.get("weight_decay", 0.0)))
-        values.add(
-            (
-                ("adamw" if decoupled else "adam") if adam else "other",
-                float(g["lr"]),
-                b1,
-                b2,
-                float(g.get("eps", 0.0)),
-                bool(g.get("amsgrad", False)),
-            )
-        )
+        b1, b2 = g.betas or (0.0, 0.0)
+        decays.add(g.weight_decay)
+        values.add((g.kind, g.lr, b1, b2, g.eps or 0.0, g.amsgrad))
     if len(values) > 1:
         raise ValueError(
             f"{owner}(optimizer=...): the watched parameters lie in param groups with different "
@@ -128,26 +105,6 @@ def adam_settings(
         )
     kind, lr, b1, b2, eps, ams = values.pop()
     return AdamSettings(kind, lr, max(decays), b1, b2, eps, ams, len(decays) > 1)
-
-
-def _groups_of(
-    optimizer: torch.optim.Optimizer, params: Iterable[nn.Parameter], owner: str
-) -> list[tuple[int, dict[str, Any]]]:
-    """(index, group) of the param groups holding ``params``; raises if some are in none."""
-    wanted = {id(p) for p in params}
-    groups = [
-        (k, g)
-        for k, g in enumerate(optimizer.param_groups)
-        if wanted & {id(p) for p in g["params"]}
-    ]
-    found = {id(p) for _, g in groups for p in g["params"]} & wanted
-    if len(found) < len(wanted):
-        raise ValueError(
-            f"{owner}(optimizer=...): {len(wanted) - len(found)} of the {len(wanted)} parameters "
-            "the symmetries act on are not in the optimizer's param groups; pass the optimizer "
-            "that trains this model."
-        )
-    return groups
 
 
 def sgd_hyperparameters(
@@ -178,7 +135,7 @@ def sgd_settings(
     Nesterov or dampening.
     """
     params = list(params)
-    optimizer = _unwrap(optimizer)
+    optimizer = unwrap(optimizer)
     name = type(optimizer).__name__
     if not isinstance(optimizer, torch.optim.SGD):
         raise ValueError(
@@ -186,38 +143,25 @@ def sgd_settings(
             "explicitly instead of optimizer= (for SGD with momentum β, the effective lr is "
             "η/(1 − β))."
         )
-    groups = _groups_of(optimizer, params, owner)
-
-    def damp(g: dict[str, Any]) -> float:  # PyTorch ignores dampening without momentum
-        return float(g.get("dampening", 0.0)) if float(g.get("momentum", 0.0)) != 0.0 else 0.0
-
-    for k, g in groups:
-        if not 0.0 <= damp(g) < 1.0:
+    groups = groups_holding(optimizer, params, owner)
+    for g in groups:
+        if not 0.0 <= g.dampening < 1.0:
             raise ValueError(
-                f"{owner}(optimizer=...): param group {k} of the SGD has "
-                f"dampening={g.get('dampening')!r}; expected 0 <= dampening < 1 (with d = 1 "
+                f"{owner}(optimizer=...): param group {g.index} of the SGD has "
+                f"dampening={g.dampening!r}; expected 0 <= dampening < 1 (with d = 1 "
                 "the buffer never takes a gradient after the first step). Lower dampening."
             )
-        if g.get("maximize", False):
+        if g.maximize:
             raise ValueError(
-                f"{owner}(optimizer=...): param group {k} has maximize=True; expected gradient "
-                "descent (maximize=False)."
+                f"{owner}(optimizer=...): param group {g.index} has maximize=True; expected "
+                "gradient descent (maximize=False)."
             )
-    values = {
-        (
-            float(g["lr"]),
-            float(g.get("momentum", 0.0)),
-            bool(g.get("nesterov", False)),
-            damp(g),
-        )
-        for _, g in groups
-    }
+    values = {(g.lr, g.momentum, g.nesterov, g.dampening) for g in groups}
     if len(values) > 1:
         seen = ", ".join(
-            f"group {k}: lr={float(g['lr'])!r}, weight_decay={float(g.get('weight_decay', 0.0))!r}"
-            f", momentum={float(g.get('momentum', 0.0))!r}, nesterov={g.get('nesterov', False)!r}"
-            f", dampening={damp(g)!r}"
-            for k, g in groups
+            f"group {g.index}: lr={g.lr!r}, weight_decay={g.weight_decay!r}, "
+            f"momentum={g.momentum!r}, nesterov={g.nesterov!r}, dampening={g.dampening!r}"
+            for g in groups
         )
         raise ValueError(
             f"{owner}(optimizer=...): the watched parameters lie in param groups with different "
@@ -227,12 +171,7 @@ def sgd_settings(
         )
     lr, beta, nesterov, d = values.pop()
     wanted = {id(p) for p in params}
-    decay = {
-        p: float(g.get("weight_decay", 0.0)) / 2.0
-        for _, g in groups
-        for p in g["params"]
-        if id(p) in wanted
-    }
+    decay = {p: g.weight_decay / 2.0 for g in groups for p in g.params if id(p) in wanted}
     gammas = set(decay.values())
     return lr, (gammas.pop() if len(gammas) == 1 else decay), beta, nesterov, d
 
@@ -390,7 +329,7 @@ class HyperSource:
         """
         if self.optimizer is None or self.adaptive:
             return None
-        opt = _unwrap(self.optimizer)
+        opt = unwrap(self.optimizer)
         if not isinstance(opt, torch.optim.SGD):
             return None
         from noetherflow.optim.momentum import momentum_displacement
