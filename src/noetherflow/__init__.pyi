@@ -52,6 +52,7 @@ from .stats.collect import Capture, capture, collect_stats
 from .stats.core import Estimator, GradStats, Level, Reduction
 from .stats.distributed import all_reduce_stats
 from .stats.registry import LayerHandler, register_layer
+from .symmetry._fx.patterns import register_matcher
 from .symmetry.base import Family, Symmetry
 from .symmetry.channel import ChannelRescaling
 from .symmetry.coverage import CoverageReport, CoverageStatus, ParamCoverage
@@ -101,6 +102,7 @@ __all__ = [
     "capture",
     "collect_stats",
     "register_layer",
+    "register_matcher",
     # charges and flows
     "NoiseModel",
     "ParamDecay",

@@ -12,6 +12,8 @@ They read where the features of every parameterised layer arrive
   ``w / w.norm()`` / ``F.normalize(w)`` on a parameter.
 
 Proposals are only candidates: :mod:`noetherflow.symmetry.detect` checks each numerically.
+They are registered like layers (:func:`noetherflow.symmetry._fx.patterns.register_matcher`),
+and :func:`run_patterns` runs whatever is registered.
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ from noetherflow.symmetry._fx.engine import (
     propagate,
 )
 from noetherflow.symmetry._fx.layers import layer_spec, norm_spec
+from noetherflow.symmetry._fx.patterns import claimed, matchers_at, register_matcher, run
 from noetherflow.symmetry.base import DiagonalTerm, Family, Symmetry
 from noetherflow.symmetry.channel import ChannelRescaling
 from noetherflow.symmetry.rescaling import Rescaling
@@ -356,14 +359,11 @@ class ScalePattern:
 
 
 def run_patterns(info: GraphInfo, ledger: Ledger) -> list[Proposal]:
-    """Propagate from every parameterised layer and run every matcher on the arrivals."""
-    rescale, rotate, attend, scale = (
-        RescalingPattern(),
-        RotationPattern(),
-        AttentionPattern(),
-        ScalePattern(),
-    )
-    affine, layer_scale = AffineRescalingPattern(), LayerScalePattern()
+    """Propagate from every parameterised layer and run every registered matcher.
+
+    The matchers come from :data:`noetherflow.symmetry._fx.patterns.MATCHERS`, by stage and
+    in registration order (the built-in ones are registered at the end of this module).
+    """
     props: list[Proposal] = []
     sources: list[_Source] = []
     for node in info.gm.graph.nodes:
@@ -371,12 +371,15 @@ def run_patterns(info: GraphInfo, ledger: Ledger) -> list[Proposal]:
         if node.op == "get_attr":
             if not node.users:
                 continue  # only an attribute such as .dtype was read
-            props.extend(scale.match_explicit(info, node, ledger))
+            for matcher in matchers_at("attribute"):
+                props.extend(run(matcher, info, node, ledger))
             continue
         if m is None or module_problem(m) is not None:
             continue
-        if is_mha(m):
-            props.extend(attend.match_mha(info, node, ledger))
+        whole = claimed(m)
+        if whole:
+            for matcher in whole:
+                props.extend(run(matcher, info, node, ledger))
             continue
         nspec = norm_spec(m)
         if nspec is not None and not nspec.linear_affine:
@@ -390,8 +393,9 @@ def run_patterns(info: GraphInfo, ledger: Ledger) -> list[Proposal]:
             value = info.values.get(node)
             if isinstance(value, Tensor) and value.dim() >= 1:
                 arrs = propagate(info, node, nspec.axis if value.dim() > 1 else 0)
-                qual = info.qual(str(node.target))
-                props.extend(affine.match(info, qual, m, arrs, ledger))
+                norm = _Source(node, m, info.qual(str(node.target)), arrs)
+                for matcher in matchers_at("norm"):
+                    props.extend(run(matcher, info, norm, ledger))
             continue
         spec = layer_spec(m)
         if spec is None:
@@ -407,8 +411,34 @@ def run_patterns(info: GraphInfo, ledger: Ledger) -> list[Proposal]:
         for arr in src.arrivals:
             if arr.kind == "break":
                 ledger.note(src.params, f"output of {src.name} is {arr.reason}")
-        for matcher in (rescale, rotate, scale):
-            props.extend(matcher.match(info, src, ledger))
-        props.extend(layer_scale.match(info, src.name, m, src.arrivals, ledger))
-    props.extend(attend.match_contractions(info, sources, ledger))
+        for matcher in matchers_at("layer"):
+            props.extend(run(matcher, info, src, ledger))
+    for matcher in matchers_at("graph"):
+        props.extend(run(matcher, info, sources, ledger))
     return props
+
+
+def _register_builtins() -> None:
+    """The built-in matchers, in the order their proposals are listed."""
+    rescale, rotate, scale = RescalingPattern(), RotationPattern(), ScalePattern()
+    attend, affine, layer_scale = AttentionPattern(), AffineRescalingPattern(), LayerScalePattern()
+    register_matcher("scale-explicit", scale.match_explicit, stage="attribute")
+    register_matcher("attention-mha", attend.match_mha, stage="module", claims=is_mha)
+    register_matcher(
+        "affine-rescaling",
+        lambda info, src, ledger: affine.match(info, src.name, src.module, src.arrivals, ledger),
+        stage="norm",
+    )
+    register_matcher("rescaling", rescale.match)
+    register_matcher("rotation", rotate.match)
+    register_matcher("scale", scale.match)
+    register_matcher(
+        "layer-scale",
+        lambda info, src, ledger: layer_scale.match(
+            info, src.name, src.module, src.arrivals, ledger
+        ),
+    )
+    register_matcher("attention-contractions", attend.match_contractions, stage="graph")
+
+
+_register_builtins()
