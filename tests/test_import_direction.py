@@ -17,8 +17,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "noetherflow"
 
 # Bottom to top; one line per layer. Private top-level modules (``_checks``, ``_errors``,
 # ``_inputs``, …) are layer 0 unless named in a layer, with ``theory`` (the oracle,
-# tests/test_layout.py keeps it independent). ``noetherflow`` itself (the lazily attached public API) sits below the parts
-# that use it as a user would.
+# tests/test_layout.py keeps it independent). ``noetherflow`` itself (the lazily attached
+# public API) sits below the parts that use it as a user would.
 LAYERS: list[tuple[str, ...]] = [
     ("<private>", "theory"),
     ("symmetry",),  # group actions, detection
