@@ -134,7 +134,18 @@ class SampleSource(GradSource):
     def axis_sq(
         self, want: Mapping[nn.Parameter, tuple[int, ...]]
     ) -> dict[tuple[nn.Parameter, int], Tensor]:
-        return {(p, ax): axis_sum(self.sq(p), ax) for p, axes in want.items() for ax in axes}
+        out = {}
+        for p, axes in want.items():
+            v = self._samples[p]
+            for ax in axes:
+                if p in self._sq:
+                    out[p, ax] = axis_sum(self._sq[p], ax)
+                    continue
+                # one fused reduction: no [N, *shape] temporary of squares (a large
+                # fused projection's samples are refreshed after every coupled move)
+                rest = [k for k in range(v.dim()) if k != ax + 1]
+                out[p, ax] = torch.linalg.vector_norm(v, dim=rest).square() / v.shape[0]
+        return out
 
     @override
     def front_moment(self, p: nn.Parameter, axis: int, start: int, stop: int) -> Tensor:
@@ -225,6 +236,9 @@ class Kernel(ABC, Generic[S, B]):
     # A, a rotation of an index that no parameter is split along): then the per-parameter
     # decay term is −C(√κ ⊙ θ) (docs/concepts/flow.md, eq. PD3)
     decay_commutes: ClassVar[bool] = False
+    # one at a time (not joint), but a run on disjoint coordinates may be solved as one
+    # batched step (:meth:`solve_disjoint`)
+    batchable: ClassVar[bool] = False
 
     # statistics
     def sample_params(self, syms: Sequence[S]) -> list[nn.Parameter]:
@@ -294,6 +308,29 @@ class Kernel(ABC, Generic[S, B]):
         opts: SolveOptions,
     ) -> GroupSolve:
         """One solve step for ``syms`` (all of them if ``joint``, else one) at ``values``."""
+
+    def solve_disjoint(
+        self,
+        syms: Sequence[S],
+        values: Mapping[nn.Parameter, Tensor],
+        stats: GradStats,
+        nm: NoiseModel,
+        names: Mapping[Symmetry, str],
+        opts: SolveOptions,
+    ) -> GroupSolve:
+        """One step for each of ``syms`` (pairwise disjoint coordinates), merged in order.
+
+        What :meth:`solve` gives one at a time, as they do not interact; kernels with
+        ``batchable`` override it with one batched step.
+        """
+        out = GroupSolve()
+        for s in syms:
+            one = self.solve([s], values, stats, nm, names, opts)
+            out.steps.extend(one.steps)
+            out.reports.extend(one.reports)
+            out.residual.update(one.residual)
+            out.progress = max(out.progress, one.progress)
+        return out
 
     @abstractmethod
     def compose(self, total: Any, element: Any) -> Any:
@@ -491,10 +528,33 @@ def overlaps(syms: Sequence[Symmetry]) -> dict[Symmetry, list[Symmetry]]:
     for key, group in users.items():
         if len(group) < 2:
             continue
-        p = params[key]
-        masks = torch.stack([s.covered_mask(p).reshape(-1) for s in group]).to(torch.float32)
-        touch = (masks @ masks.T) > 0  # [m, m]: the two cover a common coordinate of p
-        for i, a in enumerate(group):
-            for j in touch[i].nonzero().reshape(-1).tolist():
-                out[a][group[j]] = None
+        for members in _cover_classes(params[key], group):
+            for a in members:
+                out[a].update(dict.fromkeys(members))
     return {s: list(v) for s, v in out.items()}
+
+
+def _cover_classes(p: nn.Parameter, group: Sequence[Symmetry]) -> list[list[Symmetry]]:
+    """The sets of symmetries of ``group`` that cover one coordinate of ``p`` together.
+
+    Each coordinate gets a code, bit j set where member j covers it (63 members per int64
+    word); the distinct codes are the sets: two members touch iff some code holds both.
+    Linear in ``p.numel()`` per member, where a Gram matrix of the masks is quadratic.
+    """
+    words = []
+    for w0 in range(0, len(group), 63):
+        code = torch.zeros(p.numel(), dtype=torch.int64)
+        for j, s in enumerate(group[w0 : w0 + 63]):
+            code |= s.covered_mask(p).reshape(-1).to(torch.int64) << j
+        words.append(code)
+    if len(words) > 1:
+        codes = torch.unique(torch.stack(words, 1), dim=0)
+    else:  # runs first (linear), then the few distinct runs sorted
+        codes = torch.unique_consecutive(words[0]).unique()
+    codes = codes.reshape(codes.shape[0], -1)
+    out = []
+    for row in codes.tolist():
+        members = [group[63 * w + j] for w, c in enumerate(row) for j in range(63) if c >> j & 1]
+        if len(members) > 1:
+            out.append(members)
+    return out
