@@ -72,9 +72,10 @@ def test_public_api_is_the_stub() -> None:
     assert len(set(listed)) == len(listed)
     for name in listed:
         assert getattr(noetherflow, name) is not None, name
-    import noetherflow.teleport  # the module of the same name does not shadow it
+    import noetherflow.teleportation.apply  # the package (not named `teleport`) shadows nothing
 
     assert callable(noetherflow.teleport) and noetherflow.teleport.__name__ == "teleport"
+    assert noetherflow.teleport is noetherflow.teleportation.apply.teleport
 
 
 def test_help_and_version_do_not_import_torch() -> None:

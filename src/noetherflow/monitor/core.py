@@ -19,8 +19,13 @@ import torch
 from torch import Tensor, nn
 
 from noetherflow._checks import check_bool
-from noetherflow._display import ProgressDisplay, is_terminal
-from noetherflow._history import (
+from noetherflow.flow import charges, noether_flow
+from noetherflow.kernels.noise import NoiseModel, check_decay
+from noetherflow.monitor.accumulation import StepCapture, check_loss_reduction
+from noetherflow.monitor.display import ProgressDisplay, is_terminal
+from noetherflow.monitor.distance import DistanceTracker
+from noetherflow.monitor.guards import monitor_advice
+from noetherflow.monitor.history import (
     CSV_NAME,
     FORMATS,
     JSONL_NAME,
@@ -33,12 +38,6 @@ from noetherflow._history import (
     symmetry_keys,
     write_meta,
 )
-from noetherflow._optimizer_state import preserved
-from noetherflow._tracking import monitor_advice
-from noetherflow.flow import charges, noether_flow
-from noetherflow.kernels.noise import NoiseModel, check_decay
-from noetherflow.monitor.accumulation import StepCapture, check_loss_reduction
-from noetherflow.monitor.distance import DistanceTracker
 from noetherflow.monitor.notices import (
     adaptive_notice,
     decay_with_penalty,
@@ -76,6 +75,7 @@ from noetherflow.stats.distributed import (
 from noetherflow.stats.fsdp import bind_sharded
 from noetherflow.stats.reference import check_no_train_batchnorm
 from noetherflow.symmetry.set import SymmetrySet
+from noetherflow.teleportation.optimizer_state import preserved
 
 __all__ = ["NoetherMonitor"]
 
