@@ -370,7 +370,7 @@ class RotationKernel(Kernel[DoubleRotation, RotationStats]):
         stats: GradStats,
         nm: NoiseModel,
         names: Mapping[Symmetry, str],
-        opts: SolveOptions,
+        opts: StepOptions,
     ) -> GroupSolve:
         """The heads of one layer in one batched geometric mean (kernels/rotation_batch.py)."""
         from noetherflow.kernels.rotation_batch import solve_disjoint
