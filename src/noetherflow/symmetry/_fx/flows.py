@@ -25,6 +25,8 @@ class _Flow:
     heads: list[frozenset[int]] | None
     via: tuple[str, ...]
     rotary: dict[int, int] | None = None  # feature → the feature it is rotated with
+    # biases stored apart from the layer, added on the way: (parameter, feature → element)
+    biases: tuple[tuple[Any, dict[int, int]], ...] = ()
 
 
 @dataclass
@@ -39,6 +41,7 @@ class Arrival:
     via: tuple[str, ...]
     reason: str = ""
     rotary: dict[int, int] | None = None  # set after a rotary embedding (feature → partner)
+    biases: tuple[tuple[Any, dict[int, int]], ...] = ()  # see _Flow.biases
 
     @property
     def features(self) -> set[int]:
@@ -56,7 +59,7 @@ class Arrival:
 
 
 def _arrival(node: fx.Node, kind: str, idx: Tensor, f: _Flow) -> Arrival:
-    return Arrival(node, kind, idx, f.mode, f.heads, f.via, rotary=f.rotary)
+    return Arrival(node, kind, idx, f.mode, f.heads, f.via, rotary=f.rotary, biases=f.biases)
 
 
 def _worse(a: int, b: int) -> int:
@@ -76,6 +79,15 @@ def _refine(
 
 def _rows_constant(t: Tensor, dim: int) -> bool:
     return bool((t == t.narrow(dim, 0, 1)).all())
+
+
+def _merged_biases(flows: list[_Flow]) -> tuple[tuple[Any, dict[int, int]], ...]:
+    """The separately stored biases every input met (once each)."""
+    out: dict[int, tuple[Any, dict[int, int]]] = {}
+    for f in flows:
+        for p, beta in f.biases:
+            out.setdefault(id(p), (p, beta))
+    return tuple(out.values())
 
 
 def _merged_rotary(maps: list[dict[int, int] | None]) -> dict[int, int] | None:
