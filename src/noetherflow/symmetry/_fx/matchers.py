@@ -18,6 +18,7 @@ and :func:`run_patterns` runs whatever is registered.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
 
 import torch
@@ -31,12 +32,14 @@ from noetherflow.symmetry._fx.affine import (
     affine_params,
 )
 from noetherflow.symmetry._fx.attention import AttentionPattern
+from noetherflow.symmetry._fx.biases import refuse_extra_biases
 from noetherflow.symmetry._fx.common import (
     _NN_LAYERS,
     _blocks,
     _column_map,
     _is_dense,
     _kinds,
+    _NotASlice,
     _only,
     _param,
     _range_of,
@@ -180,7 +183,7 @@ class RotationPattern:
             n_cols = int(_weight(second).shape[_w_in(second)])
             whole = cmap is not None and torch.equal(cmap, torch.arange(n_cols))
             both_nn = isinstance(first, nn.Linear) and isinstance(second, nn.Linear)
-            if len(src.arrivals) == 1 and arr.heads is None and both_nn:
+            if len(src.arrivals) == 1 and arr.heads is None and both_nn and not arr.biases:
                 if whole and first.out_features == second.in_features:
                     label = f"rotation:{src.name}→{sname}"
                     out.append(
@@ -216,7 +219,14 @@ class RotationPattern:
                     continue
                 tag = f"[h{h}]" if len(groups) > 1 else f"[{rw[0]}:{rw[1]}]"
                 label = f"rotation:{src.name}→{sname}{tag}"
-                w_blocks = _blocks(first, *rw)
+                try:
+                    w_blocks = _blocks(first, *rw, arr)
+                except _NotASlice as exc:
+                    ledger.note(
+                        [*src.params, _weight(second)],
+                        f"{src.name} → {sname}: a bias stored apart is not one slice for {exc}",
+                    )
+                    continue
                 # One block per reader of the head: several query heads share a value head
                 # in grouped-query attention, and all of them turn with it.
                 u_blocks = [Block(_param(_weight(second)), _w_in(second), *rc) for rc in runs]
@@ -418,6 +428,21 @@ def run_patterns(info: GraphInfo, ledger: Ledger) -> list[Proposal]:
     return props
 
 
+def _diagonal(family: str, fn: Callable[..., list[Proposal]]) -> Callable[..., list[Proposal]]:
+    """``fn``, refusing a source whose features met a bias stored apart from the layer.
+
+    The rotations turn such a bias with the rows (:mod:`noetherflow.symmetry._fx.biases`);
+    a diagonal family would have to scale it too, which it does not.
+    """
+
+    def match(info: GraphInfo, src: _Source, ledger: Ledger) -> list[Proposal]:
+        if refuse_extra_biases(src.arrivals, src.params, ledger, src.name, family):
+            return []
+        return fn(info, src, ledger)
+
+    return match
+
+
 def _register_builtins() -> None:
     """The built-in matchers, in the order their proposals are listed."""
     rescale, rotate, scale = RescalingPattern(), RotationPattern(), ScalePattern()
@@ -426,16 +451,24 @@ def _register_builtins() -> None:
     register_matcher("attention-mha", attend.match_mha, stage="module", claims=is_mha)
     register_matcher(
         "affine-rescaling",
-        lambda info, src, ledger: affine.match(info, src.name, src.module, src.arrivals, ledger),
+        _diagonal(
+            "rescaling",
+            lambda info, src, ledger: affine.match(
+                info, src.name, src.module, src.arrivals, ledger
+            ),
+        ),
         stage="norm",
     )
-    register_matcher("rescaling", rescale.match)
+    register_matcher("rescaling", _diagonal("rescaling", rescale.match))
     register_matcher("rotation", rotate.match)
-    register_matcher("scale", scale.match)
+    register_matcher("scale", _diagonal("scale invariance", scale.match))
     register_matcher(
         "layer-scale",
-        lambda info, src, ledger: layer_scale.match(
-            info, src.name, src.module, src.arrivals, ledger
+        _diagonal(
+            "rescaling",
+            lambda info, src, ledger: layer_scale.match(
+                info, src.name, src.module, src.arrivals, ledger
+            ),
         ),
     )
     register_matcher("attention-contractions", attend.match_contractions, stage="graph")
