@@ -24,7 +24,13 @@ from .equilibrium import (
 from .flow import charges, exact_step_charges, noether_flow
 from .kernels import Kernel, StatsBlock, kernel_for, register_kernel
 from .kernels.noise import NoiseModel, ParamDecay, TimeModel
-from .monitor import NoetherMonitor, SharpnessOptions, load_history
+from .monitor import (
+    DistanceOptions,
+    LogOptions,
+    NoetherMonitor,
+    SharpnessOptions,
+    load_history,
+)
 from .optim import (
     GroupNoise,
     MomentumStep,
@@ -122,6 +128,8 @@ __all__ = [
     "NoetherMonitor",
     "Sharpness",
     "SharpnessOptions",
+    "DistanceOptions",
+    "LogOptions",
     "SolveOptions",
     "TraceEstimate",
     "all_reduce_stats",

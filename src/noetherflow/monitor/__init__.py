@@ -29,10 +29,12 @@ decomposition and AdamW's prediction), :mod:`.options` (options and their checks
 
 from noetherflow.monitor.core import NoetherMonitor
 from noetherflow.monitor.history import flat_record, load_history, symmetry_key
-from noetherflow.monitor.options import SharpnessOptions
+from noetherflow.monitor.options import DistanceOptions, LogOptions, SharpnessOptions
 from noetherflow.plotting import plot_history
 
 __all__ = [
+    "DistanceOptions",
+    "LogOptions",
     "NoetherMonitor",
     "SharpnessOptions",
     "flat_record",

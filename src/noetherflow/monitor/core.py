@@ -27,7 +27,6 @@ from noetherflow.monitor.distance import DistanceTracker
 from noetherflow.monitor.guards import monitor_advice
 from noetherflow.monitor.history import (
     CSV_NAME,
-    FORMATS,
     JSONL_NAME,
     CsvSink,
     JsonlSink,
@@ -47,9 +46,11 @@ from noetherflow.monitor.notices import (
 )
 from noetherflow.monitor.options import (
     DistanceMode,
+    DistanceOptions,
+    LogOptions,
     SharpnessOptions,
+    monitor_options,
     multiple,
-    parse_distance_mode,
 )
 from noetherflow.monitor.rows import put_distance, put_values
 from noetherflow.monitor.schema import UNDEFINED, build_schema
@@ -79,7 +80,6 @@ from noetherflow.teleportation.optimizer_state import preserved
 
 __all__ = ["NoetherMonitor"]
 
-_FORMATS = FORMATS
 _F64 = torch.float64  # a float loss is kept in double (torch.tensor would round it to float32)
 
 
@@ -133,25 +133,13 @@ class NoetherMonitor:
             ``weight_decay`` by hand may be such a mapping too. The row's ``weight_decay`` is
             then the largest γ.
         reduction: whether the training loss is the batch ``"mean"`` or ``"sum"``.
-        log_dir: directory for ``history.csv``/``history.jsonl``/``monitor.json`` (and
-            TensorBoard); ``None`` keeps the history in memory only. Existing history files
-            there are replaced.
-        formats: which of ``"csv"``, ``"jsonl"`` to write.
-        distance: record the distance to the equilibrium (``False``: no distance columns).
-        distance_every: record it every this many steps (a multiple of ``every``; default
-            10·``every``); in between the ``distance/*`` entries are NaN.
-        distance_mode: ``"track"`` (default): a full solve every ``solve_every`` steps and an
-            incremental solve from it at the other distance records (scaled chord steps
-            with the last full solve's factored Hessian, until the correction is at most
-            ``distance_tol``; ``distance_exact`` is 0 on those rows; see
-            :mod:`noetherflow.monitor.first_order`); ``"solve"``: a full solve every time.
-        solve_every: steps between full solves in ``"track"`` mode (a multiple of
-            ``distance_every``; default 10·``distance_every``). A full solve also happens
-            when η or γ moved by more than 5%, or when the incremental solve does not
-            converge in 8 steps.
-        distance_tol: the chord correction (in units of λ, ‖δλ‖∞) at which the incremental
-            solve stops; the recorded λ is then that close to the full solve's.
-        solver_options: extra keyword arguments of :func:`noetherflow.solve_equilibrium`.
+        distance: record the distance to the equilibrium: ``True`` (the defaults of
+            :class:`~noetherflow.DistanceOptions`: every 10·``every`` steps, tracked between
+            full solves), a :class:`~noetherflow.DistanceOptions`, or ``False`` (no distance
+            columns).
+        logging: where to write: a :class:`~noetherflow.LogOptions` (history files in
+            ``log_dir``, TensorBoard, the progress bar); default: in memory only, a progress
+            bar when stdout is a terminal.
         momentum_cross: with ``optimizer=torch.optim.SGD(momentum=β)``, include the cross term
             c_cross·vᵀA∇L of its buffers in the flows and distances (default; exact). False
             drops it (the ⟨vᵀA∇L⟩ = 0 approximation, docs/concepts/optimizers.md).
@@ -168,15 +156,17 @@ class NoetherMonitor:
             BatchNorm in training mode; it must divide the batch into at least 2 parts).
         loss_fn: ``loss_fn(outputs, targets)``, for sharpness and the non-hook estimators.
         probe: a fixed ``(inputs, targets)`` batch on which sharpness is measured.
-        tensorboard: ``None`` (use it when installed and ``log_dir`` is set), ``False``, ``True``
-            (required), or a writer object with ``add_scalar``/``add_histogram``.
-        progress: ``None`` (a rich progress bar when stdout is a terminal), ``True``, ``False``.
-        total: number of steps, for the progress bar.
         grad_scaler: the ``torch.amp.GradScaler`` of an fp16 run (its scale multiplies every
             gradient the hooks see; the statistics are divided by it). The integrations pass
             it themselves.
         all_reduce: combine the statistics of all ranks; default: whether ``torch.distributed``
             is initialised.
+        **old: the loose spellings of before the option objects, still accepted as the
+            fields they name: ``distance_every``, ``distance_mode``, ``solve_every``,
+            ``distance_tol``, ``solver_options`` (→ ``DistanceOptions``: every, mode,
+            solve_every, tol, solver) and ``log_dir``, ``formats``, ``tensorboard``,
+            ``progress``, ``total`` (→ ``LogOptions``). Beside the option object they belong
+            to, or unknown, they are a ``TypeError`` naming the field.
     """
 
     def __init__(
@@ -191,27 +181,20 @@ class NoetherMonitor:
         optimizer: torch.optim.Optimizer | None = None,
         time: str = "continuous",
         reduction: str | Reduction = "mean",
-        log_dir: str | os.PathLike[str] | None = None,
-        formats: Sequence[str] = _FORMATS,
-        distance: bool = True,
-        distance_every: int | None = None,
-        distance_mode: str | DistanceMode = "track",
-        solve_every: int | None = None,
-        distance_tol: float = 1e-4,
-        solver_options: Mapping[str, Any] | None = None,
+        distance: bool | DistanceOptions = True,
+        logging: LogOptions | None = None,
         full_matrices: bool = False,
         sharpness: bool | SharpnessOptions = False,
         estimator: str = "hooks",
         micro_batch_size: int = 1,
         loss_fn: Callable[[Any, Any], Tensor] | None = None,
         probe: tuple[Any, Any] | None = None,
-        tensorboard: Any = None,
-        progress: bool | None = None,
-        total: int | None = None,
         all_reduce: bool | None = None,
         momentum_cross: bool = True,
         grad_scaler: Any = None,
+        **old: Any,
     ) -> None:
+        dist, log = monitor_options(distance, logging, old)
         if int(every) != every or every < 1:
             raise ValueError(f"every={every!r} must be a positive integer (steps between records).")
         bind_sharded(unwrap_ddp(model), syms)  # a set found before fully_shard: its new params
@@ -240,11 +223,6 @@ class NoetherMonitor:
                 syms,
                 "NoetherMonitor",
             )
-        bad = [f for f in formats if f not in _FORMATS]
-        if bad:
-            raise ValueError(
-                f"formats={list(formats)!r}: unknown {bad}; expected a subset of {_FORMATS}."
-            )
         if len(syms) == 0:
             raise ValueError("The symmetry set is empty; there is nothing to monitor.")
         check_params_of(model, syms, "NoetherMonitor")
@@ -253,27 +231,8 @@ class NoetherMonitor:
         self.every = int(every)
         self.batch_size, self.time = batch_size, time
         self.reduction = parse_reduction(reduction)
-        self.distance = bool(distance) and self.sgd
-        self.distance_every = multiple(
-            "distance_every",
-            10 * self.every if distance_every is None else distance_every,
-            self.every,
-        )
-        mode = parse_distance_mode(distance_mode)
-        if not (float(distance_tol) >= 0):
-            raise ValueError(f"distance_tol={distance_tol!r} must be a number >= 0.")
-        self.solver_options = dict(solver_options or {})
-        self._distance = DistanceTracker(
-            syms,
-            mode=mode,
-            solve_every=multiple(
-                "solve_every",
-                10 * self.distance_every if solve_every is None else solve_every,
-                self.distance_every,
-            ),
-            tol=float(distance_tol),
-            solver_options=self.solver_options,
-        )
+        self.distance = dist is not None and self.sgd
+        self._distance = self._tracker(dist or DistanceOptions())
         self.full_matrices = full_matrices
         self.sharpness: SharpnessOptions | None = (
             SharpnessOptions() if sharpness is True else (sharpness or None)
@@ -329,18 +288,40 @@ class NoetherMonitor:
             adamw=self._steps.adamw_names,
         )
         if not self.sgd:
-            adaptive_notice(self._hyper.kind, bool(distance), self._steps.adamw_names)
-        self.log_dir = Path(log_dir) if log_dir is not None else None
-        self.formats = tuple(formats)
+            adaptive_notice(self._hyper.kind, dist is not None, self._steps.adamw_names)
+        self._open_outputs(log)
+
+    def _tracker(self, dist: DistanceOptions) -> DistanceTracker:
+        """The distance tracker of ``dist`` (its cadence checked against ``every``)."""
+        default = 10 * self.every if dist.every is None else dist.every
+        self.distance_every = multiple("distance_every", default, self.every)
+        every = 10 * self.distance_every if dist.solve_every is None else dist.solve_every
+        solver: dict[str, Any] = {} if dist.solver is None else {"options": dist.solver}
+        if not dist.warm_start:
+            solver["init"] = None
+        self.solver_options = solver
+        return DistanceTracker(
+            self.syms,
+            mode=DistanceMode(dist.mode),
+            solve_every=multiple("solve_every", every, self.distance_every),
+            tol=float(dist.tol),
+            solver_options=solver,
+        )
+
+    def _open_outputs(self, log: LogOptions) -> None:
+        """The history files, TensorBoard and the progress bar of ``log`` (writer rank)."""
+        self.log_dir = Path(log.log_dir) if log.log_dir is not None else None
+        self.formats = tuple(log.formats)
         self._out = Outputs()
         if self.log_dir is not None and self.is_writer:
             self._init_files()
-        tb = open_tensorboard(tensorboard, self.log_dir) if self.is_writer else None
+        tb = open_tensorboard(log.tensorboard, self.log_dir) if self.is_writer else None
         if tb is not None:
             self._out.sinks.append(TensorBoardSink(tb))
         self._progress: ProgressDisplay | None = None
-        if self.is_writer and (progress if progress is not None else is_terminal()):
-            self._progress = ProgressDisplay(total)
+        progress = log.progress if log.progress is not None else is_terminal()
+        if self.is_writer and progress:
+            self._progress = ProgressDisplay(log.total)
 
     # -- hyper-parameters -----------------------------------------------------------------
     @property

@@ -2,10 +2,23 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields, replace
 from enum import Enum
+from typing import Any
 
-__all__ = ["DistanceMode", "SharpnessOptions", "multiple"]
+from noetherflow.monitor.history import FORMATS
+from noetherflow.solve_options import SolveOptions, split_options
+
+__all__ = [
+    "DistanceMode",
+    "DistanceOptions",
+    "LogOptions",
+    "SharpnessOptions",
+    "monitor_options",
+    "multiple",
+]
 
 
 @dataclass(frozen=True)
@@ -63,3 +76,145 @@ def multiple(name: str, value: int | None, every: int) -> int:
             "only every `every` steps)."
         )
     return int(value)
+
+
+@dataclass(frozen=True)
+class DistanceOptions:
+    """How the monitor records ``distance/*`` (``NoetherMonitor(distance=DistanceOptions(...))``).
+
+    Attributes:
+        every: record the distance every this many steps (a multiple of the monitor's
+            ``every``; default 10·``every``); in between the ``distance/*`` entries are NaN.
+        mode: ``"track"`` (default): a full solve every ``solve_every`` steps and an
+            incremental solve from it at the other distance records (scaled chord steps with
+            the last full solve's factored Hessian, until the correction is at most ``tol``;
+            ``distance_exact`` is 0 on those rows; :mod:`noetherflow.monitor.first_order`);
+            ``"solve"``: a full solve every time (:class:`DistanceMode`).
+        solve_every: steps between full solves in ``"track"`` mode (a multiple of ``every``;
+            default 10·``every``). A full solve also happens when η or γ moved by more than 5%,
+            or when the incremental solve does not converge in 8 steps.
+        tol: the chord correction (in units of λ, ‖δλ‖∞) at which the incremental solve stops.
+        solver: the :class:`~noetherflow.SolveOptions` of the full solves.
+        warm_start: start each full solve from the last converged one (same answer, fewer
+            Newton iterations); ``False`` solves from the identity every time.
+    """
+
+    every: int | None = None
+    mode: str | DistanceMode = "track"
+    solve_every: int | None = None
+    tol: float = 1e-4
+    solver: SolveOptions | None = None
+    warm_start: bool = True
+    # settings of the incremental solve between full solves (e.g. sweeps per record) go here
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "mode", parse_distance_mode(self.mode))
+        if not (float(self.tol) >= 0):
+            raise ValueError(f"DistanceOptions: tol={self.tol!r} must be a number >= 0.")
+        if self.solver is not None and not isinstance(self.solver, SolveOptions):
+            raise TypeError(
+                f"DistanceOptions: solver is a {type(self.solver).__name__}; expected "
+                "nf.SolveOptions(...) (the options of the full solves)."
+            )
+
+
+@dataclass(frozen=True)
+class LogOptions:
+    """Where the monitor writes (``NoetherMonitor(logging=LogOptions(...))``).
+
+    Attributes:
+        log_dir: directory for ``history.csv``/``history.jsonl``/``monitor.json`` (and
+            TensorBoard); ``None`` keeps the history in memory only. Existing history files
+            there are replaced.
+        formats: which of ``"csv"``, ``"jsonl"`` to write.
+        tensorboard: ``None`` (use it when installed and ``log_dir`` is set), ``False``,
+            ``True`` (required), or a writer object with ``add_scalar``/``add_histogram``.
+        progress: ``None`` (a rich progress bar when stdout is a terminal), ``True``, ``False``.
+        total: number of steps, for the progress bar.
+    """
+
+    log_dir: str | os.PathLike[str] | None = None
+    formats: Sequence[str] = FORMATS
+    tensorboard: Any = None
+    progress: bool | None = None
+    total: int | None = None
+
+    def __post_init__(self) -> None:
+        bad = [f for f in self.formats if f not in FORMATS]
+        if bad:
+            raise ValueError(
+                f"formats={list(self.formats)!r}: unknown {bad}; expected a subset of {FORMATS}."
+            )
+        object.__setattr__(self, "formats", tuple(self.formats))
+
+
+# the monitor's old loose keywords → (option object, field)
+_OLD = {
+    "distance_every": ("distance", "every"),
+    "distance_mode": ("distance", "mode"),
+    "solve_every": ("distance", "solve_every"),
+    "distance_tol": ("distance", "tol"),
+    "solver_options": ("distance", "solver"),
+    **{f.name: ("logging", f.name) for f in fields(LogOptions)},
+}
+
+
+def monitor_options(
+    distance: bool | DistanceOptions, logging: LogOptions | None, old: Mapping[str, Any]
+) -> tuple[DistanceOptions | None, LogOptions]:
+    """The monitor's distance options (``None``: off) and log options.
+
+    ``old``: the loose keywords of before the option objects (``distance_every=``,
+    ``log_dir=``, ``progress=`` …), still accepted as the fields they name; given beside the
+    option object they belong to, or unknown, they are a ``TypeError`` naming the field.
+    """
+    unknown = sorted(set(old) - set(_OLD))
+    if unknown:
+        raise TypeError(
+            f"NoetherMonitor() got unexpected keyword arguments {unknown}; the distance "
+            "settings are fields of distance=nf.DistanceOptions(...), the output ones of "
+            "logging=nf.LogOptions(...)."
+        )
+    if not isinstance(distance, bool | DistanceOptions):
+        raise TypeError(
+            f"NoetherMonitor: distance={distance!r}; expected True, False or "
+            "nf.DistanceOptions(...)."
+        )
+    if logging is not None and not isinstance(logging, LogOptions):
+        raise TypeError(
+            f"NoetherMonitor: logging is a {type(logging).__name__}; expected nf.LogOptions(...)."
+        )
+    moved: dict[str, dict[str, Any]] = {"distance": {}, "logging": {}}
+    for name, value in old.items():
+        where, field = _OLD[name]
+        given = distance if where == "distance" else logging
+        if isinstance(given, DistanceOptions | LogOptions):
+            kind = type(given).__name__
+            raise TypeError(
+                f"NoetherMonitor: {name}= given beside {where}={kind}(...); set it there: "
+                f"{where}={kind}({field}=...)."
+            )
+        if name == "solver_options":
+            value, warm = _solve_options(value)
+            if not warm:
+                moved[where]["warm_start"] = False
+        moved[where][field] = value
+    dist = distance if isinstance(distance, DistanceOptions) else DistanceOptions()
+    if moved["distance"]:
+        dist = replace(dist, **moved["distance"])
+    log = logging if logging is not None else LogOptions(**moved["logging"])
+    return (None if distance is False else dist), log
+
+
+def _solve_options(value: Any) -> tuple[SolveOptions | None, bool]:
+    """The old ``solver_options`` mapping as (SolveOptions, warm start)."""
+    if value is None or isinstance(value, SolveOptions):
+        return value, True
+    rest, opts = split_options(value, "NoetherMonitor(solver_options=...)")
+    warm = rest.pop("init", True) is not None
+    if rest:
+        raise TypeError(
+            f"NoetherMonitor(solver_options=...): {sorted(rest)} are not solver options; "
+            "expected fields of nf.SolveOptions."
+        )
+    return opts, warm
