@@ -29,7 +29,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import noetherflow as nf
-from noetherflow.teleport_tool import EquilibriumTeleport, gradient_norm_teleport
+from noetherflow.baselines.zhao2022 import gradient_norm_teleport
+from noetherflow.teleportation.tool import EquilibriumTeleport
 
 
 def _median_time(fn: Callable[[], Any], reps: int) -> float:

@@ -50,12 +50,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 import real_models as RM
 
 from noetherflow import collect_stats, find_symmetries, noether_flow
-from noetherflow.eps_solve import solve_within_eps
 from noetherflow.equilibrium import solve_equilibrium
 from noetherflow.symmetry._fx.capture import flat_outputs
 from noetherflow.symmetry.coverage import covered_mask
 from noetherflow.symmetry.set import SymmetrySet
-from noetherflow.teleport import teleport
+from noetherflow.teleportation.apply import teleport
+from noetherflow.teleportation.eps import solve_within_eps
 
 BN_MODELS = ("resnet", "relu6_block")
 ESTIMATORS = ("hooks", "reference", "microbatch")

@@ -77,7 +77,21 @@ MODELS: dict[str, Factory] = {
         max_position_embeddings=16,
     ),
     "albert": _text("AlbertModel", "AlbertConfig", **_BERT, embedding_size=8),
+    "deberta": _text("DebertaModel", "DebertaConfig", **_BERT),  # q_bias/v_bias stored apart
     "deberta-v2": _text("DebertaV2Model", "DebertaV2Config", **_BERT),
+    "deberta-v2-rel": _text(
+        "DebertaV2Model",
+        "DebertaV2Config",
+        **_BERT,
+        relative_attention=True,
+        pos_att_type=["p2c", "c2p"],
+        position_buckets=4,
+        max_relative_positions=8,
+        embedding_size=8,  # embed_proj: Embedding → Linear
+        conv_kernel_size=3,  # a ConvLayer after the first layer
+        conv_groups=2,
+        norm_rel_ebd="layer_norm",
+    ),
     "llama": _text("LlamaModel", "LlamaConfig", **_LLAMA),
     "mistral": _text("MistralModel", "MistralConfig", **_LLAMA),
     "qwen2": _text("Qwen2Model", "Qwen2Config", **_LLAMA),
@@ -126,6 +140,18 @@ MODELS: dict[str, Factory] = {
         num_heads=2,
         d_ff=32,
         vocab_size=V,
+    ),
+    "mamba": _text(
+        "MambaModel",
+        "MambaConfig",
+        num_hidden_layers=1,
+        hidden_size=H,
+        vocab_size=V,
+        state_size=4,
+        expand=2,
+        conv_kernel=4,
+        time_step_rank=4,
+        use_cache=False,
     ),
     "vit": _vision(
         "ViTModel",

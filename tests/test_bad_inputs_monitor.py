@@ -160,7 +160,7 @@ def test_csv_oserror_mid_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
         tensorboard=False, formats=("csv",),
     )  # fmt: skip
     train(mon, m, x, y, 2)
-    from noetherflow import _history
+    from noetherflow.monitor import history as _history
 
     real = _history._write_line
 

@@ -305,7 +305,7 @@ def test_intervals_are_halved_until_the_change_is_within_tolerance(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Intervals 8× too wide (patched): the measured change exceeds τ, the halving restores it."""
-    import noetherflow.eps_solve as es
+    import noetherflow.teleportation.eps as es
 
     model, x, y, est = _setup("batchnorm")
     syms = nf.find_symmetries(model, x)

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import noetherflow as nf
-from noetherflow._history import flat_record, symmetry_key, symmetry_keys
+from noetherflow.monitor.history import flat_record, symmetry_key, symmetry_keys
 
 DT = torch.float64
 ASCII_KEY = re.compile(r"^[A-Za-z0-9_.\-/]+$")

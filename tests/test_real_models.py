@@ -21,10 +21,11 @@ from torch import nn
 
 from noetherflow.equilibrium import EquilibriumSolution
 from noetherflow.symmetry.detect import find_symmetries
-from noetherflow.symmetry.eps import clip_to_eps, eps_interval
+from noetherflow.symmetry.eps import eps_interval
 from noetherflow.symmetry.rotation import Block, DoubleRotation
 from noetherflow.symmetry.set import SymmetrySet
-from noetherflow.teleport import teleport
+from noetherflow.teleportation.apply import teleport
+from noetherflow.teleportation.eps import clip_to_eps
 
 pytest.importorskip("transformers")
 sys.path.insert(0, str(Path(__file__).parent))

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import noetherflow as nf
-import noetherflow.teleporter as tt
+import noetherflow.teleportation.tool as tt
 from noetherflow import (
     EquilibriumTeleport,
     gradient_norm_teleport,

@@ -14,9 +14,7 @@ from ._errors import (
     SymmetryNotPresentError,
     UnsupportedLayerError,
 )
-from ._optimizer_state import OptimizerState, transform_optimizer_state
 from .baselines.zhao2022 import GradNormTeleportResult, gradient_norm_teleport
-from .eps_solve import solve_within_eps
 from .equilibrium import (
     EquilibriumSolution,
     InfinityReport,
@@ -54,18 +52,21 @@ from .stats.collect import Capture, capture, collect_stats
 from .stats.core import Estimator, GradStats, Level, Reduction
 from .stats.distributed import all_reduce_stats
 from .stats.registry import LayerHandler, register_layer
+from .symmetry._fx.patterns import register_matcher
 from .symmetry.base import Family, Symmetry
 from .symmetry.channel import ChannelRescaling
 from .symmetry.coverage import CoverageReport, CoverageStatus, ParamCoverage
 from .symmetry.dense import DenseSymmetry
 from .symmetry.detect import DetectionError, find_symmetries, symmetry_signature
-from .symmetry.eps import EpsReport, clip_to_eps
+from .symmetry.eps import EpsReport
 from .symmetry.rescaling import Rescaling
 from .symmetry.rotation import Block, DoubleRotation
 from .symmetry.scaling import ScaleInvariance
 from .symmetry.set import SymmetrySet, VerifyResult
-from .teleport import FunctionChangedError, TeleportError, TeleportHandle, teleport
-from .teleporter import EquilibriumTeleport, TeleportingOptimizer, TeleportRecord
+from .teleportation.apply import FunctionChangedError, TeleportError, TeleportHandle, teleport
+from .teleportation.eps import clip_to_eps, solve_within_eps
+from .teleportation.optimizer_state import OptimizerState, transform_optimizer_state
+from .teleportation.tool import EquilibriumTeleport, TeleportingOptimizer, TeleportRecord
 
 __version__: str
 
@@ -101,6 +102,7 @@ __all__ = [
     "capture",
     "collect_stats",
     "register_layer",
+    "register_matcher",
     # charges and flows
     "NoiseModel",
     "ParamDecay",

@@ -28,7 +28,7 @@ import torch
 import torch.utils._pytree as pytree
 from torch import Tensor, nn
 
-__all__ = ["ModelInputs"]
+__all__ = ["ModelInputs", "Probe"]
 
 _WHAT = (
     "a tensor (one positional input), a tuple (positional inputs) or a dict with string keys "
@@ -225,3 +225,16 @@ class ModelInputs:
 
 def _integer(t: Tensor) -> bool:
     return not t.is_floating_point() and not t.is_complex()
+
+
+@dataclass(frozen=True)
+class Probe:
+    """Inputs to compare a model's outputs on, e.g. the example inputs of detection."""
+
+    inputs: ModelInputs
+
+    @classmethod
+    def of(cls, inputs: Any, who: str) -> Probe:
+        if isinstance(inputs, Probe):
+            return inputs
+        return cls(ModelInputs.of(inputs, who))

@@ -38,12 +38,12 @@ from noetherflow._checks import (
 from noetherflow._deprecate import is_old_model_call, warn_model
 from noetherflow._divergence import is_finite
 from noetherflow._errors import NonFiniteGradientError, StatisticsError
+from noetherflow._sweep_plan import plan_sweep
 from noetherflow.kernels import (
     InfinityReport,
     SolveOptions,
     geometric_mean,
     kernel_for,
-    kernels_of,
 )
 from noetherflow.kernels._diag_newton import NewtonMethod
 from noetherflow.kernels.base import (
@@ -384,27 +384,21 @@ def _solve_block(
     else:
         samples, cur, touches = {}, stats, {}
     opts = replace(opts, coupled=coupled)
-    # Joint kernels solve all their symmetries in one step; the others one at a time, in
-    # set order, after the joint ones (block Gauss–Seidel; docs/concepts/equilibrium.md).
-    groups: list[tuple[Any, list[Symmetry]]] = []
-    for k, members in kernels_of(part):
-        if k.joint:
-            groups.append((k, members))
-    for s in part:
-        if not kernel_for(s).joint:
-            groups.append((kernel_for(s), [s]))
+    groups = plan_sweep(list(part), touches if coupled else None)
     stale: dict[Symmetry, None] = {}  # symmetries whose statistics a move has changed
     own_iterations: list[int] = []
     done, sweep = False, 0
     for sweep in range(1, (max_sweeps if coupled else 1) + 1):
         worst = 0.0
-        for k, members in groups:
+        for step in groups:
+            k, members = step.kernel, step.members
             todo = [s for s in members if s in stale]
             if todo:  # rebuild only the statistics the moves since their last use touched
                 refresh_stats_(cur, samples, todo, means=False, level=Level.SOLVE)
                 for s in todo:
                     del stale[s]
-            res = k.solve(members, values, cur, nm, names, opts)
+            solve = k.solve_disjoint if step.disjoint else k.solve
+            res = solve(members, values, cur, nm, names, opts)
             if not coupled:
                 if res.converged is not None:
                     out.converged = out.converged and res.converged

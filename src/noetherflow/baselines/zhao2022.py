@@ -23,10 +23,10 @@ from noetherflow._checks import (
 )
 from noetherflow._errors import NonFiniteGradientError
 from noetherflow._inputs import ModelInputs
-from noetherflow._optimizer_state import preserved, transform_optimizer_state
 from noetherflow.equilibrium import EquilibriumSolution
 from noetherflow.kernels import kernel_for
 from noetherflow.symmetry.set import SymmetrySet
+from noetherflow.teleportation.optimizer_state import preserved, transform_optimizer_state
 
 __all__ = ["GradNormTeleportResult", "gradient_norm_teleport"]
 

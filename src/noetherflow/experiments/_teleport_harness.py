@@ -104,7 +104,8 @@ def train_stacked(
     import torch.nn.functional as F
 
     import noetherflow as nf
-    from noetherflow.teleport_tool import EquilibriumTeleport, gradient_norm_teleport
+    from noetherflow.baselines.zhao2022 import gradient_norm_teleport
+    from noetherflow.teleportation.tool import EquilibriumTeleport
 
     runs = [(lr, s) for lr in lrs for s in seeds]
     n_runs = len(runs)

@@ -8,7 +8,7 @@ SGD with weight decay. The convolutions feeding BatchNorm are scale invariant pe
 (the closed-form balance of noise and decay, paper §4.2 and eq. 24 with γ > 0); the BN
 affine parameters and the next layer form per-channel rescalings. Added: the symmetry
 teleportation of Zhao et al. (2022), gradient ascent on ‖∇L‖² over the same group elements
-(:func:`~noetherflow.teleport_tool.gradient_norm_teleport`), at the start and every k steps,
+(:func:`~noetherflow.baselines.zhao2022.gradient_norm_teleport`), at the start and every k steps,
 in the same harness, so that the two teleports are compared side by side.
 """
 

@@ -7,7 +7,7 @@ paper's ``η_small = 0.001`` (warmup) and ``η_max = 0.008``. Three runs share e
 Kaiming initialisation and data stream:
 
 * ``warmup``: ``η_small`` for ``warmup_steps`` steps, then ``η_max`` (the paper's recipe);
-* ``teleport``: :class:`~noetherflow.teleport_tool.EquilibriumTeleport` at step 0 (the
+* ``teleport``: :class:`~noetherflow.teleportation.tool.EquilibriumTeleport` at step 0 (the
   noise equilibrium of SGD at ``η_max``, S = 1), then ``η_max`` from the first step;
 * ``none``: ``η_max`` from the Kaiming start (the control that diverges in Fig. 4).
 """
@@ -217,7 +217,7 @@ def _teleport_inits(
     import torch
 
     import noetherflow as nf
-    from noetherflow.teleport_tool import EquilibriumTeleport
+    from noetherflow.teleportation.tool import EquilibriumTeleport
 
     def loss_fn(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         return ((out - target) ** 2).sum(1).mean()

@@ -2,7 +2,7 @@
 
 Four methods, each over a grid of learning rates and ``n_seeds`` seeds (same initialisation
 and batch stream per seed across methods and learning rates): constant learning rate (no
-warmup), linear warmup, :class:`~noetherflow.teleport_tool.EquilibriumTeleport` at the start,
+warmup), linear warmup, :class:`~noetherflow.teleportation.tool.EquilibriumTeleport` at the start,
 and teleport every ``teleport_every`` steps. Per method: the largest learning rate of the grid
 at which every seed trains; at η* = the largest one at which warmup trains, the test loss and
 accuracy curves with their spread over seeds. The harness

@@ -58,7 +58,7 @@ from noetherflow.monitor import NoetherMonitor
 from noetherflow.symmetry.set import SymmetrySet
 
 if TYPE_CHECKING:
-    from noetherflow.teleporter import EquilibriumTeleport
+    from noetherflow.teleportation.tool import EquilibriumTeleport
 
 __all__ = ["NoetherCallback", "default_split", "teleport_callback"]
 

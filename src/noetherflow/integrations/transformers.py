@@ -42,8 +42,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from noetherflow._history import flat_record
 from noetherflow.monitor import NoetherMonitor
+from noetherflow.monitor.history import flat_record
 from noetherflow.symmetry.set import SymmetrySet
 
 try:

@@ -20,20 +20,27 @@ Kernels are registered by symmetry class (:func:`register_kernel`) and found by 
 
 from __future__ import annotations
 
-import dataclasses
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import Any, ClassVar, Generic, TypeVar, cast
 
 import torch
 from torch import Tensor, nn
-from typing_extensions import override
 
 from noetherflow.kernels.decay import decay_charge, decay_cross
 from noetherflow.kernels.noise import NoiseModel
-from noetherflow.stats.core import GradStats, Level, StatsBlock, axis_sum, check_batch
-from noetherflow.symmetry.base import Symmetry, unique_params
+from noetherflow.stats.blocks import (
+    KERNELS,
+    assemble,
+    collectors_of,
+    needs_samples,
+    refresh_stats_,
+    stats_from_samples,
+)
+from noetherflow.stats.core import GradStats, Level, StatsBlock
+from noetherflow.stats.source import GradSource, SampleSource
+from noetherflow.symmetry.base import Symmetry
 from noetherflow.symmetry.set import SymmetrySet
 
 __all__ = [
@@ -48,99 +55,14 @@ __all__ = [
     "kernels_of",
     "overlaps",
     "refresh_stats_",
+    "needs_samples",
     "register_kernel",
+    "stats_from_samples",
     "transport_cotangent",
 ]
 
 S = TypeVar("S", bound=Symmetry)
 B = TypeVar("B", bound=StatsBlock)
-
-
-# -- raw material --------------------------------------------------------------------------
-class GradSource(ABC):
-    """Primitive gradient statistics of one batch, whatever the estimator.
-
-    All results are averages over the N samples and keep the parameter's dtype.
-    """
-
-    n: int
-
-    @abstractmethod
-    def has_samples(self, p: nn.Parameter) -> bool:
-        """Whether per-sample gradients of ``p`` are at hand (then reductions are cheap)."""
-
-    @abstractmethod
-    def samples(self, p: nn.Parameter) -> Tensor:
-        """Per-sample gradients ``[N, *p.shape]`` (materialised if needed)."""
-
-    @abstractmethod
-    def mean(self, p: nn.Parameter) -> Tensor:
-        """ḡ of ``p`` (shape of ``p``)."""
-
-    @abstractmethod
-    def sq(self, p: nn.Parameter) -> Tensor:
-        """E[g ⊙ g] of ``p`` per coordinate (shape of ``p``)."""
-
-    @abstractmethod
-    def axis_sq(
-        self, want: Mapping[nn.Parameter, tuple[int, ...]]
-    ) -> dict[tuple[nn.Parameter, int], Tensor]:
-        """E[g ⊙ g] summed over every axis but ``axis``, for each (p, axis) in ``want``."""
-
-    @abstractmethod
-    def front_moment(self, p: nn.Parameter, axis: int, start: int, stop: int) -> Tensor:
-        """(1/N) Σ_n F_n F_nᵀ. Has shape ``[d, d]``.
-
-        F_n is the slice [start, stop) of g_n along ``axis``, moved to the front and
-        flattened: ``[d, m]``.
-        """
-
-
-class SampleSource(GradSource):
-    """A :class:`GradSource` over per-sample gradients ``[N, *shape]`` per parameter.
-
-    ``reduced``: kernels are told no samples are at hand, so that at ``level="solve"`` the
-    diagonal statistics are per-neuron sums wherever the solver needs no more (the coupled
-    sweeps rebuild them after every move: a grid per coordinate of a fused projection costs
-    far more to build and to solve on than its per-neuron sums).
-    """
-
-    def __init__(self, samples: Mapping[nn.Parameter, Tensor], *, reduced: bool = False) -> None:
-        self._samples = samples
-        self.n = int(next(iter(samples.values())).shape[0])
-        self._sq: dict[nn.Parameter, Tensor] = {}
-        self._reduced = reduced
-
-    @override
-    def has_samples(self, p: nn.Parameter) -> bool:
-        return not self._reduced
-
-    @override
-    def samples(self, p: nn.Parameter) -> Tensor:
-        return self._samples[p]
-
-    @override
-    def mean(self, p: nn.Parameter) -> Tensor:
-        return self._samples[p].mean(0)
-
-    @override
-    def sq(self, p: nn.Parameter) -> Tensor:
-        if p not in self._sq:
-            self._sq[p] = self._samples[p].square().mean(0)
-        return self._sq[p]
-
-    @override
-    def axis_sq(
-        self, want: Mapping[nn.Parameter, tuple[int, ...]]
-    ) -> dict[tuple[nn.Parameter, int], Tensor]:
-        return {(p, ax): axis_sum(self.sq(p), ax) for p, axes in want.items() for ax in axes}
-
-    @override
-    def front_moment(self, p: nn.Parameter, axis: int, start: int, stop: int) -> Tensor:
-        v = self._samples[p]
-        # [N, *shape] → rows (n, other coordinates) × d: one matrix product, no einsum path
-        f = v.movedim(axis + 1, -1)[..., start:stop].reshape(-1, stop - start)
-        return (f.T @ f) / v.shape[0]
 
 
 # -- solving -------------------------------------------------------------------------------
@@ -224,6 +146,9 @@ class Kernel(ABC, Generic[S, B]):
     # A, a rotation of an index that no parameter is split along): then the per-parameter
     # decay term is −C(√κ ⊙ θ) (docs/concepts/flow.md, eq. PD3)
     decay_commutes: ClassVar[bool] = False
+    # one at a time (not joint), but a run on disjoint coordinates may be solved as one
+    # batched step (:meth:`solve_disjoint`)
+    batchable: ClassVar[bool] = False
 
     # statistics
     def sample_params(self, syms: Sequence[S]) -> list[nn.Parameter]:
@@ -294,6 +219,29 @@ class Kernel(ABC, Generic[S, B]):
     ) -> GroupSolve:
         """One solve step for ``syms`` (all of them if ``joint``, else one) at ``values``."""
 
+    def solve_disjoint(
+        self,
+        syms: Sequence[S],
+        values: Mapping[nn.Parameter, Tensor],
+        stats: GradStats,
+        nm: NoiseModel,
+        names: Mapping[Symmetry, str],
+        opts: SolveOptions,
+    ) -> GroupSolve:
+        """One step for each of ``syms`` (pairwise disjoint coordinates), merged in order.
+
+        What :meth:`solve` gives one at a time, as they do not interact; kernels with
+        ``batchable`` override it with one batched step.
+        """
+        out = GroupSolve()
+        for s in syms:
+            one = self.solve([s], values, stats, nm, names, opts)
+            out.steps.extend(one.steps)
+            out.reports.extend(one.reports)
+            out.residual.update(one.residual)
+            out.progress = max(out.progress, one.progress)
+        return out
+
     @abstractmethod
     def compose(self, total: Any, element: Any) -> Any:
         """The element ``total`` followed by ``element``."""
@@ -350,10 +298,7 @@ def transport_cotangent(s: Symmetry, element: Any, tensors: Mapping[nn.Parameter
 
 
 # -- registry ------------------------------------------------------------------------------
-_KERNELS: dict[type, Kernel[Any, Any]] = {}
-_RESOLVED: dict[type, Kernel[Any, Any]] = {}  # cache of kernel_for by class
-
-
+# Symmetry class → kernel, resolved by MRO (the rule of noetherflow._registry.Registry).
 def register_kernel(cls: type, kernel: Kernel[Any, Any], *, overwrite: bool = False) -> None:
     """Register ``kernel`` for symmetry class ``cls`` and its subclasses (resolved by MRO).
 
@@ -362,124 +307,25 @@ def register_kernel(cls: type, kernel: Kernel[Any, Any], *, overwrite: bool = Fa
     """
     if not (isinstance(cls, type) and issubclass(cls, Symmetry)):
         raise TypeError(f"register_kernel: {cls!r} is not a Symmetry subclass.")
-    if cls in _KERNELS and not overwrite:
-        raise ValueError(
-            f"register_kernel: {cls.__name__} has a kernel already "
-            f"({type(_KERNELS[cls]).__name__}); pass overwrite=True to replace it."
-        )
-    _KERNELS[cls] = kernel
-    _RESOLVED.clear()
+    KERNELS.register(cls, kernel, replace=overwrite)
 
 
 def kernel_for(s: Symmetry | type[Symmetry]) -> Kernel[Any, Any]:
-    """The kernel of a symmetry (or class): the nearest registered class in its MRO."""
+    """The kernel of a symmetry (or class): the nearest registered class in its MRO.
+
+    Raises:
+        TypeError: no class in its MRO has a kernel (the message names the fix).
+    """
     cls = s if isinstance(s, type) else type(s)
-    hit = _RESOLVED.get(cls)
-    if hit is not None:
-        return hit
-    for c in cls.__mro__:
-        k = _KERNELS.get(c)
-        if k is not None:
-            _RESOLVED[cls] = k
-            return k
-    raise TypeError(
-        f"No kernel is registered for {cls.__name__}; register one with "
-        "noetherflow.kernels.register_kernel(cls, kernel) (see the docs' Extending page)."
-    )
+    try:
+        return cast("Kernel[Any, Any]", KERNELS[cls])
+    except KeyError as e:
+        raise TypeError(f"{e.args[0]} (See the docs' Extending page.)") from None
 
 
 def kernels_of(syms: SymmetrySet | Sequence[Symmetry]) -> list[tuple[Kernel[Any, Any], list[Any]]]:
     """(kernel, its symmetries in set order) for every kernel in use, in registration order."""
-    groups: dict[int, tuple[Kernel[Any, Any], list[Any]]] = {}
-    for s in syms:
-        k = kernel_for(s)
-        groups.setdefault(id(k), (k, []))[1].append(s)
-    order = {id(k): i for i, k in enumerate(dict.fromkeys(_KERNELS.values()))}
-    return sorted(groups.values(), key=lambda kv: order.get(id(kv[0]), len(order)))
-
-
-# -- assembly ------------------------------------------------------------------------------
-def needs_samples(syms: SymmetrySet) -> list[nn.Parameter]:
-    """Parameters whose per-sample gradients a solver must keep: those of coupled groups.
-
-    The solver sweeps over each coupled group (:meth:`SymmetrySet.coupled_groups`) with its
-    per-sample gradients transported along the orbit; the other symmetries need none.
-    """
-    return unique_params([syms[i] for g in syms.coupled_groups() for i in g])
-
-
-def assemble(
-    src: GradSource, syms: SymmetrySet, *, level: Level, estimator: str, min_n: int = 2
-) -> GradStats:
-    """:class:`GradStats` of ``syms`` from a gradient source: ḡ, then one block per kernel.
-
-    ``min_n=1`` admits a single sample: a micro-batch whose statistics are merged with
-    others (:func:`noetherflow.stats.accumulate.merge_accumulated`) before Σ is used.
-    """
-    check_batch(src.n, min_n)
-    st = GradStats(n=src.n, estimator=estimator)
-    groups = kernels_of(syms)
-    keep = needs_samples(syms)
-    for p in keep:
-        st.samples[p] = src.samples(p)
-    for k, members in groups:  # materialise first, so later statistics reduce them
-        for p in k.sample_params(members):
-            src.samples(p)
-    for p in syms.params():
-        st.mean[p] = src.mean(p)
-    for k, members in groups:
-        st.blocks[k.name] = k.collect(members, src, level)
-    return st
-
-
-def stats_from_samples(
-    samples: Mapping[nn.Parameter, Tensor],
-    syms: SymmetrySet,
-    *,
-    estimator: str,
-    level: Level = Level.DIAG,
-) -> GradStats:
-    """Build :class:`GradStats` from per-sample gradients ``[N, *shape]`` per parameter.
-
-    ``level="solve"``: the diagonal statistics the solver needs, per-neuron sums wherever
-    they suffice (:class:`SampleSource` ``reduced``); the samples are kept either way.
-    """
-    n = next(iter(samples.values())).shape[0]
-    check_batch(n)
-    src = SampleSource(samples, reduced=level is Level.SOLVE)
-    return assemble(src, syms, level=level, estimator=estimator)
-
-
-def refresh_stats_(
-    stats: GradStats,
-    samples: Mapping[nn.Parameter, Tensor],
-    syms: Sequence[Symmetry],
-    *,
-    means: bool = True,
-    level: Level = Level.DIAG,
-) -> None:
-    """Recompute in place ḡ and each kernel's statistics of ``syms`` only, from ``samples``.
-
-    What :func:`stats_from_samples` would give for these symmetries; the entries of other
-    symmetries are kept. The coupled solver calls it after a move, for the symmetries whose
-    coordinates the move touched, instead of re-assembling every block. ``means=False``
-    keeps ḡ: the caller moved it along with the samples (ḡ is their mean, and the transport
-    T^{-T} is linear), which spares a pass over every sample of a large fused parameter per
-    move. ``level``: as in :func:`stats_from_samples`.
-    """
-    if not syms:
-        return
-    src = SampleSource(samples, reduced=level is Level.SOLVE)
-    for p in unique_params(syms) if means else ():
-        stats.mean[p] = src.mean(p)
-    for k, members in kernels_of(syms):
-        new = k.collect(members, src, level)
-        old = stats.blocks.get(k.name)
-        if old is None:
-            stats.blocks[k.name] = new
-            continue
-        for f in dataclasses.fields(new):
-            getattr(old, f.name).update(getattr(new, f.name))
+    return [(cast("Kernel[Any, Any]", k), m) for k, m in collectors_of(syms)]
 
 
 def overlaps(syms: Sequence[Symmetry]) -> dict[Symmetry, list[Symmetry]]:
@@ -498,10 +344,33 @@ def overlaps(syms: Sequence[Symmetry]) -> dict[Symmetry, list[Symmetry]]:
     for key, group in users.items():
         if len(group) < 2:
             continue
-        p = params[key]
-        masks = torch.stack([s.covered_mask(p).reshape(-1) for s in group]).to(torch.float32)
-        touch = (masks @ masks.T) > 0  # [m, m]: the two cover a common coordinate of p
-        for i, a in enumerate(group):
-            for j in touch[i].nonzero().reshape(-1).tolist():
-                out[a][group[j]] = None
+        for members in _cover_classes(params[key], group):
+            for a in members:
+                out[a].update(dict.fromkeys(members))
     return {s: list(v) for s, v in out.items()}
+
+
+def _cover_classes(p: nn.Parameter, group: Sequence[Symmetry]) -> list[list[Symmetry]]:
+    """The sets of symmetries of ``group`` that cover one coordinate of ``p`` together.
+
+    Each coordinate gets a code, bit j set where member j covers it (63 members per int64
+    word); the distinct codes are the sets: two members touch iff some code holds both.
+    Linear in ``p.numel()`` per member, where a Gram matrix of the masks is quadratic.
+    """
+    words = []
+    for w0 in range(0, len(group), 63):
+        code = torch.zeros(p.numel(), dtype=torch.int64)
+        for j, s in enumerate(group[w0 : w0 + 63]):
+            code |= s.covered_mask(p).reshape(-1).to(torch.int64) << j
+        words.append(code)
+    if len(words) > 1:
+        codes = torch.unique(torch.stack(words, 1), dim=0)
+    else:  # runs first (linear), then the few distinct runs sorted
+        codes = torch.unique_consecutive(words[0]).unique()
+    codes = codes.reshape(codes.shape[0], -1)
+    out = []
+    for row in codes.tolist():
+        members = [group[63 * w + j] for w, c in enumerate(row) for j in range(63) if c >> j & 1]
+        if len(members) > 1:
+            out.append(members)
+    return out

@@ -258,6 +258,7 @@ class RotationKernel(Kernel[DoubleRotation, RotationStats]):
     matrix_valued: ClassVar[bool] = True
     # Γ is constant on each parameter and G acts on the rotated index within each block
     decay_commutes: ClassVar[bool] = True
+    batchable: ClassVar[bool] = True
 
     def collect(
         self, syms: Sequence[DoubleRotation], src: GradSource, level: Level
@@ -360,6 +361,21 @@ class RotationKernel(Kernel[DoubleRotation, RotationStats]):
         out.steps.append((s, g.to(s.params[0].device)))
         out.residual[s] = res
         return out
+
+    @override
+    def solve_disjoint(
+        self,
+        syms: Sequence[DoubleRotation],
+        values: Mapping[nn.Parameter, Tensor],
+        stats: GradStats,
+        nm: NoiseModel,
+        names: Mapping[Symmetry, str],
+        opts: SolveOptions,
+    ) -> GroupSolve:
+        """The heads of one layer in one batched geometric mean (kernels/rotation_batch.py)."""
+        from noetherflow.kernels.rotation_batch import solve_disjoint
+
+        return solve_disjoint(self, syms, values, stats, nm, names, opts)
 
     @override
     def compose(self, total: Any, element: Any) -> Any:

@@ -30,8 +30,8 @@ in between), :mod:`.first_order` (the math of that update), :mod:`.steps` (the o
 decomposition and AdamW's prediction), :mod:`.options` (options and their checks).
 """
 
-from noetherflow._history import flat_record, load_history, symmetry_key
 from noetherflow.monitor.core import NoetherMonitor
+from noetherflow.monitor.history import flat_record, load_history, symmetry_key
 from noetherflow.monitor.options import SharpnessOptions
 from noetherflow.plotting import plot_history
 

@@ -26,7 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from noetherflow._errors import StatisticsError
-from noetherflow._tracking import monitor_advice, refuse_accumulation
+from noetherflow.monitor.guards import monitor_advice, refuse_accumulation
 from noetherflow.stats.accumulate import merge_accumulated, rescaled
 from noetherflow.stats.collect import Capture, capture
 from noetherflow.stats.core import GradStats, Reduction

@@ -19,8 +19,13 @@ import torch
 from torch import Tensor, nn
 
 from noetherflow._checks import check_bool
-from noetherflow._display import ProgressDisplay, is_terminal
-from noetherflow._history import (
+from noetherflow.flow import charges, noether_flow
+from noetherflow.kernels.noise import NoiseModel, check_decay
+from noetherflow.monitor.accumulation import StepCapture, check_loss_reduction
+from noetherflow.monitor.display import ProgressDisplay, is_terminal
+from noetherflow.monitor.distance import DistanceTracker
+from noetherflow.monitor.guards import monitor_advice
+from noetherflow.monitor.history import (
     CSV_NAME,
     FORMATS,
     JSONL_NAME,
@@ -33,12 +38,6 @@ from noetherflow._history import (
     symmetry_keys,
     write_meta,
 )
-from noetherflow._optimizer_state import preserved
-from noetherflow._tracking import monitor_advice
-from noetherflow.flow import charges, noether_flow
-from noetherflow.kernels.noise import NoiseModel, check_decay
-from noetherflow.monitor.accumulation import StepCapture, check_loss_reduction
-from noetherflow.monitor.distance import DistanceTracker
 from noetherflow.monitor.notices import (
     adaptive_notice,
     decay_with_penalty,
@@ -76,6 +75,7 @@ from noetherflow.stats.distributed import (
 from noetherflow.stats.fsdp import bind_sharded
 from noetherflow.stats.reference import check_no_train_batchnorm
 from noetherflow.symmetry.set import SymmetrySet
+from noetherflow.teleportation.optimizer_state import preserved
 
 __all__ = ["NoetherMonitor"]
 
@@ -467,12 +467,12 @@ class NoetherMonitor:
             stats = with_displacement(
                 stats, disp, self.syms.params(), "NoetherMonitor", noise["momentum"]
             )
-            fl = noether_flow(self.syms, stats, NoiseModel.create(**noise), charges=ch)
+            # one noise model per record: η and γ reach the flows and the tracker only in it
+            nm = NoiseModel.create(**noise)
+            fl = noether_flow(self.syms, stats, nm, charges=ch)
             put_values(row, "flow", fl, self.syms, self.keys, self.schema)
             if self.distance and i % self.distance_every == 0:
-                res = self._distance.measure(
-                    i, stats, NoiseModel.create(**noise), (lr, gamma), **noise
-                )
+                res = self._distance.measure(i, stats, nm)
                 put_distance(row, res, self.syms, self.keys, self.schema)
         sh = self.sharpness
         if sh is not None and i % (sh.every or self.every) == 0:

@@ -43,6 +43,16 @@ __all__ = ["DistanceResult", "DistanceTracker"]
 _HYPER_RTOL = 0.05  # relative change of η or γ that calls for a full solve
 
 
+def _hyper_of(nm: NoiseModel) -> tuple[float, float]:
+    """(η, γ) of a noise model (the largest γ under per-parameter decay).
+
+    A model built from its coefficients has no η, γ: then (c_second, κ), which move with them.
+    """
+    if nm.lr is None:
+        return nm.c_second, nm.kappa
+    return float(nm.lr), float(nm.weight_decay or 0.0)
+
+
 @dataclass
 class DistanceResult:
     """One record's distances.
@@ -119,19 +129,18 @@ class DistanceTracker:
         self._reports: list[InfinityReport] = []
         self.solves = 0
 
-    def measure(
-        self, step: int, stats: GradStats, nm: NoiseModel, hyper: tuple[float, float], **kw: Any
-    ) -> DistanceResult:
-        """The distances at ``step`` from this record's statistics.
+    def measure(self, step: int, stats: GradStats, nm: NoiseModel) -> DistanceResult:
+        """The distances at ``step`` from this record's statistics and noise model.
 
-        ``kw`` are the noise keywords of :func:`noetherflow.solve_equilibrium` (η, S, γ, time,
-        momentum); ``nm`` is the same noise model; ``hyper`` is (η, γ).
+        ``nm`` is the one form in which η and γ reach the tracker: the full solve takes it as
+        it is, and its (η, γ) decide when the hyper-parameters moved (:func:`_hyper_of`).
         """
+        hyper = _hyper_of(nm)
         if self._fac is not None and not self._due(step, hyper):
             res = self._update(stats, nm)
             if res is not None:
                 return res
-        return self._solve(step, stats, nm, hyper, **kw)
+        return self._solve(step, stats, nm, hyper)
 
     def _due(self, step: int, hyper: tuple[float, float]) -> bool:
         if step - self._solved_at >= self.solve_every:
@@ -172,7 +181,6 @@ class DistanceTracker:
         stats: GradStats,
         nm: NoiseModel,
         hyper: tuple[float, float],
-        **kw: Any,
     ) -> DistanceResult:
         if self.sweeps is not None and not self._estimated:
             # the first record with coupled symmetries: a cheap estimate, the sweeps follow
@@ -182,7 +190,7 @@ class DistanceTracker:
         opts: dict[str, Any] = {"init": self.warm, **self.solver_options}
         if self.sweeps is not None:
             opts.setdefault("max_sweeps", self.sweeps)
-        sol = solve_equilibrium(self.syms, stats, **opts, **kw)
+        sol = solve_equilibrium(self.syms, stats, nm, **opts)
         self.solves += 1
         # Warm start of the next solve: a converged one, or one stopped by the sweep budget
         # (its partial solution is where the next record continues); a failed solve is not.

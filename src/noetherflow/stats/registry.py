@@ -1,10 +1,11 @@
 """Registry of the layer types the hook estimator understands (BackPACK/Opacus style).
 
-Each supported module class maps (exactly, no subclass matching) to a :class:`LayerHandler`
-with its factor function: it turns the captured layer input and output-gradient into the
-factors ``a`` ``[N, T, I]`` and ``g`` ``[N, T, O]`` of :mod:`.layers`, with which the weight
-gradient of sample n is the ``[O, I]`` matrix G_n = Σ_t g_{nto} a_{nti}. Adding a layer type
-is one call::
+Each supported module class maps to a :class:`LayerHandler` with its factor function (a
+subclass is matched when it inherits the registered class's ``forward``, the rule of
+:class:`noetherflow._registry.Registry`): it turns the captured layer input and
+output-gradient into the factors ``a`` ``[N, T, I]`` and ``g`` ``[N, T, O]`` of
+:mod:`.layers`, with which the weight gradient of sample n is the ``[O, I]`` matrix
+G_n = Σ_t g_{nto} a_{nti}. Adding a layer type is one call::
 
     register_layer(MyLinear, LayerHandler(factors=linear_factors, transposed=True))
 
@@ -19,7 +20,6 @@ of the groups' blocks (no cross-group zeros are formed).
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from noetherflow._errors import UnsupportedLayerError
+from noetherflow._registry import Registry
 from noetherflow.stats.attention import mha_check, mha_factors, mha_parts
 from noetherflow.stats.norms import (
     batchnorm_check,
@@ -155,27 +156,31 @@ def conv_factors(m: nn.Module, a: Tensor, g: Tensor) -> tuple[Tensor, Tensor]:
     return cols.reshape(n, t, gr, -1), gt.reshape(n, t, gr, -1)
 
 
-_REGISTRY: dict[type[nn.Module], LayerHandler] = {}
+# Layer class (or the qualified name of an optional package's class) → handler.
+LAYERS: Registry[LayerHandler] = Registry(
+    "hook handler",
+    register_with="noetherflow.stats.register_layer(cls, LayerHandler(...))",
+    flag="overwrite",
+)
 
 
-def register_layer(cls: type[nn.Module], handler: LayerHandler, *, overwrite: bool = False) -> None:
-    """Teach the hook estimator a layer type (exact class; subclasses register separately).
+def register_layer(
+    cls: type[nn.Module] | str, handler: LayerHandler, *, overwrite: bool = False
+) -> None:
+    """Teach the hook estimator a layer type and its subclasses that keep its ``forward``.
 
-    A dense linear layer (``factors=linear_factors``, one part) is also made known to
+    ``cls`` may be the qualified name ``"pkg.module.Class"`` of a class of an optional
+    package, which is then never imported here. A dense linear layer
+    (``factors=linear_factors``, one part) is also made known to
     :func:`noetherflow.find_symmetries` with the same weight layout (``transposed``: the
     weight is ``[in, out]``), so one registration is found, hooked, solved and teleported.
 
     Raises:
         ValueError: ``cls`` is registered already and ``overwrite`` is False.
     """
-    if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
+    if not (isinstance(cls, str) or (isinstance(cls, type) and issubclass(cls, nn.Module))):
         raise TypeError(f"register_layer: {cls!r} is not an nn.Module subclass.")
-    if cls in _REGISTRY and not overwrite:
-        raise ValueError(
-            f"register_layer: {cls.__name__} is registered already; pass overwrite=True to "
-            "replace its handler."
-        )
-    _REGISTRY[cls] = handler
+    LAYERS.register(cls, handler, replace=overwrite)
     dense = handler.factors is linear_factors and not handler.elementwise
     if dense and handler.parts is None and handler.call_factors is None:
         from noetherflow.symmetry._fx.layers import register_dense
@@ -204,10 +209,10 @@ _HF_RMS_MODELS = {
     "mistral3": "Mistral3",
 }
 
-# Layer classes of optional packages, registered on first sight by their qualified name so
-# that the package is never imported here: Hugging Face's Conv1D (GPT-2) is nn.Linear with
-# the weight stored [I, O] (y = x @ W + b); its RMSNorms are elementwise affines.
-_LAZY: dict[str, LayerHandler] = {
+# Layer classes of optional packages, registered by their qualified name so that the package
+# is never imported here: Hugging Face's Conv1D (GPT-2) is nn.Linear with the weight stored
+# [I, O] (y = x @ W + b); its RMSNorms are elementwise affines.
+_BY_NAME: dict[str, LayerHandler] = {
     "transformers.pytorch_utils.Conv1D": LayerHandler(linear_factors, transposed=True),
     **{
         f"transformers.models.{mod}.modeling_{mod}.{cls}RMSNorm": _HF_RMS
@@ -222,48 +227,26 @@ _LAZY: dict[str, LayerHandler] = {
 }
 
 
-def _lazy_handler(cls: type[nn.Module]) -> LayerHandler | None:
-    h = _LAZY.get(f"{cls.__module__}.{cls.__qualname__}")
-    if h is not None:
-        register_layer(cls, h)
-    return h
-
-
 def registered_layers() -> list[type[nn.Module]]:
     """The layer classes the hook estimator supports, in registration order.
 
     Classes of optional packages (Hugging Face ``Conv1D``, its RMSNorms, ``T5LayerNorm``,
     ``ConvNextLayerNorm``) are listed once a model using them has been seen.
     """
-    return list(_REGISTRY)
-
-
-def _unwrapped_class(cls: type[nn.Module]) -> type[nn.Module]:
-    """``cls``, or for FSDP2's ``FSDP<Class>`` (bases ``(FSDPModule, Class)``) the ``Class``."""
-    fsdp = sys.modules.get("torch.distributed.fsdp")
-    base = getattr(fsdp, "FSDPModule", None)
-    if base is None or not issubclass(cls, base) or cls is base:
-        return cls
-    for c in cls.__mro__[1:]:
-        if issubclass(c, nn.Module) and not issubclass(c, base):
-            return c
-    return cls
+    return LAYERS.classes()
 
 
 def handler_for(module: nn.Module, name: str = "", *, check: bool = True) -> LayerHandler | None:
-    """The handler of ``module``'s exact class (None if unregistered).
+    """The handler of ``module``'s class by the registry's subclass rule (None if none).
 
-    The dynamic ``FSDP<Class>`` subclass that ``fully_shard`` gives a module counts as the
-    class it wraps (it adds sharding, not a forward of its own).
+    The dynamic ``FSDP<Class>`` subclass that ``fully_shard`` gives a module inherits
+    ``Class``'s forward, so it counts as the class it wraps.
 
     Raises:
         UnsupportedLayerError: with ``check``, the class is registered but this instance is
             not supported (e.g. BatchNorm in training mode).
     """
-    cls = _unwrapped_class(type(module))
-    h = _REGISTRY.get(cls)
-    if h is None:
-        h = _lazy_handler(cls)
+    h = LAYERS.lookup(type(module))
     if h is None or not check:
         return h
     why = h.check(module) if h.check is not None else None
@@ -282,6 +265,8 @@ _BN = LayerHandler(
     fallback="estimator='microbatch' (micro-batches as the sample unit), or put the model in "
     "eval mode",
 )
+for _name, _handler in _BY_NAME.items():
+    register_layer(_name, _handler)
 register_layer(nn.Linear, LayerHandler(linear_factors))
 register_layer(nn.Conv1d, LayerHandler(conv_factors, matrix=False, check=_conv_check))
 register_layer(nn.Conv2d, LayerHandler(conv_factors, matrix=False, check=_conv_check))

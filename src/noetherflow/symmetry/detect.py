@@ -12,7 +12,9 @@
    ``tolerance``, with a control that the check is not degenerate. Each candidate is checked
    on the smallest submodule holding every use of its parameters, rerun alone on the inputs
    it received (:mod:`noetherflow.symmetry._fx.scope`), and the composed action of all of
-   them once on the whole model: the cost grows linearly with depth.
+   them once on the whole model: the cost grows linearly with depth. A large example is
+   captured and checked on a bounded sample of it (:mod:`noetherflow.symmetry._fx.sample`:
+   at most 8 rows, 64 tokens), so the cost does not grow with the example either.
 4. Record, for every parameter, why no symmetry acts on it (:meth:`SymmetrySet.coverage`),
    including "not analysed" and why when part of the model could not be captured (a warning
    says so, and the coverage is marked incomplete).
@@ -40,15 +42,15 @@ from torch import Tensor, nn
 
 from noetherflow._checks import check_finite_model, check_positive, check_seed
 from noetherflow._errors import BranchWarning
-from noetherflow._inputs import ModelInputs
+from noetherflow._inputs import ModelInputs, Probe
 from noetherflow._shard import refuse_sharded
-from noetherflow._teleport_check import Probe
 from noetherflow.symmetry._fx import engine as pat
 from noetherflow.symmetry._fx.branch_check import check_branches, describe_uncovered
 from noetherflow.symmetry._fx.branches import Branch
 from noetherflow.symmetry._fx.capture import capture
 from noetherflow.symmetry._fx.check import Check, Checker
 from noetherflow.symmetry._fx.matchers import run_patterns
+from noetherflow.symmetry._fx.sample import Sample, sample_of
 from noetherflow.symmetry._fx.scope import enclosing_scopes, param_scopes
 from noetherflow.symmetry.base import Symmetry
 from noetherflow.symmetry.coverage import DetectionReport
@@ -114,6 +116,7 @@ class _Verified:
     scopes: tuple[str, ...]  # submodules holding every use of its parameters, deepest first
     chk: Check | None = None  # the deciding check (None: not verified)
     rel_model: float = math.nan  # relative change with the model's own eps
+    composed: tuple[int, float, str] | None = None  # (count, change, where) of its composed check
 
 
 def _verify(
@@ -124,8 +127,13 @@ def _verify(
     detection: DetectionReport,
     ledger: pat.Ledger,
     whole: bool = False,
+    deferred: list[_Verified] | None = None,
 ) -> bool:
-    """Check one candidate (on its smallest faithful scope unless ``whole``); record why not."""
+    """Check one candidate (on its smallest faithful scope unless ``whole``); record why not.
+
+    A degenerate check is appended to ``deferred`` (to be repeated on the whole example)
+    instead of being recorded, when ``deferred`` is given.
+    """
     prop, sym, element = v.prop, v.sym, v.element
     scopes = () if whole else v.scopes
     if prop.approximate:
@@ -147,6 +155,9 @@ def _verify(
         v.rel_model = checker.check(
             sym, element, False, tolerance, scale, control=False, scopes=at, climb=False
         ).rel
+    if chk.degenerate and deferred is not None:
+        deferred.append(v)
+        return False
     if chk.degenerate:
         why = (
             f"degenerate check: a generic perturbation of the same parameters changes the "
@@ -175,25 +186,25 @@ def _confirm_on_whole_model(
     scale: float,
     detection: DetectionReport,
     ledger: pat.Ledger,
-) -> dict[bool, tuple[int, float]]:
+    where: str = "",
+) -> None:
     """One whole-model check of the composed action of the candidates verified on submodules.
 
-    Per copy (model eps, eps → 0): ``{uses_norm_eps: (count, relative change)}``. Should it
-    exceed ``tolerance`` (state a submodule changed besides its output), each of them is
-    checked again on the whole model, as if no submodule had been used.
+    Per copy (model eps, eps → 0), each of them gets ``v.composed = (count, relative change,
+    where)``. Should it exceed ``tolerance`` (state a submodule changed besides its output),
+    each of them is checked again on the whole model, as if no submodule had been used.
     """
-    out: dict[bool, tuple[int, float]] = {}
     for zero in (False, True):
         group = [v for v in verified if v.chk and v.chk.scope and v.prop.uses_norm_eps == zero]
         if not group:
             continue
         assert checker is not None
         rel = checker.check_composed([(v.sym, v.element) for v in group], zero)
-        out[zero] = (len(group), rel)
+        for v in group:
+            v.composed = (len(group), rel, where)
         if not rel <= tolerance:
             for v in group:
                 _verify(v, checker, tolerance, scale, detection, ledger, whole=True)
-    return out
 
 
 def _on_branches(
@@ -263,6 +274,41 @@ def _on_branches(
     return unproven
 
 
+def _runs_on(model: nn.Module, sample: Sample, loss_fn: Any, seed: int) -> bool:
+    """The model (and the loss) run on the sample: else the whole example is used."""
+    with _Isolated(model, seed):
+        try:
+            out = sample.inp(model)
+            if loss_fn is not None:
+                loss_fn(out, sample.targets)
+        except Exception:
+            return False
+    return True
+
+
+def _on_whole_example(
+    checker: Checker,
+    inp: ModelInputs,
+    targets: Any,
+    degenerate: list[_Verified],
+    detection: DetectionReport,
+    ledger: pat.Ledger,
+) -> list[_Verified]:
+    """The candidates whose check was degenerate on the sample, checked on the whole example.
+
+    With a checker of the whole example that shares the sample's float64 copies: each on its
+    scopes, recorded as :func:`_verify` does, then the composed action of those verified on
+    submodules on the whole model. Returns the verified ones.
+    """
+    scopes = sorted({s for v in degenerate for s in v.scopes})
+    whole = checker.on_inputs(inp, targets, scopes)
+    tol, scale = detection.tolerance, detection.scale
+    again = [v for v in degenerate if _verify(v, whole, tol, scale, detection, ledger)]
+    whole.release(scopes)
+    _confirm_on_whole_model(again, whole, tol, scale, detection, ledger, "on the whole example ")
+    return again
+
+
 def _check_loss_runs(
     model: nn.Module, inp: ModelInputs, loss_fn: Any, targets: Any, seed: int
 ) -> None:
@@ -320,6 +366,12 @@ def find_symmetries(
     a few whole-model forwards plus about one submodule forward per candidate: linear in
     depth (the docs page "Detection on real models" has the argument and the numbers).
 
+    A large example is captured and checked on a sample of it: its first 8 rows and, for
+    token ids ``[B, T]``, its first ⌊64 / rows⌋ tokens of each row (the targets cut alike),
+    since a check needs a signal that depends on the parameters, not a large batch. A
+    candidate whose check is degenerate on the sample is checked again on the whole example;
+    a model that does not run on the sample is checked on the whole example.
+
     Args:
         model: any ``nn.Module``; its current mode matters (BatchNorm's scale invariance
             exists in training mode only, dropout breaks rotations in training mode).
@@ -365,6 +417,11 @@ def find_symmetries(
     inp.check_finite("find_symmetries")
     if loss_fn is not None:
         _check_loss_runs(model, inp, loss_fn, targets, seed)
+    full_inp, full_targets = inp, targets
+    sample = sample_of(inp, targets)
+    if not sample.whole and not _runs_on(model, sample, loss_fn, seed):
+        sample = Sample(inp, targets, (1, 1), None)  # the model needs the whole example
+    inp, targets = sample.inp, sample.targets
     names = {id(p): n for n, p in model.named_parameters()}
     cap = capture(
         model, inp, lambda: _Isolated(model, seed), lambda exc: _run_failed(model, inp, exc)
@@ -397,6 +454,7 @@ def find_symmetries(
     )
     gen = torch.Generator().manual_seed(seed)
     verified: list[_Verified] = []
+    degenerate: list[_Verified] | None = None if sample.whole else []
     seen: set[tuple[str, tuple[int, ...]]] = set()
     order = sorted(proposals, key=lambda q: (q.order, q.sub))
     # the last candidate that may check on each scope: its signal is dropped after that one
@@ -435,11 +493,21 @@ def find_symmetries(
         assert checker is not None
         element = sym.random_element(scale, gen)
         v = _Verified(prop, sym, element, scopes[id(prop)])
-        if _verify(v, checker, tolerance, scale, detection, ledger):
+        if _verify(v, checker, tolerance, scale, detection, ledger, deferred=degenerate):
             verified.append(v)
     if checker is not None:
         checker.release(every_scope)  # the composed check needs the whole model's signal only
-    composed = _confirm_on_whole_model(verified, checker, tolerance, scale, detection, ledger)
+    _confirm_on_whole_model(verified, checker, tolerance, scale, detection, ledger)
+    if checker is not None and not sample.whole:
+        again = _on_whole_example(
+            checker, full_inp, full_targets, degenerate or [], detection, ledger
+        )
+        verified = sorted([*verified, *again], key=lambda v: (v.prop.order, v.prop.sub))
+        detection.notes.append(
+            f"the candidates were checked on a sample of the example ({sample.describe()}); "
+            f"{len(degenerate or [])} whose check was degenerate there were checked again on "
+            "the whole example"
+        )
     unproven = _on_branches(
         model, inp, cap.branches, verified, loss_fn, targets, seed, detection, ledger
     )
@@ -459,12 +527,12 @@ def find_symmetries(
         if v.prop.uses_norm_eps:
             note += f"relative change {v.rel_model:.2g} with the model's eps (eps → 0: {rel:.2g}); "
         tail = ""
-        if v.chk.scope:
-            n, rel_all = composed[v.prop.uses_norm_eps]
+        if v.chk.scope and v.composed is not None:
+            n, rel_all, where = v.composed
             tail = (
                 f"; the whole model ({'eps → 0' if v.prop.uses_norm_eps else 'model eps'}) "
-                f"under the composed action of the {n} symmetries verified on submodules: "
-                f"change {rel_all:.2g}"
+                f"{where}under the composed action of the {n} symmetries verified on "
+                f"submodules: change {rel_all:.2g}"
             )
         detection.sym_notes[label] = f"{label}: {note}verified on {v.chk.how}{tail}"
         ok = id(v) not in unproven
@@ -477,7 +545,7 @@ def find_symmetries(
         syms.verification[label] = res
     syms.detection = detection
     syms.param_names = names
-    syms.probe, syms.model_ref = Probe(inp), weakref.ref(model)
+    syms.probe, syms.model_ref = Probe(full_inp), weakref.ref(model)
     if not traced:
         warnings.warn(
             f"find_symmetries: {notes[0]}. See syms.coverage(model).", UserWarning, stacklevel=2

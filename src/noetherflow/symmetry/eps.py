@@ -14,14 +14,11 @@ example batch). ``r(λ) ≤ τ`` holds on an interval of λ:
 
     (v + ε)/(1 + τ)² ≤ v + ε e^{−2λ} ≤ (v + ε)/(1 − τ)².
 
-:func:`clip_to_eps` post-processes an :class:`~noetherflow.equilibrium.EquilibriumSolution`:
-every generator of a scale invariance is clipped into its interval (for the train-mode and
-the eval-mode variance alike), then the relative output change of the teleport is measured
-on a float64 copy in both modes; while it exceeds the tolerance the clipped steps are halved.
-The :class:`EpsReport` says which generators were clipped and what was measured. Clipping
-alone leaves the coupled generators where the unclipped solve put them;
-:func:`noetherflow.solve_within_eps` (module :mod:`noetherflow.eps_solve`) re-solves them
-with the clipped ones held, from the intervals of :func:`eps_bounds`.
+The eps-safe intervals (:func:`eps_bounds`) and the measured output change of a teleport
+(:func:`measurer`, on a float64 copy in train and eval mode) are what
+:func:`noetherflow.clip_to_eps` and :func:`noetherflow.solve_within_eps` (both in
+:mod:`noetherflow.teleportation.eps`, which needs the solver) build on; the
+:class:`EpsReport` says which generators were clipped and what was measured.
 """
 
 from __future__ import annotations
@@ -30,20 +27,18 @@ import copy
 import math
 import numbers
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from noetherflow._checks import check_instance
 from noetherflow._inputs import ModelInputs
-from noetherflow.equilibrium import EquilibriumSolution
 from noetherflow.symmetry._fx.capture import flat_outputs
 from noetherflow.symmetry._fx.layers import norm_spec
 from noetherflow.symmetry.set import _rebind, _to64, copy_mapping
 
-__all__ = ["EpsClip", "EpsReport", "clip_to_eps", "eps_bounds", "eps_interval", "measurer"]
+__all__ = ["EpsClip", "EpsReport", "eps_bounds", "eps_interval", "measurer"]
 
 
 def eps_interval(var: Tensor, eps: float, tol: float) -> tuple[Tensor, Tensor]:
@@ -204,85 +199,6 @@ def eps_bounds(
         if los:
             bounds[i] = (torch.stack(los).amax(0), torch.stack(his).amin(0))
     return bounds
-
-
-def clip_to_eps(
-    model: nn.Module,
-    solution: EquilibriumSolution,
-    inputs: Any,
-    *,
-    tolerance: float = 1e-6,
-    seed: int = 0,
-    max_halvings: int = 40,
-) -> tuple[EquilibriumSolution, EpsReport]:
-    """Clip the scale-invariance generators of ``solution`` to the eps-safe region.
-
-    Only the clipped steps change: the generators coupled to them (e.g. rescalings sharing
-    parameters with a clipped scale invariance) keep the values solved as if the clipped ones
-    had moved all the way, so their flows do not vanish after the teleport. To solve them
-    again with the clipped generators held in place, use
-    :func:`noetherflow.solve_within_eps` instead (it needs the statistics); this function
-    applies to any solution, e.g. random group elements.
-
-    Args:
-        model: the model ``solution`` was solved for (not modified).
-        solution: from :func:`noetherflow.solve_equilibrium`.
-        inputs: example inputs (a tensor, a tuple of positional inputs or a dict of keyword
-            inputs, as in :func:`noetherflow.find_symmetries`).
-        tolerance: largest accepted relative change of the outputs, train and eval mode.
-        seed: seeds any dropout in the measuring forward passes.
-        max_halvings: how often the scale-invariance steps may be halved after clipping.
-
-    Returns:
-        The clipped solution and an :class:`EpsReport`.
-
-    Raises:
-        ValueError: ``tolerance`` not in (0, 1).
-    """
-    check_tolerance(tolerance, "clip_to_eps")
-    check_instance(model, nn.Module, "clip_to_eps: model", "the nn.Module of the solution")
-    check_instance(solution, EquilibriumSolution, "clip_to_eps: solution", "an EquilibriumSolution")
-    args = ModelInputs.of(inputs, "clip_to_eps")
-    syms, names = solution.syms, solution.syms.names
-    bounds = eps_bounds(model, syms, args, tolerance=tolerance, seed=seed)
-    report = EpsReport(tolerance)
-    steps = list(solution.steps)
-    cum: dict[int, Tensor] = {}
-    new_steps: list[tuple[int, Any]] = []
-    clipped: dict[int, set[int]] = {}
-    for i, el in steps:
-        if i not in bounds:
-            new_steps.append((i, el))
-            continue
-        lam = torch.as_tensor(el, dtype=torch.float64).cpu()
-        lo, hi = bounds[i]
-        prev = cum.get(i, torch.zeros_like(lam))
-        want = prev + lam
-        got = torch.minimum(torch.maximum(want, lo), hi)
-        clipped.setdefault(i, set()).update(int(j) for j in torch.nonzero(got != want).flatten())
-        cum[i] = got
-        new_steps.append((i, (got - prev).to(torch.as_tensor(el).dtype)))
-    for i, gens in clipped.items():
-        if gens:
-            total = sum(
-                (torch.as_tensor(e, dtype=torch.float64).cpu() for j, e in steps if j == i),
-                torch.zeros(1, dtype=torch.float64),
-            )
-            report.clipped.append(EpsClip(names[i], sorted(gens), total, cum[i]))
-    measure = measurer(model, args, seed)
-    while True:
-        report.change_train, report.change_eval = measure(syms, new_steps)
-        ok = max(report.change_train, report.change_eval) <= tolerance
-        if ok or report.halvings >= max_halvings or not bounds:
-            break
-        new_steps = [(i, e / 2 if i in bounds else e) for i, e in new_steps]
-        report.halvings += 1
-    elements = dict(solution.elements)
-    for i, total in cum.items():
-        if names[i] in elements:
-            elements[names[i]] = total * 0.5**report.halvings
-    out = replace(solution, steps=new_steps, elements=elements, eps_tolerance=tolerance)
-    return out, report
 
 
 def _qualname(model: nn.Module, target: nn.Module) -> str:

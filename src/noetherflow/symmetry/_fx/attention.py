@@ -19,6 +19,7 @@ from noetherflow.symmetry._fx.common import (
     _blocks,
     _is_dense,
     _kinds,
+    _NotASlice,
     _only,
     _param,
     _range_of,
@@ -117,24 +118,51 @@ class AttentionPattern:
                     params, f"{sa.name}·{sb.name}: head {h} is not a clean contiguous slice"
                 )
                 continue
-            if aa.rotary is not None or ab.rotary is not None:
-                out.extend(self._rotary_head(info, node, sa, sb, aa, ab, h, k, qs, ledger))
-                continue
-            q_blocks = [blk for r in rqs if r is not None for blk in _blocks(sa.module, *r)]
-            k_blocks = _blocks(sb.module, *rk)
-            w, u = (q_blocks, k_blocks) if first_is_a else (k_blocks, q_blocks)
-            label = f"rotation:{sa.name}·{sb.name}[h{h}]"
-            out.append(
-                Proposal(
-                    Family.ROTATION,
-                    label,
-                    partial(DoubleRotation.from_blocks, w, u, label=label),
+            try:
+                out.extend(self._head(info, node, sa, sb, aa, ab, h, k, qs, ledger, first_is_a))
+            except _NotASlice as exc:
+                ledger.note(
                     params,
-                    min(info.order[sa.node], info.order[sb.node]),
-                    sub=info.order[node],
+                    f"{sa.name}·{sb.name}: head {h}: a bias stored apart is not one slice "
+                    f"for its {exc}",
                 )
-            )
         return out
+
+    def _head(
+        self,
+        info: GraphInfo,
+        node: fx.Node,
+        sa: _Source,
+        sb: _Source,
+        aa: Arrival,
+        ab: Arrival,
+        h: int,
+        k: tuple[int, ...],
+        qs: list[tuple[int, ...]],
+        ledger: Ledger,
+        first_is_a: bool,
+    ) -> list[Proposal]:
+        """Head h's rotation (or its rotary-commuting part); ``k``, ``qs``: its features."""
+        params = list({id(p): p for p in [*sa.params, *sb.params]}.values())
+        if aa.rotary is not None or ab.rotary is not None:
+            return self._rotary_head(info, node, sa, sb, aa, ab, h, k, qs, ledger)
+        rk = _range_of(list(k))
+        rqs = [_range_of(list(q)) for q in qs]
+        assert rk is not None
+        q_blocks = [blk for r in rqs if r is not None for blk in _blocks(sa.module, *r, aa)]
+        k_blocks = _blocks(sb.module, *rk, ab)
+        w, u = (q_blocks, k_blocks) if first_is_a else (k_blocks, q_blocks)
+        label = f"rotation:{sa.name}·{sb.name}[h{h}]"
+        return [
+            Proposal(
+                Family.ROTATION,
+                label,
+                partial(DoubleRotation.from_blocks, w, u, label=label),
+                params,
+                min(info.order[sa.node], info.order[sb.node]),
+                sub=info.order[node],
+            )
+        ]
 
     def _rotary_head(
         self,
@@ -181,10 +209,12 @@ class AttentionPattern:
             ledger.note(params, f"{sa.name}·{sb.name}: query and key rotary planes differ")
             return []
         first_is_a = info.order[sa.node] <= info.order[sb.node]
-        out = self._unrotated(info, node, sa, sb, h, k, qs, fixed, first_is_a, params, ledger)
+        sides = (sa, aa), (sb, ab)
+        out = self._unrotated(info, node, *sides, h, k, qs, fixed, first_is_a, params, ledger)
         for p, (i, j) in enumerate(planes):
-            q_blocks = [b for q in qs for f in (q[i], q[j]) for b in _blocks(sa.module, f, f + 1)]
-            k_blocks = [b for f in (k[i], k[j]) for b in _blocks(sb.module, f, f + 1)]
+            q_rows = [f for q in qs for f in (q[i], q[j])]
+            q_blocks = [b for f in q_rows for b in _blocks(sa.module, f, f + 1, aa)]
+            k_blocks = [b for f in (k[i], k[j]) for b in _blocks(sb.module, f, f + 1, ab)]
             w, u = (q_blocks, k_blocks) if first_is_a else (k_blocks, q_blocks)
             label = f"rotation:{sa.name}·{sb.name}[h{h},plane{p}]"
             out.append(
@@ -204,8 +234,8 @@ class AttentionPattern:
         self,
         info: GraphInfo,
         node: fx.Node,
-        sa: _Source,
-        sb: _Source,
+        side_a: tuple[_Source, Arrival],
+        side_b: tuple[_Source, Arrival],
         h: int,
         k: tuple[int, ...],
         qs: list[tuple[int, ...]],
@@ -215,6 +245,7 @@ class AttentionPattern:
         ledger: Ledger,
     ) -> list[Proposal]:
         """The coordinates a partial rotary leaves alone: the full group, query against key."""
+        (sa, aa), (sb, ab) = side_a, side_b
         if len(fixed) < 2:
             return []  # one coordinate: its scaling is a plane-free d = 1 rotation, skipped
         rk = _range_of([k[i] for i in fixed])
@@ -224,8 +255,8 @@ class AttentionPattern:
                 params, f"{sa.name}·{sb.name}: head {h}'s unrotated part is not a contiguous slice"
             )
             return []
-        q_blocks = [blk for r in rqs if r is not None for blk in _blocks(sa.module, *r)]
-        k_blocks = _blocks(sb.module, *rk)
+        q_blocks = [blk for r in rqs if r is not None for blk in _blocks(sa.module, *r, aa)]
+        k_blocks = _blocks(sb.module, *rk, ab)
         w, u = (q_blocks, k_blocks) if first_is_a else (k_blocks, q_blocks)
         label = f"rotation:{sa.name}·{sb.name}[h{h},pass]"
         return [

@@ -256,6 +256,17 @@ class Checker:
         self._factors: dict[Any, tuple[list[Tensor], Tensor]] = {}
         self._controls: dict[Any, float] = {}  # control at the current parameters, by key
 
+    def on_inputs(self, inp: ModelInputs, targets: Any, scopes: Sequence[str] = ()) -> Checker:
+        """A checker of the same model on other inputs, sharing the float64 copies.
+
+        The copies do not depend on the inputs (their parameters are restored bit for bit
+        after every check), so the whole example's checks after the sample's cost no second
+        copy of the model. Signals, scope records and controls are per inputs: not shared.
+        """
+        other = Checker(self.model, inp, self.loss_fn, targets, self.seed, self.isolated, scopes)
+        other._copies, other._index, other._factors = self._copies, self._index, self._factors
+        return other
+
     def copy(self, zero_eps: bool) -> _Copy:
         """The float64 copy with the model's eps or with eps → 0."""
         if zero_eps not in self._copies:

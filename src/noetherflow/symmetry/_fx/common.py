@@ -9,6 +9,7 @@ from typing import Any
 import torch
 from torch import Tensor, fx, nn
 
+from noetherflow.symmetry._fx.biases import bias_blocks, extra_params
 from noetherflow.symmetry._fx.engine import Arrival, _layer_params
 from noetherflow.symmetry._fx.layers import layer_spec, norm_spec
 from noetherflow.symmetry.rotation import Block
@@ -88,13 +89,28 @@ def _param(t: Any) -> nn.Parameter:
     return t
 
 
-def _blocks(layer: nn.Module, start: int, stop: int) -> list[Block]:
+def _blocks(layer: nn.Module, start: int, stop: int, arr: Arrival | None = None) -> list[Block]:
+    """Output rows ``start:stop`` of ``layer`` (weight and bias) and of the biases ``arr`` met.
+
+    A bias stored apart and added on the way to ``arr`` (``self.v(x) + self.v_bias``)
+    transforms like the rows it is added to. Raises ``_NotASlice`` when its elements for
+    these rows are not one slice.
+    """
     weight: Any = layer.weight
     bias: Any = getattr(layer, "bias", None)
     out = [Block(weight, _w_out(layer), start, stop)]
     if bias is not None:
         out.append(Block(bias, 0, start, stop))
+    if arr is not None and arr.biases:
+        extra = bias_blocks(arr, start, stop)
+        if extra is None:
+            raise _NotASlice(f"rows {start}:{stop}")
+        out.extend(extra)
     return out
+
+
+class _NotASlice(ValueError):
+    """A separately stored bias's elements for a slice of rows are not one slice."""
 
 
 @dataclass
@@ -106,7 +122,8 @@ class _Source:
 
     @property
     def params(self) -> list[nn.Parameter]:
-        return _layer_params(self.module)
+        """The layer's weight and bias, and any bias stored apart added to its output."""
+        return [*_layer_params(self.module), *extra_params(self.arrivals)]
 
     def reach(self) -> dict[int, set[int]]:
         """Feature → indices of the arrivals it reaches."""

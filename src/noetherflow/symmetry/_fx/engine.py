@@ -30,10 +30,12 @@ from typing import Any
 import torch
 from torch import Tensor, fx, nn
 
+from noetherflow.symmetry._fx.biases import bias_add
 from noetherflow.symmetry._fx.flows import (
     Arrival,
     _arrival,
     _Flow,
+    _merged_biases,
     _merged_rotary,
     _refine,
     _rows_constant,
@@ -309,11 +311,20 @@ def propagate(info: GraphInfo, source: fx.Node, axis: int) -> list[Arrival]:
             for a in ins:
                 f = flows[a]
                 for t in f.idx if isinstance(f.idx, tuple | list) else [f.idx]:
-                    arrivals.append(Arrival(node, "break", t, f.mode, f.heads, f.via, reason))
+                    arrivals.append(
+                        Arrival(node, "break", t, f.mode, f.heads, f.via, reason, biases=f.biases)
+                    )
 
+        n_before = len(arrivals)
         out = _step(info, node, ins, flows, mode, heads, via, arrivals, stop)
+        met = _merged_biases([flows[a] for a in ins])
+        if len(ins) == 1:  # where the features end, the biases they met (else per flow)
+            for arr in arrivals[n_before:]:
+                arr.biases = arr.biases or met
         if out is not None and out.rotary is None:
             out.rotary = _merged_rotary([flows[a].rotary for a in ins])
+        if out is not None and not out.biases:
+            out.biases = met
         if out is not None and _is_blank(out.idx):
             continue  # e.g. the key half of a rotary output when following the query
         if out is not None:
@@ -443,6 +454,9 @@ def _step(
             return moved()
         if t == "matmul":
             return _matmul(node, ins, flows, mode, heads, via, info, arrivals, stop, name)
+    handled, added = bias_add(info, node, ins, flows[ins[0]], stop)
+    if handled:
+        return added  # x + b, b a parameter vector: the bias joins the features
     what = name
     if node.target in (operator.add, torch.add, operator.iadd, "add", "add_"):
         what = f"{name} (a residual connection or other sum)"

@@ -25,6 +25,8 @@ class _Flow:
     heads: list[frozenset[int]] | None
     via: tuple[str, ...]
     rotary: dict[int, int] | None = None  # feature → the feature it is rotated with
+    # biases stored apart from the layer, added on the way: (parameter, feature → element)
+    biases: tuple[tuple[Any, dict[int, int]], ...] = ()
 
 
 @dataclass
@@ -39,14 +41,25 @@ class Arrival:
     via: tuple[str, ...]
     reason: str = ""
     rotary: dict[int, int] | None = None  # set after a rotary embedding (feature → partner)
+    biases: tuple[tuple[Any, dict[int, int]], ...] = ()  # see _Flow.biases
 
     @property
     def features(self) -> set[int]:
-        return {int(v) for v in torch.unique(self.idx).tolist()}
+        """The feature numbers present in ``idx`` (integral floats, −1 for a blank entry).
+
+        A mask over the range instead of ``torch.unique``'s sort: the logits of a language
+        model carry ``tokens × vocabulary`` entries (26M for GPT-2 at 4 × 128 tokens).
+        """
+        if self.idx.numel() == 0:
+            return set()
+        lo, hi = int(self.idx.min()), int(self.idx.max())
+        seen = torch.zeros(hi - lo + 1, dtype=torch.bool)
+        seen[(self.idx.reshape(-1) - lo).long()] = True
+        return {int(v) + lo for v in torch.nonzero(seen).flatten().tolist()}
 
 
 def _arrival(node: fx.Node, kind: str, idx: Tensor, f: _Flow) -> Arrival:
-    return Arrival(node, kind, idx, f.mode, f.heads, f.via, rotary=f.rotary)
+    return Arrival(node, kind, idx, f.mode, f.heads, f.via, rotary=f.rotary, biases=f.biases)
 
 
 def _worse(a: int, b: int) -> int:
@@ -66,6 +79,15 @@ def _refine(
 
 def _rows_constant(t: Tensor, dim: int) -> bool:
     return bool((t == t.narrow(dim, 0, 1)).all())
+
+
+def _merged_biases(flows: list[_Flow]) -> tuple[tuple[Any, dict[int, int]], ...]:
+    """The separately stored biases every input met (once each)."""
+    out: dict[int, tuple[Any, dict[int, int]]] = {}
+    for f in flows:
+        for p, beta in f.biases:
+            out.setdefault(id(p), (p, beta))
+    return tuple(out.values())
 
 
 def _merged_rotary(maps: list[dict[int, int] | None]) -> dict[int, int] | None:

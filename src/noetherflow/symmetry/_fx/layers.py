@@ -2,15 +2,15 @@
 
 A :class:`LayerSpec` says where a parameterised linear layer keeps its features (axis of the
 output, of the input, of the weight); a :class:`NormSpec` says which axis a normalisation
-normalises and where its eps lives. Lookups walk the class's MRO, first by class, then by
-qualified name (for optional packages such as Hugging Face ``transformers``, which is never
-imported here), then by what the module computes (:mod:`noetherflow.symmetry._fx.numeric`: a
-linear map, a LayerNorm or RMSNorm with its eps, checked numerically), then the duck-typed
-``*RMSNorm`` rule. A subclass that overrides ``forward`` does not inherit its base's
-registration (its forward may do anything, e.g. permute around the norm): it is recognised
-numerically or traced through.
+normalises and where its eps lives. Both tables are :class:`noetherflow._registry.Registry`
+instances (MRO walk by class or qualified name; a subclass that overrides ``forward`` is not
+matched, since its forward may do anything, e.g. permute around the norm). A module no
+registration matches is recognised by what it computes
+(:mod:`noetherflow.symmetry._fx.numeric`: a linear map, a LayerNorm or RMSNorm with its eps,
+checked numerically), then by the duck-typed ``*RMSNorm`` rule, or traced through.
 
-Register a new layer with :func:`register_layer` / :func:`register_norm`.
+A dense layer registered for the hooks (:func:`noetherflow.stats.register_layer`) is
+registered here too; :func:`register_layer` / :func:`register_norm` add other layouts.
 """
 
 from __future__ import annotations
@@ -20,9 +20,12 @@ from dataclasses import dataclass
 
 from torch import nn
 
+from noetherflow._registry import Registry, qualname
 from noetherflow.symmetry._fx.numeric import is_rms, linear_affine, numeric_layer, numeric_norm
 
 __all__ = [
+    "LAYERS",
+    "NORMS",
     "LayerSpec",
     "NormSpec",
     "is_known_module",
@@ -72,71 +75,54 @@ class NormSpec:
     linear_affine: bool = True
 
 
-_LAYERS: dict[type, Callable[[nn.Module], LayerSpec]] = {}
-_LAYERS_BY_NAME: dict[str, Callable[[nn.Module], LayerSpec]] = {}
-_NORMS: dict[type, Callable[[nn.Module], NormSpec]] = {}
-_NORMS_BY_NAME: dict[str, Callable[[nn.Module], NormSpec]] = {}
+LayerSpecFn = Callable[[nn.Module], LayerSpec]
+NormSpecFn = Callable[[nn.Module], NormSpec]
+_FIX = "noetherflow.stats.register_layer(cls, LayerHandler(linear_factors, ...))"
+LAYERS: Registry[LayerSpecFn] = Registry("detection pattern", register_with=_FIX, flag="overwrite")
+NORMS: Registry[NormSpecFn] = Registry(
+    "normalisation spec",
+    register_with="noetherflow.symmetry._fx.layers.register_norm(cls, spec)",
+    flag="overwrite",
+)
 
 
-def register_layer(
-    cls: type | str, spec: Callable[[nn.Module], LayerSpec], *, overwrite: bool = False
-) -> None:
+def register_layer(cls: type | str, spec: LayerSpecFn, *, overwrite: bool = False) -> None:
     """Register a linear layer type (a class, or its qualified name ``"pkg.mod.Class"``).
 
     Raises:
         ValueError: ``cls`` is registered already and ``overwrite`` is False.
     """
-    table: dict[object, object] = _LAYERS_BY_NAME if isinstance(cls, str) else _LAYERS  # type: ignore[assignment]
-    if cls in table and not overwrite:
-        name = cls if isinstance(cls, str) else cls.__name__
-        raise ValueError(
-            f"register_layer: {name} has a detection pattern already; pass overwrite=True to "
-            "replace it."
-        )
-    table[cls] = spec
+    LAYERS.register(cls, spec, replace=overwrite)
 
 
-def register_dense(cls: type, *, transposed: bool, overwrite: bool = False) -> None:
+def register_dense(cls: type | str, *, transposed: bool, overwrite: bool = False) -> None:
     """``cls`` computes ``y = x·Wᵀ + b`` (``W [out, in]``), or ``x·W + b`` when ``transposed``.
 
     Called by :func:`noetherflow.stats.register_layer` for dense layers. A class detection
     knows already (``nn.Linear``, Hugging Face ``Conv1D``) keeps its pattern.
     """
-    known = cls in _LAYERS or f"{cls.__module__}.{cls.__qualname__}" in _LAYERS_BY_NAME
+    known = cls in LAYERS or (isinstance(cls, type) and qualname(cls) in LAYERS)
     if known and not overwrite:
         return
     axes = (1, 0) if transposed else (0, 1)
     register_layer(cls, lambda m: LayerSpec(-1, -1, *axes), overwrite=True)
 
 
-def register_norm(cls: type | str, spec: Callable[[nn.Module], NormSpec]) -> None:
-    """Register a normalisation type (a class, or its qualified name)."""
-    if isinstance(cls, str):
-        _NORMS_BY_NAME[cls] = spec
-    else:
-        _NORMS[cls] = spec
+def register_norm(cls: type | str, spec: NormSpecFn, *, overwrite: bool = False) -> None:
+    """Register a normalisation type (a class, or its qualified name).
 
-
-def _lookup(
-    m: nn.Module,
-    by_cls: dict[type, Callable[[nn.Module], LayerSpec | NormSpec]],
-    by_name: dict[str, Callable[[nn.Module], LayerSpec | NormSpec]],
-) -> LayerSpec | NormSpec | None:
-    for cls in type(m).__mro__:
-        fn = by_cls.get(cls) or by_name.get(f"{cls.__module__}.{cls.__qualname__}")
-        if fn is not None:
-            if cls is not type(m) and type(m).forward is not getattr(cls, "forward", None):
-                return None  # a subclass with its own forward: trace through it instead
-            return fn(m)
-    return None
+    Raises:
+        ValueError: ``cls`` is registered already and ``overwrite`` is False.
+    """
+    NORMS.register(cls, spec, replace=overwrite)
 
 
 def layer_spec(m: nn.Module | None) -> LayerSpec | None:
     """The :class:`LayerSpec` of ``m``, or None when it is not a known linear layer."""
     if m is None:
         return None
-    out = _lookup(m, _LAYERS, _LAYERS_BY_NAME)  # type: ignore[arg-type]
-    assert out is None or isinstance(out, LayerSpec)
+    fn = LAYERS.lookup(type(m))
+    out = None if fn is None else fn(m)
     if out is None and not _registered_elsewhere(m):
         axes = numeric_layer(m)  # e.g. FalconLinear: an nn.Linear with its own forward
         if axes is not None:
@@ -162,10 +148,9 @@ def norm_spec(m: nn.Module | None) -> NormSpec | None:
     """The :class:`NormSpec` of ``m``, or None when it is not a known normalisation."""
     if m is None:
         return None
-    out = _lookup(m, _NORMS, _NORMS_BY_NAME)  # type: ignore[arg-type]
-    assert out is None or isinstance(out, NormSpec)
-    if out is not None:
-        return out
+    fn = NORMS.lookup(type(m))
+    if fn is not None:
+        return fn(m)
     if not _registered_elsewhere(m):
         found = numeric_norm(m)  # T5LayerNorm, Gemma's (1 + w) RMSNorm, LayerNorm subclasses
         if found is not None:
@@ -178,7 +163,7 @@ def _registered_elsewhere(m: nn.Module) -> bool:
     """A torch.nn builtin that is not a layer or norm here (Embedding, activations)."""
     cls = type(m)
     return cls.__module__.startswith("torch.nn") and not any(
-        c in _LAYERS or c in _NORMS for c in cls.__mro__
+        c in LAYERS or c in NORMS for c in cls.__mro__
     )
 
 

@@ -12,10 +12,13 @@ They read where the features of every parameterised layer arrive
   ``w / w.norm()`` / ``F.normalize(w)`` on a parameter.
 
 Proposals are only candidates: :mod:`noetherflow.symmetry.detect` checks each numerically.
+They are registered like layers (:func:`noetherflow.symmetry._fx.patterns.register_matcher`),
+and :func:`run_patterns` runs whatever is registered.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
 
 import torch
@@ -29,12 +32,14 @@ from noetherflow.symmetry._fx.affine import (
     affine_params,
 )
 from noetherflow.symmetry._fx.attention import AttentionPattern
+from noetherflow.symmetry._fx.biases import refuse_extra_biases
 from noetherflow.symmetry._fx.common import (
     _NN_LAYERS,
     _blocks,
     _column_map,
     _is_dense,
     _kinds,
+    _NotASlice,
     _only,
     _param,
     _range_of,
@@ -60,6 +65,7 @@ from noetherflow.symmetry._fx.engine import (
     propagate,
 )
 from noetherflow.symmetry._fx.layers import layer_spec, norm_spec
+from noetherflow.symmetry._fx.patterns import claimed, matchers_at, register_matcher, run
 from noetherflow.symmetry.base import DiagonalTerm, Family, Symmetry
 from noetherflow.symmetry.channel import ChannelRescaling
 from noetherflow.symmetry.rescaling import Rescaling
@@ -177,7 +183,7 @@ class RotationPattern:
             n_cols = int(_weight(second).shape[_w_in(second)])
             whole = cmap is not None and torch.equal(cmap, torch.arange(n_cols))
             both_nn = isinstance(first, nn.Linear) and isinstance(second, nn.Linear)
-            if len(src.arrivals) == 1 and arr.heads is None and both_nn:
+            if len(src.arrivals) == 1 and arr.heads is None and both_nn and not arr.biases:
                 if whole and first.out_features == second.in_features:
                     label = f"rotation:{src.name}→{sname}"
                     out.append(
@@ -213,7 +219,14 @@ class RotationPattern:
                     continue
                 tag = f"[h{h}]" if len(groups) > 1 else f"[{rw[0]}:{rw[1]}]"
                 label = f"rotation:{src.name}→{sname}{tag}"
-                w_blocks = _blocks(first, *rw)
+                try:
+                    w_blocks = _blocks(first, *rw, arr)
+                except _NotASlice as exc:
+                    ledger.note(
+                        [*src.params, _weight(second)],
+                        f"{src.name} → {sname}: a bias stored apart is not one slice for {exc}",
+                    )
+                    continue
                 # One block per reader of the head: several query heads share a value head
                 # in grouped-query attention, and all of them turn with it.
                 u_blocks = [Block(_param(_weight(second)), _w_in(second), *rc) for rc in runs]
@@ -356,14 +369,11 @@ class ScalePattern:
 
 
 def run_patterns(info: GraphInfo, ledger: Ledger) -> list[Proposal]:
-    """Propagate from every parameterised layer and run every matcher on the arrivals."""
-    rescale, rotate, attend, scale = (
-        RescalingPattern(),
-        RotationPattern(),
-        AttentionPattern(),
-        ScalePattern(),
-    )
-    affine, layer_scale = AffineRescalingPattern(), LayerScalePattern()
+    """Propagate from every parameterised layer and run every registered matcher.
+
+    The matchers come from :data:`noetherflow.symmetry._fx.patterns.MATCHERS`, by stage and
+    in registration order (the built-in ones are registered at the end of this module).
+    """
     props: list[Proposal] = []
     sources: list[_Source] = []
     for node in info.gm.graph.nodes:
@@ -371,12 +381,15 @@ def run_patterns(info: GraphInfo, ledger: Ledger) -> list[Proposal]:
         if node.op == "get_attr":
             if not node.users:
                 continue  # only an attribute such as .dtype was read
-            props.extend(scale.match_explicit(info, node, ledger))
+            for matcher in matchers_at("attribute"):
+                props.extend(run(matcher, info, node, ledger))
             continue
         if m is None or module_problem(m) is not None:
             continue
-        if is_mha(m):
-            props.extend(attend.match_mha(info, node, ledger))
+        whole = claimed(m)
+        if whole:
+            for matcher in whole:
+                props.extend(run(matcher, info, node, ledger))
             continue
         nspec = norm_spec(m)
         if nspec is not None and not nspec.linear_affine:
@@ -390,8 +403,9 @@ def run_patterns(info: GraphInfo, ledger: Ledger) -> list[Proposal]:
             value = info.values.get(node)
             if isinstance(value, Tensor) and value.dim() >= 1:
                 arrs = propagate(info, node, nspec.axis if value.dim() > 1 else 0)
-                qual = info.qual(str(node.target))
-                props.extend(affine.match(info, qual, m, arrs, ledger))
+                norm = _Source(node, m, info.qual(str(node.target)), arrs)
+                for matcher in matchers_at("norm"):
+                    props.extend(run(matcher, info, norm, ledger))
             continue
         spec = layer_spec(m)
         if spec is None:
@@ -407,8 +421,57 @@ def run_patterns(info: GraphInfo, ledger: Ledger) -> list[Proposal]:
         for arr in src.arrivals:
             if arr.kind == "break":
                 ledger.note(src.params, f"output of {src.name} is {arr.reason}")
-        for matcher in (rescale, rotate, scale):
-            props.extend(matcher.match(info, src, ledger))
-        props.extend(layer_scale.match(info, src.name, m, src.arrivals, ledger))
-    props.extend(attend.match_contractions(info, sources, ledger))
+        for matcher in matchers_at("layer"):
+            props.extend(run(matcher, info, src, ledger))
+    for matcher in matchers_at("graph"):
+        props.extend(run(matcher, info, sources, ledger))
     return props
+
+
+def _diagonal(family: str, fn: Callable[..., list[Proposal]]) -> Callable[..., list[Proposal]]:
+    """``fn``, refusing a source whose features met a bias stored apart from the layer.
+
+    The rotations turn such a bias with the rows (:mod:`noetherflow.symmetry._fx.biases`);
+    a diagonal family would have to scale it too, which it does not.
+    """
+
+    def match(info: GraphInfo, src: _Source, ledger: Ledger) -> list[Proposal]:
+        if refuse_extra_biases(src.arrivals, src.params, ledger, src.name, family):
+            return []
+        return fn(info, src, ledger)
+
+    return match
+
+
+def _register_builtins() -> None:
+    """The built-in matchers, in the order their proposals are listed."""
+    rescale, rotate, scale = RescalingPattern(), RotationPattern(), ScalePattern()
+    attend, affine, layer_scale = AttentionPattern(), AffineRescalingPattern(), LayerScalePattern()
+    register_matcher("scale-explicit", scale.match_explicit, stage="attribute")
+    register_matcher("attention-mha", attend.match_mha, stage="module", claims=is_mha)
+    register_matcher(
+        "affine-rescaling",
+        _diagonal(
+            "rescaling",
+            lambda info, src, ledger: affine.match(
+                info, src.name, src.module, src.arrivals, ledger
+            ),
+        ),
+        stage="norm",
+    )
+    register_matcher("rescaling", _diagonal("rescaling", rescale.match))
+    register_matcher("rotation", rotate.match)
+    register_matcher("scale", _diagonal("scale invariance", scale.match))
+    register_matcher(
+        "layer-scale",
+        _diagonal(
+            "rescaling",
+            lambda info, src, ledger: layer_scale.match(
+                info, src.name, src.module, src.arrivals, ledger
+            ),
+        ),
+    )
+    register_matcher("attention-contractions", attend.match_contractions, stage="graph")
+
+
+_register_builtins()

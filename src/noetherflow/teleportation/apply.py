@@ -12,18 +12,18 @@ from torch import Tensor, nn
 
 from noetherflow._checks import same_fingerprint as _same
 from noetherflow._errors import EpsWarning
-from noetherflow._teleport_check import (
-    CHECKS,
-    FunctionChangedError,
-    Probe,
-    check_teleport,
-    default_tolerance,
-)
+from noetherflow._inputs import Probe
 from noetherflow.equilibrium import EquilibriumSolution, fingerprint
 from noetherflow.stats.distributed import unwrap_ddp
 from noetherflow.stats.fsdp import bind_sharded
 from noetherflow.symmetry.eps import eps_moved
 from noetherflow.symmetry.set import SymmetrySet, rebind_symmetry
+from noetherflow.teleportation.check import (
+    CHECKS,
+    FunctionChangedError,
+    check_teleport,
+    default_tolerance,
+)
 
 __all__ = ["FunctionChangedError", "TeleportError", "TeleportHandle", "teleport"]
 

@@ -19,7 +19,7 @@ Three ways to use it:
   :mod:`noetherflow.integrations.lightning`, Lightning imported lazily): teleports in
   ``on_train_batch_start``.
 
-Optimizer state: see :mod:`noetherflow._optimizer_state` (gradient-like entries are
+Optimizer state: see :mod:`noetherflow.teleportation.optimizer_state` (gradient-like entries are
 transported as cotangents, squared-gradient ones scaled under diagonal elements, the rest
 reset; every reset is recorded in :attr:`TeleportRecord.reset`). ``optimizer_state="reset"``
 drops the state of every parameter the symmetries act on.
@@ -40,14 +40,7 @@ import torch
 from torch import Tensor, nn
 
 from noetherflow._checks import check_bool, check_model_and_set, check_positive_int
-from noetherflow._optimizer_state import (
-    OptimizerState,
-    preserved,
-    transform_optimizer_state,
-    transport_,
-)
-from noetherflow._teleport_check import CHECKS, Probe
-from noetherflow.eps_solve import solve_within_eps
+from noetherflow._inputs import Probe
 from noetherflow.equilibrium import EquilibriumSolution, solve_equilibrium
 from noetherflow.kernels.decay import ParamDecay, parse_decay
 from noetherflow.optim.source import HyperSource
@@ -57,7 +50,15 @@ from noetherflow.stats.distributed import unwrap_ddp
 from noetherflow.stats.fsdp import bind_sharded
 from noetherflow.symmetry.eps import EpsReport, check_tolerance
 from noetherflow.symmetry.set import SymmetrySet
-from noetherflow.teleport import teleport
+from noetherflow.teleportation.apply import teleport
+from noetherflow.teleportation.check import CHECKS
+from noetherflow.teleportation.eps import solve_within_eps
+from noetherflow.teleportation.optimizer_state import (
+    OptimizerState,
+    preserved,
+    transform_optimizer_state,
+    transport_,
+)
 
 __all__ = ["EquilibriumTeleport", "TeleportRecord", "TeleportingOptimizer"]
 
@@ -162,7 +163,7 @@ class EquilibriumTeleport:
 
     Example:
         >>> import torch, noetherflow as nf
-        >>> from noetherflow.teleporter import EquilibriumTeleport
+        >>> from noetherflow.teleportation.tool import EquilibriumTeleport
         >>> _ = torch.manual_seed(0)
         >>> net = torch.nn.Sequential(
         ...     torch.nn.Linear(4, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3)

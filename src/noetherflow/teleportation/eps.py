@@ -21,6 +21,10 @@ their flows do not vanish after the teleport. :func:`solve_within_eps` therefore
 A held generator keeps its flow: it stays at its bound even where, with the others re-solved,
 its own equilibrium might lie inside the interval (the held set is never shrunk: a simple,
 terminating rule rather than the minimum of F over the box).
+
+:func:`clip_to_eps` only clips: every generator of a scale invariance into its interval
+(train- and eval-mode variance alike), then, while the measured change exceeds τ, the clipped
+steps are halved; the generators coupled to them stay where the unclipped solve put them.
 """
 
 from __future__ import annotations
@@ -32,8 +36,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from noetherflow._inputs import ModelInputs
-from noetherflow._teleport_check import Probe
+from noetherflow._checks import check_instance
+from noetherflow._inputs import ModelInputs, Probe
 from noetherflow.equilibrium import EquilibriumSolution, solve_equilibrium
 from noetherflow.kernels.noise import NoiseModel
 from noetherflow.stats.core import GradStats
@@ -46,7 +50,7 @@ from noetherflow.symmetry.eps import (
 )
 from noetherflow.symmetry.set import SymmetrySet
 
-__all__ = ["solve_within_eps"]
+__all__ = ["clip_to_eps", "solve_within_eps"]
 
 Bounds = dict[int, tuple[Tensor, Tensor]]
 
@@ -164,3 +168,82 @@ def solve_within_eps(
         gens = torch.isfinite(lam).nonzero().flatten().tolist()
         report.clipped.append(EpsClip(name, gens, _lam(first, name), _lam(sol, name)))
     return replace(sol, eps_tolerance=tolerance, probe=Probe(args)), report
+
+
+def clip_to_eps(
+    model: nn.Module,
+    solution: EquilibriumSolution,
+    inputs: Any,
+    *,
+    tolerance: float = 1e-6,
+    seed: int = 0,
+    max_halvings: int = 40,
+) -> tuple[EquilibriumSolution, EpsReport]:
+    """Clip the scale-invariance generators of ``solution`` to the eps-safe region.
+
+    Only the clipped steps change: the generators coupled to them (e.g. rescalings sharing
+    parameters with a clipped scale invariance) keep the values solved as if the clipped ones
+    had moved all the way, so their flows do not vanish after the teleport. To solve them
+    again with the clipped generators held in place, use
+    :func:`noetherflow.solve_within_eps` instead (it needs the statistics); this function
+    applies to any solution, e.g. random group elements.
+
+    Args:
+        model: the model ``solution`` was solved for (not modified).
+        solution: from :func:`noetherflow.solve_equilibrium`.
+        inputs: example inputs (a tensor, a tuple of positional inputs or a dict of keyword
+            inputs, as in :func:`noetherflow.find_symmetries`).
+        tolerance: largest accepted relative change of the outputs, train and eval mode.
+        seed: seeds any dropout in the measuring forward passes.
+        max_halvings: how often the scale-invariance steps may be halved after clipping.
+
+    Returns:
+        The clipped solution and an :class:`EpsReport`.
+
+    Raises:
+        ValueError: ``tolerance`` not in (0, 1).
+    """
+    check_tolerance(tolerance, "clip_to_eps")
+    check_instance(model, nn.Module, "clip_to_eps: model", "the nn.Module of the solution")
+    check_instance(solution, EquilibriumSolution, "clip_to_eps: solution", "an EquilibriumSolution")
+    args = ModelInputs.of(inputs, "clip_to_eps")
+    syms, names = solution.syms, solution.syms.names
+    bounds = eps_bounds(model, syms, args, tolerance=tolerance, seed=seed)
+    report = EpsReport(tolerance)
+    steps = list(solution.steps)
+    cum: dict[int, Tensor] = {}
+    new_steps: list[tuple[int, Any]] = []
+    clipped: dict[int, set[int]] = {}
+    for i, el in steps:
+        if i not in bounds:
+            new_steps.append((i, el))
+            continue
+        lam = torch.as_tensor(el, dtype=torch.float64).cpu()
+        lo, hi = bounds[i]
+        prev = cum.get(i, torch.zeros_like(lam))
+        want = prev + lam
+        got = torch.minimum(torch.maximum(want, lo), hi)
+        clipped.setdefault(i, set()).update(int(j) for j in torch.nonzero(got != want).flatten())
+        cum[i] = got
+        new_steps.append((i, (got - prev).to(torch.as_tensor(el).dtype)))
+    for i, gens in clipped.items():
+        if gens:
+            total = sum(
+                (torch.as_tensor(e, dtype=torch.float64).cpu() for j, e in steps if j == i),
+                torch.zeros(1, dtype=torch.float64),
+            )
+            report.clipped.append(EpsClip(names[i], sorted(gens), total, cum[i]))
+    measure = measurer(model, args, seed)
+    while True:
+        report.change_train, report.change_eval = measure(syms, new_steps)
+        ok = max(report.change_train, report.change_eval) <= tolerance
+        if ok or report.halvings >= max_halvings or not bounds:
+            break
+        new_steps = [(i, e / 2 if i in bounds else e) for i, e in new_steps]
+        report.halvings += 1
+    elements = dict(solution.elements)
+    for i, total in cum.items():
+        if names[i] in elements:
+            elements[names[i]] = total * 0.5**report.halvings
+    out = replace(solution, steps=new_steps, elements=elements, eps_tolerance=tolerance)
+    return out, report

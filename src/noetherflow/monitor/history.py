@@ -169,6 +169,7 @@ class CsvSink:
         _write_line(path, _csv_line(csv_columns(schema)), mode="w")
 
     def write(self, row: Row) -> None:
+        """Append ``row`` as one CSV line (vector entries in their columns)."""
         cells = []
         for key, shape in self.schema.items():
             v = row[key]
@@ -179,7 +180,7 @@ class CsvSink:
         _write_line(self.path, _csv_line(cells))
 
     def close(self) -> None:
-        pass
+        """Nothing to release: every line is written and closed at once."""
 
 
 class JsonlSink:
@@ -190,11 +191,12 @@ class JsonlSink:
         _write_line(path, "", mode="w")
 
     def write(self, row: Row) -> None:
+        """Append ``row`` as one JSON line."""
         obj = {k: to_jsonable(row[k].tolist()) for k in self.schema}
         _write_line(self.path, json.dumps(obj, allow_nan=False) + "\n")
 
     def close(self) -> None:
-        pass
+        """Nothing to release: every line is written and closed at once."""
 
 
 class TensorBoardSink:
@@ -209,6 +211,7 @@ class TensorBoardSink:
         self.path = getattr(writer, "log_dir", None) or getattr(writer, "logdir", None)
 
     def write(self, row: Row) -> None:
+        """Log ``row``'s finite entries at its step."""
         step = int(row["step"])
         for k, x in flat_record(row).items():
             if k != "step" and math.isfinite(x):
@@ -220,6 +223,7 @@ class TensorBoardSink:
             self.writer.flush()
 
     def close(self) -> None:
+        """Close the writer."""
         if hasattr(self.writer, "close"):
             self.writer.close()
 

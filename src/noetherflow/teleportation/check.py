@@ -24,16 +24,14 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from noetherflow._inputs import ModelInputs
+from noetherflow._inputs import Probe
 from noetherflow.symmetry._fx.capture import flat_outputs
 
-__all__ = ["ROUND_OFF", "FunctionChangedError", "Probe", "check_teleport"]
+__all__ = ["ROUND_OFF", "FunctionChangedError", "check_teleport"]
 
 # Default relative change allowed, by the model's dtype (round-off of a teleport).
 ROUND_OFF = {torch.float64: 1e-8, torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloat16: 5e-2}
@@ -45,19 +43,6 @@ class FunctionChangedError(ValueError):
 
     The teleport has been undone (parameters and buffers restored) when this is raised.
     """
-
-
-@dataclass(frozen=True)
-class Probe:
-    """Inputs to compare a model's outputs on, e.g. the example inputs of detection."""
-
-    inputs: ModelInputs
-
-    @classmethod
-    def of(cls, inputs: Any, who: str) -> Probe:
-        if isinstance(inputs, Probe):
-            return inputs
-        return cls(ModelInputs.of(inputs, who))
 
 
 def _dtype(model: nn.Module) -> torch.dtype:

@@ -1,0 +1,54 @@
+"""Matchers are registered like layers: the built-in ones through ``register_matcher``, in
+the order their proposals are listed; registration refuses duplicates and unknown stages.
+A user matcher run by ``find_symmetries``: ``tests/test_extending.py`` (docs/snippets)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from noetherflow.symmetry._fx import patterns
+from noetherflow.symmetry._fx.engine import Proposal
+
+
+def _nothing(*args: object) -> list[Proposal]:
+    return []
+
+
+@pytest.fixture
+def registered() -> Iterator[None]:
+    patterns.register_matcher("test-nothing", _nothing)
+    yield
+    patterns.MATCHERS.unregister("test-nothing")
+
+
+def test_builtin_matchers_are_registered_in_order() -> None:
+    names = [m.name for m in patterns.registered_matchers()]
+    assert names[:8] == [
+        "scale-explicit",
+        "attention-mha",
+        "affine-rescaling",
+        "rescaling",
+        "rotation",
+        "scale",
+        "layer-scale",
+        "attention-contractions",
+    ]
+    assert [m.name for m in patterns.matchers_at("graph")] == ["attention-contractions"]
+    assert [m.name for m in patterns.matchers_at("module")] == ["attention-mha"]
+
+
+def test_a_user_matcher_comes_after_the_builtins(registered: None) -> None:
+    assert [m.name for m in patterns.matchers_at("layer")][-1] == "test-nothing"
+
+
+def test_register_matcher_refuses_duplicates_and_bad_stages(registered: None) -> None:
+    with pytest.raises(ValueError, match="test-nothing has a matcher already; pass replace"):
+        patterns.register_matcher("test-nothing", _nothing)
+    patterns.register_matcher("test-nothing", _nothing, replace=True)
+    with pytest.raises(ValueError, match="stage='edge'; expected one of"):
+        patterns.register_matcher("x", _nothing, stage="edge")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="pass claims= exactly when stage='module'"):
+        patterns.register_matcher("x", _nothing, stage="module")
+    assert "x" not in patterns.MATCHERS

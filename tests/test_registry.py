@@ -1,0 +1,90 @@
+"""The one Registry class behind every extension axis: its subclass rule, its refusal of
+silent overwrites, its errors, and that hooks, detection, norms and kernels all use it."""
+
+from __future__ import annotations
+
+import pytest
+from torch import Tensor, nn
+
+from noetherflow._registry import Registry, qualname
+from noetherflow.kernels import base as kernels_base
+from noetherflow.stats import registry as hooks
+from noetherflow.symmetry._fx import layers as detection
+
+
+class _Kept(nn.Linear):
+    """Inherits nn.Linear's forward: matched by nn.Linear's entry."""
+
+
+class _Own(nn.Linear):
+    """Its own forward: not matched unless registered itself."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return super().forward(x).flip(-1)
+
+
+class _Marker:
+    """Stands in for FSDPModule: a mixin without a forward."""
+
+
+_Sharded = type("FSDPLinear", (_Marker, nn.Linear), {})
+
+
+def _reg() -> Registry[str]:
+    return Registry("label", register_with="reg.register(cls, label)")
+
+
+def test_mro_rule_matches_inherited_forward_only() -> None:
+    reg = _reg()
+    reg.register(nn.Linear, "linear")
+    reg.register(nn.Module, "module")
+    assert reg.lookup(nn.Linear) == "linear"
+    assert reg.lookup(_Kept) == "linear"
+    assert reg.lookup(_Sharded) == "linear"  # FSDP<Class> resolves to Class
+    assert reg.lookup(_Own) is None  # nn.Module's forward is not _Own's either
+    assert reg.match(_Kept) == (nn.Linear, "linear")
+    reg.register(_Own, "own")
+    assert reg.lookup(_Own) == "own"  # the cache is cleared by a registration
+    assert list(reg) == [nn.Linear, nn.Module, _Own]
+    assert reg.values() == ["linear", "module", "own"]
+    assert len(reg) == 3 and _Own in reg and _Kept not in reg
+
+
+def test_refuses_silent_overwrite_and_names_the_fix() -> None:
+    reg = _reg()
+    reg.register(nn.Linear, "a")
+    with pytest.raises(ValueError, match=r"Linear has a label already; pass replace=True"):
+        reg.register(nn.Linear, "b")
+    assert reg.lookup(nn.Linear) == "a"
+    reg.register(nn.Linear, "b", replace=True)
+    assert reg.lookup(nn.Linear) == "b"
+    with pytest.raises(KeyError, match=r"ReLU has no label .*register one with reg\.register"):
+        reg[nn.ReLU]
+    with pytest.raises(TypeError, match="not a class or a name"):
+        reg.register(3, "x")  # type: ignore[arg-type]
+    reg.unregister(nn.Linear)
+    assert reg.lookup(nn.Linear) is None
+    with pytest.raises(KeyError, match="no label to remove"):
+        reg.unregister(nn.Linear)
+
+
+def test_qualified_name_keys_never_import_and_list_seen_classes() -> None:
+    reg = _reg()
+    reg.register(qualname(_Kept), "by name")
+    assert reg.classes() == []
+    assert reg.lookup(_Kept) == "by name"
+    assert reg.lookup(type("Sub", (_Kept,), {})) == "by name"
+    assert reg.classes() == [_Kept]
+
+
+def test_every_registry_is_one() -> None:
+    for r in (hooks.LAYERS, detection.LAYERS, detection.NORMS, kernels_base.KERNELS):
+        assert isinstance(r, Registry)
+    assert hooks.handler_for(_Kept(2, 3)) is hooks.handler_for(nn.Linear(2, 3))
+    assert hooks.handler_for(_Own(2, 3)) is None
+    assert hooks.handler_for(_Sharded(2, 3)) is not None
+    assert detection.layer_spec(_Kept(2, 3)) == detection.layer_spec(nn.Linear(2, 3))
+    with pytest.raises(ValueError, match="LayerNorm has a normalisation spec already"):
+        detection.register_norm(nn.LayerNorm, lambda m: detection.NormSpec(-1, False))
+    with pytest.raises(ValueError, match="Linear has a hook handler already; pass overwrite"):
+        hooks.register_layer(nn.Linear, hooks.LayerHandler(hooks.linear_factors))
