@@ -131,3 +131,9 @@ def test_new_matcher_file_is_run_by_find_symmetries() -> None:
         assert nf.find_symmetries(model, x).names == []  # the built-in matchers miss it
     finally:
         nf.register_matcher("abs-rescaling", matcher.abs_rescaling)
+
+
+def test_registered_layer_names_its_input_width_when_the_model_fails() -> None:
+    model = nn.Sequential(ex.TransposedLinear(4, 3), nn.ReLU(), ex.TransposedLinear(3, 2))
+    with pytest.raises(nf.DetectionError, match="first TransposedLinear layer expects 4 input"):
+        nf.find_symmetries(model, torch.randn(2, 7, dtype=DT))
