@@ -72,8 +72,7 @@ def test_spread_solve_converges_to_the_full_solve() -> None:
         lr=LR,
         batch_size=S,
         weight_decay=GAMMA,
-        tol=1e-13,
-        max_sweeps=500,
+        options=nf.SolveOptions(tol=1e-13, max_sweeps=500),
     )
     assert sol.converged and sol.iterations >= 4  # a problem that takes several sweeps
     rows, keys = _rows(1, sol.iterations + 3)
@@ -101,7 +100,12 @@ def test_first_estimate_solves_each_symmetry_given_the_others() -> None:
     rows, keys = _rows(1, 1)
     for i, name in enumerate(syms.names):
         alone = nf.solve_equilibrium(
-            syms.subset([i]), st, lr=LR, batch_size=S, weight_decay=GAMMA, tol=1e-13
+            syms.subset([i]),
+            st,
+            lr=LR,
+            batch_size=S,
+            weight_decay=GAMMA,
+            options=nf.SolveOptions(tol=1e-13),
         )
         ref = alone.distance[name].numpy()
         assert np.abs(rows[0][f"distance/{keys[name]}"] - ref).max() <= 1e-10 * max(

@@ -35,6 +35,7 @@ from noetherflow.monitor.first_order import (
     span,
 )
 from noetherflow.monitor.options import DistanceMode, check_sweeps
+from noetherflow.solve_options import split_options
 from noetherflow.stats.core import GradStats
 from noetherflow.symmetry.set import SymmetrySet
 
@@ -92,10 +93,11 @@ class DistanceTracker:
         solve_every: steps between full solves in ``"track"`` mode.
         tol: the chord correction ‖δ‖∞ at which the incremental solve stops (units of λ).
         max_iter: chord iterations before falling back to a full solve.
-        solver_options: extra keyword arguments of :func:`noetherflow.solve_equilibrium`.
+        solver_options: the fields of :class:`noetherflow.SolveOptions` (or ``options=`` one).
         sweeps: block Gauss–Seidel sweeps of the coupled symmetries per record (``None``:
-            until converged). A solve stopped by this budget is provisional; the next record
-            continues it from its partial solution (``init``) on its own statistics.
+            until converged, ``max_sweeps`` of the options). A solve stopped by this budget
+            is provisional; the next record continues it from its partial solution
+            (``init``) on its own statistics.
     """
 
     def __init__(
@@ -111,7 +113,9 @@ class DistanceTracker:
     ) -> None:
         self.syms, self.mode = syms, mode
         self.solve_every, self.tol, self.max_iter = int(solve_every), float(tol), int(max_iter)
-        self.solver_options = dict(solver_options)
+        self.solver_options, self.options = split_options(
+            solver_options, "NoetherMonitor(solver_options=...)"
+        )
         self.trackable = (
             mode is DistanceMode.TRACK
             and not syms.coupled_groups()
@@ -185,17 +189,17 @@ class DistanceTracker:
         if self.sweeps is not None and not self._estimated:
             # the first record with coupled symmetries: a cheap estimate, the sweeps follow
             self._estimated = True
-            dist, reps = jacobi_estimate(self.syms, stats, nm, self.solver_options)
+            dist, reps = jacobi_estimate(self.syms, stats, nm, self.options)
             return DistanceResult(dist, reps, exact=False, converged=False)
-        opts: dict[str, Any] = {"init": self.warm, **self.solver_options}
+        options = self.options
         if self.sweeps is not None:
-            opts.setdefault("max_sweeps", self.sweeps)
-        sol = solve_equilibrium(self.syms, stats, nm, **opts)
+            options = options.replace(max_sweeps=self.sweeps)
+        kw = {"init": self.warm, **self.solver_options}
+        sol = solve_equilibrium(self.syms, stats, nm, options=options, **kw)
         self.solves += 1
         # Warm start of the next solve: a converged one, or one stopped by the sweep budget
         # (its partial solution is where the next record continues); a failed solve is not.
-        budget = opts.get("max_sweeps")
-        stopped = self.sweeps is not None and budget is not None and sol.iterations >= budget
+        stopped = self.sweeps is not None and sol.iterations >= self.sweeps
         self.warm = sol if sol.converged or stopped else None
         sweeps = self._pending + sol.iterations if self.sweeps is not None else 0
         self._pending = sweeps if stopped and not sol.converged else 0

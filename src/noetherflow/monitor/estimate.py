@@ -14,13 +14,13 @@ follows at the next distance records, spread over them (:mod:`.distance`).
 
 from __future__ import annotations
 
-from typing import Any
-
 from torch import Tensor, nn
 
 from noetherflow import _shard
-from noetherflow.kernels.base import InfinityReport, SolveOptions, kernels_of
+from noetherflow.kernels._diag_newton import NewtonMethod
+from noetherflow.kernels.base import InfinityReport, StepOptions, kernels_of
 from noetherflow.kernels.noise import NoiseModel
+from noetherflow.solve_options import SolveOptions
 from noetherflow.stats.core import GradStats
 from noetherflow.symmetry.set import SymmetrySet
 
@@ -28,22 +28,22 @@ __all__ = ["jacobi_estimate"]
 
 
 def jacobi_estimate(
-    syms: SymmetrySet, stats: GradStats, nm: NoiseModel, options: dict[str, Any]
+    syms: SymmetrySet, stats: GradStats, nm: NoiseModel, options: SolveOptions
 ) -> tuple[dict[str, Tensor], list[InfinityReport]]:
     """Per symmetry name the distance of its own equilibrium with the others held; reports.
 
-    ``options``: the keywords of :func:`noetherflow.solve_equilibrium` that the kernels'
-    steps read (``tol``, ``max_iter``, ``rtol_singular``, ``ridge``, ``solver``); others
-    are ignored. No per-sample gradients are needed: each group is solved from ``stats``.
+    ``options``: the solver's; its kernel steps' fields apply (``tol``, ``max_iter``,
+    ``rtol_singular``, ``ridge``, ``solver``). No per-sample gradients are needed: each group
+    is solved from ``stats`` (its momentum displacement included).
     """
     values: dict[nn.Parameter, Tensor] = {p: _shard.full(p.detach()) for p in syms.params()}
     names = {s: n for n, s in syms.items()}
-    opts = SolveOptions(
-        tol=float(options.get("tol", 1e-12)),
-        max_iter=int(options.get("max_iter", 100)),
-        rtol_singular=float(options.get("rtol_singular", 1e-10)),
-        ridge=options.get("ridge"),
-        method=str(getattr(options.get("solver", "auto"), "value", options.get("solver", "auto"))),
+    opts = StepOptions(
+        tol=options.tol,
+        max_iter=options.max_iter,
+        rtol_singular=options.rtol_singular,
+        ridge=options.ridge,
+        method=NewtonMethod(options.solver).value,
     )
     distance: dict[str, Tensor] = {}
     reports: list[InfinityReport] = []
