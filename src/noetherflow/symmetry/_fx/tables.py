@@ -121,6 +121,7 @@ _MOVE_METHODS = {
     "movedim",
     "unbind",
     "expand",
+    "repeat",  # copies: DeBERTa's relative embeddings per batch element
     "view_as",
     "reshape_as",
     "clone",
