@@ -103,6 +103,22 @@ def test_tutorials_import_nothing_private() -> None:
     assert not list((DOCS / "tutorials").glob("_*.py"))
 
 
+def test_extending_examples_are_one_file_each_and_run() -> None:
+    """Each extension of docs/extending.md is one file of docs/snippets/, shown and run.
+
+    They run through the shared loader (``tests/snippets.py``): each registers a layer, a
+    kernel or a matcher once; ``tests/test_extending.py`` runs them end to end.
+    """
+    import snippets
+
+    page = (DOCS / "extending.md").read_text(encoding="utf-8")
+    files = sorted(p.stem for p in (DOCS / "snippets").glob("*.py"))
+    assert files == ["diagonal_family", "new_family", "new_layer", "new_matcher"]
+    for name in files:
+        assert f'--8<-- "docs/snippets/{name}.py:' in page, f"extending.md does not show {name}"
+        snippets.load(name)
+
+
 PAGES_WITH_OWN_TEST = {"getting-started.md"}  # run below with its training loop shortened
 
 

@@ -10,15 +10,14 @@ diagonal kernel's Newton solve of the same problem).
 from __future__ import annotations
 
 import copy
-import importlib.util
 import math
 import re
-import sys
 import warnings
 from pathlib import Path
 from typing import Any
 
 import pytest
+import snippets
 import torch
 from torch import Tensor, nn
 
@@ -35,15 +34,10 @@ from noetherflow.symmetry.base import DiagonalSymmetry, Symmetry
 
 DT = torch.float64
 
-_spec = importlib.util.spec_from_file_location(
-    "extending_examples", Path(__file__).resolve().parents[1] / "docs" / "snippets" / "extending.py"
-)
-assert _spec is not None and _spec.loader is not None
-ex = importlib.util.module_from_spec(_spec)
-sys.modules["extending_examples"] = ex
-_spec.loader.exec_module(ex)
-TransposedLinear, TransposedRescaling = ex.TransposedLinear, ex.TransposedRescaling
-GroupScale, GroupScaleStats = ex.GroupScale, ex.GroupScaleStats
+TransposedLinear = snippets.load("new_layer").TransposedLinear
+TransposedRescaling = snippets.load("diagonal_family").TransposedRescaling
+GroupScale = snippets.load("new_family").GroupScale
+GroupScaleStats = snippets.load("new_family").GroupScaleStats
 
 
 def rel(a: Tensor, b: Tensor) -> float:

@@ -1,4 +1,4 @@
-"""The package's layout rules: no module above 700 lines, ``theory/`` independent of the library.
+"""The package's layout rules: modules of at most 700 lines, no formatter escapes, theory apart.
 
 ``noetherflow.theory`` is the oracle the library's measurements are checked against, so it may
 import the standard library, torch and itself, never the code it checks.
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import re
 from pathlib import Path
 
 import noetherflow.theory.ziyin2024 as th
@@ -24,6 +25,23 @@ def test_no_module_above_700_lines() -> None:
     assert len(sizes) > 50
     too_long = {name: n for name, n in sizes.items() if n > MAX_LINES}
     assert too_long == {}, f"split these modules (at most {MAX_LINES} lines): {too_long}"
+
+
+def formatter_escapes(root: Path) -> dict[str, list[int]]:
+    """Lines with ``# fmt: skip`` / ``# fmt: off`` per module: a size rule is met by splitting."""
+    out: dict[str, list[int]] = {}
+    for p in sorted(root.rglob("*.py")):
+        lines = p.read_text(encoding="utf-8").splitlines()
+        hits = [i for i, line in enumerate(lines, 1) if re.search(r"#\s*fmt:\s*(skip|off)", line)]
+        if hits:
+            out[str(p.relative_to(root))] = hits
+    return out
+
+
+def test_no_formatter_escapes_in_the_package(tmp_path: Path) -> None:
+    assert formatter_escapes(PACKAGE) == {}, "format normally; split a module by meaning"
+    (tmp_path / "m.py").write_text("x = [1,2]  # fmt: skip\n# fmt: off\ny = 1\n")
+    assert formatter_escapes(tmp_path) == {"m.py": [1, 2]}
 
 
 def _imports(path: Path) -> set[str]:

@@ -229,10 +229,21 @@ def same_fingerprint(a: Sequence[float], b: Sequence[float]) -> bool:
     )
 
 
+def _all_finite(t: Tensor) -> bool:
+    """No NaN/Inf in ``t``: its max and min are finite (NaN propagates through both).
+
+    Two reductions without a temporary: ``torch.isfinite(t).all()`` took 1 s on GPT-2's
+    38.6M-entry embedding on one thread, ``amax``/``amin`` 0.13 s.
+    """
+    if t.numel() == 0:
+        return True
+    return bool(torch.isfinite(torch.stack([t.amax(), t.amin()])).all())
+
+
 def check_finite_model(model: nn.Module, who: str) -> None:
     """Refuse a model with a NaN/Inf parameter, naming the first one (a diverged run)."""
     for name, p in model.named_parameters():
-        if p.is_floating_point() and not bool(torch.isfinite(p.detach()).all()):
+        if p.is_floating_point() and not _all_finite(p.detach()):
             what = "NaN" if bool(torch.isnan(p.detach()).any()) else "Inf"
             raise ValueError(
                 f"{who}: parameter {name!r} (shape {tuple(p.shape)}) has {what} entries; "

@@ -28,6 +28,7 @@ import torch
 from torch import Tensor, nn
 
 from noetherflow import _shard
+from noetherflow._anderson import Anderson
 from noetherflow._checks import (
     check_nonnegative,
     check_positive_int,
@@ -38,7 +39,7 @@ from noetherflow._checks import (
 from noetherflow._deprecate import is_old_model_call, warn_model
 from noetherflow._divergence import is_finite
 from noetherflow._errors import NonFiniteGradientError, StatisticsError
-from noetherflow._sweep_plan import plan_sweep
+from noetherflow._sweep_plan import Step, accelerated, plan_sweep
 from noetherflow.kernels import (
     InfinityReport,
     SolveOptions,
@@ -380,12 +381,24 @@ def _solve_block(
     opts = replace(opts, coupled=coupled)
     groups = plan_sweep(list(part), touches if coupled else None)
     stale: dict[Symmetry, None] = {}  # symmetries whose statistics a move has changed
+    accel = _accelerator(groups) if coupled and accelerated() else None
+
+    def take(k: Any, s: Symmetry, element: Any) -> None:
+        out.steps.append((index[s], element))
+        out.totals[s] = k.compose(out.totals[s], element)
+        if coupled:
+            _move(s, element, values, samples, cur.displacement, cur.mean)
+        else:
+            s.act_(element, values)
+        stale.update(dict.fromkeys(touches.get(s, ())))
+
     own_iterations: list[int] = []
     done, sweep = False, 0
     for sweep in range(1, (max_sweeps if coupled else 1) + 1):
         worst = 0.0
-        for step in groups:
+        for i, step in enumerate(groups):
             k, members = step.kernel, step.members
+            start = _point(members, out.totals) if accel is not None and i == 0 else None
             todo = [s for s in members if s in stale]
             if todo:  # rebuild only the statistics the moves since their last use touched
                 refresh_stats_(cur, samples, todo, means=False, level=Level.SOLVE)
@@ -401,16 +414,18 @@ def _solve_block(
             for r in res.reports:
                 out.reports[r.name] = r
             for s, element in res.steps:
-                out.steps.append((index[s], element))
-                out.totals[s] = k.compose(out.totals[s], element)
-                if coupled:
-                    _move(s, element, values, samples, cur.displacement, cur.mean)
-                else:
-                    s.act_(element, values)
-                stale.update(dict.fromkeys(touches.get(s, ())))
+                take(k, s, element)
             for s, r in res.residual.items():
                 out.residual[names[s]] = r
             worst = max(worst, res.progress)
+            if accel is not None and start is not None:
+                if res.reports or held:  # directions at infinity: λ is not a plain point
+                    accel = None
+                elif sweep > 1 and res.steps:
+                    # rotations are at their optimum for λ from sweep 2 on: Φ(λ) is defined
+                    after = _point(members, out.totals)
+                    for s, element in _split(members, accel.step(start, after) - after):
+                        take(k, s, element)
         # later sweeps continue from the moved values: held generators move no more
         opts = replace(opts, init=None, fixed=_no_move(held))
         done = worst <= max(opts.tol, 1e-10)
@@ -421,6 +436,35 @@ def _solve_block(
         out.sweeps.append(sweep)
     else:
         out.newton.extend(own_iterations)
+
+
+def _accelerator(groups: list[Step]) -> Anderson | None:
+    """Anderson mixing on the diagonal λ where a sweep is a map of λ alone (_anderson.py).
+
+    That is: one joint diagonal step first, then one run of rotations on disjoint coordinates
+    (each solved exactly for the current λ).
+    """
+    if len(groups) != 2 or not groups[0].kernel.can_hold:
+        return None
+    rest = groups[1]
+    return Anderson() if rest.disjoint or len(rest.members) == 1 else None
+
+
+def _point(members: list[Symmetry], totals: Mapping[Symmetry, Any]) -> Tensor:
+    """The diagonal generators' totals λ, concatenated. Has shape ``[Σ J]``."""
+    return torch.cat([torch.as_tensor(totals[s]).reshape(-1) for s in members])
+
+
+def _split(members: list[Symmetry], delta: Tensor) -> list[tuple[Symmetry, Tensor]]:
+    """``delta`` ``[Σ J]`` cut back into one element per symmetry (zero moves left out)."""
+    out, at = [], 0
+    for s in members:
+        n = cast(DiagonalSymmetry, s).num_generators
+        part = delta[at : at + n]
+        at += n
+        if bool(part.ne(0).any()):
+            out.append((s, part))
+    return out
 
 
 def _warm_start(

@@ -187,10 +187,17 @@ def run_b5(cfg: Config, seed: int) -> dict[str, Any]:
     mse, bound_c, bound_p, r0s = [], [], [], []
     for i, k in enumerate(cfg.rates):
         sim = _charge_sde.simulate_charge(
-            k=k, mu=0.0, s=cfg.noise_s, c_star0=cfg.c_star0, c0=cfg.c_star0, t_end=40.0 / k,
-            n_paths=cfg.n_paths, dt_rate=cfg.dt_rate, n_logs=81,
+            k=k,
+            mu=0.0,
+            s=cfg.noise_s,
+            c_star0=cfg.c_star0,
+            c0=cfg.c_star0,
+            t_end=40.0 / k,
+            n_paths=cfg.n_paths,
+            dt_rate=cfg.dt_rate,
+            n_logs=81,
             seed=derive_seed(seed, "appendix_b3", "b5", i) % 2**32,
-        )  # fmt: skip
+        )
         win = sim["t"] >= 10.0 / k
         m = float(np.mean((sim["C"][win] - sim["C_star"][win]) ** 2))
         r0 = float(sim["r0_path"].min())
@@ -201,9 +208,17 @@ def run_b5(cfg: Config, seed: int) -> dict[str, Any]:
         bound_p.append(cfg.noise_s**2 / (2.0 * sigma2_c0**2))
     slope = float(np.polyfit(np.log(cfg.rates), np.log(mse), 1)[0])
     drift = _charge_sde.simulate_charge(
-        k=1.0, mu=cfg.drift_mu, s=0.0, c_star0=cfg.c_star0, c0=cfg.c_star0, t_end=40.0,
-        n_paths=1, dt_rate=cfg.dt_rate, n_logs=81, seed=0,
-    )  # fmt: skip
+        k=1.0,
+        mu=cfg.drift_mu,
+        s=0.0,
+        c_star0=cfg.c_star0,
+        c0=cfg.c_star0,
+        t_end=40.0,
+        n_paths=1,
+        dt_rate=cfg.dt_rate,
+        n_logs=81,
+        seed=0,
+    )
     win = drift["t"] >= 20.0
     lag = drift["C"][win, 0] - drift["C_star"][win, 0]
     lag_rms = float(np.sqrt(np.mean(lag**2)))
@@ -226,18 +241,33 @@ def run_b5(cfg: Config, seed: int) -> dict[str, Any]:
 def run_b6(cfg: Config, seed: int) -> dict[str, Any]:
     """At rest: (C − C*)² decays at 2r; drifting: the relative error against C*."""
     rest = _charge_sde.simulate_charge(
-        k=1.0, mu=0.0, s=0.0, c_star0=cfg.c_star0, c0=1.0, t_end=20.0, n_paths=1,
-        dt_rate=cfg.dt_rate, n_logs=81, seed=0,
-    )  # fmt: skip
+        k=1.0,
+        mu=0.0,
+        s=0.0,
+        c_star0=cfg.c_star0,
+        c0=1.0,
+        t_end=20.0,
+        n_paths=1,
+        dt_rate=cfg.dt_rate,
+        n_logs=81,
+        seed=0,
+    )
     e = (rest["C"][:, 0] - rest["C_star"][:, 0]) ** 2
     fit = (rest["t"] >= 4.0) & (rest["t"] <= 8.0)
     decay = -float(np.polyfit(rest["t"][fit], np.log(e[fit]), 1)[0])
     r_lin = float(_charge_sde.linear_rate(1.0, cfg.c_star0))
     drift = _charge_sde.simulate_charge(
-        k=1.0, mu=cfg.drift_mu, s=cfg.noise_s, c_star0=cfg.c_star0, c0=cfg.c_star0,
-        t_end=cfg.b6_t_end, n_paths=cfg.n_paths_b6, dt_rate=cfg.dt_rate, n_logs=101,
+        k=1.0,
+        mu=cfg.drift_mu,
+        s=cfg.noise_s,
+        c_star0=cfg.c_star0,
+        c0=cfg.c_star0,
+        t_end=cfg.b6_t_end,
+        n_paths=cfg.n_paths_b6,
+        dt_rate=cfg.dt_rate,
+        n_logs=101,
         seed=derive_seed(seed, "appendix_b3", "b6") % 2**32,
-    )  # fmt: skip
+    )
     rel2 = np.mean(((drift["C"] - drift["C_star"]) / drift["C_star"]) ** 2, axis=1)
     c_mean = drift["C_star"].mean(1)
     late = drift["t"] >= 0.1 * cfg.b6_t_end

@@ -20,21 +20,27 @@ Kernels are registered by symmetry class (:func:`register_kernel`) and found by 
 
 from __future__ import annotations
 
-import dataclasses
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import Any, ClassVar, Generic, TypeVar, cast
 
 import torch
 from torch import Tensor, nn
-from typing_extensions import override
 
-from noetherflow._registry import Registry
 from noetherflow.kernels.decay import decay_charge, decay_cross
 from noetherflow.kernels.noise import NoiseModel
-from noetherflow.stats.core import GradStats, Level, StatsBlock, axis_sum, check_batch
-from noetherflow.symmetry.base import Symmetry, unique_params
+from noetherflow.stats.blocks import (
+    KERNELS,
+    assemble,
+    collectors_of,
+    needs_samples,
+    refresh_stats_,
+    stats_from_samples,
+)
+from noetherflow.stats.core import GradStats, Level, StatsBlock
+from noetherflow.stats.source import GradSource, SampleSource
+from noetherflow.symmetry.base import Symmetry
 from noetherflow.symmetry.set import SymmetrySet
 
 __all__ = [
@@ -49,110 +55,14 @@ __all__ = [
     "kernels_of",
     "overlaps",
     "refresh_stats_",
+    "needs_samples",
     "register_kernel",
+    "stats_from_samples",
     "transport_cotangent",
 ]
 
 S = TypeVar("S", bound=Symmetry)
 B = TypeVar("B", bound=StatsBlock)
-
-
-# -- raw material --------------------------------------------------------------------------
-class GradSource(ABC):
-    """Primitive gradient statistics of one batch, whatever the estimator.
-
-    All results are averages over the N samples and keep the parameter's dtype.
-    """
-
-    n: int
-
-    @abstractmethod
-    def has_samples(self, p: nn.Parameter) -> bool:
-        """Whether per-sample gradients of ``p`` are at hand (then reductions are cheap)."""
-
-    @abstractmethod
-    def samples(self, p: nn.Parameter) -> Tensor:
-        """Per-sample gradients ``[N, *p.shape]`` (materialised if needed)."""
-
-    @abstractmethod
-    def mean(self, p: nn.Parameter) -> Tensor:
-        """ḡ of ``p`` (shape of ``p``)."""
-
-    @abstractmethod
-    def sq(self, p: nn.Parameter) -> Tensor:
-        """E[g ⊙ g] of ``p`` per coordinate (shape of ``p``)."""
-
-    @abstractmethod
-    def axis_sq(
-        self, want: Mapping[nn.Parameter, tuple[int, ...]]
-    ) -> dict[tuple[nn.Parameter, int], Tensor]:
-        """E[g ⊙ g] summed over every axis but ``axis``, for each (p, axis) in ``want``."""
-
-    @abstractmethod
-    def front_moment(self, p: nn.Parameter, axis: int, start: int, stop: int) -> Tensor:
-        """(1/N) Σ_n F_n F_nᵀ. Has shape ``[d, d]``.
-
-        F_n is the slice [start, stop) of g_n along ``axis``, moved to the front and
-        flattened: ``[d, m]``.
-        """
-
-
-class SampleSource(GradSource):
-    """A :class:`GradSource` over per-sample gradients ``[N, *shape]`` per parameter.
-
-    ``reduced``: kernels are told no samples are at hand, so that at ``level="solve"`` the
-    diagonal statistics are per-neuron sums wherever the solver needs no more (the coupled
-    sweeps rebuild them after every move: a grid per coordinate of a fused projection costs
-    far more to build and to solve on than its per-neuron sums).
-    """
-
-    def __init__(self, samples: Mapping[nn.Parameter, Tensor], *, reduced: bool = False) -> None:
-        self._samples = samples
-        self.n = int(next(iter(samples.values())).shape[0])
-        self._sq: dict[nn.Parameter, Tensor] = {}
-        self._reduced = reduced
-
-    @override
-    def has_samples(self, p: nn.Parameter) -> bool:
-        return not self._reduced
-
-    @override
-    def samples(self, p: nn.Parameter) -> Tensor:
-        return self._samples[p]
-
-    @override
-    def mean(self, p: nn.Parameter) -> Tensor:
-        return self._samples[p].mean(0)
-
-    @override
-    def sq(self, p: nn.Parameter) -> Tensor:
-        if p not in self._sq:
-            self._sq[p] = self._samples[p].square().mean(0)
-        return self._sq[p]
-
-    @override
-    def axis_sq(
-        self, want: Mapping[nn.Parameter, tuple[int, ...]]
-    ) -> dict[tuple[nn.Parameter, int], Tensor]:
-        out = {}
-        for p, axes in want.items():
-            v = self._samples[p]
-            for ax in axes:
-                if p in self._sq:
-                    out[p, ax] = axis_sum(self._sq[p], ax)
-                    continue
-                # one fused reduction: no [N, *shape] temporary of squares (a large
-                # fused projection's samples are refreshed after every coupled move)
-                rest = [k for k in range(v.dim()) if k != ax + 1]
-                out[p, ax] = torch.linalg.vector_norm(v, dim=rest).square() / v.shape[0]
-        return out
-
-    @override
-    def front_moment(self, p: nn.Parameter, axis: int, start: int, stop: int) -> Tensor:
-        v = self._samples[p]
-        # [N, *shape] → rows (n, other coordinates) × d: one matrix product, no einsum path
-        f = v.movedim(axis + 1, -1)[..., start:stop].reshape(-1, stop - start)
-        return (f.T @ f) / v.shape[0]
 
 
 # -- solving -------------------------------------------------------------------------------
@@ -389,11 +299,6 @@ def transport_cotangent(s: Symmetry, element: Any, tensors: Mapping[nn.Parameter
 
 # -- registry ------------------------------------------------------------------------------
 # Symmetry class → kernel, resolved by MRO (the rule of noetherflow._registry.Registry).
-KERNELS: Registry[Kernel[Any, Any]] = Registry(
-    "kernel", register_with="noetherflow.kernels.register_kernel(cls, kernel)", flag="overwrite"
-)
-
-
 def register_kernel(cls: type, kernel: Kernel[Any, Any], *, overwrite: bool = False) -> None:
     """Register ``kernel`` for symmetry class ``cls`` and its subclasses (resolved by MRO).
 
@@ -413,103 +318,14 @@ def kernel_for(s: Symmetry | type[Symmetry]) -> Kernel[Any, Any]:
     """
     cls = s if isinstance(s, type) else type(s)
     try:
-        return KERNELS[cls]
+        return cast("Kernel[Any, Any]", KERNELS[cls])
     except KeyError as e:
         raise TypeError(f"{e.args[0]} (See the docs' Extending page.)") from None
 
 
 def kernels_of(syms: SymmetrySet | Sequence[Symmetry]) -> list[tuple[Kernel[Any, Any], list[Any]]]:
     """(kernel, its symmetries in set order) for every kernel in use, in registration order."""
-    groups: dict[int, tuple[Kernel[Any, Any], list[Any]]] = {}
-    for s in syms:
-        k = kernel_for(s)
-        groups.setdefault(id(k), (k, []))[1].append(s)
-    order = {id(k): i for i, k in enumerate(dict.fromkeys(KERNELS.values()))}
-    return sorted(groups.values(), key=lambda kv: order.get(id(kv[0]), len(order)))
-
-
-# -- assembly ------------------------------------------------------------------------------
-def needs_samples(syms: SymmetrySet) -> list[nn.Parameter]:
-    """Parameters whose per-sample gradients a solver must keep: those of coupled groups.
-
-    The solver sweeps over each coupled group (:meth:`SymmetrySet.coupled_groups`) with its
-    per-sample gradients transported along the orbit; the other symmetries need none.
-    """
-    return unique_params([syms[i] for g in syms.coupled_groups() for i in g])
-
-
-def assemble(
-    src: GradSource, syms: SymmetrySet, *, level: Level, estimator: str, min_n: int = 2
-) -> GradStats:
-    """:class:`GradStats` of ``syms`` from a gradient source: ḡ, then one block per kernel.
-
-    ``min_n=1`` admits a single sample: a micro-batch whose statistics are merged with
-    others (:func:`noetherflow.stats.accumulate.merge_accumulated`) before Σ is used.
-    """
-    check_batch(src.n, min_n)
-    st = GradStats(n=src.n, estimator=estimator)
-    groups = kernels_of(syms)
-    keep = needs_samples(syms)
-    for p in keep:
-        st.samples[p] = src.samples(p)
-    for k, members in groups:  # materialise first, so later statistics reduce them
-        for p in k.sample_params(members):
-            src.samples(p)
-    for p in syms.params():
-        st.mean[p] = src.mean(p)
-    for k, members in groups:
-        st.blocks[k.name] = k.collect(members, src, level)
-    return st
-
-
-def stats_from_samples(
-    samples: Mapping[nn.Parameter, Tensor],
-    syms: SymmetrySet,
-    *,
-    estimator: str,
-    level: Level = Level.DIAG,
-) -> GradStats:
-    """Build :class:`GradStats` from per-sample gradients ``[N, *shape]`` per parameter.
-
-    ``level="solve"``: the diagonal statistics the solver needs, per-neuron sums wherever
-    they suffice (:class:`SampleSource` ``reduced``); the samples are kept either way.
-    """
-    n = next(iter(samples.values())).shape[0]
-    check_batch(n)
-    src = SampleSource(samples, reduced=level is Level.SOLVE)
-    return assemble(src, syms, level=level, estimator=estimator)
-
-
-def refresh_stats_(
-    stats: GradStats,
-    samples: Mapping[nn.Parameter, Tensor],
-    syms: Sequence[Symmetry],
-    *,
-    means: bool = True,
-    level: Level = Level.DIAG,
-) -> None:
-    """Recompute in place ḡ and each kernel's statistics of ``syms`` only, from ``samples``.
-
-    What :func:`stats_from_samples` would give for these symmetries; the entries of other
-    symmetries are kept. The coupled solver calls it after a move, for the symmetries whose
-    coordinates the move touched, instead of re-assembling every block. ``means=False``
-    keeps ḡ: the caller moved it along with the samples (ḡ is their mean, and the transport
-    T^{-T} is linear), which spares a pass over every sample of a large fused parameter per
-    move. ``level``: as in :func:`stats_from_samples`.
-    """
-    if not syms:
-        return
-    src = SampleSource(samples, reduced=level is Level.SOLVE)
-    for p in unique_params(syms) if means else ():
-        stats.mean[p] = src.mean(p)
-    for k, members in kernels_of(syms):
-        new = k.collect(members, src, level)
-        old = stats.blocks.get(k.name)
-        if old is None:
-            stats.blocks[k.name] = new
-            continue
-        for f in dataclasses.fields(new):
-            getattr(old, f.name).update(getattr(new, f.name))
+    return [(cast("Kernel[Any, Any]", k), m) for k, m in collectors_of(syms)]
 
 
 def overlaps(syms: Sequence[Symmetry]) -> dict[Symmetry, list[Symmetry]]:

@@ -4,8 +4,8 @@ Forward hooks save each layer's input and register a tensor hook on its output (
 backward hooks break after in-place activations). Which layer types are understood is the
 registry of :mod:`.registry`; the formulas live in :mod:`.layers`; which statistics each
 symmetry family needs is decided by its kernel (:mod:`noetherflow.kernels`), which reads
-them through the :class:`~noetherflow.kernels.base.GradSource` interface implemented here
-for the factors a/g (and by :class:`~noetherflow.kernels.base.SampleSource` for per-sample
+them through the :class:`~noetherflow.stats.source.GradSource` interface implemented here
+for the factors a/g (and by :class:`~noetherflow.stats.source.SampleSource` for per-sample
 gradients).
 """
 
@@ -31,7 +31,7 @@ from noetherflow._checks import (
 )
 from noetherflow._errors import StatisticsError, UnsupportedLayerError
 from noetherflow._inputs import ModelInputs
-from noetherflow.kernels.base import assemble
+from noetherflow.stats.blocks import assemble, stats_from_samples
 from noetherflow.stats.core import (
     Estimator,
     GradStats,
@@ -581,8 +581,6 @@ def collect_stats(
             micro_batch_size=micro_batch_size,
             reduction=red.value,
         )
-    from noetherflow.kernels.base import stats_from_samples
-
     st = stats_from_samples(samples, syms, estimator=est.value)
     st.fingerprint = _stamp(syms)
     if all_reduce or (all_reduce is None and is_distributed()):

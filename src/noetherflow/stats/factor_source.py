@@ -1,4 +1,4 @@
-"""The hooks' :class:`~noetherflow.kernels.base.GradSource`: statistics from layer factors.
+"""The hooks' :class:`~noetherflow.stats.source.GradSource`: statistics from layer factors.
 
 A *unit* is one Linear-like part of a captured layer (the layer itself, or a part of a
 composite one such as ``nn.MultiheadAttention``'s ``in_proj`` and ``out_proj``) with its
@@ -16,10 +16,10 @@ from torch import Tensor, nn
 from typing_extensions import override
 
 from noetherflow._errors import StatisticsError, UnsupportedLayerError
-from noetherflow.kernels.base import GradSource
 from noetherflow.stats import layers as formulas
 from noetherflow.stats.core import axis_sum
 from noetherflow.stats.registry import LayerHandler
+from noetherflow.stats.source import GradSource
 
 __all__ = ["FactorSource", "MeanGapError", "Record", "Unit"]
 

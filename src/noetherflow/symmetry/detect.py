@@ -49,6 +49,7 @@ from noetherflow.symmetry._fx.branch_check import check_branches, describe_uncov
 from noetherflow.symmetry._fx.branches import Branch
 from noetherflow.symmetry._fx.capture import capture
 from noetherflow.symmetry._fx.check import Check, Checker
+from noetherflow.symmetry._fx.layers import LAYERS
 from noetherflow.symmetry._fx.matchers import run_patterns
 from noetherflow.symmetry._fx.sample import Sample, sample_of
 from noetherflow.symmetry._fx.scope import enclosing_scopes, param_scopes
@@ -87,23 +88,33 @@ class _Isolated:
 
 
 def _run_failed(model: nn.Module, inp: ModelInputs, exc: Exception) -> DetectionError:
-    layers = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
-    first = next((m for m in model.modules() if isinstance(m, layers)), None)
-    hint = ""
     first_line = (str(exc).strip().splitlines() or [""])[0]
     dtype = inp.dtype_hint(exc)
-    if dtype is not None:
-        hint = f" Here {dtype}"
-    elif isinstance(first, nn.Linear):
-        hint = f" The first Linear layer expects {first.in_features} input features."
-    elif first is not None:
-        hint = f" The first conv layer expects {first.in_channels} input channels."
+    hint = f" Here {dtype}" if dtype is not None else _first_layer_hint(model)
     return DetectionError(
         f"find_symmetries: running {type(model).__name__} on example inputs of shape "
         f"{inp.describe()} failed with {type(exc).__name__}: {first_line}. Expected inputs the "
         f"model accepts, e.g. a small batch.{hint} Pass example_inputs with the model's input "
         "shape (a tuple for several positional inputs, a dict for keyword inputs)."
     )
+
+
+def _first_layer_hint(model: nn.Module) -> str:
+    """What the first registered linear layer expects, its layout from the layer registry.
+
+    No numeric recognition here: the model has just failed to run.
+    """
+    for m in model.modules():
+        fn = LAYERS.lookup(type(m))
+        spec = None if fn is None else fn(m)
+        w = getattr(m, "weight", None)
+        if spec is None or not isinstance(w, Tensor) or w.dim() <= spec.w_in:
+            continue
+        n_in = int(w.shape[spec.w_in]) * spec.groups
+        what = "input channels" if spec.conv else "input features"
+        kind = "conv" if spec.conv else type(m).__name__
+        return f" The first {kind} layer expects {n_in} {what}."
+    return ""
 
 
 @dataclass

@@ -209,10 +209,17 @@ def run_online_sgd(
         return loss_fn(model(x), y)
 
     return _loop(
-        "run_online_sgd", model, objective, lr=lr, steps=steps, weight_decay=weight_decay,
-        schedule=schedule, callback=callback, log_every=log_every,
+        "run_online_sgd",
+        model,
+        objective,
+        lr=lr,
+        steps=steps,
+        weight_decay=weight_decay,
+        schedule=schedule,
+        callback=callback,
+        log_every=log_every,
         config={"method": "online_sgd", "sampling": "fresh minibatch per step"},
-    )  # fmt: skip
+    )
 
 
 def run_population_gd(
@@ -243,7 +250,14 @@ def run_population_gd(
         steps (NaN at the final state).
     """
     return _loop(
-        "run_population_gd", model, lambda k: population_loss(model), lr=lr, steps=steps,
-        weight_decay=weight_decay, schedule=schedule, callback=callback, log_every=log_every,
+        "run_population_gd",
+        model,
+        lambda k: population_loss(model),
+        lr=lr,
+        steps=steps,
+        weight_decay=weight_decay,
+        schedule=schedule,
+        callback=callback,
+        log_every=log_every,
         config={"method": "population_gd", "sampling": "exact expected gradient"},
-    )  # fmt: skip
+    )

@@ -1,7 +1,10 @@
-"""Worked examples of the docs page "Extending noetherflow" (tested in tests/test_kernels.py).
+"""A new symmetry family in one file: its group action, statistics block and kernel.
 
-A layer type stored ``[in, out]`` registered with one call, a new diagonal family in one
-class, and a new family with its own kernel (a closed-form solve).
+``GroupScale`` scales a whole group of parameters by one generator (A = I), so
+F(λ) = ½(Tr M e^{−2λ} + κ‖θ‖² e^{2λ}) has the closed-form minimum λ* = ¼ log(Tr M / κ‖θ‖²).
+``register_kernel`` at the end is the only registration: ``collect_stats`` (every
+estimator), ``noether_flow``, ``solve_equilibrium`` and ``teleport`` then work for it
+(``tests/test_extending.py``).
 """
 
 from __future__ import annotations
@@ -24,54 +27,10 @@ from noetherflow.kernels import (
     StatsBlock,
     register_kernel,
 )
-from noetherflow.stats import LayerHandler, register_layer
 from noetherflow.stats.core import Level
-from noetherflow.stats.registry import linear_factors
-from noetherflow.symmetry.base import DiagonalSymmetry, DiagonalTerm, Family, Symmetry
+from noetherflow.symmetry.base import Family, Symmetry
 
 DT = torch.float64
-
-
-# --8<-- [start:layer]
-class TransposedLinear(nn.Module):
-    """y = x W + b with W ``[in, out]``."""
-
-    def __init__(self, nx: int, nf_: int) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.randn(nx, nf_, dtype=DT) / math.sqrt(nx))
-        self.bias = nn.Parameter(torch.randn(nf_, dtype=DT) * 0.1)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return x @ self.weight + self.bias
-
-
-register_layer(TransposedLinear, LayerHandler(linear_factors, transposed=True))
-# --8<-- [end:layer]
-
-
-# --8<-- [start:diagonal-family]
-class TransposedRescaling(DiagonalSymmetry):
-    """Per-neuron rescaling between two TransposedLinear layers joined by a ReLU."""
-
-    family: ClassVar[Family] = Family.RESCALING
-
-    def __init__(self, first: TransposedLinear, second: TransposedLinear) -> None:
-        super().__init__(label="trescale")
-        self._terms = [
-            DiagonalTerm(first.weight, 1, 1, 1.0),  # output columns of W1 [in, d]
-            DiagonalTerm(first.bias, 0, 1, 1.0),
-            DiagonalTerm(second.weight, 0, 1, -1.0),  # input rows of W2 [d, out]
-        ]
-
-    @property
-    def num_generators(self) -> int:
-        return int(self._terms[1].param.shape[0])
-
-    def terms(self) -> list[DiagonalTerm]:
-        return self._terms
-
-
-# --8<-- [end:diagonal-family]
 
 
 # --8<-- [start:kernel]
