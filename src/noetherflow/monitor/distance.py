@@ -34,6 +34,7 @@ from noetherflow.monitor.first_order import (
     span,
 )
 from noetherflow.monitor.options import DistanceMode
+from noetherflow.solve_options import split_options
 from noetherflow.stats.core import GradStats
 from noetherflow.symmetry.set import SymmetrySet
 
@@ -80,7 +81,7 @@ class DistanceTracker:
         solve_every: steps between full solves in ``"track"`` mode.
         tol: the chord correction ‖δ‖∞ at which the incremental solve stops (units of λ).
         max_iter: chord iterations before falling back to a full solve.
-        solver_options: extra keyword arguments of :func:`noetherflow.solve_equilibrium`.
+        solver_options: the fields of :class:`noetherflow.SolveOptions` (or ``options=`` one).
     """
 
     def __init__(
@@ -95,7 +96,9 @@ class DistanceTracker:
     ) -> None:
         self.syms, self.mode = syms, mode
         self.solve_every, self.tol, self.max_iter = int(solve_every), float(tol), int(max_iter)
-        self.solver_options = dict(solver_options)
+        self.solver_options, self.options = split_options(
+            solver_options, "NoetherMonitor(solver_options=...)"
+        )
         self.trackable = (
             mode is DistanceMode.TRACK
             and not syms.coupled_groups()
@@ -162,7 +165,9 @@ class DistanceTracker:
         nm: NoiseModel,
         hyper: tuple[float, float],
     ) -> DistanceResult:
-        sol = solve_equilibrium(self.syms, stats, nm, **{"init": self.warm, **self.solver_options})
+        sol = solve_equilibrium(
+            self.syms, stats, nm, options=self.options, **{"init": self.warm, **self.solver_options}
+        )
         self.solves += 1
         # Warm start of the next solve; a failed solve is not a good start.
         self.warm = sol if sol.converged else None
