@@ -4,9 +4,11 @@ The heads of one attention layer act on disjoint slices, so solving them one aft
 (the reference path, :func:`noetherflow._sweep_plan.sequential_sweeps`) and as one batched
 geometric mean give the same moves. Pinned here, in float64: the batched rotation step
 equals the single one (singular pairs sent back to it), a sweep plan batches exactly the
-disjoint runs, whole solves agree with the reference to 1e-10 (a chain of heads and
-rescalings, a tiny GPT-2 found by detection, a warm start), and the cover classes that
-decide staleness equal the Gram matrix of the coverage masks.
+disjoint runs, batched solves take the reference's steps to 1e-10 (a chain of heads and
+rescalings, a tiny GPT-2 found by detection), Anderson-mixed sweeps reach the same
+equilibrium (λ and P = GGᵀ to 1e-8, the flows gone after the teleport) in fewer sweeps,
+also from a warm start, and the cover classes that decide staleness equal the Gram matrix
+of the coverage masks.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import torch
 from torch import Tensor, nn
 
 import noetherflow as nf
-from noetherflow._sweep_plan import plan_sweep, sequential_sweeps
+from noetherflow._sweep_plan import plan_sweep, sequential_sweeps, sweep_options
 from noetherflow.kernels.base import overlaps
 from noetherflow.kernels.rotation import _solve_rotation
 from noetherflow.kernels.rotation_batch import batched_rotation
@@ -55,12 +57,25 @@ def _spd(b: int, d: int, seed: int) -> Tensor:
 
 
 def _close(a: nf.EquilibriumSolution, b: nf.EquilibriumSolution, tol: float = 1e-10) -> None:
+    """The same elements and steps (the batched path takes the reference's steps)."""
     assert a.elements.keys() == b.elements.keys()
     for name, e in a.elements.items():
         f = b.elements[name]
         assert torch.allclose(torch.as_tensor(e), torch.as_tensor(f), rtol=tol, atol=tol), name
     assert a.iterations == b.iterations and a.converged and b.converged
     assert [i for i, _ in a.steps] == [i for i, _ in b.steps]
+
+
+def _same_equilibrium(a: nf.EquilibriumSolution, b: nf.EquilibriumSolution, tol: float) -> None:
+    """The same equilibrium: λ, and P = GGᵀ per rotation (G itself is fixed only up to an
+    orthogonal factor, G·Q, which the path picks: X(GQ) = QᵀX(G)Q, Y likewise)."""
+    assert a.converged and b.converged
+    for name, e in a.elements.items():
+        e, f = torch.as_tensor(e), torch.as_tensor(b.elements[name])
+        if e.dim() == 2:
+            e, f = e @ e.T, f @ f.T
+        assert float((e - f).abs().max()) <= tol * max(float(f.abs().max()), 1.0), name
+        assert torch.allclose(a.distance[name], b.distance[name], rtol=tol, atol=tol), name
 
 
 def test_batched_rotation_equals_the_single_step() -> None:
@@ -128,16 +143,36 @@ def _stats(m: nn.Module, syms: nf.SymmetrySet, x: Tensor, y: Tensor) -> nf.GradS
 def test_a_chain_of_heads_solves_as_the_reference() -> None:
     m, syms, x, y = _model(heads=4)
     st = _stats(m, syms, x, y)
-    fast = nf.solve_equilibrium(syms, st, **KW)
+    with sweep_options(accelerate=False):
+        batched = nf.solve_equilibrium(syms, st, **KW)
     with sequential_sweeps():
         ref = nf.solve_equilibrium(syms, st, **KW)
     assert ref.iterations > 2  # a real coupled solve
-    _close(fast, ref)
+    _close(batched, ref)
+    # Anderson mixing: the same equilibrium in fewer sweeps
+    fast = nf.solve_equilibrium(syms, st, **KW)
+    assert fast.iterations < ref.iterations
+    _same_equilibrium(fast, ref, 1e-8)
     # a warm start (the monitor's init) agrees too
     warm = nf.solve_equilibrium(syms, st, init=ref, **KW)
     with sequential_sweeps():
         warm_ref = nf.solve_equilibrium(syms, st, init=ref, **KW)
-    _close(warm, warm_ref)
+    _same_equilibrium(warm, warm_ref, 1e-8)
+
+
+def test_the_accelerated_solve_lands_at_zero_flow() -> None:
+    m, syms, x, y = _model(heads=4)
+    st = _stats(m, syms, x, y)
+    before = nf.noether_flow(syms, st, **KW)
+    sol = nf.solve_equilibrium(syms, st, **KW)
+    with torch.no_grad():
+        out0 = m(x).clone()
+    nf.teleport(m, sol)
+    with torch.no_grad():
+        assert float((m(x) - out0).abs().max()) < 1e-12 * float(out0.abs().max())
+    after = nf.noether_flow(syms, _stats(m, syms, x, y), **KW)
+    for k in before:
+        assert float(after[k].norm() / before[k].norm()) < 1e-8, k
 
 
 def test_a_tiny_gpt2_solves_as_the_reference() -> None:
@@ -178,7 +213,12 @@ def test_a_tiny_gpt2_solves_as_the_reference() -> None:
         syms = nf.find_symmetries(model, x[:2])
     assert sum(s.family.value == "rotation" for s in syms) >= 8  # Q/K and V/O per head
     st = nf.collect_stats(model, syms, loss, x, y, level="solve")
-    fast = nf.solve_equilibrium(syms, st, lr=0.01, batch_size=6, weight_decay=0.01)
+    kw: dict[str, Any] = {"lr": 0.01, "batch_size": 6, "weight_decay": 0.01}
+    with sweep_options(accelerate=False):
+        batched = nf.solve_equilibrium(syms, st, **kw)
     with sequential_sweeps():
-        ref = nf.solve_equilibrium(syms, st, lr=0.01, batch_size=6, weight_decay=0.01)
-    _close(fast, ref, 1e-9)
+        ref = nf.solve_equilibrium(syms, st, **kw)
+    _close(batched, ref, 1e-9)
+    fast = nf.solve_equilibrium(syms, st, **kw)
+    assert fast.iterations <= ref.iterations
+    _same_equilibrium(fast, ref, 1e-8)

@@ -5,13 +5,15 @@ order, after the joint ones (docs/concepts/equilibrium.md). A run of consecutive
 of one ``batchable`` kernel whose coordinates are pairwise disjoint (the heads of one
 attention layer) do not interact, so they are one batched step
 (:meth:`~noetherflow.kernels.Kernel.solve_disjoint`): the same moves as one at a time.
-:func:`sequential_sweeps` turns the batching off (the reference path, for tests).
+:func:`sweep_options` turns the batching and the Anderson mixing of the sweeps
+(noetherflow/_anderson.py) on or off; :func:`sequential_sweeps` is the reference path with
+neither.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
@@ -19,19 +21,37 @@ from typing import Any
 from noetherflow.kernels import kernel_for, kernels_of
 from noetherflow.symmetry.base import Symmetry
 
-__all__ = ["Step", "plan_sweep", "sequential_sweeps"]
+__all__ = ["Step", "accelerated", "plan_sweep", "sequential_sweeps", "sweep_options"]
 
-_SEQUENTIAL: ContextVar[bool] = ContextVar("noetherflow_sequential_sweeps", default=False)
+_BATCH: ContextVar[bool] = ContextVar("noetherflow_batched_sweeps", default=True)
+_ACCELERATE: ContextVar[bool] = ContextVar("noetherflow_accelerated_sweeps", default=True)
 
 
 @contextmanager
-def sequential_sweeps() -> Iterator[None]:
-    """Within: every non-joint symmetry is its own step (no batching), the reference order."""
-    token = _SEQUENTIAL.set(True)
+def sweep_options(*, batch: bool = True, accelerate: bool = True) -> Iterator[None]:
+    """Within: batch disjoint runs or not, Anderson-mix the sweeps or not.
+
+    ``accelerate``: noetherflow/_anderson.py. Both are on by default.
+    """
+    tokens = _BATCH.set(batch), _ACCELERATE.set(accelerate)
     try:
         yield
     finally:
-        _SEQUENTIAL.reset(token)
+        _BATCH.reset(tokens[0])
+        _ACCELERATE.reset(tokens[1])
+
+
+def sequential_sweeps() -> AbstractContextManager[None]:
+    """Within: plain block Gauss–Seidel sweeps, the reference path.
+
+    Every non-joint symmetry is its own step and no Anderson mixing (tests, benchmarks).
+    """
+    return sweep_options(batch=False, accelerate=False)
+
+
+def accelerated() -> bool:
+    """Whether the sweeps may be Anderson-mixed (:func:`sweep_options`)."""
+    return _ACCELERATE.get()
 
 
 @dataclass(frozen=True)
@@ -53,7 +73,7 @@ def plan_sweep(
     all (an uncoupled part), so every run is disjoint.
     """
     steps = [Step(k, members) for k, members in kernels_of(part) if k.joint]
-    batch = not _SEQUENTIAL.get()
+    batch = _BATCH.get()
     run: list[Symmetry] = []
     near: set[Symmetry] = set()  # what the run's members touch
     for s in part:

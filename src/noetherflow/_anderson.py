@@ -1,0 +1,50 @@
+"""Anderson acceleration of a coupled block's sweeps, on its diagonal generators (issue 28).
+
+In a coupled group whose rotations act on disjoint coordinates (the heads of one layer)
+and are coupled only through one joint diagonal step (a rescaling sharing their
+parameters), each sweep solves the rotations exactly for the current λ of the diagonal
+generators, so a sweep is a map λ → Φ(λ) (the joint diagonal optimum given the rotations
+at their optimum for λ), and the equilibrium is its fixed point. Block Gauss–Seidel
+iterates Φ and converges linearly; Anderson mixing (type II, window ``m``) extrapolates
+λ_{k+1} = Φ(λ_k) − ΔG γ with γ = argmin ‖f_k − ΔF γ‖, f = Φ(λ) − λ
+(Walker & Ni 2011, eq. 2.1). The sweeps' stopping criterion is unchanged, so the solution
+is the same equilibrium to the solver's tolerance.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+__all__ = ["Anderson"]
+
+
+class Anderson:
+    """Type-II Anderson mixing of a fixed-point map x → g(x) on vectors ``[n]`` (float64).
+
+    :meth:`step` takes the last point and its image and returns the next point. The history
+    is dropped (a plain step) when the residual grows, so a bad extrapolation costs one
+    sweep.
+    """
+
+    def __init__(self, window: int = 5) -> None:
+        self.window = window
+        self._x: list[Tensor] = []
+        self._g: list[Tensor] = []
+
+    def step(self, x: Tensor, g: Tensor) -> Tensor:
+        """The next point after ``x`` with image ``g`` (both ``[n]``). Has shape ``[n]``."""
+        f = g - x
+        if self._x and float(f.norm()) > float((self._g[-1] - self._x[-1]).norm()):
+            self._x, self._g = [], []
+        self._x.append(x)
+        self._g.append(g)
+        self._x, self._g = self._x[-self.window - 1 :], self._g[-self.window - 1 :]
+        if len(self._x) < 2:
+            return g
+        fs = torch.stack([b - a for a, b in zip(self._x, self._g, strict=True)], 1)  # [n, k]
+        gs = torch.stack(self._g, 1)
+        df, dg = fs.diff(dim=1), gs.diff(dim=1)
+        scale = df.norm(dim=0).clamp_min(1e-300)
+        gamma = torch.linalg.lstsq(df / scale, f.unsqueeze(1), rcond=1e-12).solution[:, 0]
+        return g - dg @ (gamma / scale)
