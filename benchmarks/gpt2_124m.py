@@ -237,14 +237,23 @@ def phase_monitor(
         tp.append(plain_block(n))
         tm.append(mon_block(n))
         done += n
-    first = float(mon.history["monitor_time"][0])
+    hist = mon.history
+    first = float(hist["monitor_time"][0])
     ratio = sum(tm) / sum(tp)
+    conv = hist.get("distance_converged")
+    converged = None if conv is None or conv[0] != conv[0] else bool(conv[0])
     print(
         f"monitor  {kind:5s} {steps} steps: plain {sum(tp):.2f} s, monitored {sum(tm):.2f} s, "
         f"ratio {ratio:.3f} (first record {first:.2f} s = {first / (sum(tp) / steps):.1f} "
-        "plain steps)"
+        f"plain steps; its distance converged: {converged})"
     )
-    return {"ratio": ratio, "plain_s": sum(tp), "monitored_s": sum(tm), "first_record_s": first}
+    return {
+        "ratio": ratio,
+        "plain_s": sum(tp),
+        "monitored_s": sum(tm),
+        "first_record_s": first,
+        "first_distance_converged": converged,
+    }
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

@@ -167,6 +167,7 @@ _MOVE_METHODS = {
     "movedim",
     "unbind",
     "expand",
+    "repeat",  # copies: DeBERTa's relative embeddings per batch element
     "view_as",
     "reshape_as",
     "clone",
