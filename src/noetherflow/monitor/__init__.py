@@ -26,7 +26,8 @@ symmetry's ASCII key ``<sym>`` (:func:`symmetry_key`):
 
 Rooms, one job each: :mod:`.core` (the training-loop API), :mod:`.schema` (which keys, what
 shapes), :mod:`.rows` (filling a row), :mod:`.distance` (when to solve, the first-order update
-in between), :mod:`.first_order` (the math of that update), :mod:`.steps` (the optimizer-step
+in between, the coupled solve spread over records), :mod:`.first_order` (the math of that
+update), :mod:`.estimate` (the first estimate for coupled sets), :mod:`.steps` (the optimizer-step
 decomposition and AdamW's prediction), :mod:`.options` (options and their checks).
 """
 
