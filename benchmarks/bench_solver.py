@@ -196,7 +196,9 @@ def time_solves(wl: dict[str, Any], methods: list[str], reps: int) -> dict[str, 
         for meth in methods[r % len(methods) :] + methods[: r % len(methods)]:
             base = _reset_peak()
             t = time.perf_counter()
-            sol = nf.solve_equilibrium(wl["syms"], wl["stats"], **wl["kw"], solver=meth)
+            sol = nf.solve_equilibrium(
+                wl["syms"], wl["stats"], **wl["kw"], options=nf.SolveOptions(solver=meth)
+            )
             times[meth].append(time.perf_counter() - t)
             hwm = _status_mb("VmHWM")
             if base is not None and hwm is not None:

@@ -353,7 +353,7 @@ def test_rotation_singular_statistics_reported() -> None:
     sol = nf.solve_equilibrium(syms, st, lr=0.1, batch_size=4)
     assert len(sol.at_infinity) == 1 and sol.at_infinity[0].direction.shape == (5, 2)
     # with an explicit ridge the problem is regular again
-    sol = nf.solve_equilibrium(syms, st, lr=0.1, batch_size=4, ridge=1e-6)
+    sol = nf.solve_equilibrium(syms, st, lr=0.1, batch_size=4, options=nf.SolveOptions(ridge=1e-6))
     assert not sol.at_infinity
 
 

@@ -1,6 +1,6 @@
 """Generators held fixed in the equilibrium solve, and the eps-safe re-solve (issue #14).
 
-``solve_equilibrium(..., fixed=...)`` against an independent dense Newton on the reduced F
+``SolveOptions(fixed=...)`` against an independent dense Newton on the reduced F
 (autograd, float64); ``solve_within_eps`` on small models with BatchNorm in training mode and
 with LayerNorm: after the teleport the flows of every generator that was not clipped vanish
 (fresh statistics, ``noether_flow``), the outputs change by at most the eps tolerance in train
@@ -100,14 +100,14 @@ def test_fixed_subset_solve_equals_the_dense_reduced_problem(solver: str) -> Non
         n0: torch.tensor([0.3, nan, -0.2, nan, nan, 0.1], dtype=DT),
         n1: torch.tensor([nan, 0.5, nan, nan, nan, nan, nan], dtype=DT),
     }
-    sol = nf.solve_equilibrium(syms, stats, nm, fixed=fixed, solver=solver)
+    sol = nf.solve_equilibrium(syms, stats, nm, options=nf.SolveOptions(fixed=fixed, solver=solver))
     ref = _reduced_newton(syms, stats, nm, fixed)
     for n in (n0, n1):
         lam = torch.as_tensor(sol.elements[n]).cpu()
         held = torch.isfinite(fixed[n])
         assert torch.equal(lam[held], fixed[n][held])  # held exactly
         assert torch.allclose(lam, ref[n], rtol=0, atol=1e-9), (lam - ref[n]).abs().max()
-    free = nf.solve_equilibrium(syms, stats, nm, solver=solver)
+    free = nf.solve_equilibrium(syms, stats, nm, options=nf.SolveOptions(solver=solver))
     assert not torch.allclose(torch.as_tensor(free.elements[n0]).cpu(), ref[n0], atol=1e-3)
 
 
@@ -118,13 +118,17 @@ def test_fixed_is_checked() -> None:
     n0 = syms.names[0]
     kw: dict[str, Any] = {"batch_size": 8, **HYPER}
     with pytest.raises(ValueError, match=r"'nope', which is not in the set"):
-        nf.solve_equilibrium(syms, stats, fixed={"nope": [0.0]}, **kw)
+        nf.solve_equilibrium(syms, stats, **kw, options=nf.SolveOptions(fixed={"nope": [0.0]}))
     with pytest.raises(ValueError, match=r"has shape \(2,\); expected \(6,\)"):
-        nf.solve_equilibrium(syms, stats, fixed={n0: [0.0, 1.0]}, **kw)
+        nf.solve_equilibrium(syms, stats, **kw, options=nf.SolveOptions(fixed={n0: [0.0, 1.0]}))
     with pytest.raises(ValueError, match=r"has shape \(2, 3\); expected \(6,\)"):
-        nf.solve_equilibrium(syms, stats, fixed={n0: torch.zeros(2, 3)}, **kw)
+        nf.solve_equilibrium(
+            syms, stats, **kw, options=nf.SolveOptions(fixed={n0: torch.zeros(2, 3)})
+        )
     with pytest.raises(ValueError, match=r"has 1 infinite entries; expected finite"):
-        nf.solve_equilibrium(syms, stats, fixed={n0: [float("inf")] + [0.0] * 5}, **kw)
+        nf.solve_equilibrium(
+            syms, stats, **kw, options=nf.SolveOptions(fixed={n0: [float("inf")] + [0.0] * 5})
+        )
 
 
 def test_fixed_in_coupled_sweeps() -> None:
@@ -137,14 +141,18 @@ def test_fixed_in_coupled_sweeps() -> None:
     (name,) = [n for n, s in syms.items() if s.family.value == "rescaling"]
     fixed = {name: torch.tensor([0.2, float("nan"), -0.3, float("nan"), 0.0], dtype=DT)}
     stats = nf.collect_stats(net, syms, _mse, x, y, estimator="reference")
-    sol = nf.solve_equilibrium(syms, stats, batch_size=8, fixed=fixed, **HYPER)
+    sol = nf.solve_equilibrium(
+        syms, stats, batch_size=8, **HYPER, options=nf.SolveOptions(fixed=fixed)
+    )
     assert sol.converged and sol.iterations > 1
     lam = torch.as_tensor(sol.elements[name]).cpu()
     held = torch.isfinite(fixed[name])
     assert torch.allclose(lam[held], fixed[name][held], rtol=0, atol=1e-15)
     rot = [n for n in syms.names if n != name]
     with pytest.raises(TypeError, match="a rotation symmetry; only diagonal generators"):
-        nf.solve_equilibrium(syms, stats, batch_size=8, fixed={rot[0]: [0.0]}, **HYPER)
+        nf.solve_equilibrium(
+            syms, stats, batch_size=8, **HYPER, options=nf.SolveOptions(fixed={rot[0]: [0.0]})
+        )
     nf.teleport(net, sol)  # (the statistics are those of before: refused from here on)
     after = nf.noether_flow(
         syms, nf.collect_stats(net, syms, _mse, x, y, estimator="reference"), batch_size=8, **HYPER

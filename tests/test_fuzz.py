@@ -431,10 +431,13 @@ def _api_calls() -> dict[str, Any]:
     calls["noether_flow.charges"] = lambda m, s, x, y, st_, v: nf.noether_flow(
         s, st_, **h, charges=v
     )
-    for k in ("tol", "max_iter", "rtol_singular", "ridge", "solver", "init", "fixed"):
+    for k in ("tol", "max_iter", "rtol_singular", "ridge", "solver", "fixed"):
         calls[f"solve_equilibrium.{k}"] = lambda m, s, x, y, st_, v, k=k: nf.solve_equilibrium(
-            s, st_, **h, **{k: v}
+            s, st_, **h, options=nf.SolveOptions(**{k: v})
         )
+    calls["solve_equilibrium.init"] = lambda m, s, x, y, st_, v: nf.solve_equilibrium(
+        s, st_, **h, init=v
+    )
     for k in ("scale", "tolerance", "seed", "strict"):
         calls[f"verify.{k}"] = lambda m, s, x, y, st_, v, k=k: s.verify(m, x, **{k: v})
     for k in ("scale", "tolerance", "seed"):

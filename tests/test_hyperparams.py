@@ -184,7 +184,9 @@ def test_momentum_sgd_uses_the_momentum_noise_model(nesterov: bool, dampening: f
         stats = nf.collect_stats(m, syms, F.mse_loss, x, y, estimator="reference")
         want = nf.noether_flow(syms, stats, **kw, **mkw, displacement=opt)["rescaling0"]
         plain = nf.noether_flow(syms, stats, **kw)["rescaling0"]
-        sol = nf.solve_equilibrium(syms, stats, **kw, **mkw, displacement=opt)
+        sol = nf.solve_equilibrium(
+            syms, stats, **kw, **mkw, options=nf.SolveOptions(displacement=opt)
+        )
         want_d = sol.distance["rescaling0"]
         row = mon.step(loss)
         assert row is not None
@@ -198,7 +200,7 @@ def test_momentum_sgd_uses_the_momentum_noise_model(nesterov: bool, dampening: f
     tp = nf.EquilibriumTeleport(m, syms, F.mse_loss, optimizer=opt, batch_size=8)
     read = tp.solve(x, y)
     stats = nf.collect_stats(m, syms, F.mse_loss, x, y, estimator="reference")
-    ref = nf.solve_equilibrium(syms, stats, **kw, **mkw, displacement=opt)
+    ref = nf.solve_equilibrium(syms, stats, **kw, **mkw, options=nf.SolveOptions(displacement=opt))
     assert torch.allclose(read.distance["rescaling0"], ref.distance["rescaling0"], rtol=1e-12)
     no_buffer = nf.solve_equilibrium(syms, stats, **kw, **mkw)  # the cross term matters here
     assert not torch.allclose(read.distance["rescaling0"], no_buffer.distance["rescaling0"])

@@ -26,7 +26,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("kernels",),  # one family's noise physics per module
     ("flow",),
     ("optim",),  # optimizers beyond SGD: NoiseModel.from_optimizer, step decomposition
-    ("equilibrium", "_sweep_plan"),  # _sweep_plan: the solver's sweep order, private to it
+    ("equilibrium", "_sweep_plan", "solve_options"),  # _sweep_plan: the sweep order
     ("sharpness",),
     ("teleportation",),  # apply, check, eps, optimizer state, the training tool
     ("baselines",),

@@ -175,9 +175,11 @@ def test_flow_cross_term_is_c_cross_times_the_bilinear_form(kind: str) -> None:
 def test_solve_with_displacement_lands_on_zero_flow(kind: str) -> None:
     """Teleport to the solution, move v as a gradient: fresh statistics give zero flow."""
     m, syms, x, y, _, nm, stats, v = _setup(kind)
-    sol = nf.solve_equilibrium(syms, stats, nm, displacement=v, max_sweeps=400)
+    sol = nf.solve_equilibrium(
+        syms, stats, nm, options=nf.SolveOptions(displacement=v, max_sweeps=400)
+    )
     assert sol.converged and not sol.at_infinity
-    plain = nf.solve_equilibrium(syms, stats, nm, max_sweeps=400)
+    plain = nf.solve_equilibrium(syms, stats, nm, options=nf.SolveOptions(max_sweeps=400))
     nf.teleport(m, sol)
     moved = _moved(syms, sol, v)
     after = nf.collect_stats(m, syms, F.mse_loss, x, y, estimator="reference")
@@ -200,7 +202,7 @@ def test_negative_noise_term_is_reported_at_infinity() -> None:
     w = m[0].weight
     v = {w: 1e3 * grad[w]}
     assert float(nf.noether_flow(syms, stats, nm, displacement=v)["scale"].max()) < 0
-    sol = nf.solve_equilibrium(syms, stats, nm, displacement=v)
+    sol = nf.solve_equilibrium(syms, stats, nm, options=nf.SolveOptions(displacement=v))
     assert [r.name for r in sol.at_infinity] == ["scale"]
     assert "momentum cross term" in sol.at_infinity[0].reason
     assert bool(torch.isfinite(sol.distance["neuron"]).all())
@@ -254,11 +256,13 @@ def test_bad_displacements_are_refused() -> None:
         nf.noether_flow(syms, stats, **{**KW, "momentum": 0.5}, displacement=opt)
     other_opt = torch.optim.SGD([other], lr=0.05, momentum=0.9)
     with pytest.raises(ValueError, match="holds none of the symmetry set's parameters"):
-        nf.solve_equilibrium(syms, stats, **kw, displacement=other_opt)
+        nf.solve_equilibrium(syms, stats, **kw, options=nf.SolveOptions(displacement=other_opt))
     with pytest.raises(TypeError, match=r"momentum_cross='false' is a str; expected True or"):
         nf.NoetherMonitor(m, syms, optimizer=opt, batch_size=8, momentum_cross="false")
     with pytest.raises(ValueError, match=r"has shape \(3,\); expected the parameter's shape"):
-        nf.solve_equilibrium(syms, stats, **kw, displacement={w: torch.zeros(3, dtype=DT)})
+        nf.solve_equilibrium(
+            syms, stats, **kw, options=nf.SolveOptions(displacement={w: torch.zeros(3, dtype=DT)})
+        )
     with pytest.raises(nf.NonFiniteGradientError, match="NaN/Inf"):
         nf.noether_flow(syms, stats, **kw, displacement={w: torch.full_like(w, float("nan"))})
     with pytest.raises(TypeError, match="expected a mapping"):
@@ -281,7 +285,9 @@ def test_monitor_track_mode_uses_the_cross_term() -> None:
             loss = F.mse_loss(m(x), y)
             loss.backward()
         stats = nf.collect_stats(m, syms, F.mse_loss, x, y, estimator="reference")
-        want = nf.solve_equilibrium(syms, stats, **kw, displacement=opt).distance
+        want = nf.solve_equilibrium(
+            syms, stats, **kw, options=nf.SolveOptions(displacement=opt)
+        ).distance
         row = mon.step(loss)
         assert row is not None
         for name in syms.names:
@@ -297,7 +303,7 @@ def test_solution_reports_the_stationary_cross_and_buffer_terms(kind: str, neste
     """(C*, B*, E*) of the solution = the 3 × 3 stationary point of ⟨G⟩, ⟨H⟩ measured afresh
     at the teleported model (v moved as a gradient), and C* its charge."""
     m, syms, x, y, _, nm, stats, v = _setup(kind, nesterov=nesterov)
-    sol = nf.solve_equilibrium(syms, stats, nm, displacement=v)
+    sol = nf.solve_equilibrium(syms, stats, nm, options=nf.SolveOptions(displacement=v))
     nf.teleport(m, sol)
     moved = _moved(syms, sol, v)
     after = nf.collect_stats(m, syms, F.mse_loss, x, y, estimator="reference")
@@ -355,7 +361,7 @@ def test_tools_can_drop_the_cross_term_and_say_why_directions_run_off() -> None:
     grad = _full_grad(m, x, y)
     v = {p: 3.0 * grad[p] for p in syms.params()}  # v along +ḡ: c_cross·vᵀAḡ dominates
     stats = nf.collect_stats(m, syms, F.mse_loss, x, y, estimator="reference")
-    sol = nf.solve_equilibrium(syms, stats, **kw, displacement=v)
+    sol = nf.solve_equilibrium(syms, stats, **kw, options=nf.SolveOptions(displacement=v))
     (rep,) = sol.at_infinity
     assert "negative eigenvalues" in rep.reason and "momentum cross term" in rep.reason
 
@@ -387,7 +393,7 @@ def test_a_negative_side_is_balanced_by_the_other_sides_decay() -> None:
     sums = [noise.diag(stats.mean[p], stats.sq[p], v[p]).reshape(8, -1).sum(1) for p in (w1, b1)]
     sums.append(noise.diag(stats.mean[w2], stats.sq[w2], v[w2]).sum(0))
     assert min(float(t.min()) for t in sums) < 0  # one parameter's part of a neuron
-    sol = nf.solve_equilibrium(syms, stats, noise, displacement=opt)
+    sol = nf.solve_equilibrium(syms, stats, noise, options=nf.SolveOptions(displacement=opt))
     assert sol.converged and not sol.at_infinity
     nf.teleport(sol)
     nf.transform_optimizer_state(opt, sol)
@@ -406,7 +412,7 @@ def test_a_neuron_without_a_stationary_point_is_reported_and_left_unmoved() -> N
     v[w1][0], v[b1][0] = 1e3 * stats.mean[w1][0], 1e3 * stats.mean[b1][0]
     v[w2][:, 0] = -1e3 * stats.mean[w2][:, 0]
     nm = nf.NoiseModel.create(**{**KW, "batch_size": 16, "weight_decay": 1e-3}, momentum=0.9)
-    sol = nf.solve_equilibrium(syms, stats, nm, displacement=v)
+    sol = nf.solve_equilibrium(syms, stats, nm, options=nf.SolveOptions(displacement=v))
     (rep,) = sol.at_infinity
     assert rep.direction.ne(0).tolist() == [True] + [False] * 7
     assert "momentum cross term" in rep.reason

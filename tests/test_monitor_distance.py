@@ -203,7 +203,7 @@ def test_monitor_incremental_rows_equal_full_solves(case: str) -> None:
             weight_decay=decay,
             time="discrete",
             momentum=momentum,
-            displacement=opt if momentum else None,
+            options=nf.SolveOptions(displacement=opt if momentum else None),
         )
         crossed += int(bool(st.displacement) or bool(opt.state))
         inf = {r.name: r.direction.reshape(-1).numpy() != 0 for r in sol.at_infinity}

@@ -203,7 +203,7 @@ def test_rotation_fixed_point_against_brute_force_root() -> None:
     nm = nf.NoiseModel.create(lr=LR, batch_size=S, weight_decay=dec, time="discrete")
     st = nf.collect_stats(m, syms, LOSS, x, y)
     (s,) = syms
-    sol = nf.solve_equilibrium(syms, st, nm, tol=1e-14)
+    sol = nf.solve_equilibrium(syms, st, nm, options=nf.SolveOptions(tol=1e-14))
     g = torch.as_tensor(sol.elements[s and syms.names[0]])
     iu = torch.triu_indices(3, 3)
     base = {p: p.detach().clone() for p in s.params}
@@ -284,13 +284,13 @@ def test_long_sgd_matches_the_mixed_equilibrium(beta: float) -> None:
     st = nf.collect_stats(net, syms, loss, xt, yt)
     dec = dict(zip(ps, decay.tolist(), strict=True))
     kw: dict = {"lr": eta, "batch_size": s, "time": "discrete", "momentum": beta}
+    disp = None
     if beta:
-        kw["displacement"] = {
-            p: torch.full_like(p, -eta * float(v)) for p, v in zip(ps, buf, strict=True)
-        }
+        disp = {p: torch.full_like(p, -eta * float(v)) for p, v in zip(ps, buf, strict=True)}
+    opts = nf.SolveOptions(displacement=disp)
 
     def predicted(decay: object) -> float:
-        sol = nf.solve_equilibrium(syms, st, weight_decay=decay, **kw)
+        sol = nf.solve_equilibrium(syms, st, weight_decay=decay, **kw, options=opts)
         lam = float(torch.as_tensor(sol.elements[syms.names[0]]).reshape(()))
         e = np.exp(2 * lam)  # C(e^{λA}θ) with A = diag(+1, +1, −1) on (w, b, u)
         return float(w * w * e + b * b * e - u * u / e)
@@ -540,7 +540,7 @@ def test_coupled_rotation_chain_with_no_decay_biases() -> None:
     nm = nf.NoiseModel.create(lr=LR, batch_size=S, weight_decay=dec, time="discrete")
     st = nf.collect_stats(m, syms, LOSS, x, y)
     before = nf.noether_flow(syms, st, nm)
-    sol = nf.solve_equilibrium(syms, st, nm, tol=1e-13, max_sweeps=500)
+    sol = nf.solve_equilibrium(syms, st, nm, options=nf.SolveOptions(tol=1e-13, max_sweeps=500))
     assert sol.converged and not sol.at_infinity
     nf.teleport(sol)
     after = nf.noether_flow(syms, nf.collect_stats(m, syms, LOSS, x, y), nm)
@@ -572,10 +572,12 @@ def test_momentum_with_one_decay_per_symmetry() -> None:
     st = nf.collect_stats(m, syms, LOSS, x, y)
     dec = {l1.weight: 0.02, l1.bias: 0.02, l2.weight: 0.05, l2.bias: 0.05}
     kw = {"lr": LR, "batch_size": S, "time": "discrete", "momentum": 0.9, "displacement": opt}
-    joint = nf.solve_equilibrium(syms, st, weight_decay=dec, **kw)
+    opts = nf.SolveOptions(displacement=opt)
+    skw = {k: v for k, v in kw.items() if k != "displacement"}
+    joint = nf.solve_equilibrium(syms, st, weight_decay=dec, **skw, options=opts)
     flows = nf.noether_flow(syms, st, weight_decay=dec, **kw)
     for name, s, gam in ((syms.names[0], s1, 0.02), (syms.names[1], s2, 0.05)):
-        alone = nf.solve_equilibrium(nf.SymmetrySet([s]), st, weight_decay=gam, **kw)
+        alone = nf.solve_equilibrium(nf.SymmetrySet([s]), st, weight_decay=gam, **skw, options=opts)
         (other,) = alone.elements.values()
         np.testing.assert_allclose(
             torch.as_tensor(joint.elements[name]).numpy(),

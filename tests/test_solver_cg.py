@@ -191,8 +191,8 @@ def test_cg_warm_start_and_auto_choice() -> None:
 
 # -- through solve_equilibrium ------------------------------------------------------------------
 def _solve_both(syms: nf.SymmetrySet, stats: nf.GradStats, **kw: Any) -> None:
-    ref = nf.solve_equilibrium(syms, stats, solver="dense", **kw)
-    got = nf.solve_equilibrium(syms, stats, solver="cg", **kw)
+    ref = nf.solve_equilibrium(syms, stats, **kw, options=nf.SolveOptions(solver="dense"))
+    got = nf.solve_equilibrium(syms, stats, **kw, options=nf.SolveOptions(solver="cg"))
     assert ref.converged and got.converged
     assert ref.max_distance() > 1e-2
     for name, el in ref.elements.items():
@@ -250,8 +250,8 @@ def test_solve_equilibrium_cg_matches_dense_with_scale_at_infinity() -> None:
     assert {s.family.value for s in syms} >= {"scale", "rescaling"}
     stats = nf.collect_stats(m, syms, nn.MSELoss(), x, y, estimator="reference")
     kw: dict[str, Any] = {"lr": 0.05, "batch_size": 8, "weight_decay": 0.0, "time": "continuous"}
-    ref = nf.solve_equilibrium(syms, stats, solver="dense", **kw)
-    got = nf.solve_equilibrium(syms, stats, solver="cg", **kw)
+    ref = nf.solve_equilibrium(syms, stats, **kw, options=nf.SolveOptions(solver="dense"))
+    got = nf.solve_equilibrium(syms, stats, **kw, options=nf.SolveOptions(solver="cg"))
     scale = [n for n, s in syms.items() if s.family.value == "scale"]
     assert scale and sorted(r.name for r in ref.at_infinity) == sorted(scale)
     assert [r.name for r in got.at_infinity] == [r.name for r in ref.at_infinity]
@@ -269,4 +269,6 @@ def test_solve_equilibrium_rejects_unknown_solver() -> None:
     x, y = torch.randn(8, 3, dtype=DT), torch.randn(8, 2, dtype=DT)
     stats = nf.collect_stats(m, syms, nn.MSELoss(), x, y, estimator="reference")
     with pytest.raises(ValueError, match=r"solver='lu' is not supported; expected 'auto'"):
-        nf.solve_equilibrium(syms, stats, lr=0.1, batch_size=8, solver="lu")
+        nf.solve_equilibrium(
+            syms, stats, lr=0.1, batch_size=8, options=nf.SolveOptions(solver="lu")
+        )

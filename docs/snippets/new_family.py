@@ -23,8 +23,8 @@ from noetherflow.kernels import (
     GroupSolve,
     InfinityReport,
     Kernel,
-    SolveOptions,
     StatsBlock,
+    StepOptions,
     register_kernel,
 )
 from noetherflow.stats.core import Level
@@ -107,7 +107,7 @@ class GroupScaleKernel(Kernel[GroupScale, GroupScaleStats]):
         stats: nf.GradStats,
         nm: nf.NoiseModel,
         names: Mapping[Symmetry, str],
-        opts: SolveOptions,
+        opts: StepOptions,
     ) -> GroupSolve:
         (s,) = syms
         tr_m = float(self.noise(s, stats, nm))

@@ -48,6 +48,7 @@ from .sharpness import (
     sharpness,
     top_eigenvalue,
 )
+from .solve_options import SolveOptions
 from .stats.collect import Capture, capture, collect_stats
 from .stats.core import Estimator, GradStats, Level, Reduction
 from .stats.distributed import all_reduce_stats
@@ -121,6 +122,7 @@ __all__ = [
     "NoetherMonitor",
     "Sharpness",
     "SharpnessOptions",
+    "SolveOptions",
     "TraceEstimate",
     "all_reduce_stats",
     "hessian_trace",

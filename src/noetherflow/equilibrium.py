@@ -30,11 +30,8 @@ from torch import Tensor, nn
 from noetherflow import _shard
 from noetherflow._anderson import Anderson
 from noetherflow._checks import (
-    check_nonnegative,
-    check_positive_int,
     check_stats_cover,
     fingerprint,
-    parse_enum,
 )
 from noetherflow._deprecate import is_old_model_call, warn_model
 from noetherflow._divergence import is_finite
@@ -42,7 +39,7 @@ from noetherflow._errors import NonFiniteGradientError, StatisticsError
 from noetherflow._sweep_plan import Step, accelerated, plan_sweep
 from noetherflow.kernels import (
     InfinityReport,
-    SolveOptions,
+    StepOptions,
     geometric_mean,
     kernel_for,
 )
@@ -55,6 +52,7 @@ from noetherflow.kernels.base import (
 )
 from noetherflow.kernels.decay import ParamDecay
 from noetherflow.kernels.noise import NoiseModel, TimeModel, check_decay, resolve_noise
+from noetherflow.solve_options import SolveOptions, resolve_options
 from noetherflow.stats.core import GradStats, Level, with_displacement
 from noetherflow.symmetry.base import DiagonalSymmetry, Symmetry
 from noetherflow.symmetry.set import SymmetrySet
@@ -82,6 +80,9 @@ class EquilibriumSolution:
         at_infinity: directions whose equilibrium is at infinity (not moved).
         residual: predicted relative flow left after the transport, per symmetry.
         converged, iterations: solver status (Newton iterations or sweeps).
+        progress: the largest relative flow the last sweep measured (the sweeps' stopping
+            measure, over every block): at most ``tol`` when converged, and how far a solve
+            stopped by ``max_sweeps`` is from it (e.g. the monitor's solve spread over records).
         fingerprint: signature of the parameters the solution was computed at
             (:func:`fingerprint` of ``syms.params()``); :func:`noetherflow.teleport` refuses
             parameters that changed since. None: not checked.
@@ -109,6 +110,7 @@ class EquilibriumSolution:
     residual: dict[str, float] = field(default_factory=dict)
     converged: bool = True
     iterations: int = 0
+    progress: float = 0.0
     fingerprint: tuple[tuple[float, float, float], ...] | None = None
     eps_tolerance: float | None = None
     probe: Any = None
@@ -155,18 +157,12 @@ def solve_equilibrium(
     batch_size: int | None = None,
     weight_decay: float | Mapping[nn.Parameter, float] | ParamDecay | None = None,
     time: str | TimeModel | None = None,
-    tol: float = 1e-12,
-    max_iter: int = 100,
-    max_sweeps: int = 200,
-    rtol_singular: float = 1e-10,
-    ridge: float | None = None,
-    init: EquilibriumSolution | None = None,
     momentum: float | None = None,
     nesterov: bool | None = None,
     dampening: float | None = None,
-    solver: str | NewtonMethod = "auto",
-    fixed: Mapping[str, Any] | None = None,
-    displacement: Any = None,
+    options: SolveOptions | None = None,
+    init: EquilibriumSolution | None = None,
+    **legacy: Any,
 ) -> EquilibriumSolution:
     """Solve for the noise equilibrium of every symmetry in ``syms`` (paper Thm 4.3, eq. 9).
 
@@ -188,12 +184,9 @@ def solve_equilibrium(
             ``nn.Parameter`` → γ (or :class:`~noetherflow.ParamDecay` with a default) for
             per-parameter decay, e.g. a no-decay group (docs/concepts/flow.md, PD1–PD6).
         time: ``"continuous"`` or ``"discrete"`` (keyword form).
-        tol: relative flow (|flow| / gross magnitude of its terms) at which to stop.
-        max_iter: Newton iterations of the joint diagonal solve.
-        max_sweeps: block sweeps when symmetries are coupled (chains).
-        rtol_singular: eigenvalues of X or Y below this fraction of the largest count as zero;
-            those hidden directions have their equilibrium at infinity and are reported.
-        ridge: add ``ridge·I`` to X and Y instead (explicit regularisation, reported).
+        options: how to solve, :class:`~noetherflow.SolveOptions` (tol, max_iter, max_sweeps,
+            rtol_singular, ridge, solver, fixed, displacement); default: the reference
+            settings.
         init: a previous solution of the same symmetry set (e.g. a few training steps ago):
             its diagonal λ warm-start the joint Newton solve (same convergence criteria, so the
             same answer, usually in fewer iterations); other families start from the identity.
@@ -201,26 +194,8 @@ def solve_equilibrium(
             coefficients; β = 0 is plain SGD exactly.
         nesterov: Nesterov momentum (keyword form).
         dampening: PyTorch SGD's momentum dampening d (keyword form).
-        solver: the linear systems of the joint diagonal Newton solve: ``"dense"`` (the
-            Hessian over all generators, Cholesky: O(n²) memory, the reference), ``"cg"``
-            (matrix-free preconditioned conjugate gradients on the block-sparse Hessian: memory
-            linear in the number of generators) or ``"auto"`` (dense up to 512 free
-            generators, else cg). Same stopping criterion, so the same λ* to ``tol``.
-        fixed: generators of diagonal symmetries held at given values while the rest are
-            solved: symmetry name → λ ``[num_generators]`` (a tensor or sequence), finite
-            entries held there (measured from the current θ, like the solution's elements),
-            NaN entries free. The solution minimises F over the free generators with the held
-            ones in place, so the flows vanish after the teleport on the free generators only
-            (e.g. scale invariances clipped by :func:`noetherflow.solve_within_eps`).
-        displacement: SGD with momentum: the ``torch.optim.SGD`` whose buffers to read (after
-            ``backward``, before ``step``) or a mapping parameter → v = −lr·buffer, for the
-            cross term c_cross·vᵀA∇L. v moves along the orbit as a gradient does (as
-            :class:`noetherflow.EquilibriumTeleport` moves the buffer), and the solution puts
-            each charge at the exact stationary value of the (C, B, E) map
-            (docs/concepts/optimizers.md). Without it the term is 0, exact only when
-            ⟨vᵀA∇L⟩ = 0. The term is signed: terms of F that share an exponent are summed,
-            and a group (or a rotation direction) whose sum is negative has no stationary
-            point; its generators are reported at infinity and left unmoved.
+        **legacy: the old loose spellings of the options (``tol=``, ``fixed=`` …): they still
+            work and warn (:class:`FutureWarning`); an unknown keyword is a ``TypeError``.
 
     Returns:
         An :class:`EquilibriumSolution`; apply it with :func:`noetherflow.teleport`.
@@ -228,22 +203,10 @@ def solve_equilibrium(
     Raises:
         NonFiniteGradientError: NaN/Inf statistics or parameters.
         ValueError: invalid hyper-parameters (see :meth:`NoiseModel.create`).
+        TypeError: an unknown keyword, or ``options`` together with the old keywords.
     """
-    args: tuple[Any, Any, Any] = (syms, stats, noise)
-    if is_old_model_call(syms, stats, SymmetrySet):
-        warn_model("solve_equilibrium", "solve_equilibrium(syms, stats, noise)")
-        args = (stats, noise, None)
-    syms, stats, noise = args
-    if not isinstance(syms, SymmetrySet) or not isinstance(stats, GradStats):
-        raise TypeError(
-            "solve_equilibrium(syms, stats, noise): expected a SymmetrySet and GradStats, got "
-            f"{type(syms).__name__} and {type(stats).__name__}."
-        )
-    if noise is not None and not isinstance(noise, NoiseModel):
-        raise TypeError(
-            f"solve_equilibrium: noise is a {type(noise).__name__}; expected a NoiseModel, "
-            "e.g. nf.NoiseModel.create(lr=..., batch_size=...)."
-        )
+    syms, stats, noise = _parse_call(syms, stats, noise)
+    opts = resolve_options(options, legacy, "solve_equilibrium")
     nm = resolve_noise(
         noise,
         lr=lr,
@@ -255,18 +218,6 @@ def solve_equilibrium(
         nesterov=nesterov,
         dampening=dampening,
     )
-    method = parse_enum(
-        NewtonMethod,
-        solver,
-        "solver",
-        "'auto' (by size), 'dense' (dense Hessian, Cholesky) or 'cg' (matrix-free conjugate "
-        "gradients)",
-    )
-    tol = check_nonnegative(tol, "tol", "the solver's tolerance")
-    rtol_singular = check_nonnegative(rtol_singular, "rtol_singular", "relative eigenvalue cut")
-    max_iter = check_positive_int(max_iter, "max_iter", "Newton iterations")
-    if ridge is not None:
-        ridge = check_nonnegative(ridge, "ridge", "None or a Tikhonov ridge")
     _check_inputs(syms, stats)
     check_decay(nm, syms, "solve_equilibrium")
     if init is not None and not isinstance(init, EquilibriumSolution):
@@ -274,10 +225,10 @@ def solve_equilibrium(
             f"solve_equilibrium: init is a {type(init).__name__}; expected None or the "
             "EquilibriumSolution of an earlier solve of this set (a warm start)."
         )
-    stats = with_displacement(stats, displacement, syms.params(), "solve_equilibrium", nm.momentum)
-    held = _check_fixed(syms, fixed)
-    names: dict[Any, str] = {s: n for n, s in syms.items()}
-    index = {s: i for i, s in enumerate(syms)}
+    stats = with_displacement(
+        stats, opts.displacement, syms.params(), "solve_equilibrium", nm.momentum
+    )
+    held = _check_fixed(syms, opts.fixed)
     blocks = syms.coupled_groups()
     if blocks and not stats.samples:
         raise ValueError(
@@ -285,36 +236,81 @@ def solve_equilibrium(
             "the solver needs per-sample gradients, but the statistics hold none. Collect them "
             "with nf.collect_stats for this same symmetry set (it keeps them automatically)."
         )
-    params = syms.params()
-    stamp = fingerprint(params)
+    stamp = fingerprint(syms.params())
     # the steps are written on whole parameters: an FSDP2 shard is gathered, once per solve
-    values = {p: _shard.full(p.detach()).to(torch.float64, copy=True) for p in params}
-    opts = SolveOptions(
-        tol=tol,
-        max_iter=max_iter,
-        rtol_singular=rtol_singular,
-        ridge=ridge,
+    values = {p: _shard.full(p.detach()).to(torch.float64, copy=True) for p in syms.params()}
+    step = StepOptions(
+        tol=opts.tol,
+        max_iter=opts.max_iter,
+        rtol_singular=opts.rtol_singular,
+        ridge=opts.ridge,
         coupled=False,
         init=None if init is None else init.elements,
-        method=method.value,
+        method=NewtonMethod(opts.solver).value,
         fixed=held or None,
     )
-    # Independent blocks (no parameter shared across two): the symmetries of no coupled
-    # group are solved once, jointly; each coupled group by its own sweeps, until its own
-    # flows converge. Same answer as sweeping over all at once, as the blocks do not interact.
+    out = _solve_parts(syms, blocks, values, stats, nm, step, opts.max_sweeps, held)
+    return _solution(syms, out, values, stats, nm, stamp)
+
+
+def _parse_call(
+    syms: Any, stats: Any, noise: Any
+) -> tuple[SymmetrySet, GradStats, NoiseModel | None]:
+    """``(syms, stats, noise)`` of a call, the old ``(model, syms, stats)`` form warned."""
+    if is_old_model_call(syms, stats, SymmetrySet):
+        warn_model("solve_equilibrium", "solve_equilibrium(syms, stats, noise)")
+        syms, stats, noise = stats, noise, None
+    if not isinstance(syms, SymmetrySet) or not isinstance(stats, GradStats):
+        raise TypeError(
+            "solve_equilibrium(syms, stats, noise): expected a SymmetrySet and GradStats, got "
+            f"{type(syms).__name__} and {type(stats).__name__}."
+        )
+    if noise is not None and not isinstance(noise, NoiseModel):
+        raise TypeError(
+            f"solve_equilibrium: noise is a {type(noise).__name__}; expected a NoiseModel, "
+            "e.g. nf.NoiseModel.create(lr=..., batch_size=...)."
+        )
+    return syms, stats, noise
+
+
+def _solve_parts(
+    syms: SymmetrySet,
+    blocks: list[list[int]],
+    values: dict[nn.Parameter, Tensor],
+    stats: GradStats,
+    nm: NoiseModel,
+    step: StepOptions,
+    max_sweeps: int,
+    held: Mapping[str, Tensor],
+) -> _Solved:
+    """Solve the independent blocks of ``syms`` (no parameter shared across two).
+
+    The symmetries of no coupled group are solved once, jointly; each coupled group by its own
+    sweeps, until its own flows converge. Same answer as sweeping over all at once, as the
+    blocks do not interact.
+    """
+    names: dict[Any, str] = {s: n for n, s in syms.items()}
+    index = {s: i for i, s in enumerate(syms)}
     coupled_ids = {i for g in blocks for i in g}
     parts = [[i for i in range(len(syms)) if i not in coupled_ids], *blocks]
     out = _Solved(totals={s: s.identity_element() for s in syms})
     for k, part in enumerate(parts):
         if part:
             sub = syms.subset(part)
-            _solve_block(sub, k > 0, values, stats, nm, names, index, opts, max_sweeps, held, out)
-    converged, iterations = out.converged, max(out.sweeps or out.newton or [1])
-    steps, totals, reports, residual = out.steps, out.totals, out.reports, out.residual
+            _solve_block(sub, k > 0, values, stats, nm, names, index, step, max_sweeps, held, out)
+    return out
 
-    distance: dict[str, Tensor] = {}
-    for s in syms:
-        distance[names[s]] = kernel_for(s).distance(s, totals[s])
+
+def _solution(
+    syms: SymmetrySet,
+    out: _Solved,
+    values: Mapping[nn.Parameter, Tensor],
+    stats: GradStats,
+    nm: NoiseModel,
+    stamp: tuple[tuple[float, float, float], ...],
+) -> EquilibriumSolution:
+    """The :class:`EquilibriumSolution` of the blocks' results (a non-finite one refused)."""
+    distance = {n: kernel_for(s).distance(s, out.totals[s]) for n, s in syms.items()}
     bad = [n for n, d in distance.items() if not is_finite(torch.as_tensor(d))]
     if bad:
         raise StatisticsError(
@@ -324,15 +320,16 @@ def solve_equilibrium(
         )
     return EquilibriumSolution(
         syms=syms,
-        steps=steps,
-        elements={names[s]: totals[s] for s in syms},
+        steps=out.steps,
+        elements={n: out.totals[s] for n, s in syms.items()},
         distance=distance,
-        at_infinity=list(reports.values()),
-        residual=residual,
-        converged=converged,
-        iterations=iterations,
+        at_infinity=list(out.reports.values()),
+        residual=out.residual,
+        converged=out.converged,
+        iterations=max(out.sweeps or out.newton or [1]),
+        progress=out.progress,
         fingerprint=stamp,
-        momentum_terms=_momentum_terms(syms, values, stats, nm, steps, reports),
+        momentum_terms=_momentum_terms(syms, values, stats, nm, out.steps, out.reports),
     )
 
 
@@ -345,6 +342,7 @@ class _Solved:
     reports: dict[str, InfinityReport] = field(default_factory=dict)
     residual: dict[str, float] = field(default_factory=dict)
     converged: bool = True
+    progress: float = 0.0  # the largest relative flow of the blocks' last sweeps
     sweeps: list[int] = field(default_factory=list)  # per coupled block
     newton: list[int] = field(default_factory=list)  # iterations of the uncoupled solves
 
@@ -357,7 +355,7 @@ def _solve_block(
     nm: NoiseModel,
     names: Mapping[Any, str],
     index: Mapping[Symmetry, int],
-    opts: SolveOptions,
+    opts: StepOptions,
     max_sweeps: int,
     held: Mapping[str, Tensor],
     out: _Solved,
@@ -431,6 +429,7 @@ def _solve_block(
         done = worst <= max(opts.tol, 1e-10)
         if coupled and done and sweep > 1:
             break
+    out.progress = max(out.progress, worst)
     if coupled:
         out.converged = out.converged and done
         out.sweeps.append(sweep)
@@ -469,7 +468,7 @@ def _split(members: list[Symmetry], delta: Tensor) -> list[tuple[Symmetry, Tenso
 
 def _warm_start(
     part: SymmetrySet,
-    opts: SolveOptions,
+    opts: StepOptions,
     held: Mapping[str, Tensor],
     names: Mapping[Any, str],
     index: Mapping[Symmetry, int],

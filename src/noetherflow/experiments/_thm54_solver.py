@@ -102,7 +102,7 @@ def chain_solver_check(
         batch_size=cfg.batch_size,
         weight_decay=0.0,
         time="continuous",
-        tol=cfg.solver_tol,
+        options=nf.SolveOptions(tol=cfg.solver_tol),
     )
     nf.teleport(model, sol)
     solve_s = time.perf_counter() - t0

@@ -49,7 +49,7 @@ __all__ = [
     "InfinityReport",
     "Kernel",
     "SampleSource",
-    "SolveOptions",
+    "StepOptions",
     "assemble",
     "kernel_for",
     "kernels_of",
@@ -85,7 +85,7 @@ class InfinityReport:
 
 
 @dataclass(frozen=True)
-class SolveOptions:
+class StepOptions:
     """Options of :func:`noetherflow.solve_equilibrium` passed to every kernel."""
 
     tol: float = 1e-12
@@ -137,7 +137,7 @@ class Kernel(ABC, Generic[S, B]):
     block: ClassVar[type[StatsBlock]]
     joint: ClassVar[bool] = False
     matrix_valued: ClassVar[bool] = False
-    # solve_equilibrium(fixed=...) may hold its generators at given values
+    # solve_equilibrium(options=StepOptions(fixed=...)) may hold its generators at given values
     can_hold: ClassVar[bool] = False
     # the monitor may follow its equilibrium between full solves (monitor/first_order.py):
     # then :meth:`problem` gives the convex F(λ) its solve minimises
@@ -215,7 +215,7 @@ class Kernel(ABC, Generic[S, B]):
         stats: GradStats,
         nm: NoiseModel,
         names: Mapping[Symmetry, str],
-        opts: SolveOptions,
+        opts: StepOptions,
     ) -> GroupSolve:
         """One solve step for ``syms`` (all of them if ``joint``, else one) at ``values``."""
 
@@ -226,7 +226,7 @@ class Kernel(ABC, Generic[S, B]):
         stats: GradStats,
         nm: NoiseModel,
         names: Mapping[Symmetry, str],
-        opts: SolveOptions,
+        opts: StepOptions,
     ) -> GroupSolve:
         """One step for each of ``syms`` (pairwise disjoint coordinates), merged in order.
 

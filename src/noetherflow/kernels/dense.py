@@ -24,7 +24,7 @@ from noetherflow.kernels.base import (
     GroupSolve,
     InfinityReport,
     Kernel,
-    SolveOptions,
+    StepOptions,
     register_kernel,
 )
 from noetherflow.kernels.noise import NoiseModel, TimeModel, cross_values
@@ -203,7 +203,7 @@ class DenseKernel(Kernel[DenseSymmetry, DenseStats]):
         stats: GradStats,
         nm: NoiseModel,
         names: Mapping[Symmetry, str],
-        opts: SolveOptions,
+        opts: StepOptions,
     ) -> GroupSolve:
         """λ* of the monotone flow along e^{λA} (one symmetry)."""
         (s,) = syms

@@ -34,7 +34,7 @@ from noetherflow.kernels.base import (
     GroupSolve,
     InfinityReport,
     Kernel,
-    SolveOptions,
+    StepOptions,
     register_kernel,
 )
 from noetherflow.kernels.decay import decay_cross
@@ -307,7 +307,7 @@ class DiagonalKernel(Kernel[DiagonalSymmetry, DiagonalStats]):
         stats: GradStats,
         nm: NoiseModel,
         names: Mapping[Symmetry, str],
-        opts: SolveOptions,
+        opts: StepOptions,
     ) -> GroupSolve:
         """Newton on F(λ) over the generators of all ``syms`` jointly.
 

@@ -27,7 +27,7 @@ from noetherflow.kernels.base import (
     GroupSolve,
     InfinityReport,
     Kernel,
-    SolveOptions,
+    StepOptions,
     register_kernel,
 )
 from noetherflow.kernels.noise import NoiseModel, cross_values
@@ -218,7 +218,7 @@ def _solve_with_cross(
     x: Tensor,
     y: Tensor,
     cross: tuple[float, Tensor, Tensor, Tensor, Tensor],
-    opts: SolveOptions,
+    opts: StepOptions,
 ) -> tuple[Tensor, Tensor | None, float, float]:
     """G with X(G) − Y(G) + H(G) = 0: a fixed point on the geometric mean (eq. PD7).
 
@@ -321,7 +321,7 @@ class RotationKernel(Kernel[DoubleRotation, RotationStats]):
         stats: GradStats,
         nm: NoiseModel,
         names: Mapping[Symmetry, str],
-        opts: SolveOptions,
+        opts: StepOptions,
     ) -> GroupSolve:
         """G = P^{1/2}, P Y P = X on the common range of X and Y (one rotation).
 
@@ -370,7 +370,7 @@ class RotationKernel(Kernel[DoubleRotation, RotationStats]):
         stats: GradStats,
         nm: NoiseModel,
         names: Mapping[Symmetry, str],
-        opts: SolveOptions,
+        opts: StepOptions,
     ) -> GroupSolve:
         """The heads of one layer in one batched geometric mean (kernels/rotation_batch.py)."""
         from noetherflow.kernels.rotation_batch import solve_disjoint

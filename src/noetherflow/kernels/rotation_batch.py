@@ -17,7 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from noetherflow._threads import one_thread
-from noetherflow.kernels.base import GroupSolve, SolveOptions
+from noetherflow.kernels.base import GroupSolve, StepOptions
 from noetherflow.kernels.noise import NoiseModel
 from noetherflow.kernels.rotation import RotationKernel, _mixed_cross
 from noetherflow.stats.core import GradStats
@@ -84,7 +84,7 @@ def solve_disjoint(
     stats: GradStats,
     nm: NoiseModel,
     names: Mapping[Symmetry, str],
-    opts: SolveOptions,
+    opts: StepOptions,
 ) -> GroupSolve:
     """One solve step for rotations on pairwise disjoint coordinates, batched by width d.
 

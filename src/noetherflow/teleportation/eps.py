@@ -10,7 +10,7 @@ their flows do not vanish after the teleport. :func:`solve_within_eps` therefore
 
 1. solves the equilibrium (:func:`~noetherflow.solve_equilibrium`);
 2. holds every scale-invariance generator that left its interval at the nearest bound and
-   solves again for all the others with those held (``solve_equilibrium(..., fixed=...)``:
+   solves again for all the others with those held (``SolveOptions(fixed=...)``:
    the minimum of the convex F over the free generators, whose flows vanish there);
 3. repeats 2 until no free generator leaves its interval (the held set only grows, so this
    ends after at most as many solves as there are bounded generators);
@@ -40,6 +40,7 @@ from noetherflow._checks import check_instance
 from noetherflow._inputs import ModelInputs, Probe
 from noetherflow.equilibrium import EquilibriumSolution, solve_equilibrium
 from noetherflow.kernels.noise import NoiseModel
+from noetherflow.solve_options import split_options
 from noetherflow.stats.core import GradStats
 from noetherflow.symmetry.eps import (
     EpsClip,
@@ -121,8 +122,9 @@ def solve_within_eps(
         tolerance: τ, the largest relative output change accepted in train and eval mode.
         seed: seeds any dropout in the measuring forward passes.
         max_halvings: how often the intervals may be halved when the change exceeds τ.
-        **solve_kwargs: keyword arguments of :func:`~noetherflow.solve_equilibrium` (``init``
-            warm-starts the first solve only; ``fixed`` is set here).
+        **solve_kwargs: keyword arguments of :func:`~noetherflow.solve_equilibrium`
+            (``options``; ``init`` warm-starts the first solve only; ``options.fixed`` is set
+            here).
 
     Returns:
         The solution (apply it with :func:`noetherflow.teleport`) and an
@@ -131,20 +133,23 @@ def solve_within_eps(
 
     Raises:
         ValueError: ``tolerance`` not in (0, 1) or ``max_halvings`` negative.
-        TypeError: ``fixed`` among ``solve_kwargs``.
+        TypeError: ``fixed`` among the options.
     """
     who = "solve_within_eps"
     check_tolerance(tolerance, who)
     if int(max_halvings) < 0:
         raise ValueError(f"{who}: max_halvings={max_halvings!r}; expected an int >= 0.")
-    if "fixed" in solve_kwargs:
+    given = solve_kwargs.get("options")
+    if "fixed" in solve_kwargs or getattr(given, "fixed", None) is not None:
         raise TypeError(
             f"{who}: fixed= is set by this function (the clipped generators); to hold "
-            "generators of your own, call nf.solve_equilibrium(..., fixed=...) directly."
+            "generators of your own, call nf.solve_equilibrium(..., options=nf.SolveOptions("
+            "fixed=...)) directly."
         )
+    solve_kwargs, opts = split_options(solve_kwargs, who, warn=True)
     args = ModelInputs.of(inputs, who)
     bounds = eps_bounds(model, syms, args, tolerance=tolerance, seed=seed)
-    first = solve_equilibrium(syms, stats, noise, **solve_kwargs)
+    first = solve_equilibrium(syms, stats, noise, options=opts, **solve_kwargs)
     kwargs = {k: v for k, v in solve_kwargs.items() if k != "init"}
     report = EpsReport(tolerance)
     measure = measurer(model, args, seed)
@@ -154,7 +159,9 @@ def solve_within_eps(
         held: dict[str, Tensor] = {}
         while (grown := clip_held(sol, bounds, held, shrink)) is not None:
             held = grown
-            sol = solve_equilibrium(syms, stats, noise, fixed=held, init=sol, **kwargs)
+            sol = solve_equilibrium(
+                syms, stats, noise, options=opts.replace(fixed=held), init=sol, **kwargs
+            )
             report.resolves += 1
         report.change_train, report.change_eval = measure(syms, sol.steps)
         if max(report.change_train, report.change_eval) <= tolerance:

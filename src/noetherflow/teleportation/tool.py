@@ -44,6 +44,7 @@ from noetherflow._inputs import Probe
 from noetherflow.equilibrium import EquilibriumSolution, solve_equilibrium
 from noetherflow.kernels.decay import ParamDecay, parse_decay
 from noetherflow.optim.source import HyperSource
+from noetherflow.solve_options import split_options
 from noetherflow.stats.collect import check_params_of, collect_stats
 from noetherflow.stats.core import Estimator, with_displacement
 from noetherflow.stats.distributed import unwrap_ddp
@@ -143,7 +144,9 @@ class EquilibriumTeleport:
         optimizer: optional; its state is kept consistent (see ``optimizer_state``), and
             without ``lr`` its param groups give η and γ.
         optimizer_state: ``"transform"`` (default) or ``"reset"``; see the module docstring.
-        solver_kwargs: extra keyword arguments of :func:`~noetherflow.solve_equilibrium`.
+        solver_kwargs: extra keyword arguments of :func:`~noetherflow.solve_equilibrium`:
+            the fields of :class:`~noetherflow.SolveOptions` (or ``options=`` one) and
+            ``init``.
         eps_tolerance: None (default), or τ: keep scale invariances before a normalisation
             inside the region where its eps changes the outputs by at most τ, clipping them
             and re-solving the generators coupled to them
@@ -251,7 +254,10 @@ class EquilibriumTeleport:
         self.reduction = reduction
         self.optimizer = optimizer
         self.optimizer_state = OptimizerState(optimizer_state)
-        self.solver_kwargs = dict(solver_kwargs or {})
+        # the solver's own options as one object (SolveOptions fields or options=...)
+        self.solver_kwargs, self.solve_options = split_options(
+            solver_kwargs or {}, "EquilibriumTeleport(solver_kwargs=...)"
+        )
         if eps_tolerance is not None:
             check_tolerance(eps_tolerance, "EquilibriumTeleport(eps_tolerance=...)")
         self.eps_tolerance = None if eps_tolerance is None else float(eps_tolerance)
@@ -355,6 +361,7 @@ class EquilibriumTeleport:
             "time": self.time,
             **self.solver_kwargs,
             **self._source().momentum_kwargs(),
+            "options": self.solve_options,
         }
         # SGD with momentum: the buffers give the cross term c_cross·vᵀA∇L (not when the
         # teleport resets them: the model then continues with v = 0)

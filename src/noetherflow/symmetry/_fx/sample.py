@@ -33,7 +33,7 @@ from noetherflow._inputs import ModelInputs
 __all__ = ["ROWS", "TOKENS", "Sample", "sample_of"]
 
 ROWS = 8
-TOKENS = 64
+TOKENS = 32
 
 
 @dataclass(frozen=True)
