@@ -151,6 +151,8 @@ class NoetherMonitor:
             converge in 8 steps.
         distance_tol: the chord correction (in units of λ, ‖δλ‖∞) at which the incremental
             solve stops; the recorded λ is then that close to the full solve's.
+        distance_sweeps: coupled sweeps (e.g. attention rotations) per distance record (``None``:
+            until converged); ``distance_converged`` = 0 marks provisional rows (the tutorial).
         solver_options: extra keyword arguments of :func:`noetherflow.solve_equilibrium`.
         momentum_cross: with ``optimizer=torch.optim.SGD(momentum=β)``, include the cross term
             c_cross·vᵀA∇L of its buffers in the flows and distances (default; exact). False
@@ -198,6 +200,7 @@ class NoetherMonitor:
         distance_mode: str | DistanceMode = "track",
         solve_every: int | None = None,
         distance_tol: float = 1e-4,
+        distance_sweeps: int | None = 1,
         solver_options: Mapping[str, Any] | None = None,
         full_matrices: bool = False,
         sharpness: bool | SharpnessOptions = False,
@@ -273,6 +276,7 @@ class NoetherMonitor:
             ),
             tol=float(distance_tol),
             solver_options=self.solver_options,
+            sweeps=distance_sweeps,
         )
         self.full_matrices = full_matrices
         self.sharpness: SharpnessOptions | None = (

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-__all__ = ["DistanceMode", "SharpnessOptions", "multiple"]
+__all__ = ["DistanceMode", "SharpnessOptions", "check_sweeps", "multiple"]
 
 
 @dataclass(frozen=True)
@@ -63,3 +63,15 @@ def multiple(name: str, value: int | None, every: int) -> int:
             "only every `every` steps)."
         )
     return int(value)
+
+
+def check_sweeps(value: int | None) -> int | None:
+    """``distance_sweeps`` checked: a positive integer, or ``None`` (sweep until converged)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(
+            f"distance_sweeps={value!r} must be a positive integer (coupled sweeps per distance "
+            "record) or None (sweep until converged)."
+        )
+    return value

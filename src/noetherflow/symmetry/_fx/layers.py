@@ -185,8 +185,15 @@ def is_known_module(m: nn.Module) -> bool:
         or module_op(m) is not None
         or layer_spec(m) is not None
         or norm_spec(m) is not None
-        or isinstance(m, nn.MultiheadAttention | nn.PReLU)
+        or _claimed_whole(m)
     )
+
+
+def _claimed_whole(m: nn.Module) -> bool:
+    """A module-stage matcher reads ``m`` as a whole (``nn.MultiheadAttention``)."""
+    from noetherflow.symmetry._fx.patterns import claimed  # its registry fills on first use
+
+    return bool(claimed(m))
 
 
 def _linear(m: nn.Module) -> LayerSpec:
