@@ -3,6 +3,7 @@
 ```
 python benchmarks/gpt2_124m.py [--quick] [--threads 2] [--steps 30] [--reps 3]
                                [--phases detect,stats,solve,monitor] [--detect-batch 4x128]
+                               [--optimizers sgdm,adamw]
 ```
 
 Hugging Face ``GPT2LMHeadModel(GPT2Config())`` (12 layers, width 768, 12 heads, vocabulary
@@ -237,14 +238,29 @@ def phase_monitor(
         tp.append(plain_block(n))
         tm.append(mon_block(n))
         done += n
-    first = float(mon.history["monitor_time"][0])
+    hist = mon.history
+    first = float(hist["monitor_time"][0])
     ratio = sum(tm) / sum(tp)
+    conv = hist.get("distance_converged")
+    converged = None if conv is None or conv[0] != conv[0] else bool(conv[0])
     print(
         f"monitor  {kind:5s} {steps} steps: plain {sum(tp):.2f} s, monitored {sum(tm):.2f} s, "
         f"ratio {ratio:.3f} (first record {first:.2f} s = {first / (sum(tp) / steps):.1f} "
-        "plain steps)"
+        f"plain steps; its distance converged: {converged})"
     )
-    return {"ratio": ratio, "plain_s": sum(tp), "monitored_s": sum(tm), "first_record_s": first}
+    rec = ", ".join(f"{t:.2f}" for t in hist["monitor_time"])
+    print(
+        f"         blocks plain {[round(t, 2) for t in tp]} s, monitored "
+        f"{[round(t, 2) for t in tm]} s; records' monitor_time {rec} s"
+    )
+    return {
+        "ratio": ratio,
+        "plain_s": sum(tp),
+        "monitored_s": sum(tm),
+        "first_record_s": first,
+        "records_s": [float(t) for t in hist["monitor_time"]],
+        "first_distance_converged": converged,
+    }
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -254,6 +270,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--steps", type=int, default=30, help="training steps per monitor loop")
     ap.add_argument("--reps", type=int, default=3, help="interleaved rounds of the stats phase")
     ap.add_argument("--phases", default="detect,stats,solve,monitor")
+    ap.add_argument("--optimizers", default="sgdm,adamw", help="the monitor phase's optimizers")
     ap.add_argument("--detect-batch", default="", help="BxT slice for detection (default: all)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -273,7 +290,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         out["solve"] = phase_solve(model, syms, x, y)
     if "monitor" in phases:
         out["monitor"] = {
-            k: phase_monitor(model, syms, x, y, args.steps, k) for k in ("sgdm", "adamw")
+            k: phase_monitor(model, syms, x, y, args.steps, k) for k in args.optimizers.split(",")
         }
     return out
 

@@ -34,7 +34,9 @@ def test_rule_cuts_rows_and_tokens_and_leaves_small_examples_whole() -> None:
     assert s.inp.kwargs["attention_mask"].shape == (ROWS, TOKENS // ROWS)
     assert torch.equal(s.targets, ids[:ROWS, : TOKENS // ROWS])  # cut like the inputs
     assert (
-        not s.whole and s.describe() == "the first 8 of 16 rows, the first 8 of 128 tokens of each"
+        not s.whole
+        and s.describe()
+        == f"the first {ROWS} of 16 rows, the first {TOKENS // ROWS} of 128 tokens of each"
     )
     x = torch.randn(20, 3, 5, 5)  # not token ids: rows only
     s = sample_of(ModelInputs.of(x, "t"), None)
@@ -66,7 +68,10 @@ def _gpt2(n: int, t: int) -> tuple[nn.Module, torch.Tensor]:
 def test_same_symmetries_as_on_the_whole_example(monkeypatch: pytest.MonkeyPatch) -> None:
     model, ids = _gpt2(12, 40)
     syms = find_symmetries(model, ids)
-    assert any("first 8 of 12 rows, the first 8 of 40 tokens" in n for n in syms.detection.notes)
+    assert any(
+        f"first {ROWS} of 12 rows, the first {TOKENS // ROWS} of 40 tokens" in n
+        for n in syms.detection.notes
+    )
     monkeypatch.setattr(D, "sample_of", _whole)
     every = find_symmetries(model, ids)
     names = {id(p): n for n, p in model.named_parameters()}

@@ -167,3 +167,30 @@ def test_charge_and_noether_identity_with_the_bias_against_torch_func() -> None:
     assert abs(float(with_bias)) <= 1e-12 * scale
     without = with_bias - (g["v_bias"][:4] * d_wf[:, 8]).sum()
     assert abs(float(without)) > 1e-4 * scale
+
+
+def test_statistics_with_the_bias_reference_and_microbatch_agree_hooks_refuse() -> None:
+    """The rotations' flows from torch.func per-sample gradients (``reference``) and from
+    one-sample micro-batches (plain autograd) agree; the mean gradient of ``v_bias`` is the
+    batch gradient; ``hooks`` cannot read a bias stored apart and says so, naming it."""
+    torch.manual_seed(0)
+    model = _SplitBias().to(DT).eval()
+    x, y = torch.randn(6, 5, 8, dtype=DT), torch.randn(6, 5, 3, dtype=DT)
+    syms = nf.find_symmetries(model, x)
+
+    def loss(out: Tensor, t: Tensor) -> Tensor:
+        return (out - t).square().mean()
+
+    ref = nf.collect_stats(model, syms, loss, x, y, estimator="reference")
+    mb = nf.collect_stats(model, syms, loss, x, y, estimator="microbatch", micro_batch_size=1)
+    nm = nf.NoiseModel.create(batch_size=6, lr=0.1, weight_decay=1e-3)
+    f_ref, f_mb = nf.noether_flow(syms, ref, nm), nf.noether_flow(syms, mb, nm)
+    for name in syms.names:
+        a, b = torch.as_tensor(f_ref[name]), torch.as_tensor(f_mb[name])
+        assert float(a.norm()) > 1e-4, name
+        assert float((a - b).norm()) <= 1e-12 * float(a.norm()), name
+    params = {n: p.detach() for n, p in model.named_parameters()}
+    g = torch.func.grad(lambda ps: loss(torch.func.functional_call(model, ps, (x,)), y))(params)
+    assert torch.allclose(ref.mean[model.v_bias], g["v_bias"], rtol=1e-10, atol=1e-14)
+    with pytest.raises(nf.UnsupportedLayerError, match="v_bias"):
+        nf.collect_stats(model, syms, loss, x, y, estimator="hooks")

@@ -190,6 +190,7 @@ def _monitor(
         progress=False,
         tensorboard=False,
         distance_every=STEPS,  # one full (coupled, momentum) solve, on the first record
+        distance_sweeps=None,
     )
     rows = []
     for _ in range(STEPS):

@@ -7,7 +7,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+import torch
+from torch import nn
 
+import noetherflow as nf
 from noetherflow.symmetry._fx import patterns
 from noetherflow.symmetry._fx.engine import Proposal
 
@@ -52,3 +55,31 @@ def test_register_matcher_refuses_duplicates_and_bad_stages(registered: None) ->
     with pytest.raises(ValueError, match="pass claims= exactly when stage='module'"):
         patterns.register_matcher("x", _nothing, stage="module")
     assert "x" not in patterns.MATCHERS
+
+
+class _Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = nn.Linear(3, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(x).relu()
+
+
+def test_a_module_matcher_reads_its_module_as_one_node() -> None:
+    """``claims`` keeps the module whole: the matcher sees it, the layer stage does not."""
+    seen: list[str] = []
+
+    def whole(info: object, node: object, ledger: object) -> list[Proposal]:
+        seen.append(str(node.target))  # type: ignore[attr-defined]
+        return []
+
+    patterns.register_matcher(
+        "test-block", whole, stage="module", claims=lambda m: isinstance(m, _Block)
+    )
+    try:
+        model = nn.Sequential(_Block(), nn.Linear(3, 2))
+        nf.find_symmetries(model, torch.randn(8, 3))
+        assert seen == ["0"]
+    finally:
+        patterns.MATCHERS.unregister("test-block")

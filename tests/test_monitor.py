@@ -50,7 +50,15 @@ def train(mon: NoetherMonitor, m: nn.Module, x: torch.Tensor, y: torch.Tensor, s
 def test_record_matches_direct_api() -> None:
     m, syms, x, y = problem(rotation=True)
     mon = NoetherMonitor(
-        m, syms, every=1, lr=LR, batch_size=12, weight_decay=WD, full_matrices=True, progress=False
+        m,
+        syms,
+        every=1,
+        lr=LR,
+        batch_size=12,
+        weight_decay=WD,
+        full_matrices=True,
+        progress=False,
+        distance_sweeps=None,  # the coupled solve in full at the first record
     )
     with mon.track():
         loss = CE(m(x), y)
@@ -68,6 +76,7 @@ def test_record_matches_direct_api() -> None:
     np.testing.assert_allclose(row["charge_matrix/rot"], ch["rot"].numpy(), rtol=1e-12)
     np.testing.assert_allclose(row["flow_matrix/rot"], fl["rot"].numpy(), rtol=1e-9, atol=1e-14)
     np.testing.assert_allclose(row["distance/r"], sol.distance["r"].numpy(), rtol=1e-6, atol=1e-9)
+    assert row["distance_converged"] == 1 and row["distance_exact"] == 1
     assert row["step"] == 0 and row["monitor_time"] >= 0
 
 

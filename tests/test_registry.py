@@ -10,6 +10,7 @@ from noetherflow._registry import Registry, qualname
 from noetherflow.kernels import base as kernels_base
 from noetherflow.stats import registry as hooks
 from noetherflow.symmetry._fx import layers as detection
+from noetherflow.symmetry._fx import patterns, tables
 
 
 class _Kept(nn.Linear):
@@ -78,7 +79,8 @@ def test_qualified_name_keys_never_import_and_list_seen_classes() -> None:
 
 
 def test_every_registry_is_one() -> None:
-    for r in (hooks.LAYERS, detection.LAYERS, detection.NORMS, kernels_base.KERNELS):
+    every = (hooks.LAYERS, detection.LAYERS, detection.NORMS, kernels_base.KERNELS)
+    for r in (*every, tables.MODULE_OPS, patterns.MATCHERS):
         assert isinstance(r, Registry)
     assert hooks.handler_for(_Kept(2, 3)) is hooks.handler_for(nn.Linear(2, 3))
     assert hooks.handler_for(_Own(2, 3)) is None
@@ -88,3 +90,29 @@ def test_every_registry_is_one() -> None:
         detection.register_norm(nn.LayerNorm, lambda m: detection.NormSpec(-1, False))
     with pytest.raises(ValueError, match="Linear has a hook handler already; pass overwrite"):
         hooks.register_layer(nn.Linear, hooks.LayerHandler(hooks.linear_factors))
+
+
+class _Abs(nn.Module):
+    def forward(self, x: Tensor) -> Tensor:
+        return x.abs()
+
+
+def test_a_registered_activation_module_is_read_by_the_rescaling_matcher() -> None:
+    """An op-table entry (``register_module_op``) is all a new activation needs."""
+    import torch
+
+    import noetherflow as nf
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 5), _Abs(), nn.Linear(5, 2)).double()
+    x = torch.randn(16, 3, dtype=torch.float64)
+    assert nf.find_symmetries(model, x).names == []  # traced through: |x| is not in the tables
+    tables.register_module_op(_Abs, "homogeneous")
+    try:
+        assert nf.find_symmetries(model, x).names == ["rescaling:0→2"]
+        with pytest.raises(ValueError, match="_Abs has a feature rule already"):
+            tables.register_module_op(_Abs, "homogeneous")
+        with pytest.raises(ValueError, match="kind='odd'; expected one of"):
+            tables.register_module_op(_Kept, "odd")
+    finally:
+        tables.MODULE_OPS.unregister(_Abs)

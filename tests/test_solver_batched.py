@@ -122,8 +122,9 @@ def test_the_plan_batches_disjoint_runs_only() -> None:
     assert [len(s.members) for s in steps] == [1, 2]
 
 
-def test_cover_classes_equal_the_mask_gram() -> None:
-    _, syms, _, _ = _model(heads=4)
+@pytest.mark.parametrize("heads", [4, 33])  # 33: more members than one code word holds
+def test_cover_classes_equal_the_mask_gram(heads: int) -> None:
+    _, syms, _, _ = _model(heads=heads)
     ref: dict[Any, set[Any]] = {s: {s} for s in syms}
     for a in syms:
         for b in syms:

@@ -77,3 +77,28 @@ def test_renamed_norms_and_inline_modules_hold_in_both_modes(name: str) -> None:
     if name == "convnextv2":  # the LayerNorm subclass is a norm module: its eps is seen
         scale = [s for s in syms if s.family.value == "scale"]
         assert scale and all(getattr(s, "norm", None) is not None for s in scale)
+
+
+@pytest.mark.parametrize(
+    "name,layers",
+    [
+        ("deberta", ("in_proj",)),  # q_bias/v_bias stored apart, turned with the rows
+        ("deberta-v2-rel", ("query_proj", "key_proj", "pos_key_proj", "pos_query_proj")),
+        ("deberta-v2-shared", ("query_proj", "key_proj")),  # both also read the positions
+    ],
+)
+def test_deberta_attention_is_complete(name: str, layers: tuple[str, ...]) -> None:
+    """q·k per head (with the relative-position terms q·pkᵀ, k·pqᵀ) and V/O per head."""
+    for train in (False, True):
+        model, syms, make = _detect(name, train)
+        qk = [n for n in syms.names if "·" in n]
+        assert len(qk) == 2, syms.names  # two heads
+        for n in qk:  # one rotation over every layer of the scores
+            assert all(f"self.{layer}" in n for layer in layers), n
+        vo = [n for n in syms.names if "→encoder.layer.0.attention.output.dense[" in n]
+        assert len(vo) == 2, syms.names
+        _holds(model, syms, make, train)
+    if name == "deberta":
+        cov = syms.coverage(model)
+        for b in ("q_bias", "v_bias"):
+            assert cov[f"encoder.layer.0.attention.self.{b}"].symmetries

@@ -80,6 +80,9 @@ class EquilibriumSolution:
         at_infinity: directions whose equilibrium is at infinity (not moved).
         residual: predicted relative flow left after the transport, per symmetry.
         converged, iterations: solver status (Newton iterations or sweeps).
+        progress: the largest relative flow the last sweep measured (the sweeps' stopping
+            measure, over every block): at most ``tol`` when converged, and how far a solve
+            stopped by ``max_sweeps`` is from it (e.g. the monitor's solve spread over records).
         fingerprint: signature of the parameters the solution was computed at
             (:func:`fingerprint` of ``syms.params()``); :func:`noetherflow.teleport` refuses
             parameters that changed since. None: not checked.
@@ -107,6 +110,7 @@ class EquilibriumSolution:
     residual: dict[str, float] = field(default_factory=dict)
     converged: bool = True
     iterations: int = 0
+    progress: float = 0.0
     fingerprint: tuple[tuple[float, float, float], ...] | None = None
     eps_tolerance: float | None = None
     probe: Any = None
@@ -323,6 +327,7 @@ def _solution(
         residual=out.residual,
         converged=out.converged,
         iterations=max(out.sweeps or out.newton or [1]),
+        progress=out.progress,
         fingerprint=stamp,
         momentum_terms=_momentum_terms(syms, values, stats, nm, out.steps, out.reports),
     )
@@ -337,6 +342,7 @@ class _Solved:
     reports: dict[str, InfinityReport] = field(default_factory=dict)
     residual: dict[str, float] = field(default_factory=dict)
     converged: bool = True
+    progress: float = 0.0  # the largest relative flow of the blocks' last sweeps
     sweeps: list[int] = field(default_factory=list)  # per coupled block
     newton: list[int] = field(default_factory=list)  # iterations of the uncoupled solves
 
@@ -423,6 +429,7 @@ def _solve_block(
         done = worst <= max(opts.tol, 1e-10)
         if coupled and done and sweep > 1:
             break
+    out.progress = max(out.progress, worst)
     if coupled:
         out.converged = out.converged and done
         out.sweeps.append(sweep)

@@ -353,15 +353,15 @@ def overlaps(syms: Sequence[Symmetry]) -> dict[Symmetry, list[Symmetry]]:
 def _cover_classes(p: nn.Parameter, group: Sequence[Symmetry]) -> list[list[Symmetry]]:
     """The sets of symmetries of ``group`` that cover one coordinate of ``p`` together.
 
-    Each coordinate gets a code, bit j set where member j covers it (63 members per int64
+    Each coordinate gets a code, bit j set where member j covers it (31 members per int32
     word); the distinct codes are the sets: two members touch iff some code holds both.
     Linear in ``p.numel()`` per member, where a Gram matrix of the masks is quadratic.
     """
     words = []
-    for w0 in range(0, len(group), 63):
-        code = torch.zeros(p.numel(), dtype=torch.int64)
-        for j, s in enumerate(group[w0 : w0 + 63]):
-            code |= s.covered_mask(p).reshape(-1).to(torch.int64) << j
+    for w0 in range(0, len(group), 31):
+        code = torch.zeros(p.numel(), dtype=torch.int32)
+        for j, s in enumerate(group[w0 : w0 + 31]):
+            code.add_(s.covered_mask(p).reshape(-1).to(torch.int32), alpha=1 << j)  # + is |
         words.append(code)
     if len(words) > 1:
         codes = torch.unique(torch.stack(words, 1), dim=0)
@@ -370,7 +370,7 @@ def _cover_classes(p: nn.Parameter, group: Sequence[Symmetry]) -> list[list[Symm
     codes = codes.reshape(codes.shape[0], -1)
     out = []
     for row in codes.tolist():
-        members = [group[63 * w + j] for w, c in enumerate(row) for j in range(63) if c >> j & 1]
+        members = [group[31 * w + j] for w, c in enumerate(row) for j in range(31) if c >> j & 1]
         if len(members) > 1:
             out.append(members)
     return out

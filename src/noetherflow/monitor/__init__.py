@@ -12,8 +12,11 @@ symmetry's ASCII key ``<sym>`` (:func:`symmetry_key`):
 * ``distance/<sym>`` — the distance to the noise equilibrium of
   :func:`noetherflow.solve_equilibrium`: |λ*| per generator (diagonal), ‖log P‖_F (rotation),
   |λ*| (dense); ``inf`` at infinity, with the number of such directions in
-  ``at_infinity/<sym>``; ``distance_exact`` says whether this row's distances come from a full
-  solve (1) or from the first-order update between full solves (0);
+  ``at_infinity/<sym>``; ``distance_exact`` says whether this row's distances come from a
+  converged full solve (1) or not (0: the first-order update between full solves, or a
+  provisional row), ``distance_converged`` whether they are converged (0: the first estimate
+  or a coupled solve spread over records, not converged yet; ``distance_residual`` its
+  largest relative flow, ``distance_sweeps`` its sweeps so far);
 * ``step_decay/<sym>``, ``step_drift/<sym>``, ``step_noise/<sym>`` — the exact decomposition
   of the optimizer step that led to this row's charges (``optimizer=`` only);
 * ``adamw_charge/<sym>``, ``adamw_noise/<sym>`` — AdamW's random-walk equilibrium charge and
@@ -23,7 +26,8 @@ symmetry's ASCII key ``<sym>`` (:func:`symmetry_key`):
 
 Rooms, one job each: :mod:`.core` (the training-loop API), :mod:`.schema` (which keys, what
 shapes), :mod:`.rows` (filling a row), :mod:`.distance` (when to solve, the first-order update
-in between), :mod:`.first_order` (the math of that update), :mod:`.steps` (the optimizer-step
+in between, the coupled solve spread over records), :mod:`.first_order` (the math of that
+update), :mod:`.estimate` (the first estimate for coupled sets), :mod:`.steps` (the optimizer-step
 decomposition and AdamW's prediction), :mod:`.options` (options and their checks).
 """
 

@@ -163,10 +163,10 @@ class NoetherMonitor:
             is initialised.
         **old: the loose spellings of before the option objects, still accepted as the
             fields they name: ``distance_every``, ``distance_mode``, ``solve_every``,
-            ``distance_tol``, ``solver_options`` (→ ``DistanceOptions``: every, mode,
-            solve_every, tol, solver) and ``log_dir``, ``formats``, ``tensorboard``,
-            ``progress``, ``total`` (→ ``LogOptions``). Beside the option object they belong
-            to, or unknown, they are a ``TypeError`` naming the field.
+            ``distance_tol``, ``distance_sweeps``, ``solver_options`` (→ ``DistanceOptions``:
+            every, mode, solve_every, tol, sweeps, solver) and ``log_dir``, ``formats``,
+            ``tensorboard``, ``progress``, ``total`` (→ ``LogOptions``). Beside the option
+            object they belong to, or unknown, they are a ``TypeError`` naming the field.
     """
 
     def __init__(
@@ -306,6 +306,7 @@ class NoetherMonitor:
             solve_every=multiple("solve_every", every, self.distance_every),
             tol=float(dist.tol),
             solver_options=solver,
+            sweeps=dist.sweeps,
         )
 
     def _open_outputs(self, log: LogOptions) -> None:

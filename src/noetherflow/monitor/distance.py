@@ -25,6 +25,7 @@ from noetherflow import _shard
 from noetherflow.equilibrium import EquilibriumSolution, InfinityReport, solve_equilibrium
 from noetherflow.kernels import kernel_for
 from noetherflow.kernels.noise import NoiseModel
+from noetherflow.monitor.estimate import jacobi_estimate
 from noetherflow.monitor.first_order import (
     ChordFactor,
     at_infinity,
@@ -33,7 +34,7 @@ from noetherflow.monitor.first_order import (
     factor,
     span,
 )
-from noetherflow.monitor.options import DistanceMode
+from noetherflow.monitor.options import DistanceMode, check_sweeps
 from noetherflow.solve_options import split_options
 from noetherflow.stats.core import GradStats
 from noetherflow.symmetry.set import SymmetrySet
@@ -60,7 +61,15 @@ class DistanceResult:
     Attributes:
         distance: per symmetry name, as :attr:`EquilibriumSolution.distance`.
         at_infinity: the reports of the full solve these distances come from.
-        exact: ``True`` for a full solve, ``False`` for the first-order update.
+        exact: ``True`` for a converged full solve, ``False`` for the first-order update and
+            for a provisional solve.
+        converged: ``False`` for a provisional solve (coupled sweeps stopped by the budget
+            of a record, continued at the next one); the incremental solve always converged.
+        residual: the largest relative flow the solve's last sweep measured (at most the
+            solver's ``tol`` when converged; NaN for the incremental solve, whose measure is
+            ``correction``).
+        sweeps: coupled sweeps done towards this solution, over the records since the last
+            converged one (0 for the incremental solve and sets without coupled symmetries).
         correction: the last chord correction ‖δ‖∞ (0 for a full solve).
         iterations: chord iterations (0 for a full solve).
     """
@@ -68,6 +77,9 @@ class DistanceResult:
     distance: dict[str, Tensor]
     at_infinity: list[InfinityReport] = field(default_factory=list)
     exact: bool = True
+    converged: bool = True
+    residual: float = float("nan")
+    sweeps: int = 0
     correction: float = 0.0
     iterations: int = 0
 
@@ -82,6 +94,10 @@ class DistanceTracker:
         tol: the chord correction ‖δ‖∞ at which the incremental solve stops (units of λ).
         max_iter: chord iterations before falling back to a full solve.
         solver_options: the fields of :class:`noetherflow.SolveOptions` (or ``options=`` one).
+        sweeps: block Gauss–Seidel sweeps of the coupled symmetries per record (``None``:
+            until converged, ``max_sweeps`` of the options). A solve stopped by this budget
+            is provisional; the next record continues it from its partial solution
+            (``init``) on its own statistics.
     """
 
     def __init__(
@@ -93,6 +109,7 @@ class DistanceTracker:
         tol: float,
         solver_options: Mapping[str, Any],
         max_iter: int = 8,
+        sweeps: int | None = None,
     ) -> None:
         self.syms, self.mode = syms, mode
         self.solve_every, self.tol, self.max_iter = int(solve_every), float(tol), int(max_iter)
@@ -104,7 +121,11 @@ class DistanceTracker:
             and not syms.coupled_groups()
             and all(kernel_for(s).incremental for s in syms)
         )
-        self.warm: EquilibriumSolution | None = None  # the last converged solve
+        budget = check_sweeps(sweeps)
+        self.sweeps = budget if syms.coupled_groups() else None
+        self._pending = 0  # sweeps done towards a solution not converged yet
+        self._estimated = False  # the first estimate (coupled sets) was given
+        self.warm: EquilibriumSolution | None = None  # the last solve (converged or partial)
         self._fac: ChordFactor | None = None
         self._lam: Tensor | None = None  # the last record's λ (the next chord start)
         self._solved_at = -1
@@ -165,18 +186,36 @@ class DistanceTracker:
         nm: NoiseModel,
         hyper: tuple[float, float],
     ) -> DistanceResult:
-        sol = solve_equilibrium(
-            self.syms, stats, nm, options=self.options, **{"init": self.warm, **self.solver_options}
-        )
+        if self.sweeps is not None and not self._estimated:
+            # the first record with coupled symmetries: a cheap estimate, the sweeps follow
+            self._estimated = True
+            dist, reps = jacobi_estimate(self.syms, stats, nm, self.options)
+            return DistanceResult(dist, reps, exact=False, converged=False)
+        options = self.options
+        if self.sweeps is not None:
+            options = options.replace(max_sweeps=self.sweeps)
+        kw = {"init": self.warm, **self.solver_options}
+        sol = solve_equilibrium(self.syms, stats, nm, options=options, **kw)
         self.solves += 1
-        # Warm start of the next solve; a failed solve is not a good start.
-        self.warm = sol if sol.converged else None
+        # Warm start of the next solve: a converged one, or one stopped by the sweep budget
+        # (its partial solution is where the next record continues); a failed solve is not.
+        stopped = self.sweeps is not None and sol.iterations >= self.sweeps
+        self.warm = sol if sol.converged or stopped else None
+        sweeps = self._pending + sol.iterations if self.sweeps is not None else 0
+        self._pending = sweeps if stopped and not sol.converged else 0
         self._fac = None
         if self.trackable and sol.converged:
             self._fac = self._factor(sol, stats, nm)
             self._lam = None if self._fac is None else self._fac.lam0
             self._solved_at, self._hyper, self._reports = step, hyper, list(sol.at_infinity)
-        return DistanceResult(dict(sol.distance), list(sol.at_infinity), exact=True)
+        return DistanceResult(
+            dict(sol.distance),
+            list(sol.at_infinity),
+            exact=sol.converged,
+            converged=sol.converged,
+            residual=sol.progress,
+            sweeps=sweeps,
+        )
 
     def _factor(
         self, sol: EquilibriumSolution, stats: GradStats, nm: NoiseModel

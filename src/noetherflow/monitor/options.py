@@ -16,6 +16,7 @@ __all__ = [
     "DistanceOptions",
     "LogOptions",
     "SharpnessOptions",
+    "check_sweeps",
     "monitor_options",
     "multiple",
 ]
@@ -97,6 +98,8 @@ class DistanceOptions:
         solver: the :class:`~noetherflow.SolveOptions` of the full solves.
         warm_start: start each full solve from the last converged one (same answer, fewer
             Newton iterations); ``False`` solves from the identity every time.
+        sweeps: coupled sweeps (e.g. attention rotations) per distance record (``None``:
+            until converged); ``distance_converged`` = 0 marks provisional rows.
     """
 
     every: int | None = None
@@ -105,10 +108,12 @@ class DistanceOptions:
     tol: float = 1e-4
     solver: SolveOptions | None = None
     warm_start: bool = True
-    # settings of the incremental solve between full solves (e.g. sweeps per record) go here
+    sweeps: int | None = 1
+    # further settings of the solves between full solves go here
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mode", parse_distance_mode(self.mode))
+        check_sweeps(self.sweeps)
         if not (float(self.tol) >= 0):
             raise ValueError(f"DistanceOptions: tol={self.tol!r} must be a number >= 0.")
         if self.solver is not None and not isinstance(self.solver, SolveOptions):
@@ -154,6 +159,7 @@ _OLD = {
     "distance_mode": ("distance", "mode"),
     "solve_every": ("distance", "solve_every"),
     "distance_tol": ("distance", "tol"),
+    "distance_sweeps": ("distance", "sweeps"),
     "solver_options": ("distance", "solver"),
     **{f.name: ("logging", f.name) for f in fields(LogOptions)},
 }
@@ -218,3 +224,15 @@ def _solve_options(value: Any) -> tuple[SolveOptions | None, bool]:
             "expected fields of nf.SolveOptions."
         )
     return opts, warm
+
+
+def check_sweeps(value: int | None) -> int | None:
+    """``distance_sweeps`` checked: a positive integer, or ``None`` (sweep until converged)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(
+            f"distance_sweeps={value!r} must be a positive integer (coupled sweeps per distance "
+            "record) or None (sweep until converged)."
+        )
+    return value

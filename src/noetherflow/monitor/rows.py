@@ -53,7 +53,12 @@ def put_distance(
     keys: Mapping[str, str],
     schema: Mapping[str, tuple[int, ...]],
 ) -> None:
-    """``distance/<key>``, ``at_infinity/<key>`` and ``distance_exact`` from ``res``."""
+    """``distance/<key>``, ``at_infinity/<key>`` and how they were found, from ``res``.
+
+    ``distance_exact`` (1: a converged full solve), ``distance_converged`` (0: provisional,
+    a coupled solve spread over records that has not converged yet), ``distance_residual``
+    (its largest relative flow; NaN on incremental rows) and ``distance_sweeps``.
+    """
     for name in syms.names:
         key = keys[name]
         row[f"distance/{key}"] = to_numpy(res.distance[name]).reshape(schema[f"distance/{key}"])
@@ -64,3 +69,6 @@ def put_distance(
         row[f"distance/{key}"] = to_numpy(d).reshape(schema[f"distance/{key}"])
         row[f"at_infinity/{key}"] = np.asarray(float(count))
     row["distance_exact"] = np.asarray(1.0 if res.exact else 0.0)
+    row["distance_converged"] = np.asarray(1.0 if res.converged else 0.0)
+    row["distance_residual"] = np.asarray(float(res.residual))
+    row["distance_sweeps"] = np.asarray(float(res.sweeps))

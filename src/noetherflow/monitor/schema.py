@@ -64,7 +64,8 @@ def build_schema(
             key = keys[name]
             sch[f"distance/{key}"] = kernel_for(s).distance_shape(s)
             sch[f"at_infinity/{key}"] = ()
-        sch["distance_exact"] = ()
+        for k in ("distance_exact", "distance_converged", "distance_residual", "distance_sweeps"):
+            sch[k] = ()
     for name in adamw:
         for kind in ("adamw_noise", "adamw_charge", "adamw_distance"):
             sch[f"{kind}/{keys[name]}"] = tuple(ch[name].shape)

@@ -14,7 +14,7 @@
    it received (:mod:`noetherflow.symmetry._fx.scope`), and the composed action of all of
    them once on the whole model: the cost grows linearly with depth. A large example is
    captured and checked on a bounded sample of it (:mod:`noetherflow.symmetry._fx.sample`:
-   at most 8 rows, 64 tokens), so the cost does not grow with the example either.
+   at most 8 rows, 32 tokens), so the cost does not grow with the example either.
 4. Record, for every parameter, why no symmetry acts on it (:meth:`SymmetrySet.coverage`),
    including "not analysed" and why when part of the model could not be captured (a warning
    says so, and the coverage is marked incomplete).
@@ -378,7 +378,7 @@ def find_symmetries(
     depth (the docs page "Detection on real models" has the argument and the numbers).
 
     A large example is captured and checked on a sample of it: its first 8 rows and, for
-    token ids ``[B, T]``, its first ⌊64 / rows⌋ tokens of each row (the targets cut alike),
+    token ids ``[B, T]``, its first ⌊32 / rows⌋ tokens of each row (the targets cut alike),
     since a check needs a signal that depends on the parameters, not a large batch. A
     candidate whose check is degenerate on the sample is checked again on the whole example;
     a model that does not run on the sample is checked on the whole example.

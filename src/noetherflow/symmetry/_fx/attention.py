@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import fx, nn
 
+from noetherflow.symmetry._fx.bilinear import match_joint, shared_sides
 from noetherflow.symmetry._fx.common import (
     _blocks,
     _is_dense,
@@ -54,6 +55,7 @@ class AttentionPattern:
                 if arr.kind in ("contract_a", "contract_b"):
                     by_node.setdefault(arr.node, {}).setdefault(arr.kind, []).append((src, i, arr))
         out: list[Proposal] = []
+        pairs: list[tuple[fx.Node, tuple[_Source, int, Arrival], tuple[_Source, int, Arrival]]] = []
         for node, sides in by_node.items():
             if len(sides.get("contract_a", [])) != 1 or len(sides.get("contract_b", [])) != 1:
                 for lst in sides.values():
@@ -64,9 +66,18 @@ class AttentionPattern:
                             f"{_name_of(node, info.modules)} is not the output of one Linear layer",
                         )
                 continue
-            ((sa, ia, aa),) = sides["contract_a"]
-            (sb, ib, ab) = sides["contract_b"][0]
-            out.extend(self._heads(info, node, sa, ia, aa, sb, ib, ab, ledger))
+            pairs.append((node, sides["contract_a"][0], sides["contract_b"][0]))
+        # a layer in several contractions (DeBERTa's q·k + q·pk + k·pq): one joint rotation
+        joint = shared_sides([(n, (a[0], a[2]), (b[0], b[2])) for n, a, b in pairs])
+        together = [
+            (n, (a[0], a[2]), (b[0], b[2]))
+            for n, a, b in pairs
+            if id(a[0].module) in joint or id(b[0].module) in joint
+        ]
+        out.extend(match_joint(info, together, ledger) if together else [])
+        for node, (sa, ia, aa), (sb, ib, ab) in pairs:
+            if id(sa.module) not in joint and id(sb.module) not in joint:
+                out.extend(self._heads(info, node, sa, ia, aa, sb, ib, ab, ledger))
         return out
 
     def _heads(

@@ -58,20 +58,15 @@ from noetherflow.symmetry._fx.probes import (
 from noetherflow.symmetry._fx.rotary import _rotary
 from noetherflow.symmetry._fx.tables import (
     _DROPOUT_FUNCS,
-    _DROPOUT_MODULES,
     _HOM_FUNCS,
     _HOM_METHODS,
-    _HOM_MODULES,
     _MATMUL_FUNCS,
     _MOVE_FUNCS,
     _MOVE_METHODS,
-    _MOVE_MODULES,
     _NONHOM_FUNCS,
     _NONHOM_METHODS,
-    _NONHOM_MODULES,
     _NORM_FUNCS,
     _POOL_FUNCS,
-    _POOL_MODULES,
     _SCALAR_FUNCS,
     _SCALAR_METHODS,
     _SDPA,
@@ -80,6 +75,7 @@ from noetherflow.symmetry._fx.tables import (
     LINEAR,
     NORM_FUNCTIONS,
     ROTARY_FUNCTIONS,
+    module_op,
 )
 from noetherflow.symmetry.base import Family, Symmetry
 
@@ -391,19 +387,20 @@ def _step(
             return None
         if isinstance(m, nn.Identity):
             return _Flow(idx0, mode, heads, via)
-        if isinstance(m, _DROPOUT_MODULES):
-            active = m.training and m.p > 0
+        op = module_op(m)
+        if op == "dropout":
+            active = m.training and float(getattr(m, "p", 0.0)) > 0
             return _Flow(idx0, _worse(mode, HOMOGENEOUS if active else LINEAR), heads, via)
-        if isinstance(m, _HOM_MODULES):
+        if op == "homogeneous":
             return _Flow(idx0, _worse(mode, HOMOGENEOUS), heads, (*via, type(m).__name__))
-        if isinstance(m, _MOVE_MODULES):
+        if op == "move":
             return moved()
-        if isinstance(m, _POOL_MODULES):
+        if op == "pool":
             if getattr(m, "return_indices", False):
                 stop(f"read by {name} with return_indices=True")
                 return None
             return moved(_worse(mode, HOMOGENEOUS))
-        if isinstance(m, _NONHOM_MODULES) or is_zoo_activation(m):
+        if op == "approximate" or is_zoo_activation(m):
             return _Flow(idx0, APPROXIMATE, heads, (*via, type(m).__name__))
         stop(f"read by {name}")
         return None

@@ -22,6 +22,7 @@ from torch import nn
 
 from noetherflow._registry import Registry, qualname
 from noetherflow.symmetry._fx.numeric import is_rms, linear_affine, numeric_layer, numeric_norm
+from noetherflow.symmetry._fx.tables import module_op
 
 __all__ = [
     "LAYERS",
@@ -178,13 +179,21 @@ def is_zoo_activation(m: nn.Module | None) -> bool:
 
 
 def is_known_module(m: nn.Module) -> bool:
-    """A layer, a normalisation, a zoo activation, or a module a matcher reads as a whole."""
+    """A module kept as one node: a layer, norm, op-table module or zoo activation, or MHA."""
     return (
         is_zoo_activation(m)
+        or module_op(m) is not None
         or layer_spec(m) is not None
         or norm_spec(m) is not None
-        or isinstance(m, nn.MultiheadAttention | nn.PReLU)
+        or _claimed_whole(m)
     )
+
+
+def _claimed_whole(m: nn.Module) -> bool:
+    """A module-stage matcher reads ``m`` as a whole (``nn.MultiheadAttention``)."""
+    from noetherflow.symmetry._fx.patterns import claimed  # its registry fills on first use
+
+    return bool(claimed(m))
 
 
 def _linear(m: nn.Module) -> LayerSpec:

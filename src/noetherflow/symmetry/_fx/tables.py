@@ -2,6 +2,10 @@
 
 Element-wise maps are linear, positively homogeneous, or not homogeneous (approximate);
 "move" operations only rearrange features (view, transpose, split, pooling indices, …).
+
+Modules are looked up in :data:`MODULE_OPS`, a :class:`noetherflow._registry.Registry` (a
+subclass that overrides ``forward`` is not matched): ``register_module_op(cls, kind)``
+teaches detection a new activation, dropout, pooling or reshaping module.
 """
 
 from __future__ import annotations
@@ -12,6 +16,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from noetherflow._registry import Registry
 
 # -- op tables ------------------------------------------------------------------------------
 
@@ -55,6 +61,46 @@ _NONHOM_MODULES = (
     nn.LogSigmoid,
     nn.Tanhshrink,
 )
+
+# Module class → how it treats the features that reach it (the engine's ``_flow``):
+# "dropout" (homogeneous while active), "homogeneous" (positively, degree 1), "move" (only
+# rearranges), "pool" (homogeneous, moves them), "approximate" (not homogeneous).
+MODULE_KINDS = ("dropout", "homogeneous", "move", "pool", "approximate")
+MODULE_OPS: Registry[str] = Registry(
+    "feature rule",
+    register_with="noetherflow.symmetry._fx.tables.register_module_op(cls, kind)",
+    flag="overwrite",
+)
+
+
+def register_module_op(cls: type[nn.Module] | str, kind: str, *, overwrite: bool = False) -> None:
+    """Teach detection how module ``cls`` treats features (``kind`` in :data:`MODULE_KINDS`).
+
+    The module is then kept as one node of the traced graph. E.g. an ``Abs`` module is
+    ``"homogeneous"`` (|e^λ x| = e^λ|x|), so the rescaling through it is found.
+
+    Raises:
+        ValueError: an unknown ``kind``, or ``cls`` registered already without ``overwrite``.
+    """
+    if kind not in MODULE_KINDS:
+        raise ValueError(f"register_module_op: kind={kind!r}; expected one of {MODULE_KINDS}.")
+    MODULE_OPS.register(cls, kind, replace=overwrite)
+
+
+def module_op(m: nn.Module | None) -> str | None:
+    """The registered kind of ``m`` (see :data:`MODULE_KINDS`), or None."""
+    return None if m is None else MODULE_OPS.lookup(type(m))
+
+
+for _kind, _classes in (
+    ("dropout", _DROPOUT_MODULES),
+    ("homogeneous", _HOM_MODULES),
+    ("move", _MOVE_MODULES),
+    ("pool", _POOL_MODULES),
+    ("approximate", _NONHOM_MODULES),
+):
+    for _c in _classes:
+        register_module_op(_c, _kind)
 
 _HOM_FUNCS: set[Any] = {F.relu, torch.relu, F.leaky_relu, F.relu_}
 # Functional normalisations over whole feature groups (no running statistics): scaling their
@@ -121,6 +167,7 @@ _MOVE_METHODS = {
     "movedim",
     "unbind",
     "expand",
+    "repeat",  # copies: DeBERTa's relative embeddings per batch element
     "view_as",
     "reshape_as",
     "clone",

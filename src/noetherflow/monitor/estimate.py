@@ -1,0 +1,59 @@
+"""A cheap first estimate of the distance for coupled symmetries: one Jacobi step.
+
+Symmetries that share parameters with a rotation (a transformer's attention: the query·key
+and value·output rotations and the LayerNorm rescaling of one block all act on its fused
+``c_attn``) are solved by block Gauss–Seidel sweeps over per-sample gradients transported
+along the orbit (:func:`noetherflow.solve_equilibrium`), and setting those up costs many
+training steps on a large model. The monitor's first distance record takes instead one
+Jacobi step from the current θ: every kernel's group (all diagonal symmetries jointly, each
+rotation on its own) solved on this record's statistics with the others held where they
+are. That is the equilibrium of each symmetry given the others, not the joint one: the row
+says so (``distance_converged`` = 0, ``distance_sweeps`` = 0), and the coupled solve proper
+follows at the next distance records, spread over them (:mod:`.distance`).
+"""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+from noetherflow import _shard
+from noetherflow.kernels._diag_newton import NewtonMethod
+from noetherflow.kernels.base import InfinityReport, StepOptions, kernels_of
+from noetherflow.kernels.noise import NoiseModel
+from noetherflow.solve_options import SolveOptions
+from noetherflow.stats.core import GradStats
+from noetherflow.symmetry.set import SymmetrySet
+
+__all__ = ["jacobi_estimate"]
+
+
+def jacobi_estimate(
+    syms: SymmetrySet, stats: GradStats, nm: NoiseModel, options: SolveOptions
+) -> tuple[dict[str, Tensor], list[InfinityReport]]:
+    """Per symmetry name the distance of its own equilibrium with the others held; reports.
+
+    ``options``: the solver's; its kernel steps' fields apply (``tol``, ``max_iter``,
+    ``rtol_singular``, ``ridge``, ``solver``). No per-sample gradients are needed: each group
+    is solved from ``stats`` (its momentum displacement included).
+    """
+    values: dict[nn.Parameter, Tensor] = {p: _shard.full(p.detach()) for p in syms.params()}
+    names = {s: n for n, s in syms.items()}
+    opts = StepOptions(
+        tol=options.tol,
+        max_iter=options.max_iter,
+        rtol_singular=options.rtol_singular,
+        ridge=options.ridge,
+        method=NewtonMethod(options.solver).value,
+    )
+    distance: dict[str, Tensor] = {}
+    reports: list[InfinityReport] = []
+    for k, members in kernels_of(syms):
+        for part in [members] if k.joint else [[s] for s in members]:
+            res = k.solve(part, values, stats, nm, names, opts)
+            total = {s: s.identity_element() for s in part}
+            for s, element in res.steps:
+                total[s] = k.compose(total[s], element)
+            for s in part:
+                distance[names[s]] = k.distance(s, total[s])
+            reports.extend(res.reports)
+    return distance, reports
