@@ -93,3 +93,50 @@ def test_tools_forward_their_solver_mapping_as_options() -> None:
         m, syms, nn.MSELoss(), lr=0.1, batch_size=8, solver_kwargs={"max_sweeps": 3}
     )
     assert tp.solve_options == nf.SolveOptions(max_sweeps=3) and tp.solver_kwargs == {}
+
+
+def _two_families() -> tuple[nf.SymmetrySet, nf.GradStats]:
+    torch.manual_seed(3)
+    m = nn.Sequential(
+        nn.Linear(3, 6), nn.ReLU(), nn.Linear(6, 4), nn.Linear(4, 4), nn.Linear(4, 2)
+    ).to(DT)
+    x, y = torch.randn(32, 3, dtype=DT), torch.randn(32, 2, dtype=DT)
+    syms = nf.SymmetrySet(
+        [nf.Rescaling(m[0], m[2], label="r"), nf.DoubleRotation(m[3], m[4], label="q")]
+    )
+    return syms, nf.collect_stats(m, syms, nn.MSELoss(), x, y, estimator="reference")
+
+
+def _el(sol: nf.EquilibriumSolution, name: str) -> torch.Tensor:
+    return torch.as_tensor(sol.elements[name])
+
+
+def test_a_kernel_takes_its_own_settings() -> None:
+    """``SolveOptions(kernels={name: {...}})`` changes that family's solve only."""
+    syms, stats = _two_families()
+    base = nf.solve_equilibrium(syms, stats, **HYPER)
+    shared = nf.solve_equilibrium(syms, stats, **HYPER, options=nf.SolveOptions(ridge=1.0))
+    own = nf.SolveOptions(kernels={"rotation": {"ridge": 1.0}, "diagonal": {"max_iter": 1}})
+    sol = nf.solve_equilibrium(syms, stats, **HYPER, options=own)
+    assert torch.equal(_el(sol, "q"), _el(shared, "q"))
+    assert not torch.allclose(_el(sol, "q"), _el(base, "q"), rtol=1e-6, atol=0)
+    one = nf.solve_equilibrium(syms, stats, **HYPER, options=nf.SolveOptions(max_iter=1))
+    assert torch.equal(_el(sol, "r"), _el(one, "r"))
+    assert not torch.allclose(_el(sol, "r"), _el(base, "r"), rtol=1e-9, atol=0)
+
+
+def test_kernel_settings_are_checked_against_the_kernel() -> None:
+    syms, stats = _two_families()
+    bad = nf.SolveOptions(kernels={"diagonal": {"ridge": 1e-3}})
+    with pytest.raises(TypeError, match=r"\['ridge'\] are not settings of the diagonal kernel"):
+        nf.solve_equilibrium(syms, stats, **HYPER, options=bad)
+    with pytest.raises(ValueError, match=r"kernel 'dense'; the kernels here are"):
+        nf.solve_equilibrium(
+            syms, stats, **HYPER, options=nf.SolveOptions(kernels={"dense": {"tol": 1e-3}})
+        )
+    with pytest.raises(ValueError, match=r"tol=-1.0 must be >= 0"):
+        nf.solve_equilibrium(
+            syms, stats, **HYPER, options=nf.SolveOptions(kernels={"rotation": {"tol": -1.0}})
+        )
+    with pytest.raises(TypeError, match="expected a mapping kernel name"):
+        nf.SolveOptions(kernels={"rotation": 1e-3})  # type: ignore[dict-item]

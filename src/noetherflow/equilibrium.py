@@ -42,6 +42,7 @@ from noetherflow.kernels import (
     StepOptions,
     geometric_mean,
     kernel_for,
+    kernels_of,
 )
 from noetherflow.kernels._diag_newton import NewtonMethod
 from noetherflow.kernels.base import (
@@ -52,7 +53,7 @@ from noetherflow.kernels.base import (
 )
 from noetherflow.kernels.decay import ParamDecay
 from noetherflow.kernels.noise import NoiseModel, TimeModel, check_decay, resolve_noise
-from noetherflow.solve_options import SolveOptions, resolve_options
+from noetherflow.solve_options import SolveOptions, per_kernel, resolve_options
 from noetherflow.stats.core import GradStats, Level, with_displacement
 from noetherflow.symmetry.base import DiagonalSymmetry, Symmetry
 from noetherflow.symmetry.set import SymmetrySet
@@ -248,6 +249,7 @@ def solve_equilibrium(
         init=None if init is None else init.elements,
         method=NewtonMethod(opts.solver).value,
         fixed=held or None,
+        per_kernel=per_kernel(opts, [k for k, _ in kernels_of(syms)]),
     )
     out = _solve_parts(syms, blocks, values, stats, nm, step, opts.max_sweeps, held)
     return _solution(syms, out, values, stats, nm, stamp)
@@ -403,7 +405,7 @@ def _solve_block(
                 for s in todo:
                     del stale[s]
             solve = k.solve_disjoint if step.disjoint else k.solve
-            res = solve(members, values, cur, nm, names, opts)
+            res = solve(members, values, cur, nm, names, opts.for_kernel(k))
             if not coupled:
                 if res.converged is not None:
                     out.converged = out.converged and res.converged

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from noetherflow._checks import check_nonnegative, check_positive_int, parse_enum
 from noetherflow.kernels._diag_newton import NewtonMethod
 
-__all__ = ["SolveOptions", "resolve_options", "split_options"]
+__all__ = ["SolveOptions", "per_kernel", "resolve_options", "split_options"]
 
 
 @dataclass(frozen=True)
@@ -46,6 +46,11 @@ class SolveOptions:
             ``backward``, before ``step``) or a mapping parameter → v = −lr·buffer, for the
             cross term c_cross·vᵀA∇L (docs/concepts/optimizers.md). Without it the term is 0,
             exact only when ⟨vᵀA∇L⟩ = 0.
+        kernels: settings for one family alone, per kernel name, e.g.
+            ``{"rotation": {"ridge": 1e-8}}`` or ``{"diagonal": {"solver": "cg"}}``: each
+            kernel declares the settings its solve reads (``Kernel.solve_options``: diagonal
+            tol, max_iter, solver; rotation tol, max_iter, rtol_singular, ridge); the others
+            take the shared values above.
 
     Example:
         >>> import noetherflow as nf
@@ -66,6 +71,7 @@ class SolveOptions:
     solver: str | NewtonMethod = "auto"
     fixed: Mapping[str, Any] | None = None
     displacement: Any = None
+    kernels: Mapping[str, Mapping[str, Any]] | None = None
 
     def __post_init__(self) -> None:
         put = object.__setattr__  # frozen: the checked values replace the given ones
@@ -91,6 +97,14 @@ class SolveOptions:
             "gradients)",
         )
         put(self, "solver", method)
+        if self.kernels is not None and not (
+            isinstance(self.kernels, Mapping)
+            and all(isinstance(v, Mapping) for v in self.kernels.values())
+        ):
+            raise TypeError(
+                f"SolveOptions: kernels={self.kernels!r}; expected a mapping kernel name → "
+                "its settings, e.g. {'rotation': {'ridge': 1e-8}}."
+            )
 
     def replace(self, **changes: Any) -> SolveOptions:
         """A copy with ``changes`` (checked again)."""
@@ -152,3 +166,37 @@ def split_options(
     if legacy and options is None and not warn:
         return rest, SolveOptions(**legacy)
     return rest, resolve_options(options, legacy, who)  # both forms: a TypeError
+
+
+def per_kernel(options: SolveOptions, kernels: Sequence[Any]) -> dict[str, dict[str, Any]] | None:
+    """``options.kernels`` checked against the ``kernels`` of a solve, as StepOptions fields.
+
+    Raises:
+        ValueError: a kernel name that solves no symmetry of the set, or a bad value.
+        TypeError: a setting the kernel does not read (its ``solve_options``).
+    """
+    if not options.kernels:
+        return None
+    by_name = {k.name: k for k in kernels}
+    out: dict[str, dict[str, Any]] = {}
+    for name, own in options.kernels.items():
+        k = by_name.get(name)
+        if k is None:
+            raise ValueError(
+                f"SolveOptions(kernels=...): no symmetry of this set is solved by the kernel "
+                f"{name!r}; the kernels here are {sorted(by_name)}."
+            )
+        extra = sorted(set(own) - set(k.solve_options))
+        if extra:
+            raise TypeError(
+                f"SolveOptions(kernels={{{name!r}: ...}}): {extra} are not settings of the "
+                f"{name} kernel; it reads {sorted(k.solve_options)}."
+            )
+        checked = SolveOptions(**own)  # the values checked as the shared ones are
+        out[name] = {
+            ("method" if f == "solver" else f): (
+                NewtonMethod(checked.solver).value if f == "solver" else getattr(checked, f)
+            )
+            for f in own
+        }
+    return out

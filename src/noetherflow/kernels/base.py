@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, Generic, TypeVar, cast
 
 import torch
@@ -98,6 +98,13 @@ class StepOptions:
     # diagonal generators held at a value (finite entries; NaN: free), per symmetry name:
     # λ ``[J]`` float64 on the CPU, the move of this solve step (0 in later sweeps)
     fixed: Mapping[str, Tensor] | None = None
+    # per kernel name, the settings that differ for that family (SolveOptions.kernels)
+    per_kernel: Mapping[str, Mapping[str, Any]] | None = None
+
+    def for_kernel(self, kernel: Kernel[Any, Any]) -> StepOptions:
+        """These options with ``kernel``'s own settings (:attr:`per_kernel`) in place."""
+        own = (self.per_kernel or {}).get(kernel.name)
+        return replace(self, **own) if own else self
 
 
 @dataclass
@@ -137,7 +144,7 @@ class Kernel(ABC, Generic[S, B]):
     block: ClassVar[type[StatsBlock]]
     joint: ClassVar[bool] = False
     matrix_valued: ClassVar[bool] = False
-    # solve_equilibrium(options=StepOptions(fixed=...)) may hold its generators at given values
+    # solve_equilibrium(options=SolveOptions(fixed=...)) may hold its generators at given values
     can_hold: ClassVar[bool] = False
     # the monitor may follow its equilibrium between full solves (monitor/first_order.py):
     # then :meth:`problem` gives the convex F(λ) its solve minimises
@@ -149,6 +156,9 @@ class Kernel(ABC, Generic[S, B]):
     # one at a time (not joint), but a run on disjoint coordinates may be solved as one
     # batched step (:meth:`solve_disjoint`)
     batchable: ClassVar[bool] = False
+    # the solver settings its solve reads (fields of nf.SolveOptions): the ones that
+    # SolveOptions(kernels={name: {...}}) may set for this family alone
+    solve_options: ClassVar[frozenset[str]] = frozenset()
 
     # statistics
     def sample_params(self, syms: Sequence[S]) -> list[nn.Parameter]:

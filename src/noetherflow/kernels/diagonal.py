@@ -246,6 +246,7 @@ class DiagonalKernel(Kernel[DiagonalSymmetry, DiagonalStats]):
     decay_commutes: ClassVar[bool] = True
     can_hold: ClassVar[bool] = True
     incremental: ClassVar[bool] = True
+    solve_options: ClassVar[frozenset[str]] = frozenset({"tol", "max_iter", "solver"})
 
     # -- statistics ---------------------------------------------------------------------
     def collect(

@@ -259,6 +259,9 @@ class RotationKernel(Kernel[DoubleRotation, RotationStats]):
     # Γ is constant on each parameter and G acts on the rotated index within each block
     decay_commutes: ClassVar[bool] = True
     batchable: ClassVar[bool] = True
+    solve_options: ClassVar[frozenset[str]] = frozenset(
+        {"tol", "max_iter", "rtol_singular", "ridge"}
+    )
 
     def collect(
         self, syms: Sequence[DoubleRotation], src: GradSource, level: Level
