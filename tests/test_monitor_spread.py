@@ -40,13 +40,11 @@ def _rows(sweeps: int | None, records: int) -> tuple[list[dict[str, np.ndarray]]
         m,
         syms,
         every=1,
-        distance_every=1,
+        distance=nf.DistanceOptions(every=1, sweeps=sweeps, solver=nf.SolveOptions(tol=1e-13)),
         lr=LR,
         batch_size=S,
         weight_decay=GAMMA,
-        distance_sweeps=sweeps,
-        solver_options={"tol": 1e-13},
-        progress=False,
+        logging=nf.LogOptions(progress=False),
     )
     rows = []
     for _ in range(records):
@@ -123,4 +121,4 @@ def test_unlimited_sweeps_solve_at_the_first_record() -> None:
 def test_bad_sweeps_are_refused(bad: object) -> None:
     m, syms, _, _ = _chain()
     with pytest.raises(ValueError, match="distance_sweeps"):
-        nf.NoetherMonitor(m, syms, lr=LR, batch_size=S, distance_sweeps=bad)  # type: ignore[arg-type]
+        nf.NoetherMonitor(m, syms, lr=LR, batch_size=S, distance=nf.DistanceOptions(sweeps=bad))  # type: ignore[arg-type]

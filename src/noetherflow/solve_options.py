@@ -9,12 +9,12 @@ The old loose keywords (``tol=``, ``ridge=`` …) still work for now and warn
 from __future__ import annotations
 
 import dataclasses
-import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from noetherflow._checks import check_nonnegative, check_positive_int, parse_enum
+from noetherflow._deprecate import warn_renamed
 from noetherflow.kernels._diag_newton import NewtonMethod
 
 __all__ = ["SolveOptions", "per_kernel", "resolve_options", "split_options"]
@@ -141,12 +141,7 @@ def resolve_options(
             f"{who}: got both options= and the keywords {given}; put them in options "
             f"(options.replace({given}))."
         )
-    warnings.warn(
-        f"{who}({given}) is deprecated: pass options=nf.SolveOptions({given}) instead; the "
-        "loose keywords will be removed in a future release.",
-        FutureWarning,
-        stacklevel=3,
-    )
+    warn_renamed(f"{who}({given})", f"pass options=nf.SolveOptions({given})", stacklevel=3)
     return SolveOptions(**legacy)
 
 
