@@ -13,9 +13,10 @@ SGD Δ_r = −ηg and the drift is zero by symmetry (θᵀA g = 0), which is the
 paper eqs. 96–97; with momentum the drift is 2kβ·θᵀAv, for Adam(W) it is whatever the
 preconditioner makes of θᵀA·(update) — neither is zero in general.
 
-Bilinear forms come from any family's ``charge_of`` by polarisation,
-xᵀAy = ¼[Q(x + y) − Q(x − y)], so this works for every family, a rotation's matrix charge
-included (then xᵀAy is the symmetrised matrix form).
+Bilinear forms come from :meth:`Symmetry.bilinear_of`: the polarisation of any family's
+``charge_of``, xᵀAy = ¼[Q(x + y) − Q(x − y)], by default, so this works for every family, a
+rotation's matrix charge included (then xᵀAy is the symmetrised matrix form); the built-in
+families give it directly (one product).
 """
 
 from __future__ import annotations
@@ -41,10 +42,8 @@ Values = Mapping[nn.Parameter, Tensor]
 
 
 def bilinear_charge(sym: Symmetry, x: Values, y: Values) -> Tensor:
-    """xᵀAy for the symmetry's generator(s), by polarisation of ``charge_of``. Charge's shape."""
-    plus = {p: x[p] + y[p] for p in sym.params}
-    minus = {p: x[p] - y[p] for p in sym.params}
-    return (sym.charge_of(plus) - sym.charge_of(minus)) / 4
+    """xᵀAy for the symmetry's generator(s) (:meth:`Symmetry.bilinear_of`). Charge's shape."""
+    return sym.bilinear_of(x, y)
 
 
 @dataclass(frozen=True)
@@ -81,23 +80,38 @@ def decompose_step(
     ks = {p: float(shrink[p] if isinstance(shrink, Mapping) else shrink) for p in sym.params}
     decayed = {p: ks[p] * before[p] for p in sym.params}
     rest = {p: after[p] - decayed[p] for p in sym.params}
-    return _decompose(sym, before, decayed, rest, after)
+    return _decompose(sym, before, decayed, rest, after, ks)
 
 
 def _decompose(
-    sym: Symmetry, before: Values, decayed: Values, rest: Values, after: Values
+    sym: Symmetry,
+    before: Values,
+    decayed: Values,
+    rest: Values,
+    after: Values,
+    ks: Mapping[nn.Parameter, float],
 ) -> StepDecomposition:
-    """:func:`decompose_step` from θ, θ_d = kθ, θ' − θ_d and θ' (each ``sym.params`` keys)."""
+    """:func:`decompose_step` from θ, θ_d = kθ, θ' − θ_d, θ' and k (each ``sym.params`` keys).
+
+    One k for all of the symmetry's parameters: decay = (k² − 1)C(θ), no charge of θ_d (and
+    no cancellation of C(θ_d) − C(θ) when k is near 1); drift = 2θ_dᵀAΔ_r directly
+    (:meth:`Symmetry.bilinear_of`).
+    """
     theta = {p: before[p] for p in sym.params}
     decayed = {p: decayed[p] for p in sym.params}
     rest = {p: rest[p] for p in sym.params}
     c0 = sym.charge_of(theta)
-    cd = sym.charge_of(decayed)
+    shrinks = {ks[p] for p in sym.params}
+    if len(shrinks) == 1:
+        k = shrinks.pop()
+        decay = (k * k - 1.0) * c0
+    else:
+        decay = sym.charge_of(decayed) - c0
     return StepDecomposition(
         before=c0,
         after=sym.charge_of({p: after[p] for p in sym.params}),
-        decay=cd - c0,
-        drift=2 * bilinear_charge(sym, decayed, rest),
+        decay=decay,
+        drift=2 * sym.bilinear_of(decayed, rest),
         noise=sym.charge_of(rest),
     )
 
@@ -210,4 +224,7 @@ class StepRecorder:
         after = {p: p.detach() for p in snap}
         decayed = {p: float(self._k[p]) * snap[p] for p in snap}
         rest = {p: after[p] - decayed[p] for p in snap}
-        return {name: _decompose(s, snap, decayed, rest, after) for name, s in self.syms.items()}
+        return {
+            name: _decompose(s, snap, decayed, rest, after, self._k)
+            for name, s in self.syms.items()
+        }

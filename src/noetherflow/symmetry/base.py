@@ -172,6 +172,18 @@ class Symmetry(ABC):
         returns the ``[d, d]`` matrix charge UᵀU − WWᵀ, a dense symmetry a scalar.
         """
 
+    def bilinear_of(
+        self, x: Mapping[nn.Parameter, Tensor], y: Mapping[nn.Parameter, Tensor]
+    ) -> Tensor:
+        """xᵀAy of the generator(s) (symmetrised for a matrix charge). Shape of the charge.
+
+        By default the polarisation ¼[C(x + y) − C(x − y)] of :meth:`charge_of`; families
+        override it with the direct form (one product instead of two charges).
+        """
+        plus = {p: x[p] + y[p] for p in self.params}
+        minus = {p: x[p] - y[p] for p in self.params}
+        return (self.charge_of(plus) - self.charge_of(minus)) / 4
+
     def charge(self) -> Tensor:
         """The Noether charge C(θ) = θᵀAθ (paper eq. 6) at the current parameters.
 
@@ -284,6 +296,12 @@ class DiagonalSymmetry(Symmetry):
     @override
     def charge_of(self, values: Mapping[nn.Parameter, Tensor]) -> Tensor:
         return self.weighted_sum({p: v.square() for p, v in values.items() if p in self._pset()})
+
+    @override
+    def bilinear_of(
+        self, x: Mapping[nn.Parameter, Tensor], y: Mapping[nn.Parameter, Tensor]
+    ) -> Tensor:
+        return self.weighted_sum({p: x[p] * y[p] for p in self._pset()})
 
     def weighted_sum(self, values: Mapping[nn.Parameter, Tensor]) -> Tensor:
         """Σ_k a_kj v_k per generator j (e.g. Tr[A_j M] from M's diagonal). ``[J]``.

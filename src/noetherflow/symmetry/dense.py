@@ -86,6 +86,14 @@ class DenseSymmetry(Symmetry):
         t = self.flat({p: _shard.full(values[p]) for p in self._params})
         return t @ self.A @ t
 
+    @override
+    def bilinear_of(
+        self, x: Mapping[nn.Parameter, Tensor], y: Mapping[nn.Parameter, Tensor]
+    ) -> Tensor:
+        tx = self.flat({p: _shard.full(x[p]) for p in self._params})
+        ty = self.flat({p: _shard.full(y[p]) for p in self._params})
+        return (tx @ self.A @ ty + ty @ self.A @ tx) / 2
+
     def _write(self, values: Mapping[nn.Parameter, Tensor], flat: Tensor) -> None:
         i = 0
         for p in self._params:

@@ -178,6 +178,16 @@ class DoubleRotation(Symmetry):
         wf = self.side(self.w_blocks, values)
         return uf @ uf.T - wf @ wf.T
 
+    @override
+    def bilinear_of(
+        self, x: Mapping[nn.Parameter, Tensor], y: Mapping[nn.Parameter, Tensor]
+    ) -> Tensor:
+        if any(_shard.is_sharded(v[p]) for v in (x, y) for p in self._params):
+            return super().bilinear_of(x, y)
+        m = self.side(self.u_blocks, x) @ self.side(self.u_blocks, y).T
+        m = m - self.side(self.w_blocks, x) @ self.side(self.w_blocks, y).T
+        return (m + m.T) / 2  # ½(U_xU_yᵀ + U_yU_xᵀ) − ½(W_xW_yᵀ + W_yW_xᵀ)
+
     def _sharded_charge(self, values: Mapping[nn.Parameter, Tensor]) -> Tensor:
         """UᵀU − WWᵀ of values sharded by FSDP2: a sum over shards where the hidden axis is whole.
 
