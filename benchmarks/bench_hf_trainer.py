@@ -37,7 +37,7 @@ import torch
 CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
     "adamw": ("adamw_torch", {}),
     "sgd": ("sgd", {"distance": False}),
-    "sgd-distance": ("sgd", {"distance_every": "every"}),  # the distance at every record
+    "sgd-distance": ("sgd", {"distance": "every"}),  # DistanceOptions(every=every): every record
 }
 
 
@@ -116,6 +116,8 @@ def run(
 def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     import transformers as T
 
+    import noetherflow as nf
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--configs", default="adamw,sgd")
     ap.add_argument("--every", type=int, default=10)
@@ -143,7 +145,9 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     results: dict[str, dict[str, float]] = {}
     for name in a.configs.split(","):
         optim, options = CONFIGS[name]
-        options = {k: a.every if v == "every" else v for k, v in options.items()}
+        options = {
+            k: nf.DistanceOptions(every=a.every) if v == "every" else v for k, v in options.items()
+        }
         times: dict[str, list[float]] = {"plain": [], "monitored": []}
         detect: list[float] = []
         own: list[float] = []

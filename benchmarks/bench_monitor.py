@@ -8,14 +8,15 @@ hits all alike; the ratio of median block times is printed.
 Configurations (``--configs``):
 
 * ``default`` — the monitor's defaults: charges and flows every 10 steps, the distance to
-  equilibrium every 100 (``distance_mode="track"``: a full solve every ``solve_every`` =
+  equilibrium every 100 (``DistanceOptions(mode="track")``: a full solve every ``solve_every`` =
   1000 steps, the incremental solve at the other distance records). A block of 100 steps
   rarely holds a full solve, so their cost is added amortised: (median full-solve row −
   median incremental row) × the full solves per step that the run needed (at least
   1/solve_every) × steps per block. The headline ratio includes it.
 * ``no-distance`` — ``distance=False`` (charges and flows only).
-* ``solve`` — ``distance_mode="solve"``: a full warm-started solve at every distance record.
-* ``every-record`` — ``distance_every=every``: the distance at every record (track mode).
+* ``solve`` — ``DistanceOptions(mode="solve")``: a full warm-started solve at every distance
+  record.
+* ``every-record`` — ``DistanceOptions(every=every)``: the distance at every record (track mode).
 
     python benchmarks/bench_monitor.py                       # default and no-distance
     python benchmarks/bench_monitor.py --configs default,no-distance,solve --blocks 9
@@ -42,8 +43,8 @@ from noetherflow.monitor import NoetherMonitor
 CONFIGS: dict[str, dict[str, Any]] = {
     "default": {},
     "no-distance": {"distance": False},
-    "solve": {"distance_mode": "solve"},
-    "every-record": {"distance_every": "every"},  # the distance at every record (track)
+    "solve": {"distance": nf.DistanceOptions(mode="solve")},
+    "every-record": {"distance": "every"},  # DistanceOptions(every=every): at every record (track)
 }
 
 
@@ -135,9 +136,11 @@ def main(argv: list[str] | None = None) -> int:
             every=args.every,
             lr=lr,
             batch_size=256,
-            progress=False,
-            tensorboard=False,
-            **{k: args.every if v == "every" else v for k, v in CONFIGS[name].items()},
+            logging=nf.LogOptions(progress=False, tensorboard=False),
+            **{
+                k: nf.DistanceOptions(every=args.every) if v == "every" else v
+                for k, v in CONFIGS[name].items()
+            },
         )
         monitors[name] = mon
         blocks[name] = _monitored(mon, m, opt, x, y, loss_fn, args.steps, dev)

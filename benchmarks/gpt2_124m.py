@@ -220,9 +220,7 @@ def phase_monitor(
         every=every,
         optimizer=opt_m,
         batch_size=BATCH,
-        progress=False,
-        tensorboard=False,
-        formats=(),
+        logging=nf.LogOptions(progress=False, tensorboard=False, formats=()),
     )
 
     def plain_block(n: int) -> float:

@@ -89,8 +89,7 @@ def main() -> float:
         lr=LR,
         batch_size=global_batch,
         weight_decay=WD,
-        log_dir="runs/ddp_example",
-        progress=False,
+        logging=nf.LogOptions(log_dir="runs/ddp_example", progress=False),
     )
     first: dict[str, torch.Tensor] = {}
     for step in range(20):

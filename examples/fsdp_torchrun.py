@@ -68,7 +68,7 @@ def train(
         optimizer=opt,
         batch_size=world * LOCAL,
         full_matrices=True,
-        progress=False,
+        logging=nf.LogOptions(progress=False),
     )
     loss_fn = nn.CrossEntropyLoss()
     for step in range(n_steps):

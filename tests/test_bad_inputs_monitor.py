@@ -38,7 +38,9 @@ def problem() -> tuple[nn.Module, nf.SymmetrySet, torch.Tensor, torch.Tensor]:
 # -- gradient accumulation --------------------------------------------------------------------
 def test_accumulation_inside_one_track_is_refused_naming_accumulation() -> None:
     m, syms, x, y = problem()
-    mon = nf.NoetherMonitor(m, syms, every=1, lr=0.1, batch_size=16, progress=False)
+    mon = nf.NoetherMonitor(
+        m, syms, every=1, lr=0.1, batch_size=16, logging=nf.LogOptions(progress=False)
+    )
     with pytest.raises(nf.StatisticsError, match="gradient accumulation"), mon.track():
         for k in range(2):  # two micro-batches, one optimizer step
             (F.mse_loss(m(x[8 * k : 8 * k + 8]), y[8 * k : 8 * k + 8]) / 2).backward()
@@ -50,9 +52,15 @@ def test_accumulated_batch_statistics_with_the_reference_estimator() -> None:
     """The documented way: estimator='reference' on the whole accumulated batch."""
     m, syms, x, y = problem()
     mon = nf.NoetherMonitor(
-        m, syms, every=1, lr=0.1, batch_size=16, progress=False, estimator="reference",
+        m,
+        syms,
+        every=1,
+        lr=0.1,
+        batch_size=16,
+        logging=nf.LogOptions(progress=False),
+        estimator="reference",
         loss_fn=F.mse_loss,
-    )  # fmt: skip
+    )
     with mon.track():
         for k in range(2):
             (F.mse_loss(m(x[8 * k : 8 * k + 8]), y[8 * k : 8 * k + 8]) / 2).backward()
@@ -79,7 +87,9 @@ def test_shared_layer_error_is_not_called_accumulation() -> None:
 
     m = Twice()
     syms = nf.SymmetrySet([nf.Rescaling(m.a, m.b)])
-    mon = nf.NoetherMonitor(m, syms, every=1, lr=0.1, batch_size=4, progress=False)
+    mon = nf.NoetherMonitor(
+        m, syms, every=1, lr=0.1, batch_size=4, logging=nf.LogOptions(progress=False)
+    )
     with pytest.raises(nf.UnsupportedLayerError, match="ran twice") as err, mon.track():
         m(torch.randn(4, 4, dtype=DT)).sum().backward()
     assert "accumulation" not in str(err.value)
@@ -93,7 +103,9 @@ def test_clipping_between_backward_and_step_does_not_change_the_record() -> None
     rows = []
     for clip in (False, True):
         m, syms, x, y = problem()
-        mon = nf.NoetherMonitor(m, syms, every=1, lr=0.1, batch_size=16, progress=False)
+        mon = nf.NoetherMonitor(
+            m, syms, every=1, lr=0.1, batch_size=16, logging=nf.LogOptions(progress=False)
+        )
         m.zero_grad(set_to_none=True)
         with mon.track():
             loss = F.mse_loss(m(x), y)
@@ -142,7 +154,12 @@ def test_writer_oserror_warns_once_and_training_goes_on(tmp_path: Path) -> None:
     m, syms, x, y = problem()
     tb = FullDisk()
     mon = nf.NoetherMonitor(
-        m, syms, every=1, lr=0.1, batch_size=16, progress=False, log_dir=tmp_path, tensorboard=tb
+        m,
+        syms,
+        every=1,
+        lr=0.1,
+        batch_size=16,
+        logging=nf.LogOptions(progress=False, log_dir=tmp_path, tensorboard=tb),
     )
     with pytest.warns(RuntimeWarning, match="No space left on device") as rec:
         train(mon, m, x, y, 4)
@@ -156,9 +173,15 @@ def test_writer_oserror_warns_once_and_training_goes_on(tmp_path: Path) -> None:
 def test_csv_oserror_mid_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     m, syms, x, y = problem()
     mon = nf.NoetherMonitor(
-        m, syms, every=1, lr=0.1, batch_size=16, progress=False, log_dir=tmp_path,
-        tensorboard=False, formats=("csv",),
-    )  # fmt: skip
+        m,
+        syms,
+        every=1,
+        lr=0.1,
+        batch_size=16,
+        logging=nf.LogOptions(
+            progress=False, log_dir=tmp_path, tensorboard=False, formats=("csv",)
+        ),
+    )
     train(mon, m, x, y, 2)
     from noetherflow.monitor import history as _history
 
@@ -182,7 +205,9 @@ def test_csv_oserror_mid_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
 
 def test_on_record_oserror_is_reported_once() -> None:
     m, syms, x, y = problem()
-    mon = nf.NoetherMonitor(m, syms, every=1, lr=0.1, batch_size=16, progress=False)
+    mon = nf.NoetherMonitor(
+        m, syms, every=1, lr=0.1, batch_size=16, logging=nf.LogOptions(progress=False)
+    )
     seen: list[dict[str, float]] = []
     mon.on_record(seen.append)
 
@@ -199,7 +224,12 @@ def test_on_record_oserror_is_reported_once() -> None:
 def written(tmp_path: Path) -> nf.NoetherMonitor:
     m, syms, x, y = problem()
     mon = nf.NoetherMonitor(
-        m, syms, every=1, lr=0.1, batch_size=16, progress=False, log_dir=tmp_path, tensorboard=False
+        m,
+        syms,
+        every=1,
+        lr=0.1,
+        batch_size=16,
+        logging=nf.LogOptions(progress=False, log_dir=tmp_path, tensorboard=False),
     )
     train(mon, m, x, y, 3)
     mon.close()

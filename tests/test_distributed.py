@@ -68,8 +68,7 @@ def _monitor_row(
         lr=LR,
         batch_size=S,
         weight_decay=WD,
-        progress=False,
-        tensorboard=False,
+        logging=nf.LogOptions(progress=False, tensorboard=False),
     )
     with mon.track():
         loss = nn.functional.cross_entropy(model(x), y)

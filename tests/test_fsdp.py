@@ -79,10 +79,8 @@ def _diagonal_rows(m: nn.Module, x: torch.Tensor, y: torch.Tensor, shard: bool) 
         every=1,
         optimizer=opt,
         batch_size=S,
-        progress=False,
-        tensorboard=False,
-        distance_every=1,
-        solve_every=3,
+        logging=nf.LogOptions(progress=False, tensorboard=False),
+        distance=nf.DistanceOptions(every=1, solve_every=3),
     )
     rows = []
     for _ in range(STEPS):
@@ -187,10 +185,9 @@ def _monitor(
         every=1,
         optimizer=opt,
         batch_size=S,
-        progress=False,
-        tensorboard=False,
-        distance_every=STEPS,  # one full (coupled, momentum) solve, on the first record
-        distance_sweeps=None,
+        logging=nf.LogOptions(progress=False, tensorboard=False),
+        # one full (coupled, momentum) solve, on the first record
+        distance=nf.DistanceOptions(every=STEPS, sweeps=None),
     )
     rows = []
     for _ in range(STEPS):

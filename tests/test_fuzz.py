@@ -283,7 +283,14 @@ def test_monitor(every: int, lr: float, batch_size: int) -> None:
     x, y = torch.randn(8, 3, dtype=torch.float64), torch.randn(8, 2, dtype=torch.float64)
     bad = every < 1 or not (lr > 0) or batch_size < 1
     try:
-        mon = nf.NoetherMonitor(m, syms, every=every, lr=lr, batch_size=batch_size, progress=False)
+        mon = nf.NoetherMonitor(
+            m,
+            syms,
+            every=every,
+            lr=lr,
+            batch_size=batch_size,
+            logging=nf.LogOptions(progress=False),
+        )
     except ALLOWED as e:
         assert bad, f"valid monitor refused: {e}"
         assert any(w in str(e) for w in ("every=", "lr=", "batch_size=")), str(e)

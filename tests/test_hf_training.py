@@ -91,7 +91,13 @@ def test_monitor_runs_50_steps_on_a_small_gpt2() -> None:
     opt = torch.optim.SGD(model.parameters(), lr=0.1, weight_decay=1e-3)
     # the equilibrium distance is off: the coupled rotation solve is being rewritten (slow)
     mon = nf.NoetherMonitor(
-        model, syms, every=5, optimizer=opt, batch_size=N, distance=False, progress=False
+        model,
+        syms,
+        every=5,
+        optimizer=opt,
+        batch_size=N,
+        distance=False,
+        logging=nf.LogOptions(progress=False),
     )
     assert set(mon.keys) == set(syms.names)  # every symmetry found is monitored
     checked = 0
@@ -127,9 +133,16 @@ def test_monitor_with_a_batch_estimator_and_hf_labels(estimator: str) -> None:
     model = small_gpt2().train()
     syms = nf.find_symmetries(model, batch(0))
     mon = nf.NoetherMonitor(
-        model, syms, every=1, lr=0.1, batch_size=N, distance=False, progress=False,
-        estimator=estimator, loss_fn=hf_loss,
-    )  # fmt: skip
+        model,
+        syms,
+        every=1,
+        lr=0.1,
+        batch_size=N,
+        distance=False,
+        logging=nf.LogOptions(progress=False),
+        estimator=estimator,
+        loss_fn=hf_loss,
+    )
     for step in range(3):
         b = batch(step, labels=True)
         # the same estimator called directly on the same batch at the same θ

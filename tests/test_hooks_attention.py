@@ -176,7 +176,9 @@ def test_monitor_runs_5_steps_on_an_encoder_layer_with_hooks() -> None:
     touched = {names[id(p)] for s in syms for p in s.params}
     assert {"0.self_attn.in_proj_weight", "0.self_attn.out_proj.weight"} <= touched
     opt = torch.optim.SGD(m.parameters(), lr=0.05)
-    mon = nf.NoetherMonitor(m, syms, every=1, optimizer=opt, batch_size=8, progress=False)
+    mon = nf.NoetherMonitor(
+        m, syms, every=1, optimizer=opt, batch_size=8, logging=nf.LogOptions(progress=False)
+    )
     assert mon.estimator.value == "hooks"
     gen = torch.Generator().manual_seed(1)
     for step in range(5):

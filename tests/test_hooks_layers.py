@@ -132,7 +132,13 @@ def test_tiny_llama_hooks_and_monitor() -> None:
     m.train()  # no dropout in the config: hooks apply in training mode too
     opt = torch.optim.SGD(m.parameters(), lr=0.05)
     mon = nf.NoetherMonitor(
-        m, syms, every=1, optimizer=opt, batch_size=6, distance=False, progress=False
+        m,
+        syms,
+        every=1,
+        optimizer=opt,
+        batch_size=6,
+        distance=False,
+        logging=nf.LogOptions(progress=False),
     )
     last = "rescaling:body.norm→out"
     for step in range(5):

@@ -50,9 +50,14 @@ def test_monitor_reads_lr_and_half_weight_decay_and_follows_a_schedule() -> None
     opt = torch.optim.SGD(m.parameters(), lr=0.1, weight_decay=w)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
     mon = nf.NoetherMonitor(
-        m, syms, every=1, optimizer=opt, batch_size=8, progress=False, distance_every=1,
-        distance_mode="solve",
-    )  # fmt: skip
+        m,
+        syms,
+        every=1,
+        optimizer=opt,
+        batch_size=8,
+        logging=nf.LogOptions(progress=False),
+        distance=nf.DistanceOptions(every=1, mode="solve"),
+    )
     lrs = []
     for _ in range(5):
         lrs.append(opt.param_groups[0]["lr"])
@@ -83,7 +88,9 @@ def test_monitor_reads_lr_and_half_weight_decay_and_follows_a_schedule() -> None
 def test_monitor_explicit_lr_still_settable_and_recorded() -> None:
     m, syms, x, y = problem()
     opt = torch.optim.SGD(m.parameters(), lr=0.1)
-    mon = nf.NoetherMonitor(m, syms, every=1, lr=0.1, batch_size=8, progress=False)
+    mon = nf.NoetherMonitor(
+        m, syms, every=1, lr=0.1, batch_size=8, logging=nf.LogOptions(progress=False)
+    )
     run(mon, m, x, y, opt, 1)
     mon.lr = 0.2
     run(mon, m, x, y, opt, 1)
@@ -171,9 +178,15 @@ def test_momentum_sgd_uses_the_momentum_noise_model(nesterov: bool, dampening: f
         dampening=dampening,
     )
     mon = nf.NoetherMonitor(
-        m, syms, every=1, optimizer=opt, batch_size=8, progress=False, time="discrete",
-        distance_every=1, distance_mode="solve",
-    )  # fmt: skip
+        m,
+        syms,
+        every=1,
+        optimizer=opt,
+        batch_size=8,
+        logging=nf.LogOptions(progress=False),
+        time="discrete",
+        distance=nf.DistanceOptions(every=1, mode="solve"),
+    )
     kw = {"lr": 0.05, "batch_size": 8, "weight_decay": w / 2, "time": "discrete"}
     mkw = {"momentum": beta, "nesterov": nesterov, "dampening": dampening}
     for _ in range(3):
@@ -261,7 +274,12 @@ def test_history_files_keep_lr(tmp_path) -> None:
     opt = torch.optim.SGD(m.parameters(), lr=0.1)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: 1.0 / (k + 1))
     mon = nf.NoetherMonitor(
-        m, syms, every=1, optimizer=opt, batch_size=8, log_dir=tmp_path, tensorboard=False
+        m,
+        syms,
+        every=1,
+        optimizer=opt,
+        batch_size=8,
+        logging=nf.LogOptions(log_dir=tmp_path, tensorboard=False),
     )
     run(mon, m, x, y, opt, 3, sched)
     mon.close()

@@ -53,7 +53,9 @@ def fit(batch_size: int, accumulate: int, dtype: torch.dtype, **trainer: Any) ->
     data = torch.utils.data.TensorDataset(
         torch.randn(64, 4, generator=g, dtype=dtype), torch.randn(64, 2, generator=g, dtype=dtype)
     )
-    cb = NoetherCallback(nf.SymmetrySet([nf.Rescaling(m.fc1, m.fc2)]), every=1, distance_every=1)
+    cb = NoetherCallback(
+        nf.SymmetrySet([nf.Rescaling(m.fc1, m.fc2)]), every=1, distance=nf.DistanceOptions(every=1)
+    )
     opts = dict(
         max_epochs=1,
         callbacks=[cb],
@@ -97,7 +99,7 @@ def test_one_tensorboard_stream_at_lightnings_step(tmp_path: Path) -> None:
         nf.SymmetrySet([nf.Rescaling(m.fc1, m.fc2)]),
         every=1,
         distance=False,
-        log_dir=tmp_path / "mon",
+        logging=nf.LogOptions(log_dir=tmp_path / "mon"),
     )
     L.Trainer(
         max_epochs=1,

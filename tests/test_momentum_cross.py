@@ -275,9 +275,15 @@ def test_monitor_track_mode_uses_the_cross_term() -> None:
     x, y = _data(m)
     opt = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9, weight_decay=0.02)
     mon = nf.NoetherMonitor(
-        m, syms, every=1, optimizer=opt, batch_size=8, progress=False, time="discrete",
-        distance_every=1, distance_mode="track", solve_every=50,
-    )  # fmt: skip
+        m,
+        syms,
+        every=1,
+        optimizer=opt,
+        batch_size=8,
+        logging=nf.LogOptions(progress=False),
+        time="discrete",
+        distance=nf.DistanceOptions(every=1, mode="track", solve_every=50),
+    )
     kw = {"lr": 0.05, "batch_size": 8, "weight_decay": 0.01, "time": "discrete", "momentum": 0.9}
     for _ in range(6):
         opt.zero_grad(set_to_none=True)
@@ -336,7 +342,12 @@ def test_tools_can_drop_the_cross_term_and_say_why_directions_run_off() -> None:
     m, syms = _rotation_model()
     x, y = _data(m)
     opt = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9, weight_decay=0.02)
-    opts: dict[str, Any] = {"every": 1, "optimizer": opt, "batch_size": 8, "progress": False}
+    opts: dict[str, Any] = {
+        "every": 1,
+        "optimizer": opt,
+        "batch_size": 8,
+        "logging": nf.LogOptions(progress=False),
+    }
     mons = [
         nf.NoetherMonitor(m, syms, **opts, time="discrete", momentum_cross=cross)
         for cross in (True, False)

@@ -57,8 +57,8 @@ def test_record_matches_direct_api() -> None:
         batch_size=12,
         weight_decay=WD,
         full_matrices=True,
-        progress=False,
-        distance_sweeps=None,  # the coupled solve in full at the first record
+        logging=nf.LogOptions(progress=False),
+        distance=nf.DistanceOptions(sweeps=None),  # the coupled solve in full at the first record
     )
     with mon.track():
         loss = CE(m(x), y)
@@ -82,7 +82,15 @@ def test_record_matches_direct_api() -> None:
 
 def test_hooks_only_on_record_steps() -> None:
     m, syms, x, y = problem()
-    mon = NoetherMonitor(m, syms, every=3, lr=LR, batch_size=12, progress=False, distance=False)
+    mon = NoetherMonitor(
+        m,
+        syms,
+        every=3,
+        lr=LR,
+        batch_size=12,
+        logging=nf.LogOptions(progress=False),
+        distance=False,
+    )
     seen = []
     for _ in range(7):
         with mon.track():
@@ -105,12 +113,9 @@ def test_files_round_trip(tmp_path: Path, fmt: str) -> None:
         lr=LR,
         batch_size=12,
         weight_decay=WD,
-        log_dir=tmp_path,
-        formats=(fmt,),
+        logging=nf.LogOptions(log_dir=tmp_path, formats=(fmt,), progress=False, tensorboard=False),
         full_matrices=True,
-        distance_every=4,
-        progress=False,
-        tensorboard=False,
+        distance=nf.DistanceOptions(every=4),
     )
     train(mon, m, x, y, steps=7)
     mon.close()
@@ -130,7 +135,13 @@ def test_files_round_trip(tmp_path: Path, fmt: str) -> None:
 def test_log_dir_prefers_jsonl_and_survives_nonfinite(tmp_path: Path) -> None:
     m, syms, x, y = problem()
     mon = NoetherMonitor(
-        m, syms, every=1, lr=LR, batch_size=12, log_dir=tmp_path, distance=False, progress=False
+        m,
+        syms,
+        every=1,
+        lr=LR,
+        batch_size=12,
+        logging=nf.LogOptions(log_dir=tmp_path, progress=False),
+        distance=False,
     )
     train(mon, m, x, y, steps=1)
     with pytest.warns(RuntimeWarning, match="mon.track"):
@@ -143,7 +154,9 @@ def test_log_dir_prefers_jsonl_and_survives_nonfinite(tmp_path: Path) -> None:
 
 def test_untracked_record_step_warns() -> None:
     m, syms, _, _ = problem()
-    mon = NoetherMonitor(m, syms, every=1, lr=LR, batch_size=12, progress=False)
+    mon = NoetherMonitor(
+        m, syms, every=1, lr=LR, batch_size=12, logging=nf.LogOptions(progress=False)
+    )
     with pytest.warns(RuntimeWarning, match="mon.track"):
         mon.step(1.0)
 
@@ -171,8 +184,7 @@ def test_sharpness_and_tensorboard_writer() -> None:
         loss_fn=CE,
         probe=(x, y),
         sharpness=SharpnessOptions(n_samples=3, max_iter=3, every=4),
-        tensorboard=w,
-        progress=False,
+        logging=nf.LogOptions(tensorboard=w, progress=False),
         distance=False,
     )
     train(mon, m, x, y, steps=5)
@@ -185,7 +197,13 @@ def test_sharpness_and_tensorboard_writer() -> None:
 def test_progress_bar_and_plot(tmp_path: Path) -> None:
     m, syms, x, y = problem(rotation=True)
     with NoetherMonitor(
-        m, syms, every=1, lr=LR, batch_size=12, weight_decay=WD, progress=True, total=3
+        m,
+        syms,
+        every=1,
+        lr=LR,
+        batch_size=12,
+        weight_decay=WD,
+        logging=nf.LogOptions(progress=True, total=3),
     ) as mon:
         train(mon, m, x, y, steps=3)
     fig = mon.plot(tmp_path / "mon.png")
@@ -200,9 +218,9 @@ def test_validation_messages() -> None:
     with pytest.raises(ValueError, match="loss_fn"):
         NoetherMonitor(m, syms, lr=LR, batch_size=12, sharpness=True)
     with pytest.raises(ValueError, match="multiple of every"):
-        NoetherMonitor(m, syms, every=3, lr=LR, batch_size=12, distance_every=4)
+        NoetherMonitor(m, syms, every=3, lr=LR, batch_size=12, distance=nf.DistanceOptions(every=4))
     with pytest.raises(ValueError, match="formats"):
-        NoetherMonitor(m, syms, lr=LR, batch_size=12, formats=("parquet",))
+        NoetherMonitor(m, syms, lr=LR, batch_size=12, logging=nf.LogOptions(formats=("parquet",)))
 
 
 def test_lightning_callback_hook_order(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -221,7 +239,9 @@ def test_lightning_callback_hook_order(monkeypatch: pytest.MonkeyPatch) -> None:
     from noetherflow.integrations.lightning import NoetherCallback
 
     m, syms, x, y = problem()
-    cb = NoetherCallback(syms, every=2, lr=LR, batch_size=12, progress=False, distance=False)
+    cb = NoetherCallback(
+        syms, every=2, lr=LR, batch_size=12, logging=nf.LogOptions(progress=False), distance=False
+    )
     trainer = types.SimpleNamespace(accumulate_grad_batches=1, estimated_stepping_batches=4)
     opt = torch.optim.SGD(m.parameters(), lr=LR)
     cb.on_train_start(trainer, m)

@@ -172,15 +172,13 @@ def test_monitor_incremental_rows_equal_full_solves(case: str) -> None:
         m,
         syms,
         every=1,
-        distance_every=1,
-        solve_every=100,
-        distance_tol=1e-12,
+        distance=nf.DistanceOptions(every=1, solve_every=100, tol=1e-12),
         optimizer=opt,
         batch_size=8,
         time="discrete",
         estimator="reference",
         loss_fn=F.mse_loss,
-        progress=False,
+        logging=nf.LogOptions(progress=False),
     )
     idx = torch.arange(24)
     momentum = 0.9 if case == "momentum" else None
@@ -260,11 +258,10 @@ def test_solve_mode_solves_every_time() -> None:
         m,
         syms,
         every=1,
-        distance_every=1,
+        distance=nf.DistanceOptions(every=1, mode="solve"),
         lr=0.05,
         batch_size=8,
-        distance_mode="solve",
-        progress=False,
+        logging=nf.LogOptions(progress=False),
     )
     for _ in range(3):
         with mon.track():
@@ -273,7 +270,7 @@ def test_solve_mode_solves_every_time() -> None:
         m.zero_grad()
     assert (mon.history["distance_exact"] == 1).all()
     with pytest.raises(ValueError, match="distance_mode='chord'"):
-        nf.NoetherMonitor(m, syms, lr=0.05, batch_size=8, distance_mode="chord")
+        nf.NoetherMonitor(m, syms, lr=0.05, batch_size=8, distance=nf.DistanceOptions(mode="chord"))
 
 
 def test_one_sided_generators_match_the_solvers_report() -> None:

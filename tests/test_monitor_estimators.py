@@ -34,9 +34,17 @@ def test_batchnorm_cnn_in_training_mode_runs_50_steps_with_microbatch() -> None:
     assert len(syms) >= 2
     opt = torch.optim.SGD(m.parameters(), lr=0.05, weight_decay=1e-3)
     mon = nf.NoetherMonitor(
-        m, syms, every=5, optimizer=opt, batch_size=16, estimator="microbatch",
-        micro_batch_size=4, loss_fn=F.cross_entropy, progress=False, distance_every=5,
-    )  # fmt: skip
+        m,
+        syms,
+        every=5,
+        optimizer=opt,
+        batch_size=16,
+        estimator="microbatch",
+        micro_batch_size=4,
+        loss_fn=F.cross_entropy,
+        logging=nf.LogOptions(progress=False),
+        distance=nf.DistanceOptions(every=5),
+    )
     bn = m[1]
     for step in range(50):
         xb, yb = x[step % 4 * 16 :][:16], y[step % 4 * 16 :][:16]
@@ -83,7 +91,7 @@ def test_hooks_estimator_on_a_training_batchnorm_says_how_to_choose_the_monitors
     assert "mon.step(loss, inputs=x, targets=y)" in msg
     # switched to training mode after construction: the same advice at the record step
     m.eval()
-    mon = nf.NoetherMonitor(m, syms, lr=0.1, batch_size=16, progress=False)
+    mon = nf.NoetherMonitor(m, syms, lr=0.1, batch_size=16, logging=nf.LogOptions(progress=False))
     m.train()
     with pytest.raises(nf.StatisticsError, match=r"estimator='microbatch'.*loss_fn=loss_fn"):
         mon.track().__enter__()
@@ -96,9 +104,15 @@ def test_estimator_arguments_are_checked() -> None:
     with pytest.raises(ValueError, match="needs loss_fn"):
         nf.NoetherMonitor(m, syms, lr=0.1, batch_size=16, estimator="microbatch")
     mon = nf.NoetherMonitor(
-        m, syms, lr=0.1, batch_size=16, estimator="microbatch", micro_batch_size=4,
-        loss_fn=F.cross_entropy, progress=False,
-    )  # fmt: skip
+        m,
+        syms,
+        lr=0.1,
+        batch_size=16,
+        estimator="microbatch",
+        micro_batch_size=4,
+        loss_fn=F.cross_entropy,
+        logging=nf.LogOptions(progress=False),
+    )
     with pytest.raises(ValueError, match=r"call mon.step\(loss, inputs=x, targets=y\)"):
         mon.step(torch.tensor(1.0))
 
@@ -111,9 +125,16 @@ def test_reference_estimator_equals_hooks_on_an_mlp() -> None:
     rows = []
     for est in ("hooks", "reference"):
         mon = nf.NoetherMonitor(
-            m, syms, every=1, lr=0.1, batch_size=20, weight_decay=1e-3, estimator=est,
-            loss_fn=F.cross_entropy, progress=False,
-        )  # fmt: skip
+            m,
+            syms,
+            every=1,
+            lr=0.1,
+            batch_size=20,
+            weight_decay=1e-3,
+            estimator=est,
+            loss_fn=F.cross_entropy,
+            logging=nf.LogOptions(progress=False),
+        )
         m.zero_grad(set_to_none=True)
         with mon.track():
             loss = F.cross_entropy(m(x), y)

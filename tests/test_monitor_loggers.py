@@ -59,9 +59,13 @@ def test_history_keys_are_ascii_and_names_stay_for_display(tmp_path: Path) -> No
     m, syms, x, y = detected()
     assert any(not n.isascii() for n in syms.names)  # detection's pretty names use "→"
     mon = nf.NoetherMonitor(
-        m, syms, every=1, lr=0.05, batch_size=24, log_dir=tmp_path, progress=False,
-        tensorboard=False,
-    )  # fmt: skip
+        m,
+        syms,
+        every=1,
+        lr=0.05,
+        batch_size=24,
+        logging=nf.LogOptions(log_dir=tmp_path, progress=False, tensorboard=False),
+    )
     train(mon, m, x, y, 2)
     mon.close()
     h = mon.history
@@ -76,7 +80,13 @@ def test_history_keys_are_ascii_and_names_stay_for_display(tmp_path: Path) -> No
 def test_on_record_gets_flat_ascii_floats() -> None:
     m, syms, x, y = detected()
     mon = nf.NoetherMonitor(
-        m, syms, every=2, distance_every=2, lr=0.05, batch_size=24, progress=False
+        m,
+        syms,
+        every=2,
+        distance=nf.DistanceOptions(every=2),
+        lr=0.05,
+        batch_size=24,
+        logging=nf.LogOptions(progress=False),
     )
     got: list[dict[str, float]] = []
     mon.on_record(got.append)
@@ -128,9 +138,13 @@ def test_tensorboard_event_file_has_scalars_per_symmetry_and_histograms(tmp_path
 
     m, syms, x, y = detected()
     mon = nf.NoetherMonitor(
-        m, syms, every=1, lr=0.05, batch_size=24, log_dir=tmp_path, progress=False,
-        tensorboard=True,
-    )  # fmt: skip
+        m,
+        syms,
+        every=1,
+        lr=0.05,
+        batch_size=24,
+        logging=nf.LogOptions(log_dir=tmp_path, progress=False, tensorboard=True),
+    )
     train(mon, m, x, y, 3)
     mon.close()
     ea = event_accumulator.EventAccumulator(
@@ -207,7 +221,9 @@ def test_wandb_and_mlflow_callbacks_pass_the_step_as_a_step() -> None:
     torch.manual_seed(0)
     m = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
     syms = nf.SymmetrySet([nf.Rescaling(m[0], m[2])])
-    mon = nf.NoetherMonitor(m, syms, every=2, lr=0.1, batch_size=16, progress=False)
+    mon = nf.NoetherMonitor(
+        m, syms, every=2, lr=0.1, batch_size=16, logging=nf.LogOptions(progress=False)
+    )
     w, f = Run(), Run()
     mon.on_record(wandb_on_record(w))
     mon.on_record(mlflow_on_record(f))

@@ -32,9 +32,8 @@ def test_noise_model_is_created_once_per_record(monkeypatch, mode: str) -> None:
         every=1,
         optimizer=opt,
         batch_size=16,
-        progress=False,
-        distance_every=1,
-        distance_mode=mode,
+        logging=nf.LogOptions(progress=False),
+        distance=nf.DistanceOptions(every=1, mode=mode),
     )
     made: list[NoiseModel] = []
     create = NoiseModel.create.__func__  # type: ignore[attr-defined]
@@ -68,10 +67,8 @@ def test_a_schedule_change_of_lr_forces_a_full_solve() -> None:
         every=1,
         optimizer=opt,
         batch_size=16,
-        progress=False,
-        distance_every=1,
-        distance_mode="track",
-        solve_every=100,
+        logging=nf.LogOptions(progress=False),
+        distance=nf.DistanceOptions(every=1, mode="track", solve_every=100),
     )
     exact = []
     for t in range(5):

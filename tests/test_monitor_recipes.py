@@ -63,10 +63,11 @@ def keys(row: dict, kind: str) -> list[str]:
 def test_accumulated_micro_batches_record_the_full_batch(sizes: tuple[int, ...]) -> None:
     """k blocks (loss_j · n_j/B, the batch mean) = one batch of the same data, to 1e-8."""
     m, syms, x, y = problem()
-    kw = dict(every=1, lr=0.1, batch_size=24, weight_decay=1e-3, distance_mode="solve")
-    one = nf.NoetherMonitor(m, syms, distance_every=1, **kw)
+    dist = nf.DistanceOptions(every=1, mode="solve")
+    kw = dict(every=1, lr=0.1, batch_size=24, weight_decay=1e-3, distance=dist)
+    one = nf.NoetherMonitor(m, syms, **kw)
     full = record(one, m, [(x, y, 1.0)])
-    acc = nf.NoetherMonitor(m, syms, distance_every=1, **kw)
+    acc = nf.NoetherMonitor(m, syms, **kw)
     cuts = np.cumsum((0, *sizes))
     parts = [(x[a:b], y[a:b], (b - a) / 24) for a, b in itertools.pairwise(cuts)]
     got = record(acc, m, parts)
@@ -190,7 +191,9 @@ def test_lr_zero_and_one_sample_steps_are_recorded_undefined_with_one_warning() 
     opt = torch.optim.SGD(m.parameters(), lr=0.1)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, s / 2))
     assert opt.param_groups[0]["lr"] == 0.0
-    mon = nf.NoetherMonitor(m, syms, every=1, optimizer=opt, batch_size=24, distance_every=1)
+    mon = nf.NoetherMonitor(
+        m, syms, every=1, optimizer=opt, batch_size=24, distance=nf.DistanceOptions(every=1)
+    )
     rows = []
     with pytest.warns(RuntimeWarning) as caught:
         for i in range(5):
@@ -230,7 +233,9 @@ def test_bf16_autocast_statistics_in_float32() -> None:
         lr=0.1,
         batch_size=64,
     )
-    mon = nf.NoetherMonitor(m, syms, every=1, lr=0.1, batch_size=64, distance_every=1)
+    mon = nf.NoetherMonitor(
+        m, syms, every=1, lr=0.1, batch_size=64, distance=nf.DistanceOptions(every=1)
+    )
     with mon.track(), torch.autocast("cpu", dtype=torch.bfloat16):
         loss = F.mse_loss(m(x).float(), y)
         loss.backward()

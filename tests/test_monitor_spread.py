@@ -40,13 +40,11 @@ def _rows(sweeps: int | None, records: int) -> tuple[list[dict[str, np.ndarray]]
         m,
         syms,
         every=1,
-        distance_every=1,
+        distance=nf.DistanceOptions(every=1, sweeps=sweeps, solver=nf.SolveOptions(tol=1e-13)),
         lr=LR,
         batch_size=S,
         weight_decay=GAMMA,
-        distance_sweeps=sweeps,
-        solver_options={"tol": 1e-13},
-        progress=False,
+        logging=nf.LogOptions(progress=False),
     )
     rows = []
     for _ in range(records):
@@ -123,7 +121,7 @@ def test_unlimited_sweeps_solve_at_the_first_record() -> None:
 def test_bad_sweeps_are_refused(bad: object) -> None:
     m, syms, _, _ = _chain()
     with pytest.raises(ValueError, match="distance_sweeps"):
-        nf.NoetherMonitor(m, syms, lr=LR, batch_size=S, distance_sweeps=bad)  # type: ignore[arg-type]
+        nf.NoetherMonitor(m, syms, lr=LR, batch_size=S, distance=nf.DistanceOptions(sweeps=bad))  # type: ignore[arg-type]
 
 
 def test_first_estimate_batches_the_rotations_as_one_at_a_time() -> None:
@@ -132,6 +130,7 @@ def test_first_estimate_batches_the_rotations_as_one_at_a_time() -> None:
     from noetherflow.kernels import kernel_for
     from noetherflow.kernels.base import StepOptions
     from noetherflow.monitor.estimate import jacobi_estimate
+    from noetherflow.solve_options import kernel_settings
     from noetherflow.symmetry.rotation import Block
 
     m, syms, x, y = _chain()
@@ -150,7 +149,7 @@ def test_first_estimate_batches_the_rotations_as_one_at_a_time() -> None:
     got, _ = jacobi_estimate(syms, st, nm, opts)
     values = {p: p.detach() for p in syms.params()}
     names = {s: n for n, s in syms.items()}
-    step = StepOptions(tol=1e-13, max_iter=opts.max_iter, rtol_singular=opts.rtol_singular)
+    step = StepOptions(settings=kernel_settings(opts, [kernel_for(s) for s in syms]))
     for name, s in syms.items():
         k = kernel_for(s)
         if k.joint:

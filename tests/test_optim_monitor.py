@@ -29,7 +29,13 @@ def test_monitor_last_step_is_exact(name: str) -> None:
     x, y = torch.randn(32, 5, dtype=DT), torch.randn(32, 3, dtype=DT)
     opt = OPTS[name](m.parameters())
     mon = nf.NoetherMonitor(
-        m, syms, optimizer=opt, batch_size=8, every=1, progress=False, distance=False
+        m,
+        syms,
+        optimizer=opt,
+        batch_size=8,
+        every=1,
+        logging=nf.LogOptions(progress=False),
+        distance=False,
     )
     assert mon.last_step is None
     for _ in range(4):
@@ -126,12 +132,13 @@ def test_recorded_decomposition_is_exact(name: str, tmp_path) -> None:  # type: 
     x, y = torch.randn(32, 5, dtype=DT), torch.randn(32, 3, dtype=DT)
     make, shrink = HIST_OPTS[name]
     opt = make(m.parameters())
-    kw = {"batch_size": 8, "every": 3, "progress": False, "full_matrices": True}
+    log = nf.LogOptions(log_dir=tmp_path, progress=False)
+    kw = {"batch_size": 8, "every": 3, "full_matrices": True, "logging": log}
     if name.startswith(("sgd",)):
-        mon = nf.NoetherMonitor(m, syms, optimizer=opt, log_dir=tmp_path, **kw)
+        mon = nf.NoetherMonitor(m, syms, optimizer=opt, **kw)
     else:
         with pytest.warns(UserWarning, match="no flows and distances"):
-            mon = nf.NoetherMonitor(m, syms, optimizer=opt, log_dir=tmp_path, **kw)
+            mon = nf.NoetherMonitor(m, syms, optimizer=opt, **kw)
     before: dict[int, dict[str, torch.Tensor]] = {}
     theta: dict[int, dict[nn.Parameter, torch.Tensor]] = {}
     for i in range(10):
@@ -202,7 +209,7 @@ def test_adamw_monitor_20_steps_and_its_prediction() -> None:
             optimizer=opt,
             batch_size=8,
             every=1,
-            progress=False,
+            logging=nf.LogOptions(progress=False),
         )
     x, y = torch.randn(64, 6, dtype=DT), torch.randn(64, 2, dtype=DT)
     for _ in range(20):

@@ -406,7 +406,7 @@ def test_monitor_reads_no_decay_groups(time: str) -> None:
         batch_size=16,
         every=1,
         time=time,
-        distance_every=1,
+        distance=nf.DistanceOptions(every=1),
         estimator="reference",
         loss_fn=LOSS,
     )
@@ -502,15 +502,13 @@ def test_monitor_tracked_distance_with_no_decay_group(time: str) -> None:
         m,
         syms,
         every=1,
-        distance_every=1,
-        solve_every=100,
-        distance_tol=1e-11,
+        distance=nf.DistanceOptions(every=1, solve_every=100, tol=1e-11),
         optimizer=opt,
         batch_size=8,
         time=time,
         estimator="reference",
         loss_fn=LOSS,
-        progress=False,
+        logging=nf.LogOptions(progress=False),
     )
     idx = torch.arange(24)
     for _ in range(5):
@@ -627,7 +625,7 @@ def test_explicit_mapping_in_the_monitor_and_teleporter() -> None:
         time="discrete",
         estimator="reference",
         loss_fn=LOSS,
-        progress=False,
+        logging=nf.LogOptions(progress=False),
     )
     opt = torch.optim.SGD(m.parameters(), lr=LR)
     opt.zero_grad()

@@ -57,7 +57,9 @@ def test_monitor_plot_uses_pretty_names(tmp_path: Path) -> None:
     torch.manual_seed(0)
     m = nn.Sequential(nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, 3))
     syms = nf.SymmetrySet([nf.Rescaling(m[0], m[2], label="fc1↔fc2")])
-    mon = nf.NoetherMonitor(m, syms, every=1, lr=0.1, batch_size=8, progress=False)
+    mon = nf.NoetherMonitor(
+        m, syms, every=1, lr=0.1, batch_size=8, logging=nf.LogOptions(progress=False)
+    )
     x, y = torch.randn(8, 4), torch.randn(8, 3)
     for _ in range(2):
         with mon.track():

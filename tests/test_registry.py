@@ -80,7 +80,7 @@ def test_qualified_name_keys_never_import_and_list_seen_classes() -> None:
 
 def test_every_registry_is_one() -> None:
     every = (hooks.LAYERS, detection.LAYERS, detection.NORMS, kernels_base.KERNELS)
-    for r in (*every, tables.MODULE_OPS, patterns.MATCHERS):
+    for r in (*every, tables.MODULE_OPS, tables.FUNCTION_OPS, tables.METHOD_OPS, patterns.MATCHERS):
         assert isinstance(r, Registry)
     assert hooks.handler_for(_Kept(2, 3)) is hooks.handler_for(nn.Linear(2, 3))
     assert hooks.handler_for(_Own(2, 3)) is None
@@ -116,3 +116,63 @@ def test_a_registered_activation_module_is_read_by_the_rescaling_matcher() -> No
             tables.register_module_op(_Kept, "odd")
     finally:
         tables.MODULE_OPS.unregister(_Abs)
+
+
+class _TorchAbs(nn.Module):
+    def forward(self, x: Tensor) -> Tensor:
+        import torch
+
+        return torch.abs(x)
+
+
+def test_function_and_method_ops_are_registries() -> None:
+    """A function or tensor method is one call to teach detection; no silent overwrite."""
+    import torch
+    import torch.nn.functional as F
+
+    import noetherflow as nf
+
+    assert tables.function_op(F.relu) == "homogeneous"
+    assert tables.function_op(torch.reshape) == "move"
+    assert tables.function_op(F.layer_norm) == "normalisation"
+    assert tables.function_op(torch.abs) is None
+    assert tables.method_op("view") == "move" and tables.method_op("abs") is None
+
+    def apply_rotary_pos_emb(q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+        return q, k  # each model defines its own: found by name
+
+    assert tables.function_op(apply_rotary_pos_emb) == "rotary"
+    torch.manual_seed(0)
+    x = torch.randn(16, 3, dtype=torch.float64)
+    for make, register, drop in [
+        (
+            _TorchAbs,
+            lambda: tables.register_function_op(torch.abs, "homogeneous"),
+            lambda: tables.FUNCTION_OPS.unregister(torch.abs),
+        ),
+        (
+            _Abs,  # x.abs()
+            lambda: tables.register_method_op("abs", "homogeneous"),
+            lambda: tables.METHOD_OPS.unregister("abs"),
+        ),
+    ]:
+        model = nn.Sequential(nn.Linear(3, 5), make(), nn.Linear(5, 2)).double()
+        # (the docs' abs matcher, when another test registered it, proposes its own name)
+        assert "rescaling:0→2" not in nf.find_symmetries(model, x).names
+        register()
+        try:
+            assert "rescaling:0→2" in nf.find_symmetries(model, x).names
+        finally:
+            drop()
+    with pytest.raises(
+        ValueError, match=r"relu has a function feature rule already; pass overwrite"
+    ):
+        tables.register_function_op(F.relu, "approximate")
+    with pytest.raises(ValueError, match=r"view has a method feature rule already; pass overwrite"):
+        tables.register_method_op("view", "move")
+    with pytest.raises(ValueError, match=r"kind='odd'; expected one of"):
+        tables.register_function_op(torch.abs, "odd")
+    with pytest.raises(ValueError, match=r"kind='rotary'; expected one of"):
+        tables.register_method_op("abs", "rotary")
+    tables.register_function_op(F.relu, "homogeneous", overwrite=True)  # explicit: allowed
+    assert tables.function_op(F.relu) == "homogeneous"

@@ -140,3 +140,39 @@ def test_kernel_settings_are_checked_against_the_kernel() -> None:
         )
     with pytest.raises(TypeError, match="expected a mapping kernel name"):
         nf.SolveOptions(kernels={"rotation": 1e-3})  # type: ignore[dict-item]
+
+
+def test_each_kernel_owns_its_settings_and_step_options_only_the_common() -> None:
+    """The family settings live in the kernels (their defaults: the reference settings);
+    StepOptions carries only what every family is told."""
+    import dataclasses
+
+    from noetherflow.kernels import DiagonalKernel, RotationKernel, StepOptions
+    from noetherflow.kernels._diag_newton import NewtonMethod
+    from noetherflow.solve_options import kernel_settings
+    from noetherflow.stats.blocks import KERNELS
+
+    assert {f.name for f in dataclasses.fields(StepOptions)} == {
+        "coupled",
+        "init",
+        "fixed",
+        "settings",
+    }
+    reference = nf.SolveOptions()
+    kernels = list(dict.fromkeys(KERNELS.values()))
+    assert {k.name for k in kernels} >= {"diagonal", "rotation", "dense"}
+    for k in kernels:
+        assert k.solve_options == {f.name for f in dataclasses.fields(k.settings)}
+        assert k.solve_options <= {f.name for f in dataclasses.fields(nf.SolveOptions)}
+        for f in k.solve_options:  # a kernel alone solves as solve_equilibrium's defaults
+            assert getattr(k.settings(), f) == getattr(reference, f), (k.name, f)
+    assert DiagonalKernel.solve_options == {"tol", "max_iter", "solver"}
+    assert RotationKernel.solve_options == {"tol", "max_iter", "rtol_singular", "ridge"}
+    diag, rot = DiagonalKernel(), RotationKernel()
+    got = kernel_settings(
+        nf.SolveOptions(tol=1e-9, solver="cg", kernels={"rotation": {"ridge": 1e-3}}), [diag, rot]
+    )
+    assert got["diagonal"] == diag.settings(tol=1e-9, max_iter=100, solver=NewtonMethod.CG)
+    assert got["rotation"] == rot.settings(tol=1e-9, max_iter=100, rtol_singular=1e-10, ridge=1e-3)
+    step = StepOptions(settings=got)
+    assert step.of(rot).ridge == 1e-3 and StepOptions().of(rot) == rot.settings()

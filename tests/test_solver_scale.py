@@ -51,7 +51,7 @@ def test_monitor_warm_started_distance_matches_cold() -> None:
 
     ce = nn.CrossEntropyLoss()
     hist = []
-    for opts in ({}, {"init": None}):  # default (warm) and explicitly cold
+    for warm in (True, False):  # default (warm) and explicitly cold
         torch.manual_seed(0)
         m = nn.Sequential(nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, 3)).double()
         syms = nf.SymmetrySet([nf.Rescaling(m[0], m[2], label="r")])
@@ -65,10 +65,8 @@ def test_monitor_warm_started_distance_matches_cold() -> None:
             lr=0.05,
             batch_size=24,
             weight_decay=1e-3,
-            progress=False,
-            solver_options=opts,
-            distance_every=1,
-            distance_mode="solve",
+            logging=nf.LogOptions(progress=False),
+            distance=nf.DistanceOptions(every=1, mode="solve", warm_start=warm),
         )
         opt = torch.optim.SGD(m.parameters(), lr=0.05)
         for _ in range(4):

@@ -63,7 +63,13 @@ def train(n_steps: int) -> float:
     opt = torch.optim.SGD(ddp.parameters(), lr=LR, weight_decay=2 * WD)  # λ = 2γ
     loss_fn = nn.CrossEntropyLoss()
     mon = nf.NoetherMonitor(
-        ddp, syms, every=2, lr=LR, batch_size=sum(LOCAL), weight_decay=WD, progress=False
+        ddp,
+        syms,
+        every=2,
+        lr=LR,
+        batch_size=sum(LOCAL),
+        weight_decay=WD,
+        logging=nf.LogOptions(progress=False),
     )
     reference: dict[str, torch.Tensor] = {}
     for step in range(n_steps):

@@ -57,7 +57,12 @@ def main(tiny: bool = False) -> float:
     log_dir = Path(tempfile.mkdtemp(prefix="nf_monitor_"))
     # η and γ = λ/2 are read from the optimizer at every record; S is the loop's batch size
     mon = nf.NoetherMonitor(
-        model, syms, every=every, optimizer=opt, batch_size=batch, log_dir=log_dir, progress=False
+        model,
+        syms,
+        every=every,
+        optimizer=opt,
+        batch_size=batch,
+        logging=nf.LogOptions(log_dir=log_dir, progress=False),
     )
     gen = torch.Generator().manual_seed(1)
     worst = 0.0

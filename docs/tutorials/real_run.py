@@ -133,7 +133,9 @@ def lightning_run(tiny: bool, out_dir: str) -> None:
     y = (x[:, :3].argmax(1) + (x[:, 3] > 1).long()) % 3
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=16)
     net = Net()
-    cb = NoetherCallback(nf.find_symmetries(net, x[:8]), every=4, distance_every=4)
+    cb = NoetherCallback(
+        nf.find_symmetries(net, x[:8]), every=4, distance=nf.DistanceOptions(every=4)
+    )
     trainer = L.Trainer(
         max_steps=12 if tiny else 64,
         accumulate_grad_batches=2,  # records are those of the 32 samples of each step

@@ -1,4 +1,8 @@
-"""Private: the deprecation path of the dead ``model`` argument of the main calls."""
+"""Private: the deprecation path of old spellings (one message form, one warning class).
+
+Every old spelling the package still accepts warns through :func:`warn_renamed`: a
+:class:`FutureWarning` (shown to users by default) that names the old call and the new one.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +11,20 @@ from typing import Any
 
 from torch import nn
 
-__all__ = ["is_old_model_call", "warn_model"]
+__all__ = ["is_old_model_call", "warn_model", "warn_renamed"]
+
+
+def warn_renamed(old: str, new: str, *, stacklevel: int = 2) -> None:
+    """A :class:`FutureWarning`: ``old`` is deprecated, ``new`` replaces it.
+
+    ``stacklevel`` counts from the caller of this function, as in :func:`warnings.warn`
+    (2: the line that called the caller).
+    """
+    warnings.warn(
+        f"{old} is deprecated: {new} instead; the old form will be removed in a future release.",
+        FutureWarning,
+        stacklevel=stacklevel + 1,
+    )
 
 
 def is_old_model_call(first: Any, second: Any, new_type: type) -> bool:
@@ -17,9 +34,6 @@ def is_old_model_call(first: Any, second: Any, new_type: type) -> bool:
 
 def warn_model(who: str, new_call: str) -> None:
     """A :class:`FutureWarning` for ``who(model, ...)`` naming ``new_call``."""
-    warnings.warn(
-        f"{who}(model, ...) is deprecated: the model argument was never used. Call "
-        f"{new_call} instead; the old form will be removed in a future release.",
-        FutureWarning,
-        stacklevel=3,
+    warn_renamed(
+        f"{who}(model, ...)", f"the model argument was never used; call {new_call}", stacklevel=3
     )

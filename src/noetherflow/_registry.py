@@ -17,17 +17,21 @@ registered itself; classes without a ``forward`` (symmetries) always inherit. Th
 
 Registering a key twice raises unless ``replace=True``: a silent overwrite would change
 what a built-in layer or family means for every later caller.
+
+A registry made with ``any_key=True`` takes any hashable key (a function, a method name) and
+is read by :meth:`Registry.get`, by the key itself (detection's function and method tables).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Hashable, Iterator
 from typing import Generic, TypeVar
 
 __all__ = ["Registry", "qualname"]
 
 V = TypeVar("V")
-Key = type | str
+# a class or a qualified name (with any_key=True: any hashable key)
+Key = type | str | Hashable
 
 
 def qualname(cls: type) -> str:
@@ -47,6 +51,8 @@ class Registry(Generic[V]):
         register_with: the public call that registers one, for errors
             (``"noetherflow.stats.register_layer(cls, LayerHandler(...))"``).
         flag: the keyword of that call that replaces an entry (``"overwrite"``).
+        any_key: keys need not be classes or names (functions, method names); read them
+            with :meth:`get`.
 
     Example:
         >>> from torch import nn
@@ -57,10 +63,13 @@ class Registry(Generic[V]):
         ('dense', None)
     """
 
-    def __init__(self, what: str, *, register_with: str, flag: str = "replace") -> None:
+    def __init__(
+        self, what: str, *, register_with: str, flag: str = "replace", any_key: bool = False
+    ) -> None:
         self.what = what
         self.register_with = register_with
         self.flag = flag
+        self.any_key = any_key
         self._entries: dict[Key, V] = {}
         self._resolved: dict[type, tuple[type, V] | None] = {}  # lookup cache by class
         self._named: dict[type, None] = {}  # classes a name key has matched, in order
@@ -72,7 +81,7 @@ class Registry(Generic[V]):
             TypeError: ``key`` is neither a class nor a qualified name.
             ValueError: ``key`` is registered already and ``replace`` is False.
         """
-        if not isinstance(key, type | str):
+        if not (isinstance(key, Hashable) if self.any_key else isinstance(key, type | str)):
             raise TypeError(f"{self.what} registry: key {key!r} is not a class or a name.")
         if key in self._entries and not replace:
             raise ValueError(
@@ -103,6 +112,13 @@ class Registry(Generic[V]):
             break
         self._resolved[cls] = hit
         return hit
+
+    def get(self, key: Key) -> V | None:
+        """The value registered under ``key`` itself (no subclass rule), or None."""
+        try:
+            return self._entries.get(key)
+        except TypeError:  # an unhashable key is registered nowhere
+            return None
 
     def lookup(self, cls: type) -> V | None:
         """The value for ``cls`` by the subclass rule (module docstring), or None."""
@@ -144,4 +160,4 @@ class Registry(Generic[V]):
 
 
 def _name(key: Key) -> str:
-    return key if isinstance(key, str) else key.__name__
+    return key if isinstance(key, str) else getattr(key, "__name__", repr(key))

@@ -44,7 +44,6 @@ from noetherflow.kernels import (
     kernel_for,
     kernels_of,
 )
-from noetherflow.kernels._diag_newton import NewtonMethod
 from noetherflow.kernels.base import (
     overlaps,
     refresh_stats_,
@@ -53,7 +52,7 @@ from noetherflow.kernels.base import (
 )
 from noetherflow.kernels.decay import ParamDecay
 from noetherflow.kernels.noise import NoiseModel, TimeModel, check_decay, resolve_noise
-from noetherflow.solve_options import SolveOptions, per_kernel, resolve_options
+from noetherflow.solve_options import SolveOptions, kernel_settings, resolve_options
 from noetherflow.stats.core import GradStats, Level, with_displacement
 from noetherflow.symmetry.base import DiagonalSymmetry, Symmetry
 from noetherflow.symmetry.set import SymmetrySet
@@ -241,17 +240,11 @@ def solve_equilibrium(
     # the steps are written on whole parameters: an FSDP2 shard is gathered, once per solve
     values = {p: _shard.full(p.detach()).to(torch.float64, copy=True) for p in syms.params()}
     step = StepOptions(
-        tol=opts.tol,
-        max_iter=opts.max_iter,
-        rtol_singular=opts.rtol_singular,
-        ridge=opts.ridge,
-        coupled=False,
         init=None if init is None else init.elements,
-        method=NewtonMethod(opts.solver).value,
         fixed=held or None,
-        per_kernel=per_kernel(opts, [k for k, _ in kernels_of(syms)]),
+        settings=kernel_settings(opts, [k for k, _ in kernels_of(syms)]),
     )
-    out = _solve_parts(syms, blocks, values, stats, nm, step, opts.max_sweeps, held)
+    out = _solve_parts(syms, blocks, values, stats, nm, step, (opts.max_sweeps, opts.tol), held)
     return _solution(syms, out, values, stats, nm, stamp)
 
 
@@ -282,14 +275,14 @@ def _solve_parts(
     stats: GradStats,
     nm: NoiseModel,
     step: StepOptions,
-    max_sweeps: int,
+    sweeps: tuple[int, float],
     held: Mapping[str, Tensor],
 ) -> _Solved:
     """Solve the independent blocks of ``syms`` (no parameter shared across two).
 
     The symmetries of no coupled group are solved once, jointly; each coupled group by its own
     sweeps, until its own flows converge. Same answer as sweeping over all at once, as the
-    blocks do not interact.
+    blocks do not interact. ``sweeps``: (max_sweeps, tol) of a coupled block's sweeps.
     """
     names: dict[Any, str] = {s: n for n, s in syms.items()}
     index = {s: i for i, s in enumerate(syms)}
@@ -299,7 +292,7 @@ def _solve_parts(
     for k, part in enumerate(parts):
         if part:
             sub = syms.subset(part)
-            _solve_block(sub, k > 0, values, stats, nm, names, index, step, max_sweeps, held, out)
+            _solve_block(sub, k > 0, values, stats, nm, names, index, step, sweeps, held, out)
     return out
 
 
@@ -358,14 +351,16 @@ def _solve_block(
     names: Mapping[Any, str],
     index: Mapping[Symmetry, int],
     opts: StepOptions,
-    max_sweeps: int,
+    sweeps: tuple[int, float],
     held: Mapping[str, Tensor],
     out: _Solved,
 ) -> None:
     """Solve one block: once (uncoupled), or by block Gauss–Seidel sweeps (a coupled group).
 
     ``values`` (float64 parameters) move in place; steps, totals and reports go to ``out``.
+    ``sweeps``: at most this many sweeps, until the largest relative flow is ``tol``.
     """
+    max_sweeps, tol = sweeps
     if coupled:
         samples = {p: stats.samples[p].to(torch.float64, copy=True) for p in part.params()}
         cur = stats_from_samples(samples, part, estimator=stats.estimator, level=Level.SOLVE)
@@ -405,7 +400,7 @@ def _solve_block(
                 for s in todo:
                     del stale[s]
             solve = k.solve_disjoint if step.disjoint else k.solve
-            res = solve(members, values, cur, nm, names, opts.for_kernel(k))
+            res = solve(members, values, cur, nm, names, opts)
             if not coupled:
                 if res.converged is not None:
                     out.converged = out.converged and res.converged
@@ -428,7 +423,7 @@ def _solve_block(
                         take(k, s, element)
         # later sweeps continue from the moved values: held generators move no more
         opts = replace(opts, init=None, fixed=_no_move(held))
-        done = worst <= max(opts.tol, 1e-10)
+        done = worst <= max(tol, 1e-10)
         if coupled and done and sweep > 1:
             break
     out.progress = max(out.progress, worst)

@@ -9,15 +9,15 @@ The old loose keywords (``tol=``, ``ridge=`` …) still work for now and warn
 from __future__ import annotations
 
 import dataclasses
-import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from noetherflow._checks import check_nonnegative, check_positive_int, parse_enum
+from noetherflow._deprecate import warn_renamed
 from noetherflow.kernels._diag_newton import NewtonMethod
 
-__all__ = ["SolveOptions", "per_kernel", "resolve_options", "split_options"]
+__all__ = ["SolveOptions", "kernel_settings", "resolve_options", "split_options"]
 
 
 @dataclass(frozen=True)
@@ -141,12 +141,7 @@ def resolve_options(
             f"{who}: got both options= and the keywords {given}; put them in options "
             f"(options.replace({given}))."
         )
-    warnings.warn(
-        f"{who}({given}) is deprecated: pass options=nf.SolveOptions({given}) instead; the "
-        "loose keywords will be removed in a future release.",
-        FutureWarning,
-        stacklevel=3,
-    )
+    warn_renamed(f"{who}({given})", f"pass options=nf.SolveOptions({given})", stacklevel=3)
     return SolveOptions(**legacy)
 
 
@@ -168,35 +163,37 @@ def split_options(
     return rest, resolve_options(options, legacy, who)  # both forms: a TypeError
 
 
-def per_kernel(options: SolveOptions, kernels: Sequence[Any]) -> dict[str, dict[str, Any]] | None:
-    """``options.kernels`` checked against the ``kernels`` of a solve, as StepOptions fields.
+def kernel_settings(options: SolveOptions, kernels: Sequence[Any]) -> dict[str, Any]:
+    """Each kernel's own settings in a solve with ``options``: kernel name → its settings.
+
+    An instance of the kernel's ``settings`` class (``Kernel.settings``) per kernel of the
+    solve: the shared values of ``options`` for its fields, ``options.kernels[name]`` over
+    them (checked as the shared ones are).
 
     Raises:
         ValueError: a kernel name that solves no symmetry of the set, or a bad value.
         TypeError: a setting the kernel does not read (its ``solve_options``).
     """
-    if not options.kernels:
-        return None
     by_name = {k.name: k for k in kernels}
-    out: dict[str, dict[str, Any]] = {}
-    for name, own in options.kernels.items():
+    own = dict(options.kernels or {})
+    for name, given in own.items():
         k = by_name.get(name)
         if k is None:
             raise ValueError(
                 f"SolveOptions(kernels=...): no symmetry of this set is solved by the kernel "
                 f"{name!r}; the kernels here are {sorted(by_name)}."
             )
-        extra = sorted(set(own) - set(k.solve_options))
+        extra = sorted(set(given) - set(k.solve_options))
         if extra:
             raise TypeError(
                 f"SolveOptions(kernels={{{name!r}: ...}}): {extra} are not settings of the "
                 f"{name} kernel; it reads {sorted(k.solve_options)}."
             )
-        checked = SolveOptions(**own)  # the values checked as the shared ones are
-        out[name] = {
-            ("method" if f == "solver" else f): (
-                NewtonMethod(checked.solver).value if f == "solver" else getattr(checked, f)
-            )
-            for f in own
-        }
+    out: dict[str, Any] = {}
+    for name, k in by_name.items():
+        given = own.get(name, {})
+        checked = SolveOptions(**given)  # the values checked as the shared ones are
+        out[name] = k.settings(
+            **{f: getattr(checked if f in given else options, f) for f in k.solve_options}
+        )
     return out

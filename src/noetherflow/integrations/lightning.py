@@ -10,7 +10,7 @@ Import it explicitly (``from noetherflow.integrations.lightning import NoetherCa
 each micro-batch is one ``monitor.track()`` block and the record is that of the whole
 accumulated step (batch size × k). When the trainer has a logger the records go to it at
 Lightning's own step, and the monitor opens no TensorBoard writer of its own (one stream;
-pass ``tensorboard=True`` for a second one under ``log_dir``).
+pass ``logging=nf.LogOptions(tensorboard=True)`` for a second one under ``log_dir``).
 
 Example:
     >>> import torch, lightning as L
@@ -30,7 +30,7 @@ Example:
     >>> loader = torch.utils.data.DataLoader(data, batch_size=16)
     >>> module = Net()
     >>> syms = nf.SymmetrySet([nf.Rescaling(module.fc1, module.fc2)])
-    >>> cb = NoetherCallback(syms, every=2, log_dir="runs/x")  # η, γ, batch size: the trainer's
+    >>> cb = NoetherCallback(syms, every=2, logging=nf.LogOptions(log_dir="runs/x"))  # η, γ, S
     >>> trainer = L.Trainer(max_epochs=1, callbacks=[cb], logger=False, enable_progress_bar=False,
     ...                     enable_checkpointing=False, enable_model_summary=False)
     >>> trainer.fit(module, loader)
@@ -51,10 +51,12 @@ import functools
 import math
 import warnings
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, cast
 
 from noetherflow._inputs import ModelInputs
 from noetherflow.monitor import NoetherMonitor
+from noetherflow.monitor.options import take_options
 from noetherflow.symmetry.set import SymmetrySet
 
 if TYPE_CHECKING:
@@ -140,7 +142,7 @@ class NoetherCallback(Callback):  # type: ignore[misc,valid-type]
         log_to_lightning: send each record to the trainer's loggers; default: when the trainer
             has a logger.
         **monitor_kwargs: keyword arguments of :class:`~noetherflow.NoetherMonitor`
-            (``every``, ``log_dir``, ``estimator``, ...; ``lr``/``weight_decay``/``optimizer``
+            (``every``, ``logging``, ``estimator``, ...; ``lr``/``weight_decay``/``optimizer``
             and ``batch_size`` override what is read from the trainer).
 
     The monitor exists from ``on_train_start`` on, as :attr:`monitor`.
@@ -159,7 +161,8 @@ class NoetherCallback(Callback):  # type: ignore[misc,valid-type]
         self.syms = syms
         self.split_batch = split_batch or _splitter(labels_key)
         self.log_to_lightning = log_to_lightning
-        self.monitor_kwargs = monitor_kwargs
+        self.monitor_kwargs = dict(monitor_kwargs)
+        self.distance, self.log_options = take_options(self.monitor_kwargs, "NoetherCallback")
         self.monitor: NoetherMonitor | None = None
         self._stack = contextlib.ExitStack()
         self._losses: list[Any] = []
@@ -180,18 +183,21 @@ class NoetherCallback(Callback):  # type: ignore[misc,valid-type]
                 "NoetherCallback supports automatic optimisation only; with manual "
                 "optimisation call monitor.track()/monitor.step() in training_step."
             )
-        kw = {"total": getattr(trainer, "estimated_stepping_batches", None), **self.monitor_kwargs}
-        if not isinstance(kw["total"], int):
-            kw["total"] = None
+        kw = dict(self.monitor_kwargs)
+        opts = self.log_options
+        if opts.total is None:
+            total = getattr(trainer, "estimated_stepping_batches", None)
+            opts = replace(opts, total=total if isinstance(total, int) else None)
         if getattr(trainer, "progress_bar_callback", None) is not None:
-            if kw.get("progress"):
+            if opts.progress:
                 warnings.warn(
-                    "NoetherCallback(progress=True) is ignored: Lightning shows its own progress "
-                    "bar and rich allows one live display at a time.",
+                    "NoetherCallback(logging=LogOptions(progress=True)): the progress bar is "
+                    "ignored: Lightning shows its own progress bar and rich allows one live "
+                    "display at a time.",
                     UserWarning,
                     stacklevel=2,
                 )
-            kw["progress"] = False
+            opts = replace(opts, progress=False)
         if "lr" not in kw and "optimizer" not in kw:
             kw["optimizer"] = _the_optimizer(trainer)
         if "batch_size" not in kw:
@@ -203,10 +209,12 @@ class NoetherCallback(Callback):  # type: ignore[misc,valid-type]
         log = self.log_to_lightning
         loggers = list(getattr(trainer, "loggers", None) or [])
         to_lightning = bool(log or (log is None and loggers))
-        if to_lightning and loggers:
+        if to_lightning and loggers and opts.tensorboard is None:
             # one TensorBoard stream: Lightning's logger gets the records at its own step
-            kw.setdefault("tensorboard", False)
-        self.monitor = NoetherMonitor(pl_module, self.syms, **kw)
+            opts = replace(opts, tensorboard=False)
+        self.monitor = NoetherMonitor(
+            pl_module, self.syms, distance=self.distance, logging=opts, **kw
+        )
         if to_lightning:
             if not loggers:
                 raise ValueError(

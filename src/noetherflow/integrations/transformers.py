@@ -37,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import math
 import warnings
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -44,6 +45,7 @@ from torch import nn
 
 from noetherflow.monitor import NoetherMonitor
 from noetherflow.monitor.history import flat_record
+from noetherflow.monitor.options import take_options
 from noetherflow.symmetry.set import SymmetrySet
 
 try:
@@ -79,6 +81,7 @@ class NoetherTrainerCallback(TrainerCallback):
                 "TrainingArguments); drop them."
             )
         self.syms, self.every, self.options = syms, int(every), dict(monitor_options)
+        self.distance, self.log_options = take_options(self.options, "NoetherTrainerCallback")
         self.monitor: NoetherMonitor | None = None
         self._stack = contextlib.ExitStack()
         self._losses: list[float] = []
@@ -105,16 +108,20 @@ class NoetherTrainerCallback(TrainerCallback):
         if self.syms is None:
             self.syms = _find(model, kw.get("train_dataloader"))
         self._world = int(getattr(args, "world_size", 1) or 1)
-        self.options.setdefault("progress", False)
         batch = args.per_device_train_batch_size * args.gradient_accumulation_steps * self._world
         # fp16: accelerate's optimizer wrapper holds the GradScaler that scales every gradient
         self.options.setdefault("grad_scaler", getattr(optimizer, "scaler", None))
+        log = self.log_options
+        if log.progress is None:  # the Trainer shows its own progress bar
+            log = replace(log, progress=False)
         self.monitor = NoetherMonitor(
             model,
             self.syms,
             every=self.every,
             optimizer=optimizer,
             batch_size=batch,
+            distance=self.distance,
+            logging=log,
             **self.options,
         )
         self._handles = [

@@ -11,6 +11,7 @@ from noetherflow.kernels.base import (
     GroupSolve,
     InfinityReport,
     Kernel,
+    NoSettings,
     SampleSource,
     StepOptions,
     assemble,
@@ -20,22 +21,30 @@ from noetherflow.kernels.base import (
     stats_from_samples,
 )
 from noetherflow.kernels.dense import DenseKernel, DenseStats
-from noetherflow.kernels.diagonal import DiagonalKernel, DiagonalStats
+from noetherflow.kernels.diagonal import DiagonalKernel, DiagonalSettings, DiagonalStats
 from noetherflow.kernels.noise import NoiseModel, TimeModel, resolve_noise
-from noetherflow.kernels.rotation import RotationKernel, RotationStats, geometric_mean
+from noetherflow.kernels.rotation import (
+    RotationKernel,
+    RotationSettings,
+    RotationStats,
+    geometric_mean,
+)
 from noetherflow.stats.core import StatsBlock
 
 __all__ = [
     "DenseKernel",
     "DenseStats",
     "DiagonalKernel",
+    "DiagonalSettings",
     "DiagonalStats",
     "GradSource",
     "GroupSolve",
     "InfinityReport",
     "Kernel",
+    "NoSettings",
     "NoiseModel",
     "RotationKernel",
+    "RotationSettings",
     "RotationStats",
     "SampleSource",
     "StepOptions",

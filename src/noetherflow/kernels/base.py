@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, Generic, TypeVar, cast
 
 import torch
@@ -48,6 +48,7 @@ __all__ = [
     "GroupSolve",
     "InfinityReport",
     "Kernel",
+    "NoSettings",
     "SampleSource",
     "StepOptions",
     "assemble",
@@ -85,26 +86,36 @@ class InfinityReport:
 
 
 @dataclass(frozen=True)
+class NoSettings:
+    """The settings of a kernel whose solve reads none (a closed form, a scan)."""
+
+
+@dataclass(frozen=True)
 class StepOptions:
-    """Options of :func:`noetherflow.solve_equilibrium` passed to every kernel."""
+    """What every kernel's solve step is told: only what is common to all families.
 
-    tol: float = 1e-12
-    max_iter: int = 100
-    rtol_singular: float = 1e-10
-    ridge: float | None = None
+    Attributes:
+        coupled: the step is one of a coupled block's sweeps (its ``progress`` is then the
+            flow it found before its move, the sweeps' stopping measure).
+        init: warm start: the element per symmetry name of an earlier solution.
+        fixed: generators held at a value (kernels with ``can_hold``), per symmetry name:
+            λ ``[J]`` float64 on the CPU (finite entries; NaN: free), the move of this solve
+            step (0 in later sweeps).
+        settings: per kernel name, that kernel's own settings in this solve (an instance of
+            its :attr:`Kernel.settings`: the shared ``SolveOptions`` values with
+            ``SolveOptions.kernels`` over them, :func:`noetherflow.solve_options.kernel_settings`);
+            a kernel left out takes the defaults of its settings class (:meth:`of`).
+    """
+
     coupled: bool = False
-    init: Mapping[str, Any] | None = None  # warm start: element per symmetry name
-    method: str = "auto"  # joint Newton systems: "auto", "dense" or "cg" (matrix-free)
-    # diagonal generators held at a value (finite entries; NaN: free), per symmetry name:
-    # λ ``[J]`` float64 on the CPU, the move of this solve step (0 in later sweeps)
+    init: Mapping[str, Any] | None = None
     fixed: Mapping[str, Tensor] | None = None
-    # per kernel name, the settings that differ for that family (SolveOptions.kernels)
-    per_kernel: Mapping[str, Mapping[str, Any]] | None = None
+    settings: Mapping[str, Any] | None = None
 
-    def for_kernel(self, kernel: Kernel[Any, Any]) -> StepOptions:
-        """These options with ``kernel``'s own settings (:attr:`per_kernel`) in place."""
-        own = (self.per_kernel or {}).get(kernel.name)
-        return replace(self, **own) if own else self
+    def of(self, kernel: Kernel[Any, Any]) -> Any:
+        """``kernel``'s own settings in this solve (its :attr:`Kernel.settings` defaults)."""
+        own = (self.settings or {}).get(kernel.name)
+        return kernel.settings() if own is None else own
 
 
 @dataclass
@@ -156,9 +167,16 @@ class Kernel(ABC, Generic[S, B]):
     # one at a time (not joint), but a run on disjoint coordinates may be solved as one
     # batched step (:meth:`solve_disjoint`)
     batchable: ClassVar[bool] = False
-    # the solver settings its solve reads (fields of nf.SolveOptions): the ones that
-    # SolveOptions(kernels={name: {...}}) may set for this family alone
+    # the settings its solve reads, with the family's defaults: a frozen dataclass whose fields
+    # are named as those of nf.SolveOptions; the solve reads them as ``opts.of(self)``
+    settings: ClassVar[type[Any]] = NoSettings
+    # their names (from :attr:`settings`): what SolveOptions(kernels={name: {...}}) may set
+    # for this family alone
     solve_options: ClassVar[frozenset[str]] = frozenset()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.solve_options = frozenset(f.name for f in fields(cls.settings))
 
     # statistics
     def sample_params(self, syms: Sequence[S]) -> list[nn.Parameter]:

@@ -237,6 +237,21 @@ def _cross_reports(
     return list(by_name.values())
 
 
+@dataclass(frozen=True)
+class DiagonalSettings:
+    """What the joint diagonal Newton solve reads (the fields of ``nf.SolveOptions`` it takes).
+
+    Attributes:
+        tol: relative flow at which Newton stops.
+        max_iter: Newton iterations.
+        solver: its linear systems: dense Hessian, matrix-free CG, or by size (``_diag_newton``).
+    """
+
+    tol: float = 1e-12
+    max_iter: int = 100
+    solver: NewtonMethod = NewtonMethod.AUTO
+
+
 class DiagonalKernel(Kernel[DiagonalSymmetry, DiagonalStats]):
     """Kernel of every :class:`~noetherflow.symmetry.base.DiagonalSymmetry`, solved jointly."""
 
@@ -246,7 +261,7 @@ class DiagonalKernel(Kernel[DiagonalSymmetry, DiagonalStats]):
     decay_commutes: ClassVar[bool] = True
     can_hold: ClassVar[bool] = True
     incremental: ClassVar[bool] = True
-    solve_options: ClassVar[frozenset[str]] = frozenset({"tol", "max_iter", "solver"})
+    settings: ClassVar[type[Any]] = DiagonalSettings
 
     # -- statistics ---------------------------------------------------------------------
     def collect(
@@ -312,9 +327,9 @@ class DiagonalKernel(Kernel[DiagonalSymmetry, DiagonalStats]):
     ) -> GroupSolve:
         """Newton on F(λ) over the generators of all ``syms`` jointly.
 
-        ``opts.method``: dense Hessian or matrix-free conjugate gradients, see
-        :mod:`._diag_newton`. ``opts.fixed``: generators held at given values (the rest solved
-        with them in place).
+        Its settings (:class:`DiagonalSettings`): ``solver`` dense Hessian or matrix-free
+        conjugate gradients, see :mod:`._diag_newton`. ``opts.fixed``: generators held at
+        given values (the rest solved with them in place).
         """
         prob = _diag_problem(syms, values, stats, nm)
         init = None
@@ -340,13 +355,14 @@ class DiagonalKernel(Kernel[DiagonalSymmetry, DiagonalStats]):
             if fixed is None:
                 fixed = torch.full((prob.n,), float("nan"), dtype=torch.float64)
             fixed[free] = 0.0  # left unmoved, reported below
+        own: DiagonalSettings = opts.of(self)
         lam, reps, rel, ok, its = solve_diag(
             prob,
             names,
-            tol=opts.tol,
-            max_iter=opts.max_iter,
+            tol=own.tol,
+            max_iter=own.max_iter,
             init=init,
-            method=NewtonMethod(opts.method),
+            method=NewtonMethod(own.solver),
             fixed=fixed,
         )
         if runoff is not None and bool(runoff.ne(0).any()):

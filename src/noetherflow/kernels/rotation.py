@@ -218,7 +218,7 @@ def _solve_with_cross(
     x: Tensor,
     y: Tensor,
     cross: tuple[float, Tensor, Tensor, Tensor, Tensor],
-    opts: StepOptions,
+    opts: RotationSettings,
 ) -> tuple[Tensor, Tensor | None, float, float]:
     """G with X(G) − Y(G) + H(G) = 0: a fixed point on the geometric mean (eq. PD7).
 
@@ -250,6 +250,24 @@ def _solve_with_cross(
     return total, nb, float(first or 0.0), rel
 
 
+@dataclass(frozen=True)
+class RotationSettings:
+    """What a rotation's solve reads (the fields of ``nf.SolveOptions`` it takes).
+
+    Attributes:
+        tol, max_iter: the fixed point on the geometric mean with per-parameter decay
+            (:func:`_solve_with_cross`): its relative flow at which to stop, its iterations.
+        rtol_singular: eigenvalues of X or Y below this fraction of the largest count as zero
+            (hidden directions: equilibrium at infinity, reported).
+        ridge: ``ridge·I`` added to X and Y instead (``None``: none).
+    """
+
+    tol: float = 1e-12
+    max_iter: int = 100
+    rtol_singular: float = 1e-10
+    ridge: float | None = None
+
+
 class RotationKernel(Kernel[DoubleRotation, RotationStats]):
     """Kernel of :class:`~noetherflow.symmetry.rotation.DoubleRotation`, one pair at a time."""
 
@@ -259,9 +277,7 @@ class RotationKernel(Kernel[DoubleRotation, RotationStats]):
     # Γ is constant on each parameter and G acts on the rotated index within each block
     decay_commutes: ClassVar[bool] = True
     batchable: ClassVar[bool] = True
-    solve_options: ClassVar[frozenset[str]] = frozenset(
-        {"tol", "max_iter", "rtol_singular", "ridge"}
-    )
+    settings: ClassVar[type[Any]] = RotationSettings
 
     def collect(
         self, syms: Sequence[DoubleRotation], src: GradSource, level: Level
@@ -332,14 +348,15 @@ class RotationKernel(Kernel[DoubleRotation, RotationStats]):
         covariant, so G is found by a fixed point on the geometric mean (:func:`_mixed_cross`).
         """
         (s,) = syms
+        own: RotationSettings = opts.of(self)
         with one_thread():  # d×d algebra: see noetherflow._threads
             x, y = self.xy(s, values, stats, nm)
             cross = _mixed_cross(s, values, stats, nm)
             if cross is not None:
-                g, nb, pre, res = _solve_with_cross(x, y, cross, opts)
+                g, nb, pre, res = _solve_with_cross(x, y, cross, own)
             else:
-                g, nb, pre, res = _solve_rotation(x, y, rtol=opts.rtol_singular, ridge=opts.ridge)
-            negative = nb is not None and nb.shape[1] > 0 and _negative(x, y, opts.rtol_singular)
+                g, nb, pre, res = _solve_rotation(x, y, rtol=own.rtol_singular, ridge=own.ridge)
+            negative = nb is not None and nb.shape[1] > 0 and _negative(x, y, own.rtol_singular)
         out = GroupSolve(progress=pre if opts.coupled else res)
         if nb is not None and nb.shape[1] > 0:
             why = (

@@ -19,7 +19,7 @@ from torch import Tensor, nn
 from noetherflow._threads import one_thread
 from noetherflow.kernels.base import GroupSolve, StepOptions
 from noetherflow.kernels.noise import NoiseModel
-from noetherflow.kernels.rotation import RotationKernel, _mixed_cross
+from noetherflow.kernels.rotation import RotationKernel, RotationSettings, _mixed_cross
 from noetherflow.stats.core import GradStats
 from noetherflow.symmetry.base import Symmetry
 from noetherflow.symmetry.rotation import DoubleRotation
@@ -91,6 +91,7 @@ def solve_disjoint(
     The same steps, residuals, reports and progress (the largest) as calling
     ``kernel.solve([s], ...)`` for each member in order, to rounding.
     """
+    own: RotationSettings = opts.of(kernel)
     single: dict[DoubleRotation, GroupSolve] = {}
     batch: dict[int, list[tuple[DoubleRotation, Tensor, Tensor]]] = {}
     with one_thread():  # d×d algebra: see noetherflow._threads
@@ -104,7 +105,7 @@ def solve_disjoint(
         for members in batch.values():
             X = torch.stack([x for _, x, _ in members])
             Y = torch.stack([y for _, _, y in members])
-            g, ok, pre, res = batched_rotation(X, Y, rtol=opts.rtol_singular, ridge=opts.ridge)
+            g, ok, pre, res = batched_rotation(X, Y, rtol=own.rtol_singular, ridge=own.ridge)
             for i, (s, _, _) in enumerate(members):
                 if bool(ok[i]):
                     solved[s] = (g[i], float(pre[i]), float(res[i]))

@@ -100,7 +100,7 @@ class NoetherMonitor:
         >>> syms = nf.find_symmetries(net, x)
         >>> opt = torch.optim.SGD(net.parameters(), lr=0.1, weight_decay=1e-3)
         >>> mon = nf.NoetherMonitor(net, syms, every=10, optimizer=opt, batch_size=64,
-        ...                         log_dir="runs/x")
+        ...                         logging=nf.LogOptions(log_dir="runs/x"))
         >>> for step in range(30):
         ...     with mon.track():  # hooks only on record steps
         ...         loss = torch.nn.functional.cross_entropy(net(x), y)
@@ -162,7 +162,8 @@ class NoetherMonitor:
         all_reduce: combine the statistics of all ranks; default: whether ``torch.distributed``
             is initialised.
         **old: the loose spellings of before the option objects, still accepted as the
-            fields they name: ``distance_every``, ``distance_mode``, ``solve_every``,
+            fields they name, with a :class:`FutureWarning` naming the new spelling:
+            ``distance_every``, ``distance_mode``, ``solve_every``,
             ``distance_tol``, ``distance_sweeps``, ``solver_options`` (→ ``DistanceOptions``:
             every, mode, solve_every, tol, sweeps, solver) and ``log_dir``, ``formats``,
             ``tensorboard``, ``progress``, ``total`` (→ ``LogOptions``). Beside the option
@@ -336,7 +337,7 @@ class NoetherMonitor:
 
     @property
     def solve_every(self) -> int:
-        """Steps between full equilibrium solves (``distance_mode="track"``)."""
+        """Steps between full equilibrium solves (``DistanceOptions(mode="track")``)."""
         return self._distance.solve_every
 
     @property

@@ -22,10 +22,9 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from noetherflow import _shard
-from noetherflow.kernels._diag_newton import NewtonMethod
 from noetherflow.kernels.base import InfinityReport, StepOptions, kernels_of
 from noetherflow.kernels.noise import NoiseModel
-from noetherflow.solve_options import SolveOptions
+from noetherflow.solve_options import SolveOptions, kernel_settings
 from noetherflow.stats.core import GradStats
 from noetherflow.symmetry.set import SymmetrySet
 
@@ -37,19 +36,13 @@ def jacobi_estimate(
 ) -> tuple[dict[str, Tensor], list[InfinityReport]]:
     """Per symmetry name the distance of its own equilibrium with the others held; reports.
 
-    ``options``: the solver's; its kernel steps' fields apply (``tol``, ``max_iter``,
-    ``rtol_singular``, ``ridge``, ``solver``). No per-sample gradients are needed: each group
+    ``options``: the solver's; what each kernel's step reads applies (its ``settings``, with
+    ``options.kernels`` over the shared values). No per-sample gradients are needed: each group
     is solved from ``stats`` (its momentum displacement included).
     """
     values: dict[nn.Parameter, Tensor] = {p: _shard.full(p.detach()) for p in syms.params()}
     names = {s: n for n, s in syms.items()}
-    opts = StepOptions(
-        tol=options.tol,
-        max_iter=options.max_iter,
-        rtol_singular=options.rtol_singular,
-        ridge=options.ridge,
-        method=NewtonMethod(options.solver).value,
-    )
+    opts = StepOptions(settings=kernel_settings(options, [k for k, _ in kernels_of(syms)]))
     distance: dict[str, Tensor] = {}
     reports: list[InfinityReport] = []
     for k, members in kernels_of(syms):

@@ -80,7 +80,8 @@ def diagonal_problem(
     if len(kernels) != 1 or not k.incremental:
         raise StatisticsError(
             f"The first-order distance covers one kernel with an incremental problem; these "
-            f"symmetries use {sorted(t.__name__ for t in kernels)}: use distance_mode='solve'."
+            f"symmetries use {sorted(t.__name__ for t in kernels)}: use "
+            "distance=nf.DistanceOptions(mode='solve')."
         )
     prob = k.problem(list(syms), values, stats, nm)
     assert isinstance(prob, _DiagProblem)
@@ -158,7 +159,7 @@ def factor(prob: _DiagProblem, lam0: Tensor, free: Tensor) -> ChordFactor:
     if int(info) != 0:
         raise StatisticsError(
             "The Hessian of F at the last solution is not positive definite; the first-order "
-            "distance needs a full solve (distance_mode='solve')."
+            "distance needs a full solve (distance=nf.DistanceOptions(mode='solve'))."
         )
     flat0 = derivatives(prob, lam0)[1][idx] == 0
     return ChordFactor(lam0, free, chol, chol.square().sum(1), flat0, torch.cholesky_inverse(chol))

@@ -8,6 +8,7 @@ from dataclasses import dataclass, fields, replace
 from enum import Enum
 from typing import Any
 
+from noetherflow._deprecate import warn_renamed
 from noetherflow.monitor.history import FORMATS
 from noetherflow.solve_options import SolveOptions, split_options
 
@@ -19,6 +20,7 @@ __all__ = [
     "check_sweeps",
     "monitor_options",
     "multiple",
+    "take_options",
 ]
 
 
@@ -163,32 +165,39 @@ _OLD = {
     "solver_options": ("distance", "solver"),
     **{f.name: ("logging", f.name) for f in fields(LogOptions)},
 }
+_LOG_FIELDS = frozenset(f.name for f in fields(LogOptions))
 
 
 def monitor_options(
-    distance: bool | DistanceOptions, logging: LogOptions | None, old: Mapping[str, Any]
+    distance: bool | DistanceOptions,
+    logging: LogOptions | None,
+    old: Mapping[str, Any],
+    who: str = "NoetherMonitor",
+    *,
+    stacklevel: int = 3,
 ) -> tuple[DistanceOptions | None, LogOptions]:
     """The monitor's distance options (``None``: off) and log options.
 
     ``old``: the loose keywords of before the option objects (``distance_every=``,
-    ``log_dir=``, ``progress=`` …), still accepted as the fields they name; given beside the
-    option object they belong to, or unknown, they are a ``TypeError`` naming the field.
+    ``log_dir=``, ``progress=`` …), still accepted as the fields they name, with a
+    :class:`FutureWarning` naming the new spelling (at ``stacklevel`` from this function's
+    caller); given beside the option object they belong to, or unknown, they are a
+    ``TypeError`` naming the field.
     """
     unknown = sorted(set(old) - set(_OLD))
     if unknown:
         raise TypeError(
-            f"NoetherMonitor() got unexpected keyword arguments {unknown}; the distance "
+            f"{who}() got unexpected keyword arguments {unknown}; the distance "
             "settings are fields of distance=nf.DistanceOptions(...), the output ones of "
             "logging=nf.LogOptions(...)."
         )
     if not isinstance(distance, bool | DistanceOptions):
         raise TypeError(
-            f"NoetherMonitor: distance={distance!r}; expected True, False or "
-            "nf.DistanceOptions(...)."
+            f"{who}: distance={distance!r}; expected True, False or nf.DistanceOptions(...)."
         )
     if logging is not None and not isinstance(logging, LogOptions):
         raise TypeError(
-            f"NoetherMonitor: logging is a {type(logging).__name__}; expected nf.LogOptions(...)."
+            f"{who}: logging is a {type(logging).__name__}; expected nf.LogOptions(...)."
         )
     moved: dict[str, dict[str, Any]] = {"distance": {}, "logging": {}}
     for name, value in old.items():
@@ -197,7 +206,7 @@ def monitor_options(
         if isinstance(given, DistanceOptions | LogOptions):
             kind = type(given).__name__
             raise TypeError(
-                f"NoetherMonitor: {name}= given beside {where}={kind}(...); set it there: "
+                f"{who}: {name}= given beside {where}={kind}(...); set it there: "
                 f"{where}={kind}({field}=...)."
             )
         if name == "solver_options":
@@ -205,11 +214,46 @@ def monitor_options(
             if not warm:
                 moved[where]["warm_start"] = False
         moved[where][field] = value
+    if old:
+        warn_renamed(f"{who}({_given(old)})", f"pass {_new_spelling(old)}", stacklevel=stacklevel)
     dist = distance if isinstance(distance, DistanceOptions) else DistanceOptions()
     if moved["distance"]:
         dist = replace(dist, **moved["distance"])
     log = logging if logging is not None else LogOptions(**moved["logging"])
     return (None if distance is False else dist), log
+
+
+def take_options(kw: dict[str, Any], who: str) -> tuple[DistanceOptions | bool, LogOptions]:
+    """Take ``distance=``, ``logging=`` and the old loose keywords out of ``kw``.
+
+    For the integrations, which fill in the log settings they own (the progress bar, the
+    total, TensorBoard) before they build the monitor; called in their ``__init__``, so that
+    the old keywords warn (as the monitor's do) at the line that built the callback.
+    Returns ``(distance, logging)`` to pass on to :class:`~noetherflow.NoetherMonitor`.
+    """
+    old = {k: kw.pop(k) for k in list(kw) if k in _OLD}
+    dist, log = monitor_options(
+        kw.pop("distance", True), kw.pop("logging", None), old, who, stacklevel=4
+    )
+    return (False if dist is None else dist), log
+
+
+def _given(old: Mapping[str, Any]) -> str:
+    """The old keywords as written in the call: ``"distance_every=..., progress=..."``."""
+    return ", ".join(f"{k}=..." for k in old)
+
+
+def _new_spelling(old: Mapping[str, Any]) -> str:
+    """The option objects that replace the old keywords ``old`` (for the FutureWarning)."""
+    parts = []
+    for where, kind in (("distance", "DistanceOptions"), ("logging", "LogOptions")):
+        names = [_OLD[k][1] for k in old if _OLD[k][0] == where]
+        if names:
+            inner = ", ".join(
+                "solver=nf.SolveOptions(...)" if n == "solver" else f"{n}=..." for n in names
+            )
+            parts.append(f"{where}=nf.{kind}({inner})")
+    return ", ".join(parts)
 
 
 def _solve_options(value: Any) -> tuple[SolveOptions | None, bool]:

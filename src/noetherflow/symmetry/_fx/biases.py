@@ -20,7 +20,7 @@ import torch
 from torch import Tensor, fx, nn
 
 from noetherflow.symmetry._fx.flows import Arrival, _Flow
-from noetherflow.symmetry._fx.tables import _MOVE_FUNCS, _MOVE_METHODS
+from noetherflow.symmetry._fx.tables import function_op, method_op
 from noetherflow.symmetry.rotation import Block
 
 __all__ = ["bias_add", "bias_blocks", "refuse_extra_biases"]
@@ -46,8 +46,8 @@ def _param_index(info: Any, node: Any, depth: int = 0) -> tuple[nn.Parameter, Te
     tensor_ins = [a for a in ins if isinstance(info.values.get(a), Tensor)]
     if len(tensor_ins) != 1 or not ins or ins[0] is not tensor_ins[0]:
         return None
-    moves = (node.op == "call_function" and node.target in _MOVE_FUNCS) or (
-        node.op == "call_method" and node.target in _MOVE_METHODS
+    moves = (node.op == "call_function" and function_op(node.target) == "move") or (
+        node.op == "call_method" and method_op(node.target) == "move"
     )
     cast = node.op == "call_method" and node.target in _CASTS
     if not (moves or cast):

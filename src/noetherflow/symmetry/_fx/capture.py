@@ -33,9 +33,10 @@ from torch.fx.proxy import Attribute
 
 from noetherflow._inputs import ModelInputs
 from noetherflow.symmetry._fx.branches import Branch, InputBranches
-from noetherflow.symmetry._fx.engine import ROTARY_FUNCTIONS, GraphInfo
+from noetherflow.symmetry._fx.engine import GraphInfo
 from noetherflow.symmetry._fx.hub import out_of_tree_call
 from noetherflow.symmetry._fx.layers import is_known_module
+from noetherflow.symmetry._fx.tables import names_of
 
 __all__ = ["Capture", "ConcreteTracer", "capture", "flat_outputs", "is_leaf"]
 
@@ -71,8 +72,11 @@ _DATA_DEPENDENT = (
     "control flow on a value computed from the parameters (if/int/float of a tensor); the "
     "traced graph would only hold for the branch the example takes"
 )
-# Functions wrapped as one node (registry by name): the engine understands them as a whole.
-LEAF_FUNCTIONS = tuple(sorted(ROTARY_FUNCTIONS))
+
+
+def leaf_functions() -> tuple[str, ...]:
+    """Functions wrapped as one node (registered by name): the engine reads them as a whole."""
+    return names_of("rotary")
 
 
 class _Tracer(fx.Tracer):
@@ -91,7 +95,7 @@ class _Tracer(fx.Tracer):
         try:
             self.path_of_module(m)
         except NameError:  # not a submodule of the root (hub-kernel wrappers): see hub.py
-            return out_of_tree_call(self, m, forward, args, kwargs, frozenset(LEAF_FUNCTIONS))
+            return out_of_tree_call(self, m, forward, args, kwargs, frozenset(leaf_functions()))
         return super().call_module(m, forward, args, kwargs)
 
 
@@ -230,11 +234,11 @@ def _unpatched() -> Iterator[None]:
 
 
 def _leaf_functions(model: nn.Module) -> tuple[Any, ...]:
-    """The functions of :data:`LEAF_FUNCTIONS` found in the modules defining ``model``'s parts."""
+    """The functions of :func:`leaf_functions` found in the modules defining ``model``'s parts."""
     found: dict[int, Any] = {}
     for m in model.modules():
         mod = sys.modules.get(type(m).__module__)
-        for fname in LEAF_FUNCTIONS:
+        for fname in leaf_functions():
             f = getattr(mod, fname, None)
             if callable(f) and hasattr(f, "__code__"):
                 found[id(f)] = f

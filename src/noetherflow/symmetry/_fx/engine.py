@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, fx, nn
 
 from noetherflow.symmetry._fx.biases import bias_add
@@ -57,24 +58,11 @@ from noetherflow.symmetry._fx.probes import (
 )
 from noetherflow.symmetry._fx.rotary import _rotary
 from noetherflow.symmetry._fx.tables import (
-    _DROPOUT_FUNCS,
-    _HOM_FUNCS,
-    _HOM_METHODS,
-    _MATMUL_FUNCS,
-    _MOVE_FUNCS,
-    _MOVE_METHODS,
-    _NONHOM_FUNCS,
-    _NONHOM_METHODS,
-    _NORM_FUNCS,
-    _POOL_FUNCS,
-    _SCALAR_FUNCS,
-    _SCALAR_METHODS,
-    _SDPA,
     APPROXIMATE,
     HOMOGENEOUS,
     LINEAR,
-    NORM_FUNCTIONS,
-    ROTARY_FUNCTIONS,
+    function_op,
+    method_op,
     module_op,
 )
 from noetherflow.symmetry.base import Family, Symmetry
@@ -83,7 +71,6 @@ __all__ = [
     "APPROXIMATE",
     "HOMOGENEOUS",
     "LINEAR",
-    "NORM_FUNCTIONS",
     "Arrival",
     "GraphInfo",
     "Ledger",
@@ -369,10 +356,9 @@ def _step(
     if node.target in (torch.baddbmm, "baddbmm"):
         return _baddbmm(node, ins, flows, mode, heads, via, info, arrivals, stop, name)
     multi_ok = node.op == "call_function" and (
-        node.target in _MATMUL_FUNCS
-        or node.target is _SDPA
+        function_op(node.target) in ("matmul", "rotary")  # rotary: q and k of a fused qkv
+        or node.target is F.scaled_dot_product_attention
         or node.target is torch.einsum
-        or getattr(node.target, "__name__", "") in ROTARY_FUNCTIONS  # q and k of a fused qkv
         or (node.target is torch.cat and _cat_of_flows(node, ins))
     )
     if len(ins) > 1 and not multi_ok:
@@ -406,7 +392,8 @@ def _step(
         return None
     if node.op == "call_function":
         t = node.target
-        if t in NORM_FUNCTIONS:
+        kind = function_op(t)
+        if kind == "normalisation":
             if node.args and node.args[0] is ins[0] and isinstance(idx0, Tensor):
                 arrivals.append(Arrival(node, "consumer", idx0, mode, heads, via))
             else:
@@ -416,40 +403,41 @@ def _step(
             return _Flow(idx0, mode, heads, via)
         if t is torch.cat and len(ins) > 1:
             return moved()  # the parts of one layer's output put back together (partial rotary)
-        if getattr(t, "__name__", "") in ROTARY_FUNCTIONS:
+        if kind == "rotary":
             return _rotary(node, ins, flows, mode, heads, via, info, stop)
-        if t in _HOM_FUNCS:
+        if kind == "homogeneous":
             return _Flow(idx0, _worse(mode, HOMOGENEOUS), heads, (*via, str(name)))
-        if t in _DROPOUT_FUNCS:
+        if kind == "dropout":
             active = bool(node.kwargs.get("training", node.args[2] if len(node.args) > 2 else True))
             return _Flow(idx0, _worse(mode, HOMOGENEOUS if active else LINEAR), heads, via)
-        if t in _NONHOM_FUNCS:
+        if kind == "approximate":
             return _Flow(idx0, APPROXIMATE, heads, (*via, str(name)))
-        if t in _POOL_FUNCS:
+        if kind == "pool":
             return moved(_worse(mode, HOMOGENEOUS))
-        if t in _MOVE_FUNCS:
+        if kind == "move":
             return moved()
-        if t in _SCALAR_FUNCS:
+        if kind == "scalar":
             return _scalar(node, ins[0], idx0, mode, heads, via, info, stop, name, arrivals)
         if t is torch.mean and _constant_over_reduced(node, ins[0], idx0, info):
             return moved()
-        if t in _MATMUL_FUNCS:
+        if kind == "matmul":
             return _matmul(node, ins, flows, mode, heads, via, info, arrivals, stop, name)
-        if t is _SDPA:
+        if t is F.scaled_dot_product_attention:
             return _sdpa(node, ins, flows, info, arrivals, stop)
     if node.op == "call_method":
         t = str(node.target)
-        if t in _HOM_METHODS:
+        kind = method_op(t)
+        if kind == "homogeneous":
             return _Flow(idx0, _worse(mode, HOMOGENEOUS), heads, (*via, t))
-        if t in _NONHOM_METHODS:
+        if kind == "approximate":
             return _Flow(idx0, APPROXIMATE, heads, (*via, t))
-        if t in _MOVE_METHODS:
+        if kind == "move":
             return moved()
-        if t in _SCALAR_METHODS:
+        if kind == "scalar":
             return _scalar(node, ins[0], idx0, mode, heads, via, info, stop, name, arrivals)
         if t == "mean" and _constant_over_reduced(node, ins[0], idx0, info):
             return moved()
-        if t == "matmul":
+        if kind == "matmul":
             return _matmul(node, ins, flows, mode, heads, via, info, arrivals, stop, name)
     handled, added = bias_add(info, node, ins, flows[ins[0]], stop)
     if handled:
@@ -686,6 +674,6 @@ def _explicit_norm_users(node: fx.Node) -> tuple[fx.Node, fx.Node] | None:
 
 
 def _is_norm_call(u: fx.Node) -> bool:
-    if u.op == "call_method" and u.target == "norm":
-        return True
-    return u.op == "call_function" and u.target in _NORM_FUNCS
+    if u.op == "call_method":
+        return method_op(u.target) == "vector_norm"
+    return u.op == "call_function" and function_op(u.target) == "vector_norm"

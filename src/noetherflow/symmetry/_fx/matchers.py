@@ -52,7 +52,6 @@ from noetherflow.symmetry._fx.common import (
 from noetherflow.symmetry._fx.engine import (
     APPROXIMATE,
     LINEAR,
-    NORM_FUNCTIONS,
     Arrival,
     GraphInfo,
     Ledger,
@@ -66,6 +65,7 @@ from noetherflow.symmetry._fx.engine import (
 )
 from noetherflow.symmetry._fx.layers import layer_spec, norm_spec
 from noetherflow.symmetry._fx.patterns import claimed, matchers_at, register_matcher, run
+from noetherflow.symmetry._fx.tables import function_op
 from noetherflow.symmetry.base import DiagonalTerm, Family, Symmetry
 from noetherflow.symmetry.channel import ChannelRescaling
 from noetherflow.symmetry.rescaling import Rescaling
@@ -255,7 +255,7 @@ class ScalePattern:
         arr = arrs[0]
         norm = info.module(arr.node)
         nspec = norm_spec(norm)
-        if arr.node.op == "call_function" and arr.node.target in NORM_FUNCTIONS:
+        if arr.node.op == "call_function" and function_op(arr.node.target) == "normalisation":
             return self._functional(info, src, arr, ledger)
         if nspec is None or norm is None:
             return []

@@ -5,12 +5,17 @@ Element-wise maps are linear, positively homogeneous, or not homogeneous (approx
 
 Modules are looked up in :data:`MODULE_OPS`, a :class:`noetherflow._registry.Registry` (a
 subclass that overrides ``forward`` is not matched): ``register_module_op(cls, kind)``
-teaches detection a new activation, dropout, pooling or reshaping module.
+teaches detection a new activation, dropout, pooling or reshaping module. Functions and
+tensor methods are the registries :data:`FUNCTION_OPS` and :data:`METHOD_OPS` (by the
+function object or name, by the method name): ``register_function_op(fn, kind)`` and
+``register_method_op(name, kind)``. A second registration of one key is refused unless
+``overwrite=True``.
 """
 
 from __future__ import annotations
 
 import operator
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -102,83 +107,173 @@ for _kind, _classes in (
     for _c in _classes:
         register_module_op(_c, _kind)
 
-_HOM_FUNCS: set[Any] = {F.relu, torch.relu, F.leaky_relu, F.relu_}
-# Functional normalisations over whole feature groups (no running statistics): scaling their
-# input by one factor leaves them unchanged up to eps.
-NORM_FUNCTIONS: set[Any] = {F.layer_norm, F.group_norm, F.rms_norm}
-_DROPOUT_FUNCS: set[Any] = {F.dropout, F.dropout1d, F.dropout2d, F.dropout3d}
-_POOL_FUNCS: set[Any] = {
-    F.max_pool1d,
-    F.max_pool2d,
-    F.max_pool3d,
-    F.adaptive_max_pool1d,
-    F.adaptive_max_pool2d,
-    F.adaptive_max_pool3d,
-    F.avg_pool1d,
-    F.avg_pool2d,
-    F.avg_pool3d,
-    F.adaptive_avg_pool1d,
-    F.adaptive_avg_pool2d,
-    F.adaptive_avg_pool3d,
+# -- functions and tensor methods ------------------------------------------------------------
+# A function (or a tensor method, by name) → how it treats the features that reach it:
+# "homogeneous", "dropout", "approximate", "pool", "move" as for modules; "scalar" (a product
+# or quotient with a number: homogeneous of its degree), "matmul" (a contraction of two
+# inputs, e.g. q @ kᵀ), "normalisation" (a functional norm over whole feature groups, no
+# running statistics: scaling its input by one factor leaves it unchanged up to eps),
+# "vector_norm" (‖x‖, for the x / ‖x‖ pattern) and, functions only, "rotary" (rotary position
+# embeddings f(q, k, cos, sin, …) → (q', k'), kept as one node by the concrete tracer).
+FUNCTION_KINDS = (
+    "homogeneous",
+    "dropout",
+    "approximate",
+    "pool",
+    "move",
+    "scalar",
+    "matmul",
+    "normalisation",
+    "vector_norm",
+    "rotary",
+)
+METHOD_KINDS = ("homogeneous", "approximate", "move", "scalar", "matmul", "vector_norm")
+FUNCTION_OPS: Registry[str] = Registry(
+    "function feature rule",
+    register_with="noetherflow.symmetry._fx.tables.register_function_op(fn, kind)",
+    flag="overwrite",
+    any_key=True,
+)
+METHOD_OPS: Registry[str] = Registry(
+    "method feature rule",
+    register_with="noetherflow.symmetry._fx.tables.register_method_op(name, kind)",
+    flag="overwrite",
+    any_key=True,
+)
+
+
+def register_function_op(
+    fn: Callable[..., Any] | str, kind: str, *, overwrite: bool = False
+) -> None:
+    """Teach detection how function ``fn`` treats features (``kind`` in :data:`FUNCTION_KINDS`).
+
+    ``fn``: the function object (``torch.abs``), or its ``__name__`` for a function that each
+    model defines afresh in its own module (Hugging Face's ``apply_rotary_pos_emb``).
+
+    Raises:
+        ValueError: an unknown ``kind``, or ``fn`` registered already without ``overwrite``.
+    """
+    if kind not in FUNCTION_KINDS:
+        raise ValueError(f"register_function_op: kind={kind!r}; expected one of {FUNCTION_KINDS}.")
+    FUNCTION_OPS.register(fn, kind, replace=overwrite)
+
+
+def register_method_op(name: str, kind: str, *, overwrite: bool = False) -> None:
+    """Teach detection how the tensor method ``name`` (``x.name(...)``) treats features.
+
+    Raises:
+        ValueError: an unknown ``kind`` (:data:`METHOD_KINDS`), or ``name`` registered
+            already without ``overwrite``.
+    """
+    if kind not in METHOD_KINDS:
+        raise ValueError(f"register_method_op: kind={kind!r}; expected one of {METHOD_KINDS}.")
+    if not isinstance(name, str):
+        raise TypeError(f"register_method_op: name={name!r}; expected a method name (a str).")
+    METHOD_OPS.register(name, kind, replace=overwrite)
+
+
+def function_op(fn: Any) -> str | None:
+    """The registered kind of function ``fn`` (by the object, else by its name), or None."""
+    kind = FUNCTION_OPS.get(fn)
+    if kind is None and callable(fn):
+        kind = FUNCTION_OPS.get(getattr(fn, "__name__", None))
+    return kind
+
+
+def method_op(name: Any) -> str | None:
+    """The registered kind of the tensor method ``name``, or None."""
+    return METHOD_OPS.get(str(name))
+
+
+def names_of(kind: str) -> tuple[str, ...]:
+    """The function names (not objects) registered as ``kind``, sorted (the tracer's leaves)."""
+    return tuple(sorted(k for k, v in FUNCTION_OPS.items() if isinstance(k, str) and v == kind))
+
+
+_FUNCTIONS: dict[str, tuple[Any, ...]] = {
+    "homogeneous": (F.relu, torch.relu, F.leaky_relu, F.relu_),
+    "normalisation": (F.layer_norm, F.group_norm, F.rms_norm),
+    "dropout": (F.dropout, F.dropout1d, F.dropout2d, F.dropout3d),
+    "pool": (
+        F.max_pool1d,
+        F.max_pool2d,
+        F.max_pool3d,
+        F.adaptive_max_pool1d,
+        F.adaptive_max_pool2d,
+        F.adaptive_max_pool3d,
+        F.avg_pool1d,
+        F.avg_pool2d,
+        F.avg_pool3d,
+        F.adaptive_avg_pool1d,
+        F.adaptive_avg_pool2d,
+        F.adaptive_avg_pool3d,
+    ),
+    "approximate": (
+        F.gelu,
+        F.silu,
+        F.elu,
+        F.softplus,
+        F.mish,
+        F.hardtanh,
+        F.relu6,
+        F.hardswish,
+        torch.tanh,
+        torch.sigmoid,
+        F.tanh,
+        F.sigmoid,
+    ),
+    "move": (
+        torch.flatten,
+        torch.reshape,
+        torch.transpose,
+        torch.permute,
+        torch.squeeze,
+        torch.unsqueeze,
+        torch.split,
+        torch.chunk,
+        torch.t,
+        torch.swapaxes,
+        torch.movedim,
+        torch.unbind,
+        operator.getitem,
+    ),
+    "scalar": (operator.mul, operator.truediv, torch.mul, torch.div),
+    "matmul": (operator.matmul, torch.matmul, torch.bmm),
+    "vector_norm": (torch.norm, torch.linalg.norm, torch.linalg.vector_norm),
+    "rotary": ("apply_rotary_pos_emb",),
 }
-_NONHOM_FUNCS: set[Any] = {
-    F.gelu,
-    F.silu,
-    F.elu,
-    F.softplus,
-    F.mish,
-    F.hardtanh,
-    F.relu6,
-    F.hardswish,
-    torch.tanh,
-    torch.sigmoid,
-    F.tanh,
-    F.sigmoid,
+_METHODS: dict[str, tuple[str, ...]] = {
+    "move": (
+        "view",
+        "reshape",
+        "transpose",
+        "permute",
+        "contiguous",
+        "flatten",
+        "unflatten",
+        "squeeze",
+        "unsqueeze",
+        "split",
+        "chunk",
+        "t",
+        "swapaxes",
+        "movedim",
+        "unbind",
+        "expand",
+        "repeat",  # copies: DeBERTa's relative embeddings per batch element
+        "view_as",
+        "reshape_as",
+        "clone",
+    ),
+    "homogeneous": ("relu", "relu_"),
+    "approximate": ("tanh", "sigmoid"),
+    "scalar": ("mul", "div", "__mul__", "__truediv__"),
+    "matmul": ("matmul",),
+    "vector_norm": ("norm",),
 }
-_MOVE_FUNCS: set[Any] = {
-    torch.flatten,
-    torch.reshape,
-    torch.transpose,
-    torch.permute,
-    torch.squeeze,
-    torch.unsqueeze,
-    torch.split,
-    torch.chunk,
-    torch.t,
-    torch.swapaxes,
-    torch.movedim,
-    torch.unbind,
-    operator.getitem,
-}
-_MOVE_METHODS = {
-    "view",
-    "reshape",
-    "transpose",
-    "permute",
-    "contiguous",
-    "flatten",
-    "unflatten",
-    "squeeze",
-    "unsqueeze",
-    "split",
-    "chunk",
-    "t",
-    "swapaxes",
-    "movedim",
-    "unbind",
-    "expand",
-    "repeat",  # copies: DeBERTa's relative embeddings per batch element
-    "view_as",
-    "reshape_as",
-    "clone",
-}
-_HOM_METHODS = {"relu", "relu_"}
-_NONHOM_METHODS = {"tanh", "sigmoid"}
-_SCALAR_FUNCS: set[Any] = {operator.mul, operator.truediv, torch.mul, torch.div}
-_SCALAR_METHODS = {"mul", "div", "__mul__", "__truediv__"}
-_MATMUL_FUNCS: set[Any] = {operator.matmul, torch.matmul, torch.bmm}
-_SDPA = F.scaled_dot_product_attention
-# Rotary position embeddings called as one function f(q, k, cos, sin, …) → (q', k'), kept as
-# one node by the concrete tracer (registry by name).
-ROTARY_FUNCTIONS = {"apply_rotary_pos_emb"}
-_NORM_FUNCS: set[Any] = {torch.norm, torch.linalg.norm, torch.linalg.vector_norm}
+for _kind, _fns in _FUNCTIONS.items():
+    for _fn in _fns:
+        register_function_op(_fn, _kind)
+for _kind, _names in _METHODS.items():
+    for _name in _names:
+        register_method_op(_name, _kind)
