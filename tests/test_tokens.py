@@ -143,6 +143,38 @@ def test_conv1d_is_registered_transposed() -> None:
     assert T.pytorch_utils.Conv1D in nf.stats.registry.registered_layers()
 
 
+def test_a_conv1d_pair_is_a_rescaling_on_the_registry_axes() -> None:
+    """HF Conv1D (weight [in, out]) → ReLU → Conv1D: detection gives the same ``Rescaling`` as
+    built by hand, acting on the layer registry's axes (rows of ``a`` along axis 1, columns of
+    ``b`` along axis 0) with the terms the channel form had, and the same flow (issue #27)."""
+    from noetherflow.symmetry.base import DiagonalTerm
+    from noetherflow.symmetry.channel import ChannelRescaling
+
+    m, x = conv1d_mlp()
+    m = m.to(DT).eval()
+    x = x.to(DT)
+    found = [s for s in nf.find_symmetries(m, x) if s.family == "rescaling"]
+    assert len(found) == 1 and type(found[0]) is nf.Rescaling
+    (s,) = found
+    hand = nf.Rescaling(m.a, m.b)
+    names = {id(p): n for n, p in m.named_parameters()}
+    assert s.signature(names) == hand.signature(names) == ("rescaling", "a.weight", "b.weight", 1)
+    got = [(names[id(t.param)], t.axis, t.block, t.sign) for t in s.terms()]
+    assert got == [("a.weight", 1, 1, 1.0), ("a.bias", 0, 1, 1.0), ("b.weight", 0, 1, -1.0)]
+    old = ChannelRescaling(
+        [DiagonalTerm(m.a.weight, 1, 1, 1.0), DiagonalTerm(m.a.bias, 0, 1, 1.0)],
+        [DiagonalTerm(m.b.weight, 0, 1, -1.0)],
+    )
+    y = torch.randn(x.shape[0], x.shape[1], 3, dtype=DT)
+    kw = {"lr": 0.1, "batch_size": 6, "weight_decay": 1e-3}
+    flows = []
+    for sym in (s, old):
+        syms = nf.SymmetrySet([sym])
+        st = nf.collect_stats(m, syms, nn.MSELoss(), x, y, estimator="reference")
+        flows.extend(nf.noether_flow(syms, st, **kw).values())
+    assert len(flows) == 2 and torch.equal(flows[0], flows[1])
+
+
 @pytest.mark.parametrize("t,i,o", [(3, 16, 12), (20, 4, 5)])
 def test_neuron_sums_gram_form_matches_per_sample_gradients(t: int, i: int, o: int) -> None:
     """Per-neuron sums with a token axis: the Gram form (T small) and the chunked form agree

@@ -3,11 +3,19 @@
 Generator j scales a set of "producer" coordinates by e^{λ_j} and the "consumer"
 coordinates that read channel j by e^{-λ_j}: A_j = diag(+1 on producers, −1 on consumers)
 (paper §4.2, the rescaling family), C_j = Σ_producers θ² − Σ_consumers θ². It covers what
-:class:`~noetherflow.symmetry.rescaling.Rescaling` (two Linear/Conv layers) cannot express:
+:class:`~noetherflow.symmetry.rescaling.Rescaling` (one layer → one layer, any layer of the
+layer registry, a weight stored ``[in, out]`` such as Hugging Face's ``Conv1D`` included)
+cannot express: producers that are not a layer's output rows, or several consumers, e.g. a
+normalisation's affine weight and bias → the next layer(s) (BatchNorm → ReLU → Conv,
+LayerNorm/RMSNorm → several projections reading the same normalised vector), a layer scale
+``x ⊙ γ`` → the next layer.
 
-* a normalisation's affine weight and bias → the next layer(s) (BatchNorm → ReLU → Conv,
-  LayerNorm/RMSNorm → several projections reading the same normalised vector);
-* layers whose weight is stored ``[in, out]`` (Hugging Face ``Conv1D``).
+Why two classes and not one: both are the same family and kernel (their
+:meth:`~noetherflow.symmetry.base.DiagonalSymmetry.terms` are all the solver sees), but
+``Rescaling`` is built from two layers (the layer registry gives the axes, it checks that they
+chain and refuses grouped convolutions, it keeps ``first``/``second`` and its signature names
+the two weights), while this class is built from arbitrary terms. A layer pair is always a
+``Rescaling``, from detection and by hand alike.
 
 Every coordinate set is a :class:`~noetherflow.symmetry.base.DiagonalTerm`, so the diagonal
 kernels of the rescaling family apply unchanged.

@@ -14,8 +14,6 @@ from noetherflow.symmetry._fx.engine import Arrival, _layer_params
 from noetherflow.symmetry._fx.layers import layer_spec, norm_spec
 from noetherflow.symmetry.rotation import Block
 
-_NN_LAYERS = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
-
 
 def _feature_axis_of_input(m: nn.Module) -> int:
     lspec = layer_spec(m)

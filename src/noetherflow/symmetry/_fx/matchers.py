@@ -34,7 +34,6 @@ from noetherflow.symmetry._fx.affine import (
 from noetherflow.symmetry._fx.attention import AttentionPattern
 from noetherflow.symmetry._fx.biases import refuse_extra_biases
 from noetherflow.symmetry._fx.common import (
-    _NN_LAYERS,
     _blocks,
     _column_map,
     _is_dense,
@@ -57,7 +56,6 @@ from noetherflow.symmetry._fx.engine import (
     Ledger,
     Proposal,
     _explicit_norm_users,
-    _layer_params,
     _name_of,
     is_mha,
     module_problem,
@@ -66,8 +64,7 @@ from noetherflow.symmetry._fx.engine import (
 from noetherflow.symmetry._fx.layers import layer_spec, norm_spec
 from noetherflow.symmetry._fx.patterns import claimed, matchers_at, register_matcher, run
 from noetherflow.symmetry._fx.tables import function_op
-from noetherflow.symmetry.base import DiagonalTerm, Family, Symmetry
-from noetherflow.symmetry.channel import ChannelRescaling
+from noetherflow.symmetry.base import Family, Symmetry
 from noetherflow.symmetry.rescaling import Rescaling
 from noetherflow.symmetry.rotation import Block, DoubleRotation
 from noetherflow.symmetry.scaling import ScaleInvariance
@@ -150,14 +147,13 @@ class RescalingPattern:
 
 
 def _rescaling(first: nn.Module, second: nn.Module, block: int, label: str) -> Symmetry:
-    """Rescaling for Linear/Conv pairs; ChannelRescaling for other layouts (HF Conv1D)."""
-    if isinstance(first, _NN_LAYERS) and isinstance(second, _NN_LAYERS):
-        return Rescaling(first, second, block=block, label=label)
-    up = [
-        DiagonalTerm(p, _w_out(first) if p.dim() > 1 else 0, 1, 1.0) for p in _layer_params(first)
-    ]
-    down = [DiagonalTerm(_param(_weight(second)), _w_in(second), block, -1.0)]
-    return ChannelRescaling(up, down, label=label)
+    """The :class:`Rescaling` of two layers of the layer registry (Linear, Conv, HF Conv1D).
+
+    It reads each weight's feature axes from the registry (``w_out`` of ``first``, ``w_in`` of
+    ``second``), so a layer stored ``[in, out]`` (HF ``Conv1D``, a layer registered with
+    ``transposed=True``) needs no other class.
+    """
+    return Rescaling(first, second, block=block, label=label)
 
 
 class RotationPattern:
