@@ -122,3 +122,38 @@ def test_bad_sweeps_are_refused(bad: object) -> None:
     m, syms, _, _ = _chain()
     with pytest.raises(ValueError, match="distance_sweeps"):
         nf.NoetherMonitor(m, syms, lr=LR, batch_size=S, distance=nf.DistanceOptions(sweeps=bad))  # type: ignore[arg-type]
+
+
+def test_first_estimate_batches_the_rotations_as_one_at_a_time() -> None:
+    """The first estimate solves a batchable kernel's symmetries in one batched call: the
+    distances equal those of one ``solve`` per symmetry (float64), overlapping heads too."""
+    from noetherflow.kernels import kernel_for
+    from noetherflow.kernels.base import StepOptions
+    from noetherflow.monitor.estimate import jacobi_estimate
+    from noetherflow.solve_options import kernel_settings
+    from noetherflow.symmetry.rotation import Block
+
+    m, syms, x, y = _chain()
+    heads = [  # two disjoint heads on m[2] → m[4], beside r1, r2 sharing m[1]
+        nf.DoubleRotation.from_blocks(
+            [Block(m[2].weight, 0, 2 * h, 2 * h + 2), Block(m[2].bias, 0, 2 * h, 2 * h + 2)],
+            [Block(m[4].weight, 1, 2 * h, 2 * h + 2)],
+            label=f"h{h}",
+        )
+        for h in range(2)
+    ]
+    syms = nf.SymmetrySet([*syms, *heads])
+    st = nf.collect_stats(m, syms, F.mse_loss, x, y)
+    nm = nf.NoiseModel.create(lr=LR, batch_size=S, weight_decay=GAMMA)
+    opts = nf.SolveOptions(tol=1e-13)
+    got, _ = jacobi_estimate(syms, st, nm, opts)
+    values = {p: p.detach() for p in syms.params()}
+    names = {s: n for n, s in syms.items()}
+    step = StepOptions(settings=kernel_settings(opts, [kernel_for(s) for s in syms]))
+    for name, s in syms.items():
+        k = kernel_for(s)
+        if k.joint:
+            continue
+        (_, element), *_ = k.solve([s], values, st, nm, names, step).steps
+        want = k.distance(s, k.compose(s.identity_element(), element))
+        torch.testing.assert_close(got[name], want, rtol=1e-11, atol=1e-13, msg=name)

@@ -10,6 +10,11 @@ rotation on its own) solved on this record's statistics with the others held whe
 are. That is the equilibrium of each symmetry given the others, not the joint one: the row
 says so (``distance_converged`` = 0, ``distance_sweeps`` = 0), and the coupled solve proper
 follows at the next distance records, spread over them (:mod:`.distance`).
+
+Every group is solved at the same θ, so the one-at-a-time groups of a ``batchable`` kernel
+are one :meth:`~noetherflow.kernels.Kernel.solve_disjoint` call (the 288 heads of a GPT-2:
+batched ``eigh`` instead of 1152 small ones): it reads the same θ for each member and moves
+none of them, so shared coordinates do not matter here.
 """
 
 from __future__ import annotations
@@ -41,8 +46,10 @@ def jacobi_estimate(
     distance: dict[str, Tensor] = {}
     reports: list[InfinityReport] = []
     for k, members in kernels_of(syms):
-        for part in [members] if k.joint else [[s] for s in members]:
-            res = k.solve(part, values, stats, nm, names, opts)
+        batched = k.joint or (k.batchable and len(members) > 1)
+        for part in [members] if batched else [[s] for s in members]:
+            solve = k.solve if k.joint or len(part) == 1 else k.solve_disjoint
+            res = solve(part, values, stats, nm, names, opts)
             total = {s: s.identity_element() for s in part}
             for s, element in res.steps:
                 total[s] = k.compose(total[s], element)
