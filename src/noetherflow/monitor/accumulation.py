@@ -157,8 +157,12 @@ class StepCapture:
         return st
 
     @contextlib.contextmanager
-    def block(self, level: str) -> Iterator[Capture]:
-        """One micro-batch: the hooks, and autograd's gradient increment to check them by."""
+    def block(self, level: str, keep_samples: bool = True) -> Iterator[Capture]:
+        """One micro-batch: the hooks, and autograd's gradient increment to check them by.
+
+        ``keep_samples=False``: no per-sample gradients for a coupled solve (none will run on
+        these statistics; forming them costs more than the flows' own statistics).
+        """
         params = self.syms.params()
         # Not under DDP: its averaged .grad weights ranks equally, not samples.
         use_grad = not is_distributed()
@@ -185,6 +189,7 @@ class StepCapture:
                 ) as cap,
             ):
                 cap.min_batch = 1
+                cap.keep_samples = keep_samples
                 yield cap
         finally:
             for h in handles:

@@ -19,6 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from noetherflow._checks import check_bool
+from noetherflow._threads import one_thread
 from noetherflow.flow import charges, noether_flow
 from noetherflow.kernels.noise import NoiseModel, check_decay
 from noetherflow.monitor.accumulation import StepCapture, check_loss_reduction
@@ -370,11 +371,15 @@ class NoetherMonitor:
         """
         if not self.due() or self.estimator is not Estimator.HOOKS or not self.sgd:
             return contextlib.nullcontext()
-        return self._capture.block(self._level())
+        return self._capture.block(self._level(), keep_samples=self._solves_coupled(self._step))
 
     def _level(self) -> str:
         # Per-coordinate statistics only when the solver runs at this step; flows need less.
         return self._level_at(self._step)
+
+    def _solves_coupled(self, i: int) -> bool:
+        """Whether record ``i`` runs the coupled solver (the one reader of per-sample gradients)."""
+        return self.distance and i % self.distance_every == 0 and self._distance.solves_coupled
 
     def step(
         self,
@@ -429,7 +434,8 @@ class NoetherMonitor:
         lr, gamma = self._hyper.current()
         gamma = self._with_penalty(gamma)
         row["lr"], row["weight_decay"] = np.asarray(lr), np.asarray(gamma)
-        ch = charges(self.syms)
+        with one_thread():  # one small form per symmetry: see noetherflow._threads
+            ch = charges(self.syms)
         put_values(row, "charge", ch, self.syms, self.keys, self.schema)
         self._steps.put(row, self.schema)
         if stats is not None and not undefined:
@@ -448,7 +454,8 @@ class NoetherMonitor:
             )
             # one noise model per record: η and γ reach the flows and the tracker only in it
             nm = NoiseModel.create(**noise)
-            fl = noether_flow(self.syms, stats, nm, charges=ch)
+            with one_thread():
+                fl = noether_flow(self.syms, stats, nm, charges=ch)
             put_values(row, "flow", fl, self.syms, self.keys, self.schema)
             if self.distance and i % self.distance_every == 0:
                 res = self._distance.measure(i, stats, nm)

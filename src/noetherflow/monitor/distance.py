@@ -146,6 +146,17 @@ class DistanceTracker:
                 return res
         return self._solve(step, stats, nm, hyper)
 
+    @property
+    def solves_coupled(self) -> bool:
+        """Whether the next :meth:`measure` runs the coupled solver on per-sample gradients.
+
+        Not for sets without coupled symmetries (nothing reads them), nor at the first
+        record of a coupled set under a sweep budget (:func:`jacobi_estimate` needs none).
+        """
+        if not self.syms.coupled_groups():
+            return False
+        return not (self.sweeps is not None and not self._estimated)
+
     def _due(self, step: int, hyper: tuple[float, float]) -> bool:
         if step - self._solved_at >= self.solve_every:
             return True

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from noetherflow._threads import one_thread
 from noetherflow.optim.groups import read_groups
 from noetherflow.symmetry.base import Symmetry, unique_params
 
@@ -224,7 +225,9 @@ class StepRecorder:
         after = {p: p.detach() for p in snap}
         decayed = {p: float(self._k[p]) * snap[p] for p in snap}
         rest = {p: after[p] - decayed[p] for p in snap}
-        return {
-            name: _decompose(s, snap, decayed, rest, after, self._k)
-            for name, s in self.syms.items()
-        }
+        # one small form per symmetry (a head's d × d): on one thread, see noetherflow._threads
+        with one_thread():
+            return {
+                name: _decompose(s, snap, decayed, rest, after, self._k)
+                for name, s in self.syms.items()
+            }

@@ -85,17 +85,26 @@ def needs_samples(syms: SymmetrySet) -> list[nn.Parameter]:
 
 
 def assemble(
-    src: GradSource, syms: SymmetrySet, *, level: Level, estimator: str, min_n: int = 2
+    src: GradSource,
+    syms: SymmetrySet,
+    *,
+    level: Level,
+    estimator: str,
+    min_n: int = 2,
+    keep_samples: bool = True,
 ) -> GradStats:
     """:class:`GradStats` of ``syms`` from a gradient source: ḡ, then one block per kernel.
 
     ``min_n=1`` admits a single sample: a micro-batch whose statistics are merged with
     others (:func:`noetherflow.stats.accumulate.merge_accumulated`) before Σ is used.
+    ``keep_samples=False``: no per-sample gradients are kept for the coupled solver
+    (:func:`needs_samples`), for statistics that no solve will read (the monitor's flow
+    records); the same statistics otherwise, to round-off.
     """
     check_batch(src.n, min_n)
     st = GradStats(n=src.n, estimator=estimator)
     groups = collectors_of(syms)
-    keep = needs_samples(syms)
+    keep = needs_samples(syms) if keep_samples else []
     for p in keep:
         st.samples[p] = src.samples(p)
     for k, members in groups:  # materialise first, so later statistics reduce them

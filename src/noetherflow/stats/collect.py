@@ -210,6 +210,8 @@ class Capture:
         self._check_means = False
         # 1: a micro-batch of an accumulated step (merged before Σ is used) may be one sample
         self.min_batch = 2
+        # False: no per-sample gradients kept for a coupled solve that will not run
+        self.keep_samples = True
 
     def use_mean_gradients(
         self, means: Mapping[nn.Parameter, Tensor], *, check: bool = True
@@ -355,7 +357,12 @@ class Capture:
         sc = float(n) if self.reduction is Reduction.MEAN else 1.0
         src = FactorSource(n, facs, self._owners, sc, self._means, self._check_means)
         st = assemble(
-            src, self.syms, level=self.level, estimator=Estimator.HOOKS.value, min_n=self.min_batch
+            src,
+            self.syms,
+            level=self.level,
+            estimator=Estimator.HOOKS.value,
+            min_n=self.min_batch,
+            keep_samples=self.keep_samples,
         )
         src.verify_means()
         st.fingerprint = dict(self._stamp)  # taken in the forward pass
