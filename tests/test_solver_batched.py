@@ -223,3 +223,76 @@ def test_a_tiny_gpt2_solves_as_the_reference() -> None:
     fast = nf.solve_equilibrium(syms, st, **kw)
     assert fast.iterations <= ref.iterations
     _same_equilibrium(fast, ref, 1e-8)
+
+
+def _heads() -> tuple[list[nf.DoubleRotation], list[nn.Parameter]]:
+    """Rotations as on a fused projection: 3 heads of 4 tiling a [7, 24] weight's columns
+    (the W sides) and its [24] bias, their U sides rows of a [12, 5] weight, one more rotation
+    on columns out of order (not a tiling), all pairwise disjoint."""
+    g = torch.Generator().manual_seed(3)
+    a = nn.Parameter(torch.randn(7, 24, generator=g, dtype=DT))
+    bias = nn.Parameter(torch.randn(24, generator=g, dtype=DT))
+    u = nn.Parameter(torch.randn(12, 5, generator=g, dtype=DT))
+    rots = [
+        nf.DoubleRotation.from_blocks(
+            [Block(a, 1, 4 * h, 4 * h + 4), Block(bias, 0, 4 * h, 4 * h + 4)],
+            [Block(u, 0, 4 * h, 4 * h + 4)],
+        )
+        for h in range(3)
+    ]
+    rots.append(nf.DoubleRotation.from_blocks([Block(a, 1, 20, 24)], [Block(a, 1, 12, 16)]))
+    return rots, [a, bias, u]
+
+
+def _grads(params: list[nn.Parameter], n: int, transposed: bool) -> dict[nn.Parameter, Tensor]:
+    g = torch.Generator().manual_seed(4)
+    out = {}
+    for p in params:
+        t = torch.randn(n, *p.shape, generator=g, dtype=DT)
+        if transposed and p.dim() == 2:  # a strided layout, as hooks give for Conv1D
+            t = torch.randn(n, *p.shape[::-1], generator=g, dtype=DT).transpose(1, 2)
+        out[p] = t
+    return out
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+def test_batched_moves_equal_one_at_a_time(transposed: bool) -> None:
+    from noetherflow.kernels import kernel_for
+
+    rots, params = _heads()
+    k = kernel_for(rots[0])
+    gen = torch.Generator().manual_seed(5)
+    moves = [(s, s.random_element(0.5, gen)) for s in rots]
+    for n in (3, 0):  # per-sample tensors, then single ones (the parameters' values)
+        ref = _grads(params, max(n, 1), transposed)
+        if n == 0:
+            ref = {p: t[0].clone() for p, t in ref.items()}
+        new = {p: t.clone() for p, t in ref.items()}
+        for s, e in moves:
+            (s.transport_grads_ if n else s.act_)(e, ref)
+        (k.transport_disjoint_ if n else k.act_disjoint_)(moves, new)
+        for p in params:
+            assert torch.allclose(new[p], ref[p], rtol=1e-14, atol=1e-14)
+    # a parameter left out of the mapping is left out of the moves
+    some = {params[0]: _grads(params, 2, transposed)[params[0]]}
+    k.transport_disjoint_(moves, some)
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+def test_batched_moments_equal_the_side_moments(transposed: bool) -> None:
+    from noetherflow.kernels import kernel_for
+    from noetherflow.kernels.rotation import side_moment
+    from noetherflow.stats.source import SampleSource
+
+    rots, params = _heads()
+    src = SampleSource(_grads(params, 5, transposed), reduced=True)
+    got = kernel_for(rots[0]).collect(rots, src, nf.Level.SOLVE).side
+    for s in rots:
+        for new, blocks in zip(got[s], (s.w_blocks, s.u_blocks), strict=True):
+            ref = side_moment(blocks, src)
+            assert torch.allclose(new, ref, rtol=1e-14, atol=1e-14)
+    # a subset (a refresh of the stale members only), overlapping slices included
+    sub = [rots[3], rots[1]]
+    got = kernel_for(rots[0]).collect(sub, src, nf.Level.SOLVE).side
+    for s in sub:
+        assert torch.allclose(got[s][0], side_moment(s.w_blocks, src), rtol=1e-14, atol=1e-14)

@@ -362,7 +362,12 @@ def _solve_block(
     """
     max_sweeps, tol = sweeps
     if coupled:
-        samples = {p: stats.samples[p].to(torch.float64, copy=True) for p in part.params()}
+        # contiguous float64 copies: the heads' slices are then views of them (the batched
+        # products of kernels/rotation_batch.py), not copies of a strided layout
+        samples = {
+            p: stats.samples[p].to(torch.float64, copy=True, memory_format=torch.contiguous_format)
+            for p in part.params()
+        }
         cur = stats_from_samples(samples, part, estimator=stats.estimator, level=Level.SOLVE)
         # the displacement moves with the samples (a cotangent), in place in _move
         cur.displacement = {
@@ -387,6 +392,17 @@ def _solve_block(
             s.act_(element, values)
         stale.update(dict.fromkeys(touches.get(s, ())))
 
+    def take_disjoint(k: Any, moves: list[tuple[Symmetry, Any]]) -> None:
+        """:func:`take` for each move of a disjoint run, the products batched by the kernel."""
+        for s, element in moves:
+            out.steps.append((index[s], element))
+            out.totals[s] = k.compose(out.totals[s], element)
+            stale.update(dict.fromkeys(touches.get(s, ())))
+        if coupled:
+            _move_disjoint(k, moves, values, samples, cur.displacement, cur.mean)
+        else:
+            k.act_disjoint_(moves, values)
+
     own_iterations: list[int] = []
     done, sweep = False, 0
     for sweep in range(1, (max_sweeps if coupled else 1) + 1):
@@ -408,8 +424,11 @@ def _solve_block(
                     own_iterations.append(res.iterations)
             for r in res.reports:
                 out.reports[r.name] = r
-            for s, element in res.steps:
-                take(k, s, element)
+            if step.disjoint and len(res.steps) > 1:
+                take_disjoint(k, res.steps)
+            else:
+                for s, element in res.steps:
+                    take(k, s, element)
             for s, r in res.residual.items():
                 out.residual[names[s]] = r
             worst = max(worst, res.progress)
@@ -585,6 +604,26 @@ def _no_move(held: Mapping[str, Tensor]) -> dict[str, Tensor] | None:
     """The held generators kept where they are: 0 where held, NaN (free) elsewhere."""
     zero = {n: torch.where(torch.isnan(v), v, 0.0) for n, v in held.items()}
     return zero or None
+
+
+def _move_disjoint(
+    k: Any,
+    moves: list[tuple[Symmetry, Any]],
+    values: Mapping[nn.Parameter, Tensor],
+    samples: Mapping[nn.Parameter, Tensor],
+    disp: dict[nn.Parameter, Tensor],
+    mean: Mapping[nn.Parameter, Tensor],
+) -> None:
+    """:func:`_move` for every move of a disjoint run, the kernel's batched products."""
+    params = {p: None for s, _ in moves for p in s.params}
+    k.act_disjoint_(moves, values)
+    k.transport_disjoint_(moves, samples)
+    k.transport_disjoint_(moves, {p: mean[p].unsqueeze(0) for p in params})
+    if disp and all(p in disp for p in params):
+        k.transport_disjoint_(moves, {p: disp[p].unsqueeze(0) for p in params})
+    elif disp:  # some parameters without a displacement: zeros there, as transport_cotangent
+        for s, element in moves:
+            transport_cotangent(s, element, disp)
 
 
 def _move(

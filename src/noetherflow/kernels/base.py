@@ -270,6 +270,29 @@ class Kernel(ABC, Generic[S, B]):
             out.progress = max(out.progress, one.progress)
         return out
 
+    def act_disjoint_(
+        self, moves: Sequence[tuple[S, Any]], values: Mapping[nn.Parameter, Tensor]
+    ) -> None:
+        """Move ``values`` by each ``(symmetry, element)`` of ``moves``, in place.
+
+        The moves act on pairwise disjoint coordinates (one batched step's), so their order
+        does not matter; what ``s.act_(element, values)`` for each gives. Kernels with
+        ``batchable`` override it with batched products.
+        """
+        for s, element in moves:
+            s.act_(element, values)
+
+    def transport_disjoint_(
+        self, moves: Sequence[tuple[S, Any]], grads: Mapping[nn.Parameter, Tensor]
+    ) -> None:
+        """Transport per-sample gradients ``[N, *shape]`` along each move (T^{-T}), in place.
+
+        What ``s.transport_grads_(element, grads)`` for each gives (disjoint coordinates, as
+        in :meth:`act_disjoint_`).
+        """
+        for s, element in moves:
+            s.transport_grads_(element, grads)
+
     @abstractmethod
     def compose(self, total: Any, element: Any) -> Any:
         """The element ``total`` followed by ``element``."""

@@ -27,6 +27,7 @@ from noetherflow.kernels.base import (
     GroupSolve,
     InfinityReport,
     Kernel,
+    SampleSource,
     StepOptions,
     register_kernel,
 )
@@ -283,6 +284,10 @@ class RotationKernel(Kernel[DoubleRotation, RotationStats]):
         self, syms: Sequence[DoubleRotation], src: GradSource, level: Level
     ) -> RotationStats:
         """(M_W, M_U) of each rotation (``level`` does not apply)."""
+        if isinstance(src, SampleSource):  # per-sample gradients: batched Gram products
+            from noetherflow.kernels.rotation_batch import sample_moments
+
+            return RotationStats(side=sample_moments(syms, src))
         return RotationStats(
             side={s: (side_moment(s.w_blocks, src), side_moment(s.u_blocks, src)) for s in syms}
         )
@@ -398,8 +403,31 @@ class RotationKernel(Kernel[DoubleRotation, RotationStats]):
         return solve_disjoint(self, syms, values, stats, nm, names, opts)
 
     @override
+    def act_disjoint_(
+        self,
+        moves: Sequence[tuple[DoubleRotation, Any]],
+        values: Mapping[nn.Parameter, Tensor],
+    ) -> None:
+        """One batched product per parameter axis (kernels/rotation_batch.py)."""
+        from noetherflow.kernels.rotation_batch import act_disjoint_
+
+        act_disjoint_(moves, values)
+
+    @override
+    def transport_disjoint_(
+        self,
+        moves: Sequence[tuple[DoubleRotation, Any]],
+        grads: Mapping[nn.Parameter, Tensor],
+    ) -> None:
+        """One batched product per parameter axis (kernels/rotation_batch.py)."""
+        from noetherflow.kernels.rotation_batch import transport_disjoint_
+
+        transport_disjoint_(moves, grads)
+
+    @override
     def compose(self, total: Any, element: Any) -> Any:
-        return total @ element
+        with one_thread():  # a d×d product: see noetherflow._threads
+            return total @ element
 
     def distance(self, s: DoubleRotation, total: Any) -> Tensor:
         """‖log P‖_F with P = GGᵀ, from the eigenvalues alone (P is SPD)."""
