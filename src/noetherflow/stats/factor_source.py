@@ -281,9 +281,9 @@ class FactorSource(GradSource):
 
 
 def _sample_axis_sq(v: Tensor, axis: int) -> Tensor:
-    """(1/N) Σ_n of g_n ⊙ g_n summed over every axis but ``axis``: ``[N, *shape]`` → ``[shape[axis]]``.
+    """(1/N) Σ_n g_n ⊙ g_n summed over every axis but ``axis``. Has shape ``[shape[axis]]``.
 
-    One fused reduction, no ``[N, *shape]`` temporary of squares.
+    ``v``: per-sample gradients ``[N, *shape]``. One fused reduction, no temporary of squares.
     """
     rest = [k for k in range(v.dim()) if k != axis + 1]
     return torch.linalg.vector_norm(v, dim=rest).square_().div_(v.shape[0])
