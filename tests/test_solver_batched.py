@@ -296,3 +296,37 @@ def test_batched_moments_equal_the_side_moments(transposed: bool) -> None:
     got = kernel_for(rots[0]).collect(sub, src, nf.Level.SOLVE).side
     for s in sub:
         assert torch.allclose(got[s][0], side_moment(s.w_blocks, src), rtol=1e-14, atol=1e-14)
+
+
+def test_batched_xy_equals_the_single_assembly() -> None:
+    from noetherflow.kernels import kernel_for
+    from noetherflow.kernels.base import stats_from_samples
+    from noetherflow.kernels.rotation_batch import batched_xy
+
+    rots, params = _heads()
+    st = stats_from_samples(_grads(params, 5, True), nf.SymmetrySet(rots), estimator="reference")
+    values = {p: p.detach().clone() for p in params}
+    k = kernel_for(rots[0])
+    for nm in (
+        nf.NoiseModel.create(lr=0.1, batch_size=4, weight_decay=1e-2),
+        nf.NoiseModel.create(lr=0.1, batch_size=4, weight_decay=1e-2, time="continuous"),
+    ):
+        got = batched_xy(rots, values, st, nm)
+        assert set(got) == set(rots)
+        for s in rots:
+            for a, b in zip(got[s], k.xy(s, values, st, nm), strict=True):
+                assert torch.allclose(a, b, rtol=1e-13, atol=1e-13)
+    # per-parameter γ (the heads: their bias has none), or a momentum cross term: left to
+    # the single assembly; the last rotation, on one parameter, has one γ
+    decay = {params[0]: 1e-2, params[1]: 0.0, params[2]: 1e-2}
+    mixed = nf.NoiseModel.create(lr=0.1, batch_size=4, weight_decay=decay)
+    got = batched_xy(rots, values, st, mixed)
+    assert set(got) == {rots[3]}
+    for a, b in zip(got[rots[3]], k.xy(rots[3], values, st, mixed), strict=True):
+        assert torch.allclose(a, b, rtol=1e-13, atol=1e-13)
+    st.displacement = {p: torch.ones_like(p) for p in params}
+    heavy = nf.NoiseModel.create(
+        lr=0.1, batch_size=4, weight_decay=1e-2, momentum=0.9, time="discrete"
+    )
+    assert heavy.c_cross != 0
+    assert not batched_xy(rots, values, st, heavy)
