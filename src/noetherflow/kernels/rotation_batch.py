@@ -35,6 +35,8 @@ from noetherflow.symmetry.rotation import Block, DoubleRotation
 
 __all__ = [
     "act_disjoint_",
+    "move_stats_",
+    "refresh_",
     "batched_rotation",
     "batched_xy",
     "sample_moments",
@@ -261,39 +263,119 @@ def transport_disjoint_(
         _apply_(grads, _sides(moves, 0, 1), 1)
 
 
+def _block_grams(
+    blocks: Sequence[Block], tensors: Mapping[nn.Parameter, Tensor], offset: int
+) -> dict[Block, Tensor]:
+    """Σ_r F_r F_rᵀ (``[d, d]``) of each block, F_r the d-front of sample r of its parameter.
+
+    ``tensors``: per parameter ``[N, *shape]`` (``offset`` 1) or its shape (``offset`` 0,
+    one F). The slices of one parameter axis that tile a range are one batched Gram product.
+    """
+    out: dict[Block, Tensor] = {}
+    for group in _by_axis([(b, None) for b in blocks]).values():
+        run = sorted({b: None for b, _ in group}, key=lambda b: b.start)
+        v = tensors[run[0].param]
+        y = _tiles(v, run[0].axis + offset, run)
+        if y is None:  # slice by slice
+            for b in run:
+                f = b.front_batched(v) if offset else b.front(v).unsqueeze(0)
+                out[b] = torch.einsum("rim,rjm->ij", f, f)
+            continue
+        gram = torch.einsum("pbiq,pbjq->bij", y, y)
+        for i, b in enumerate(run):
+            out[b] = gram[i]
+    return out
+
+
+def _total(parts: Sequence[Tensor]) -> Tensor:
+    """The blocks' moments added in order (as ``side_moment`` does)."""
+    return sum(parts[1:], parts[0])
+
+
 def _side_grams(
     syms: Sequence[DoubleRotation], tensors: Mapping[nn.Parameter, Tensor], offset: int
 ) -> dict[DoubleRotation, tuple[Tensor, Tensor]]:
     """Σ over each side's blocks of Σ_r F_r F_rᵀ (``[d, d]``), per rotation: (W side, U side).
 
-    ``tensors``: per parameter ``[N, *shape]`` (``offset`` 1, F_r the d-front of sample r) or
-    its shape (``offset`` 0, one F). Blocks are added in order, as
-    :func:`noetherflow.kernels.rotation.side_moment` does; the slices of one parameter axis
-    that tile a range are one batched Gram product.
+    :func:`_block_grams` of every block, added per side in order, as
+    :func:`noetherflow.kernels.rotation.side_moment` does.
     """
-    items = [
-        (b, (s, j)) for s in syms for j, side in enumerate((s.w_blocks, s.u_blocks)) for b in side
-    ]
-    moment: dict[Block, Tensor] = {}
-    for group in _by_axis(items).values():
-        blocks = sorted({b: None for b, _ in group}, key=lambda b: b.start)
-        v = tensors[blocks[0].param]
-        y = _tiles(v, blocks[0].axis + offset, blocks)
-        if y is None:  # slice by slice
-            for b in blocks:
-                f = b.front_batched(v) if offset else b.front(v).unsqueeze(0)
-                moment[b] = torch.einsum("rim,rjm->ij", f, f)
-            continue
-        gram = torch.einsum("pbiq,pbjq->bij", y, y)
-        for i, b in enumerate(blocks):
-            moment[b] = gram[i]
-    parts: dict[tuple[DoubleRotation, int], list[Tensor]] = {}
-    for b, key in items:
-        parts.setdefault(key, []).append(moment[b])
+    grams = _block_grams([b for s in syms for b in [*s.w_blocks, *s.u_blocks]], tensors, offset)
     return {
-        s: (sum(parts[s, 0][1:], parts[s, 0][0]), sum(parts[s, 1][1:], parts[s, 1][0]))
+        s: (_total([grams[b] for b in s.w_blocks]), _total([grams[b] for b in s.u_blocks]))
         for s in syms
     }
+
+
+def refresh_(
+    members: Sequence[DoubleRotation],
+    samples: Mapping[nn.Parameter, Tensor],
+    stats: GradStats,
+    stale: Mapping[Symmetry, Mapping[nn.Parameter, None]],
+    cache: dict[DoubleRotation, dict[Block, Tensor]],
+) -> None:
+    """(M_W, M_U) of ``members`` rebuilt from the moments of their blocks, in place.
+
+    Each block's moment (1/N) Σ_n F_n F_nᵀ is kept in ``cache`` and recomputed from
+    ``samples`` only where its parameter is stale (another symmetry moved there) or not yet
+    cached; the others were moved by the rotation's own moves in closed form
+    (:func:`move_stats_`). The sides are their sums, as ``side_moment`` adds them.
+    """
+    from noetherflow.kernels.rotation import _block
+
+    need: list[Block] = []
+    for s in members:
+        own = cache.get(s)
+        for b in [*s.w_blocks, *s.u_blocks]:
+            if own is None or b not in own or b.param in stale.get(s, {}):
+                need.append(b)
+    n = next(iter(samples.values())).shape[0]
+    fresh = _block_grams(need, samples, 1)
+    side = _block(stats).side
+    for s in members:
+        own = cache.setdefault(s, {})
+        for b in [*s.w_blocks, *s.u_blocks]:
+            if b in fresh:
+                own[b] = fresh[b] / n
+        side[s] = (_total([own[b] for b in s.w_blocks]), _total([own[b] for b in s.u_blocks]))
+
+
+def move_stats_(
+    moves: Sequence[tuple[DoubleRotation, Tensor]],
+    stats: GradStats,
+    cache: dict[DoubleRotation, dict[Block, Tensor]],
+) -> bool:
+    """Each moved rotation's block moments by its own G, exactly: GᵀMG (W), G⁻¹MG⁻ᵀ (U).
+
+    The d-fronts of the gradients move as F_W → GᵀF_W, F_U → G⁻¹F_U (the transport), so
+    their moments (1/N) Σ F Fᵀ move by congruence. Only for rotations whose moments are all
+    cached (fresh: :func:`refresh_` ran after the last move of anything sharing them);
+    False, changing nothing, otherwise.
+    """
+    from noetherflow.kernels.rotation import _block
+
+    if any(s not in cache for s, _ in moves):
+        return False
+    side = _block(stats).side
+    widths: dict[int, list[tuple[DoubleRotation, Tensor]]] = {}
+    for s, e in moves:
+        widths.setdefault(s.d, []).append((s, e))
+    with one_thread():
+        for run in widths.values():
+            g, ginv = _elements(run)
+            for i, (s, _) in enumerate(run):
+                own = cache[s]
+                for b in s.w_blocks:
+                    m = g[i].to(own[b].dtype)
+                    own[b] = _sym(m.T @ own[b] @ m)
+                for b in s.u_blocks:
+                    m = ginv[i].to(own[b].dtype)
+                    own[b] = _sym(m @ own[b] @ m.T)
+                side[s] = (
+                    _total([own[b] for b in s.w_blocks]),
+                    _total([own[b] for b in s.u_blocks]),
+                )
+    return True
 
 
 def sample_moments(
