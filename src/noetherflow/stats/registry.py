@@ -24,8 +24,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.func import functional_call
 
 from noetherflow._errors import UnsupportedLayerError
 from noetherflow._registry import Registry
@@ -247,6 +249,8 @@ def handler_for(module: nn.Module, name: str = "", *, check: bool = True) -> Lay
             not supported (e.g. BatchNorm in training mode).
     """
     h = LAYERS.lookup(type(module))
+    if h is None:
+        h = _computed_norm(module)
     if h is None or not check:
         return h
     why = h.check(module) if h.check is not None else None
@@ -256,6 +260,51 @@ def handler_for(module: nn.Module, name: str = "", *, check: bool = True) -> Lay
             f"estimator='hooks'; use {h.fallback}."
         )
     return h
+
+
+def computed_affine_factors(m: nn.Module, a: Tensor, g: Tensor) -> tuple[Tensor, Tensor]:
+    """x̂ and g ``[N, T, C]`` of a norm recognised by what it computes, ``y = w ⊙ x̂(a) + b``.
+
+    x̂ is the module's own output with w = 1 and b = 0 (``functional_call``), so it is computed
+    exactly as the forward computes it, casts included (DeBERTa's float32 normalisation).
+    """
+    from noetherflow.symmetry._fx.layers import norm_spec
+
+    spec = norm_spec(m)
+    assert spec is not None
+    w = m.weight
+    assert isinstance(w, Tensor)
+    c = int(w.shape[0])
+    unit = {"weight": torch.ones(c, dtype=a.dtype, device=a.device)}
+    if isinstance(getattr(m, "bias", None), Tensor):
+        unit["bias"] = torch.zeros(c, dtype=a.dtype, device=a.device)
+    with torch.no_grad():
+        xhat = functional_call(m, unit, (a,))
+    n = a.shape[0]
+    return xhat.movedim(spec.axis, -1).reshape(n, -1, c), g.movedim(spec.axis, -1).reshape(n, -1, c)
+
+
+_COMPUTED = LayerHandler(computed_affine_factors, elementwise=True)
+
+
+def _computed_norm(m: nn.Module) -> LayerHandler | None:
+    """The handler of a norm that no class registration matches, or None.
+
+    For a norm that detection recognised by what it computes
+    (:mod:`noetherflow.symmetry._fx.numeric`) as ``w ⊙ x̂ + b`` with a per-feature affine (not
+    Gemma's ``(1 + w)``): ConvNeXtV2's LayerNorm subclass, DeBERTa's ``DebertaLayerNorm``.
+    """
+    w = getattr(m, "weight", None)
+    if not isinstance(w, nn.Parameter) or w.dim() != 1:
+        return None
+    from noetherflow.symmetry._fx.layers import NORMS, norm_spec
+
+    if NORMS.lookup(type(m)) is not None:
+        return None  # registered norms without a hook handler (GroupNorm): not by analogy
+    spec = norm_spec(m)
+    if spec is None or spec.batch or spec.per_channel or not spec.linear_affine:
+        return None
+    return _COMPUTED
 
 
 _BN = LayerHandler(

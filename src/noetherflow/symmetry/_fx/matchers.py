@@ -254,6 +254,13 @@ class ScalePattern:
             ledger.note(src.params, f"{src.name} → {nname} through a non-homogeneous map")
             return []
         params = src.params
+        if nspec.low_precision:
+            ledger.note(
+                params,
+                f"{nname} normalises in float32 inside a float64 model: the scale invariance "
+                f"of {src.name} holds to float32 round-off only",
+            )
+            return []
         if nspec.batch:
             if _w_out(src.module) != 0:
                 return []
