@@ -28,7 +28,7 @@ def registered() -> Iterator[None]:
 
 def test_builtin_matchers_are_registered_in_order() -> None:
     names = [m.name for m in patterns.registered_matchers()]
-    assert names[:8] == [
+    assert names[:9] == [
         "scale-explicit",
         "attention-mha",
         "affine-rescaling",
@@ -37,8 +37,10 @@ def test_builtin_matchers_are_registered_in_order() -> None:
         "scale",
         "layer-scale",
         "attention-contractions",
+        "embedding-projection",
     ]
-    assert [m.name for m in patterns.matchers_at("graph")] == ["attention-contractions"]
+    graph = [m.name for m in patterns.matchers_at("graph")]
+    assert graph == ["attention-contractions", "embedding-projection"]
     assert [m.name for m in patterns.matchers_at("module")] == ["attention-mha"]
 
 

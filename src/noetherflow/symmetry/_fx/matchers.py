@@ -48,6 +48,7 @@ from noetherflow.symmetry._fx.common import (
     _w_out,
     _weight,
 )
+from noetherflow.symmetry._fx.embeddings import EmbeddingProjectionPattern
 from noetherflow.symmetry._fx.engine import (
     APPROXIMATE,
     LINEAR,
@@ -469,6 +470,7 @@ def _register_builtins() -> None:
         ),
     )
     register_matcher("attention-contractions", attend.match_contractions, stage="graph")
+    register_matcher("embedding-projection", EmbeddingProjectionPattern().match, stage="graph")
 
 
 _register_builtins()
