@@ -36,7 +36,7 @@ from noetherflow._checks import (
 from noetherflow._deprecate import is_old_model_call, warn_model
 from noetherflow._divergence import is_finite
 from noetherflow._errors import NonFiniteGradientError, StatisticsError
-from noetherflow._sweep_plan import Step, accelerated, plan_sweep
+from noetherflow._sweep_plan import Step, accelerated, covariant, plan_sweep
 from noetherflow.kernels import (
     InfinityReport,
     StepOptions,
@@ -45,7 +45,7 @@ from noetherflow.kernels import (
     kernels_of,
 )
 from noetherflow.kernels.base import (
-    overlaps,
+    overlaps_by_param,
     refresh_stats_,
     stats_from_samples,
     transport_cotangent,
@@ -373,35 +373,57 @@ def _solve_block(
         cur.displacement = {
             p: v.to(torch.float64, copy=True) for p, v in stats.displacement.items() if p in samples
         }
-        touches = overlaps(list(part))
+        pairs = overlaps_by_param(list(part))
         if _warm_start(part, opts, held, names, index, values, samples, cur, out):
             opts = replace(opts, init=None)  # the start is where the values are now
     else:
-        samples, cur, touches = {}, stats, {}
+        samples, cur, pairs = {}, stats, {}
+    touches = {s: list(v) for s, v in pairs.items()}
     opts = replace(opts, coupled=coupled)
     groups = plan_sweep(list(part), touches if coupled else None)
-    stale: dict[Symmetry, None] = {}  # symmetries whose statistics a move has changed
+    # per symmetry, the parameters on which moves since its last use changed its statistics
+    stale: dict[Symmetry, dict[nn.Parameter, None]] = {}
+    caches: dict[str, dict[Any, Any]] = {}  # each kernel's own scratch (Kernel.refresh_)
+    fast = covariant()  # statistics moved in closed form where a kernel has the law
     accel = _accelerator(groups) if coupled and accelerated() else None
 
-    def take(k: Any, s: Symmetry, element: Any) -> None:
-        out.steps.append((index[s], element))
-        out.totals[s] = k.compose(out.totals[s], element)
-        if coupled:
-            _move(s, element, values, samples, cur.displacement, cur.mean)
-        else:
-            s.act_(element, values)
-        stale.update(dict.fromkeys(touches.get(s, ())))
-
-    def take_disjoint(k: Any, moves: list[tuple[Symmetry, Any]]) -> None:
-        """:func:`take` for each move of a disjoint run, the products batched by the kernel."""
+    def mark(k: Any, moves: list[tuple[Symmetry, Any]]) -> bool:
+        """Record the moves' staleness; whether the kernel moved their own statistics."""
+        own = fast and k.move_stats_(moves, cur, caches.setdefault(k.name, {}))
         for s, element in moves:
             out.steps.append((index[s], element))
             out.totals[s] = k.compose(out.totals[s], element)
-            stale.update(dict.fromkeys(touches.get(s, ())))
+            for t, ps in pairs.get(s, {}).items():
+                if t is not s or not own:
+                    stale.setdefault(t, {}).update(ps)
+        return own
+
+    def take(k: Any, s: Symmetry, element: Any) -> None:
         if coupled:
-            _move_disjoint(k, moves, values, samples, cur.displacement, cur.mean)
+            mark(k, [(s, element)])
+            _move(s, element, values, samples, cur.displacement, cur.mean)
         else:
+            out.steps.append((index[s], element))
+            out.totals[s] = k.compose(out.totals[s], element)
+            s.act_(element, values)
+
+    def take_disjoint(k: Any, moves: list[tuple[Symmetry, Any]]) -> None:
+        """:func:`take` for each move of a disjoint run, the products batched by the kernel."""
+        if not coupled:
+            for s, element in moves:
+                out.steps.append((index[s], element))
+                out.totals[s] = k.compose(out.totals[s], element)
             k.act_disjoint_(moves, values)
+            return
+        own = mark(k, moves)
+        # where the kernel moved the statistics itself, only samples another symmetry reads
+        # need moving: those of parameters on which one shares a coordinate with a mover
+        read = (
+            {p: None for s, _ in moves for t, ps in pairs[s].items() if t is not s for p in ps}
+            if own
+            else None
+        )
+        _move_disjoint(k, moves, values, samples, cur.displacement, cur.mean, read)
 
     own_iterations: list[int] = []
     done, sweep = False, 0
@@ -410,9 +432,12 @@ def _solve_block(
         for i, step in enumerate(groups):
             k, members = step.kernel, step.members
             start = _point(members, out.totals) if accel is not None and i == 0 else None
-            todo = [s for s in members if s in stale]
-            if todo:  # rebuild only the statistics the moves since their last use touched
+            todo = [s for s in members if stale.get(s)]
+            if todo and fast:  # rebuild only the statistics the moves since their use touched
+                k.refresh_(todo, samples, cur, stale, caches.setdefault(k.name, {}))
+            elif todo:  # the reference path: each of them whole
                 refresh_stats_(cur, samples, todo, means=False, level=Level.SOLVE)
+            if todo:
                 for s in todo:
                     del stale[s]
             solve = k.solve_disjoint if step.disjoint else k.solve
@@ -613,11 +638,16 @@ def _move_disjoint(
     samples: Mapping[nn.Parameter, Tensor],
     disp: dict[nn.Parameter, Tensor],
     mean: Mapping[nn.Parameter, Tensor],
+    read: Mapping[nn.Parameter, None] | None = None,
 ) -> None:
-    """:func:`_move` for every move of a disjoint run, the kernel's batched products."""
+    """:func:`_move` for every move of a disjoint run, the kernel's batched products.
+
+    ``read``: the only parameters whose samples are moved (the kernel moved the movers' own
+    statistics, :meth:`~noetherflow.kernels.Kernel.move_stats_`); None: all of them.
+    """
     params = {p: None for s, _ in moves for p in s.params}
     k.act_disjoint_(moves, values)
-    k.transport_disjoint_(moves, samples)
+    k.transport_disjoint_(moves, samples if read is None else {p: samples[p] for p in read})
     k.transport_disjoint_(moves, {p: mean[p].unsqueeze(0) for p in params})
     if disp and all(p in disp for p in params):
         k.transport_disjoint_(moves, {p: disp[p].unsqueeze(0) for p in params})

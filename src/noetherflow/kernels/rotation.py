@@ -425,6 +425,32 @@ class RotationKernel(Kernel[DoubleRotation, RotationStats]):
         transport_disjoint_(moves, grads)
 
     @override
+    def refresh_(
+        self,
+        members: Sequence[DoubleRotation],
+        samples: Mapping[nn.Parameter, Tensor],
+        stats: GradStats,
+        stale: Mapping[Symmetry, Mapping[nn.Parameter, None]],
+        cache: dict[Any, Any],
+    ) -> None:
+        """Only the stale blocks' moments from the samples (kernels/rotation_batch.py)."""
+        from noetherflow.kernels.rotation_batch import refresh_
+
+        refresh_(members, samples, stats, stale, cache)
+
+    @override
+    def move_stats_(
+        self,
+        moves: Sequence[tuple[DoubleRotation, Any]],
+        stats: GradStats,
+        cache: dict[Any, Any],
+    ) -> bool:
+        """M_W → GᵀM_WG, M_U → G⁻¹M_UG⁻ᵀ per block (kernels/rotation_batch.py)."""
+        from noetherflow.kernels.rotation_batch import move_stats_
+
+        return move_stats_(moves, stats, cache)
+
+    @override
     def compose(self, total: Any, element: Any) -> Any:
         with one_thread():  # a d×d product: see noetherflow._threads
             return total @ element

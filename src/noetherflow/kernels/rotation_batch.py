@@ -26,7 +26,7 @@ from torch import Tensor, nn
 
 from noetherflow._threads import one_thread
 from noetherflow.kernels.base import GroupSolve, StepOptions
-from noetherflow.kernels.noise import NoiseModel
+from noetherflow.kernels.noise import NoiseModel, cross_values
 from noetherflow.kernels.rotation import RotationKernel, RotationSettings, _mixed_cross
 from noetherflow.stats.core import GradStats
 from noetherflow.stats.source import SampleSource
@@ -35,7 +35,10 @@ from noetherflow.symmetry.rotation import Block, DoubleRotation
 
 __all__ = [
     "act_disjoint_",
+    "move_stats_",
+    "refresh_",
     "batched_rotation",
+    "batched_xy",
     "sample_moments",
     "solve_disjoint",
     "transport_disjoint_",
@@ -113,11 +116,12 @@ def solve_disjoint(
     single: dict[DoubleRotation, GroupSolve] = {}
     batch: dict[int, list[tuple[DoubleRotation, Tensor, Tensor]]] = {}
     with one_thread():  # d×d algebra: see noetherflow._threads
+        fast = batched_xy(syms, values, stats, nm)
         for s in syms:
             if _mixed_cross(s, values, stats, nm) is not None:
                 single[s] = kernel.solve([s], values, stats, nm, names, opts)
                 continue
-            x, y = kernel.xy(s, values, stats, nm)
+            x, y = fast[s] if s in fast else kernel.xy(s, values, stats, nm)
             batch.setdefault(s.d, []).append((s, x, y))
         solved: dict[DoubleRotation, tuple[Tensor, float, float]] = {}
         for members in batch.values():
@@ -259,35 +263,166 @@ def transport_disjoint_(
         _apply_(grads, _sides(moves, 0, 1), 1)
 
 
+def _block_grams(
+    blocks: Sequence[Block], tensors: Mapping[nn.Parameter, Tensor], offset: int
+) -> dict[Block, Tensor]:
+    """Σ_r F_r F_rᵀ (``[d, d]``) of each block, F_r the d-front of sample r of its parameter.
+
+    ``tensors``: per parameter ``[N, *shape]`` (``offset`` 1) or its shape (``offset`` 0,
+    one F). The slices of one parameter axis that tile a range are one batched Gram product.
+    """
+    out: dict[Block, Tensor] = {}
+    for group in _by_axis([(b, None) for b in blocks]).values():
+        run = sorted({b: None for b, _ in group}, key=lambda b: b.start)
+        v = tensors[run[0].param]
+        y = _tiles(v, run[0].axis + offset, run)
+        if y is None:  # slice by slice
+            for b in run:
+                f = b.front_batched(v) if offset else b.front(v).unsqueeze(0)
+                out[b] = torch.einsum("rim,rjm->ij", f, f)
+            continue
+        gram = torch.einsum("pbiq,pbjq->bij", y, y)
+        for i, b in enumerate(run):
+            out[b] = gram[i]
+    return out
+
+
+def _total(parts: Sequence[Tensor]) -> Tensor:
+    """The blocks' moments added in order (as ``side_moment`` does)."""
+    return sum(parts[1:], parts[0])
+
+
+def _side_grams(
+    syms: Sequence[DoubleRotation], tensors: Mapping[nn.Parameter, Tensor], offset: int
+) -> dict[DoubleRotation, tuple[Tensor, Tensor]]:
+    """Σ over each side's blocks of Σ_r F_r F_rᵀ (``[d, d]``), per rotation: (W side, U side).
+
+    :func:`_block_grams` of every block, added per side in order, as
+    :func:`noetherflow.kernels.rotation.side_moment` does.
+    """
+    grams = _block_grams([b for s in syms for b in [*s.w_blocks, *s.u_blocks]], tensors, offset)
+    return {
+        s: (_total([grams[b] for b in s.w_blocks]), _total([grams[b] for b in s.u_blocks]))
+        for s in syms
+    }
+
+
+def refresh_(
+    members: Sequence[DoubleRotation],
+    samples: Mapping[nn.Parameter, Tensor],
+    stats: GradStats,
+    stale: Mapping[Symmetry, Mapping[nn.Parameter, None]],
+    cache: dict[DoubleRotation, dict[Block, Tensor]],
+) -> None:
+    """(M_W, M_U) of ``members`` rebuilt from the moments of their blocks, in place.
+
+    Each block's moment (1/N) Σ_n F_n F_nᵀ is kept in ``cache`` and recomputed from
+    ``samples`` only where its parameter is stale (another symmetry moved there) or not yet
+    cached; the others were moved by the rotation's own moves in closed form
+    (:func:`move_stats_`). The sides are their sums, as ``side_moment`` adds them.
+    """
+    from noetherflow.kernels.rotation import _block
+
+    need: list[Block] = []
+    for s in members:
+        own = cache.get(s)
+        for b in [*s.w_blocks, *s.u_blocks]:
+            if own is None or b not in own or b.param in stale.get(s, {}):
+                need.append(b)
+    n = next(iter(samples.values())).shape[0]
+    fresh = _block_grams(need, samples, 1)
+    side = _block(stats).side
+    for s in members:
+        own = cache.setdefault(s, {})
+        for b in [*s.w_blocks, *s.u_blocks]:
+            if b in fresh:
+                own[b] = fresh[b] / n
+        side[s] = (_total([own[b] for b in s.w_blocks]), _total([own[b] for b in s.u_blocks]))
+
+
+def move_stats_(
+    moves: Sequence[tuple[DoubleRotation, Tensor]],
+    stats: GradStats,
+    cache: dict[DoubleRotation, dict[Block, Tensor]],
+) -> bool:
+    """Each moved rotation's block moments by its own G, exactly: GᵀMG (W), G⁻¹MG⁻ᵀ (U).
+
+    The d-fronts of the gradients move as F_W → GᵀF_W, F_U → G⁻¹F_U (the transport), so
+    their moments (1/N) Σ F Fᵀ move by congruence. Only for rotations whose moments are all
+    cached (fresh: :func:`refresh_` ran after the last move of anything sharing them);
+    False, changing nothing, otherwise.
+    """
+    from noetherflow.kernels.rotation import _block
+
+    if any(s not in cache for s, _ in moves):
+        return False
+    side = _block(stats).side
+    widths: dict[int, list[tuple[DoubleRotation, Tensor]]] = {}
+    for s, e in moves:
+        widths.setdefault(s.d, []).append((s, e))
+    with one_thread():
+        for run in widths.values():
+            g, ginv = _elements(run)
+            for i, (s, _) in enumerate(run):
+                own = cache[s]
+                for b in s.w_blocks:
+                    m = g[i].to(own[b].dtype)
+                    own[b] = _sym(m.T @ own[b] @ m)
+                for b in s.u_blocks:
+                    m = ginv[i].to(own[b].dtype)
+                    own[b] = _sym(m @ own[b] @ m.T)
+                side[s] = (
+                    _total([own[b] for b in s.w_blocks]),
+                    _total([own[b] for b in s.u_blocks]),
+                )
+    return True
+
+
 def sample_moments(
     syms: Sequence[DoubleRotation], src: SampleSource
 ) -> dict[Symmetry, tuple[Tensor, Tensor]]:
     """(M_W, M_U) of each rotation from per-sample gradients, each ``[d, d]``.
 
     What :func:`noetherflow.kernels.rotation.side_moment` gives per side (Σ over its blocks
-    of (1/N) Σ_n F_n F_nᵀ, blocks added in order), with the slices of one parameter axis in
-    one batched Gram product.
+    of (1/N) Σ_n F_n F_nᵀ), with the slices of one parameter axis in one batched Gram
+    product (:func:`_side_grams`).
     """
-    items = [
-        (b, (s, j)) for s in syms for j, side in enumerate((s.w_blocks, s.u_blocks)) for b in side
+    params = {b.param: None for s in syms for b in [*s.w_blocks, *s.u_blocks]}
+    grams = _side_grams(syms, {p: src.samples(p) for p in params}, 1)
+    return {s: (w / src.n, u / src.n) for s, (w, u) in grams.items()}
+
+
+def batched_xy(
+    syms: Sequence[DoubleRotation],
+    values: Mapping[nn.Parameter, Tensor],
+    stats: GradStats,
+    nm: NoiseModel,
+) -> dict[DoubleRotation, tuple[Tensor, Tensor]]:
+    """X = M_U + κWWᵀ, Y = M_W + κUᵀU (float64, CPU), each ``[d, d]``, batched.
+
+    :meth:`RotationKernel.xy` for the rotations with one γ and no momentum cross term, the
+    Gram products of θ and ḡ batched (:func:`_side_grams`); the others are left out (the
+    caller takes :meth:`RotationKernel.xy` for them).
+    """
+    from noetherflow.kernels.rotation import _block
+
+    plain = [
+        s
+        for s in syms
+        if (sub := nm.uniform(s.params)) is not None and cross_values(stats, sub, s.params) is None
     ]
-    parts: dict[tuple[DoubleRotation, int], list[Tensor]] = {}
-    moment: dict[Block, Tensor] = {}
-    for group in _by_axis(items).values():
-        blocks = sorted({b: None for b, _ in group}, key=lambda b: b.start)
-        v = src.samples(blocks[0].param)
-        y = _tiles(v, blocks[0].axis + 1, blocks)
-        if y is None:  # slice by slice
-            for b in blocks:
-                moment[b] = src.front_moment(b.param, b.axis, b.start, b.stop)
-            continue
-        gram = torch.einsum("pbiq,pbjq->bij", y, y) / v.shape[0]
-        for i, b in enumerate(blocks):
-            moment[b] = gram[i]
-    for b, key in items:
-        parts.setdefault(key, []).append(moment[b])
-    out: dict[Symmetry, tuple[Tensor, Tensor]] = {}
-    for s in syms:
-        w, u = (sum(parts[s, j][1:], parts[s, j][0]) for j in (0, 1))
-        out[s] = (w, u)
+    if not plain:
+        return {}
+    params = {b.param: None for s in plain for b in [*s.w_blocks, *s.u_blocks]}
+    theta = _side_grams(plain, {p: values[p].to(torch.float64) for p in params}, 0)
+    mean = _side_grams(plain, {p: stats.mean[p] for p in params}, 0)
+    side = _block(stats).side
+    out = {}
+    for s in plain:
+        sub = nm.uniform(s.params)
+        assert sub is not None
+        (sw, su), (gw, gu), (ww, uu) = side[s], mean[s], theta[s]
+        x = sub.matrix(gu, su).to(torch.float64) + sub.kappa * ww
+        y = sub.matrix(gw, sw).to(torch.float64) + sub.kappa * uu
+        out[s] = (x.cpu(), y.cpu())
     return out

@@ -158,6 +158,31 @@ def conv_factors(m: nn.Module, a: Tensor, g: Tensor) -> tuple[Tensor, Tensor]:
     return cols.reshape(n, t, gr, -1), gt.reshape(n, t, gr, -1)
 
 
+def _embedding_check(m: nn.Module) -> str | None:
+    assert isinstance(m, nn.Embedding)
+    if m.max_norm is not None or m.scale_grad_by_freq or m.sparse:
+        return (
+            f"max_norm={m.max_norm}, scale_grad_by_freq={m.scale_grad_by_freq}, sparse={m.sparse}"
+        )
+    return None
+
+
+def embedding_factors(m: nn.Module, a: Tensor, g: Tensor) -> tuple[Tensor, Tensor]:
+    """One-hot ids ``[N, T, V]`` and output-gradient ``[N, T, E]`` of an ``nn.Embedding``.
+
+    The table ``[V, E]`` is the ``[I, O]`` weight of a linear map of one-hot inputs
+    (``transposed``); the ``padding_idx`` row gets no gradient, so its column is zero. The
+    one-hot factor has V columns: for a large vocabulary ``estimator='reference'`` costs less.
+    """
+    assert isinstance(m, nn.Embedding)
+    n = a.shape[0]
+    gt = g.reshape(n, -1, g.shape[-1])
+    hot = F.one_hot(a.reshape(n, -1).long(), m.num_embeddings).to(gt.dtype)
+    if m.padding_idx is not None:
+        hot[..., m.padding_idx] = 0
+    return hot, gt
+
+
 # Layer class (or the qualified name of an optional package's class) → handler.
 LAYERS: Registry[LayerHandler] = Registry(
     "hook handler",
@@ -319,6 +344,9 @@ for _name, _handler in _BY_NAME.items():
 register_layer(nn.Linear, LayerHandler(linear_factors))
 register_layer(nn.Conv1d, LayerHandler(conv_factors, matrix=False, check=_conv_check))
 register_layer(nn.Conv2d, LayerHandler(conv_factors, matrix=False, check=_conv_check))
+register_layer(
+    nn.Embedding, LayerHandler(embedding_factors, transposed=True, check=_embedding_check)
+)
 register_layer(nn.LayerNorm, _NORM)
 register_layer(nn.RMSNorm, LayerHandler(rmsnorm_factors, elementwise=True))
 for _cls in (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm):

@@ -48,6 +48,7 @@ from noetherflow.symmetry._fx.common import (
     _w_out,
     _weight,
 )
+from noetherflow.symmetry._fx.embeddings import EmbeddingProjectionPattern, is_embedding
 from noetherflow.symmetry._fx.engine import (
     APPROXIMATE,
     LINEAR,
@@ -446,6 +447,12 @@ def _register_builtins() -> None:
     attend, affine, layer_scale = AttentionPattern(), AffineRescalingPattern(), LayerScalePattern()
     register_matcher("scale-explicit", scale.match_explicit, stage="attribute")
     register_matcher("attention-mha", attend.match_mha, stage="module", claims=is_mha)
+    register_matcher(
+        "embedding-projection",
+        EmbeddingProjectionPattern().match,
+        stage="module",
+        claims=is_embedding,
+    )
     register_matcher(
         "affine-rescaling",
         _diagonal(
