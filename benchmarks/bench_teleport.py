@@ -49,14 +49,25 @@ def _workloads(tiny: bool) -> dict[str, dict[str, Any]]:
     g = torch.Generator().manual_seed(0)
     torch.manual_seed(0)
     mlp = nn.Sequential(
-        nn.Linear(64, w), nn.ReLU(), nn.Linear(w, w), nn.ReLU(), nn.Linear(w, w), nn.ReLU(),
+        nn.Linear(64, w),
+        nn.ReLU(),
+        nn.Linear(w, w),
+        nn.ReLU(),
+        nn.Linear(w, w),
+        nn.ReLU(),
         nn.Linear(w, 10),
-    )  # fmt: skip
+    )
     cnn = nn.Sequential(
-        nn.Conv2d(1, c1, 3, padding=1, bias=False), nn.BatchNorm2d(c1), nn.ReLU(),
-        nn.Conv2d(c1, c2, 3, padding=1, bias=False), nn.BatchNorm2d(c2), nn.ReLU(),
-        nn.MaxPool2d(2), nn.Flatten(), nn.Linear(c2 * 16, 10),
-    )  # fmt: skip
+        nn.Conv2d(1, c1, 3, padding=1, bias=False),
+        nn.BatchNorm2d(c1),
+        nn.ReLU(),
+        nn.Conv2d(c1, c2, 3, padding=1, bias=False),
+        nn.BatchNorm2d(c2),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(c2 * 16, 10),
+    )
     lin = nn.Sequential(nn.Linear(64, w // 2, bias=False), nn.Linear(w // 2, 64, bias=False))
 
     def mse(o: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -102,17 +113,28 @@ def bench(name: str, wl: dict[str, Any], reps: int, every: int) -> dict[str, Any
 
     step()  # warm up, creates the momentum buffers
     tp = EquilibriumTeleport(
-        model, syms, loss_fn, lr=0.5, batch_size=32, weight_decay=wl["wd"] / 2, optimizer=opt,
+        model,
+        syms,
+        loss_fn,
+        lr=0.5,
+        batch_size=32,
+        weight_decay=wl["wd"] / 2,
+        optimizer=opt,
         **wl["kw"],
-    )  # fmt: skip
+    )
     t_step = _median_time(step, reps)
     t_stats = _median_time(
         lambda: nf.collect_stats(
-            model, syms, loss_fn, x, y, level="solve",
+            model,
+            syms,
+            loss_fn,
+            x,
+            y,
+            level="solve",
             **{k: v for k, v in wl["kw"].items()},
         ),
         reps,
-    )  # fmt: skip
+    )
     with warnings.catch_warnings():
         # Timing only: the BatchNorm workload's teleport is not kept within an eps tolerance.
         warnings.simplefilter("ignore", nf.EpsWarning)

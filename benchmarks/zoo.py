@@ -277,8 +277,10 @@ def main(argv: list[str] | None = None) -> int:
         run(args.reps, args.only)
         if args.large_gpt2:
             secs, k, n = large_gpt2()
-            print(f"GPT-2 12 layers, width 768, 12 heads ({n:,} params): {k} symmetries, "
-                  f"find_symmetries {secs:.1f} s")  # fmt: skip
+            print(
+                f"GPT-2 12 layers, width 768, 12 heads ({n:,} params): {k} symmetries, "
+                f"find_symmetries {secs:.1f} s"
+            )
     return 0
 
 

@@ -184,6 +184,16 @@ MODELS: dict[str, Factory] = {
         depths=[1, 1],
         layer_type="basic",
     ),
+    "regnet": _vision(  # grouped 3×3 convolutions (group width 4) between BatchNorms
+        "RegNetModel",
+        "RegNetConfig",
+        16,
+        embedding_size=8,
+        hidden_sizes=[8, 16],
+        depths=[1, 1],
+        groups_width=4,
+        layer_type="x",
+    ),
     "convnext": _vision(
         "ConvNextModel", "ConvNextConfig", 16, hidden_sizes=[8, 16], depths=[1, 1], num_stages=2
     ),

@@ -118,9 +118,17 @@ def test_charge_sde_is_ornstein_uhlenbeck() -> None:
     r = float(_charge_sde.linear_rate(k, c_star))
     assert fd == pytest.approx(r, rel=1e-8)
     sim = _charge_sde.simulate_charge(
-        k=k, mu=0.0, s=0.05, c_star0=c_star, c0=c_star, t_end=60 / k, n_paths=400, dt_rate=0.01,
-        n_logs=61, seed=1,
-    )  # fmt: skip
+        k=k,
+        mu=0.0,
+        s=0.05,
+        c_star0=c_star,
+        c0=c_star,
+        t_end=60 / k,
+        n_paths=400,
+        dt_rate=0.01,
+        n_logs=61,
+        seed=1,
+    )
     win = sim["t"] >= 10 / k
     mse = np.mean((sim["C"][win] - sim["C_star"][win]) ** 2)
     assert mse == pytest.approx(0.05**2 / (2 * r), rel=0.15)
@@ -168,31 +176,44 @@ def test_phases_helpers() -> None:
 _IDS = {
     "appendix-b3": {
         "holds": {
-            "lemma_b2", "lemma_b3_corrected", "corollary_b4_corrected", "orbit_root_consistent",
-            "lemma_b5_noise_term_corrected", "lemma_b5_bound_corrected", "lemma_b5_drift_lag",
-            "thm_b6_at_rest", "thm_b6_rest_rate", "thm_b6_relative_vanishes",
+            "lemma_b2",
+            "lemma_b3_corrected",
+            "corollary_b4_corrected",
+            "orbit_root_consistent",
+            "lemma_b5_noise_term_corrected",
+            "lemma_b5_bound_corrected",
+            "lemma_b5_drift_lag",
+            "thm_b6_at_rest",
+            "thm_b6_rest_rate",
+            "thm_b6_relative_vanishes",
             "thm_b6_relative_rate",
         },
         "fails": {
-            "lemma_b3_as_printed", "corollary_b4_as_printed", "lemma_b5_noise_term_as_printed",
+            "lemma_b3_as_printed",
+            "corollary_b4_as_printed",
+            "lemma_b5_noise_term_as_printed",
         },
     },
     "phases": {
         "holds": {
-            "t_erm_independent_of_noise", "fast_phase_equilibrates_during_erm",
-            "slow_phase_frozen_until_minimum", "slow_phase_takes_off_at_minimum",
+            "t_erm_independent_of_noise",
+            "fast_phase_equilibrates_during_erm",
+            "slow_phase_frozen_until_minimum",
+            "slow_phase_takes_off_at_minimum",
             "design_separates_timescales",
         },
         "fails": set(),
     },
     "approx-signs": {
         "holds": {
-            "charge_above_minimum_pd", "charge_below_minimum_nd",
-            "mixed_follows_noise_balance_neg", "mixed_follows_noise_balance_pos",
+            "charge_above_minimum_pd",
+            "charge_below_minimum_nd",
+            "mixed_follows_noise_balance_neg",
+            "mixed_follows_noise_balance_pos",
         },
         "fails": set(),
     },
-}  # fmt: skip
+}
 
 
 @pytest.fixture(scope="module")

@@ -523,9 +523,12 @@ def test_overrides_reach_only_configs_that_have_the_field(tmp_path: Path) -> Non
     from noetherflow.experiments import registry, run_experiment
 
     rec = run_experiment(
-        "fig1", registry.target("fig1"), quick=True, out_dir=tmp_path,
+        "fig1",
+        registry.target("fig1"),
+        quick=True,
+        out_dir=tmp_path,
         overrides={"mnist_dir": "/x", "n_steps": 20},
-    )  # fmt: skip
+    )
     assert rec["config"]["n_steps"] == 20 and "mnist_dir" not in rec["config"]
 
 

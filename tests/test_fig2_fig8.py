@@ -152,9 +152,13 @@ def test_fig2_deterministic(tmp_path: Path) -> None:
 
 def test_fig8_deterministic(tmp_path: Path) -> None:
     cfg = dataclasses.replace(
-        fig8.Config.quick(), lrs=(0.04, 0.06), dims=(10,), batch_sizes=(50,), base_steps=200,
+        fig8.Config.quick(),
+        lrs=(0.04, 0.06),
+        dims=(10,),
+        batch_sizes=(50,),
+        base_steps=200,
         n_records=20,
-    )  # fmt: skip
+    )
     a, b, c = (fig8.run(cfg, s, tmp_path) for s in (5, 5, 6))
     assert a["series"].keys() == b["series"].keys()
     for key in a["series"]:

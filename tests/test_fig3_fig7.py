@@ -48,8 +48,15 @@ def test_fig3_quick_metrics_and_claims(fig3_quick: dict) -> None:
     assert data["status"] == "ok", data.get("error")
     cfg = fig3.Config.quick()
     s = data["series"]
-    keys = ["phi_x", "sgd_norm_ratio", "theory_norm_ratio", "gdwd_norm_ratio",
-            "sgd_sharpness", "theory_sharpness", "gdwd_sharpness"]  # fmt: skip
+    keys = [
+        "phi_x",
+        "sgd_norm_ratio",
+        "theory_norm_ratio",
+        "gdwd_norm_ratio",
+        "sgd_sharpness",
+        "theory_sharpness",
+        "gdwd_sharpness",
+    ]
     lengths = {k: len(s[k]) for k in keys}
     assert set(lengths.values()) == {len(cfg.phi_x)} and len(cfg.phi_x) >= 7
     assert min(s["phi_x"]) == pytest.approx(0.2) and max(s["phi_x"]) == pytest.approx(1.8)
@@ -58,11 +65,15 @@ def test_fig3_quick_metrics_and_claims(fig3_quick: dict) -> None:
         assert np.all(np.isfinite(np.asarray(s[k], dtype=float))), k
     claims = {c["id"]: c for c in data["claims"]}
     assert set(claims) == {
-        "sgd_norm_ratio_theory", "balanced_only_isotropic", "gd_wd_balanced",
-        "sharpness_theory", "sgd_norm_ratio_theory_constant_lr",
-        "gap_shrinks_with_lr_constant", "label_noise_sgd_sharper",
+        "sgd_norm_ratio_theory",
+        "balanced_only_isotropic",
+        "gd_wd_balanced",
+        "sharpness_theory",
+        "sgd_norm_ratio_theory_constant_lr",
+        "gap_shrinks_with_lr_constant",
+        "label_noise_sgd_sharper",
         "label_noise_sharpness_theory",
-    }  # fmt: skip
+    }
     assert fig3.PAPER and notes_of(fig3) and fig3.PAPER_ORDER == 3.0
     rows = {r["quantity"]: r for r in fig3.setup(cfg)}
     assert rows["GD + WD γ"]["paper"] == "1e-4" and rows["η"]["paper"] == "0.1"

@@ -156,8 +156,14 @@ def test_fig4_top_eig_closed_form_matches_dense_and_library() -> None:
     got = fig4_rank1.per_sample_top_eig(U, W, x, y)
     np.testing.assert_allclose(got, fig4_rank1.per_sample_hessian_top_eig(U, W, x, y), rtol=1e-11)
     net, _ = fig4_rank1.torch_model(U[0], W[0])
-    est = nf.top_eigenvalue(net, fig4_rank1.loss_fn, torch.as_tensor(x[:1]),
-                            torch.as_tensor(y[:1]), max_iter=2000, tol=1e-14)  # fmt: skip
+    est = nf.top_eigenvalue(
+        net,
+        fig4_rank1.loss_fn,
+        torch.as_tensor(x[:1]),
+        torch.as_tensor(y[:1]),
+        max_iter=2000,
+        tol=1e-14,
+    )
     assert est.value == pytest.approx(got[0, 0], rel=1e-8)
 
 
@@ -179,8 +185,9 @@ def test_fig4_simulator_matches_library_integrators(run_name: str) -> None:
     minibatches, the warmup as a schedule) and train.run_population_gd, float64."""
     from noetherflow.train import LambdaSchedule, run_online_sgd, run_population_gd
 
-    cfg = dataclasses.replace(fig4.Config.quick(), n_steps=60, warmup_steps=25, n_seeds=1,
-                              log_every=10)  # fmt: skip
+    cfg = dataclasses.replace(
+        fig4.Config.quick(), n_steps=60, warmup_steps=25, n_seeds=1, log_every=10
+    )
     sim = fig4._simulate(cfg, 2)
     i = fig4._RUNS.index(run_name)
     Uk, Wk = fig4._inits(cfg, 2, "kaiming")
@@ -197,10 +204,13 @@ def test_fig4_simulator_matches_library_integrators(run_name: str) -> None:
     else:
         ratio = cfg.lr_max / cfg.lr_small if run_name == "sgd_kaiming_warmup" else 1.0
         res = run_online_sgd(
-            net, fig4_rank1.loss_fn, lambda k: (torch.as_tensor(x[k]), torch.as_tensor(y[k])),
-            lr=cfg.lr_small, steps=cfg.n_steps,
+            net,
+            fig4_rank1.loss_fn,
+            lambda k: (torch.as_tensor(x[k]), torch.as_tensor(y[k])),
+            lr=cfg.lr_small,
+            steps=cfg.n_steps,
             schedule=LambdaSchedule(lambda k: 1.0 if k < cfg.warmup_steps else ratio),
-        )  # fmt: skip
+        )
         np.testing.assert_allclose(res.history["loss"][:-1], sim["step_loss"][i], rtol=1e-11)
     assert not res.diverged
     np.testing.assert_allclose(res.final_state["1.weight"].numpy(), sim["U"][i], rtol=1e-11)
@@ -275,12 +285,16 @@ def test_fig5_simulator_matches_run_online_sgd() -> None:
                 lin.weight.copy_(torch.as_tensor(w[run]))
         net = nn.Sequential(*layers)
         res = run_online_sgd(
-            net, lambda o, t: ((o - t) ** 2).sum(1).mean(),
-            lambda k: (x[idx[k]], y[idx[k]]), lr=lr, steps=cfg.n_steps,
-        )  # fmt: skip
+            net,
+            lambda o, t: ((o - t) ** 2).sum(1).mean(),
+            lambda k: (x[idx[k]], y[idx[k]]),
+            lr=lr,
+            steps=cfg.n_steps,
+        )
         for i, lin in enumerate(layers):
-            np.testing.assert_allclose(lin.weight.detach().numpy(), final[i][run], rtol=1e-10,
-                                       atol=1e-13)  # fmt: skip
+            np.testing.assert_allclose(
+                lin.weight.detach().numpy(), final[i][run], rtol=1e-10, atol=1e-13
+            )
         assert not res.diverged
     assert norms.shape == (2, cfg.n_steps // cfg.log_every + 1, cfg.depth)
     assert fig5.library_charge_check(final) < 1e-12

@@ -302,9 +302,15 @@ def test_teleporting_optimizer_takes_a_dict_batch() -> None:
     syms = nf.find_symmetries(model, b)
     before = model(**b).logits.detach()
     tp = nf.EquilibriumTeleport(
-        model, syms, hf_loss, lr=0.1, batch_size=N, weight_decay=1e-3, estimator="reference",
+        model,
+        syms,
+        hf_loss,
+        lr=0.1,
+        batch_size=N,
+        weight_decay=1e-3,
+        estimator="reference",
         solver_kwargs={"max_sweeps": 3},
-    )  # fmt: skip
+    )
     opt = tp.wrap(torch.optim.SGD(model.parameters(), lr=0.0))
     model.zero_grad()
     opt.step(batch=b)

@@ -13,7 +13,10 @@ from pathlib import Path
 
 import noetherflow.theory.ziyin2024 as th
 
-PACKAGE = Path(__file__).resolve().parents[1] / "src" / "noetherflow"
+REPO = Path(__file__).resolve().parents[1]
+PACKAGE = REPO / "src" / "noetherflow"
+# The rest of the project's Python is formatted normally too (aligned tables are not a reason).
+OTHER_CODE = ("tests", "benchmarks", "examples", "docs")
 MAX_LINES = 700
 
 
@@ -40,6 +43,10 @@ def formatter_escapes(root: Path) -> dict[str, list[int]]:
 
 def test_no_formatter_escapes_in_the_package(tmp_path: Path) -> None:
     assert formatter_escapes(PACKAGE) == {}, "format normally; split a module by meaning"
+    for folder in OTHER_CODE:
+        found = formatter_escapes(REPO / folder)
+        found.pop("test_layout.py", None)  # this file names the markers it looks for
+        assert found == {}, f"{folder}/: format normally instead of {found}"
     (tmp_path / "m.py").write_text("x = [1,2]  # fmt: skip\n# fmt: off\ny = 1\n")
     assert formatter_escapes(tmp_path) == {"m.py": [1, 2]}
 

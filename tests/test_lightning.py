@@ -143,9 +143,15 @@ def pl_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
 
 def trainer(tmp_path: Path, cb, **kw) -> L.Trainer:
     return L.Trainer(
-        max_epochs=2, callbacks=[cb], enable_checkpointing=False, accelerator="cpu", devices=1,
-        enable_progress_bar=False, enable_model_summary=False, **kw,
-    )  # fmt: skip
+        max_epochs=2,
+        callbacks=[cb],
+        enable_checkpointing=False,
+        accelerator="cpu",
+        devices=1,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        **kw,
+    )
 
 
 def test_reads_lr_gamma_and_batch_size_from_the_trainer_and_logs_flat_scalars(
@@ -285,8 +291,13 @@ def test_dict_batches_in_both_callbacks(tmp_path: Path) -> None:
         batch["y"],
         estimator="reference",
     )
-    want = nf.noether_flow(nf.SymmetrySet([nf.Rescaling(ref.fc1, ref.fc2)]), stats,
-                           lr=0.05, batch_size=16, weight_decay=0.005)  # fmt: skip
+    want = nf.noether_flow(
+        nf.SymmetrySet([nf.Rescaling(ref.fc1, ref.fc2)]),
+        stats,
+        lr=0.05,
+        batch_size=16,
+        weight_decay=0.005,
+    )
     got = cb.monitor.history["flow/fc1_to_fc2"][0]
     assert np.allclose(got, next(iter(want.values())).numpy(), rtol=1e-5, atol=1e-12)
 

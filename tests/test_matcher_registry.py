@@ -28,9 +28,10 @@ def registered() -> Iterator[None]:
 
 def test_builtin_matchers_are_registered_in_order() -> None:
     names = [m.name for m in patterns.registered_matchers()]
-    assert names[:8] == [
+    assert names[:9] == [
         "scale-explicit",
         "attention-mha",
+        "embedding-projection",
         "affine-rescaling",
         "rescaling",
         "rotation",
@@ -39,7 +40,8 @@ def test_builtin_matchers_are_registered_in_order() -> None:
         "attention-contractions",
     ]
     assert [m.name for m in patterns.matchers_at("graph")] == ["attention-contractions"]
-    assert [m.name for m in patterns.matchers_at("module")] == ["attention-mha"]
+    module = [m.name for m in patterns.matchers_at("module")]
+    assert module == ["attention-mha", "embedding-projection"]
 
 
 def test_a_user_matcher_comes_after_the_builtins(registered: None) -> None:

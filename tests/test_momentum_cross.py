@@ -58,10 +58,17 @@ def test_cross_coefficient_gives_the_exact_stationary_charge(
     got = (eff2 * g + nm.c_cross * h) / nm.kappa
     torch.testing.assert_close(got, want, rtol=1e-12, atol=0)
     assert nm.c_cross < 0
-    assert nm.c_cross == momentum_noise(
-        lr=eta, batch_size=8, weight_decay=gam, momentum=beta, nesterov=nesterov,
-        dampening=dampening,
-    ).c_cross  # fmt: skip
+    assert (
+        nm.c_cross
+        == momentum_noise(
+            lr=eta,
+            batch_size=8,
+            weight_decay=gam,
+            momentum=beta,
+            nesterov=nesterov,
+            dampening=dampening,
+        ).c_cross
+    )
 
 
 def test_no_cross_term_without_momentum_or_in_continuous_time() -> None:

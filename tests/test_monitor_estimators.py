@@ -152,9 +152,15 @@ def test_teleporter_estimator_is_checked_when_built() -> None:
     with pytest.raises(ValueError, match=r"EquilibriumTeleport: estimator='exact'.*'microbatch'"):
         nf.EquilibriumTeleport(m, syms, F.cross_entropy, lr=0.1, batch_size=16, estimator="exact")
     tp = nf.EquilibriumTeleport(
-        m, syms, F.cross_entropy, lr=0.1, batch_size=16, weight_decay=5e-4,
-        estimator="microbatch", micro_batch_size=4,
-    )  # fmt: skip
+        m,
+        syms,
+        F.cross_entropy,
+        lr=0.1,
+        batch_size=16,
+        weight_decay=5e-4,
+        estimator="microbatch",
+        micro_batch_size=4,
+    )
     running = m[1].running_var.clone()
     with pytest.warns(nf.EpsWarning):  # no eps tolerance given
         sol = tp.teleport(x, y)

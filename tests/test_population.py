@@ -53,9 +53,14 @@ def test_online_sgd_matches_hand_loop_every_step() -> None:
         return xs[k], ys[k]
 
     res = run_online_sgd(
-        model, _mse, sample, lr=eta, steps=30, weight_decay=gamma,
+        model,
+        _mse,
+        sample,
+        lr=eta,
+        steps=30,
+        weight_decay=gamma,
         callback=lambda k, m: traj.append(_flat(m)) or None,
-    )  # fmt: skip
+    )
     assert calls == list(range(30))
     assert not res.diverged and res.steps_completed == 30
     assert res.final_time == pytest.approx(30 * eta, rel=1e-15)
@@ -82,8 +87,18 @@ def test_online_sgd_replaying_minibatches_equals_run_sgd() -> None:
     Y = torch.randn(20, 2, generator=g, dtype=torch.float64)
     a, b = _net(2), _net(2)
     sched = StepDecay([10], gamma=0.5)
-    ra = run_sgd(a, _mse, X, Y, lr=0.04, batch_size=5, steps=25, weight_decay=0.02,
-                 schedule=sched, generator=torch.Generator().manual_seed(9))  # fmt: skip
+    ra = run_sgd(
+        a,
+        _mse,
+        X,
+        Y,
+        lr=0.04,
+        batch_size=5,
+        steps=25,
+        weight_decay=0.02,
+        schedule=sched,
+        generator=torch.Generator().manual_seed(9),
+    )
     replay = torch.Generator().manual_seed(9)
 
     def sample(k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -116,9 +131,13 @@ def test_online_sgd_records_divergence_and_callback_keys() -> None:
     xs, ys = _stream(2, 2)
     model = _net()
     res = run_online_sgd(
-        model, _mse, lambda k: (xs[k % 40] * 30.0, ys[k % 40]), lr=5.0, steps=40,
+        model,
+        _mse,
+        lambda k: (xs[k % 40] * 30.0, ys[k % 40]),
+        lr=5.0,
+        steps=40,
         callback=lambda k, m: {"norm": float(_flat(m).norm())},
-    )  # fmt: skip
+    )
     assert res.diverged and res.diverged_at_step is not None and res.diverged_at_step < 40
     assert res.last_finite_loss is not None and math.isfinite(res.last_finite_loss)
     assert res.steps_completed == res.diverged_at_step
@@ -140,5 +159,4 @@ def test_online_sgd_rejects_bad_arguments(kwargs: dict[str, float], match: str) 
 def test_online_sgd_rejects_non_scalar_loss() -> None:
     xs, ys = _stream(0, 2)
     with pytest.raises(ValueError, match="0-dim"):
-        run_online_sgd(_net(), lambda o, y: (o - y) ** 2, lambda k: (xs[k], ys[k]), lr=0.1,
-                       steps=1)  # fmt: skip
+        run_online_sgd(_net(), lambda o, y: (o - y) ** 2, lambda k: (xs[k], ys[k]), lr=0.1, steps=1)

@@ -83,8 +83,16 @@ def test_prop51_loop_is_run_sgd() -> None:
         model[1].weight.copy_(torch.as_tensor(u0)[None, :])
     X = torch.as_tensor(x)[:, None]
     Y = torch.as_tensor(y)[:, None]
-    run_sgd(model, nn.MSELoss(), X, Y, lr=cfg.lr, batch_size=cfg.batch_size, steps=steps,
-            generator=torch.Generator().manual_seed(11))  # fmt: skip
+    run_sgd(
+        model,
+        nn.MSELoss(),
+        X,
+        Y,
+        lr=cfg.lr,
+        batch_size=cfg.batch_size,
+        steps=steps,
+        generator=torch.Generator().manual_seed(11),
+    )
     np.testing.assert_allclose(ours["w"][-1], model[0].weight.detach().numpy()[:, 0], rtol=1e-12)
     np.testing.assert_allclose(ours["u"][-1], model[1].weight.detach().numpy()[0], rtol=1e-12)
 

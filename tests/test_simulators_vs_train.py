@@ -43,9 +43,19 @@ def test_fig2_train_two_layer_equals_run_sgd() -> None:
     sx = torch.linspace(0.5, 1.5, n, dtype=DT)
     se = torch.tensor([[0.3, 1.0, 2.0, 0.7]], dtype=DT)
     sim = _two_layer.train_two_layer(
-        U0[None], W0[None], sx, se, lr=0.05, batch_size=S, steps=steps, record_every=1,
-        seed=seed, lr_final=0.01, decay_frac=0.5, chunk=steps,
-    )  # fmt: skip
+        U0[None],
+        W0[None],
+        sx,
+        se,
+        lr=0.05,
+        batch_size=S,
+        steps=steps,
+        record_every=1,
+        seed=seed,
+        lr_final=0.01,
+        decay_frac=0.5,
+        chunk=steps,
+    )
     # the simulator's stream: one chunk of inputs, then one of label noise
     gen = torch.Generator().manual_seed(seed)
     xs = torch.randn((steps, 1, S, n), generator=gen, dtype=DT) * sx.sqrt()
@@ -55,10 +65,17 @@ def test_fig2_train_two_layer_equals_run_sgd() -> None:
     seen, callback = _weights_after_each_step(model, ["1.weight", "0.weight"])
     X_eval = torch.randn(8, n, dtype=DT)
     run_sgd(
-        model, _two_layer.summed_sq_loss, X_eval, X_eval, lr=0.05, batch_size=S, steps=steps,
+        model,
+        _two_layer.summed_sq_loss,
+        X_eval,
+        X_eval,
+        lr=0.05,
+        batch_size=S,
+        steps=steps,
         schedule=GeometricDecay(steps, decay_frac=0.5, final_lr=0.01),
-        sampler=_replay(batches), callback=callback,
-    )  # fmt: skip
+        sampler=_replay(batches),
+        callback=callback,
+    )
     rel = [float(_two_layer.rel_balance_error(U[None], W[None], sx, se)[0]) for U, W in seen]
     np.testing.assert_allclose(sim.rel_err[0], rel, rtol=1e-11, atol=0)
     torch.testing.assert_close(sim.U[0], seen[-1][0], rtol=0, atol=1e-12)
@@ -91,11 +108,16 @@ def test_thm54_train_deep_linear_equals_run_sgd() -> None:
             layer.weight.copy_(w[0])
     model = nn.Sequential(*layers)
     run_sgd(
-        model, _two_layer.summed_sq_loss, xs[0, 0], ys[0, 0], lr=cfg.lr, batch_size=S,
+        model,
+        _two_layer.summed_sq_loss,
+        xs[0, 0],
+        ys[0, 0],
+        lr=cfg.lr,
+        batch_size=S,
         steps=cfg.steps,
         schedule=GeometricDecay(cfg.steps, decay_frac=cfg.decay_frac, final_lr=cfg.lr_final),
         sampler=_replay([(xs[t, 0], ys[t, 0]) for t in range(cfg.steps)]),
-    )  # fmt: skip
+    )
     for layer, w in zip(layers, sim["weights"], strict=True):
         torch.testing.assert_close(layer.weight.detach(), w[0], rtol=0, atol=1e-12)
 
@@ -126,10 +148,16 @@ def test_nonlinear_train_equals_run_sgd(act: str, monkeypatch: pytest.MonkeyPatc
         second.weight.copy_(U0)
     model = nn.Sequential(first, _Act(act), second)
     run_sgd(
-        model, _two_layer.summed_sq_loss, xs[0], ys[0], lr=0.05, batch_size=S, steps=steps,
+        model,
+        _two_layer.summed_sq_loss,
+        xs[0],
+        ys[0],
+        lr=0.05,
+        batch_size=S,
+        steps=steps,
         schedule=GeometricDecay(steps, decay_frac=0.5, final_lr=0.01),
         sampler=_replay([(xs[t], ys[t]) for t in range(steps)]),
-    )  # fmt: skip
+    )
     torch.testing.assert_close(second.weight.detach(), sim.U[0], rtol=0, atol=1e-12)
     torch.testing.assert_close(first.weight.detach(), sim.W[0], rtol=0, atol=1e-12)
 
@@ -158,9 +186,16 @@ def test_nonlinear_seeds_train_as_separate_runs(monkeypatch: pytest.MonkeyPatch)
 @pytest.mark.parametrize("variant", ["annealed", "label_noise"])
 def test_fig3_train_equals_run_sgd(variant: str) -> None:
     cfg = dataclasses.replace(
-        fig3.Config.quick(), phi_x=(0.4,), dim=4, hidden=6, steps=30, n_records=30,
-        dtype="float64", weight_decay=0.01, n_seeds=1,
-    )  # fmt: skip
+        fig3.Config.quick(),
+        phi_x=(0.4,),
+        dim=4,
+        hidden=6,
+        steps=30,
+        n_records=30,
+        dtype="float64",
+        weight_decay=0.01,
+        n_seeds=1,
+    )
     seed = 3
     sim = fig3._train(cfg, seed, "sgd_wd", variant)
     U0, W0 = fig3.reduced_init(cfg, fig3.init_seed(seed, 0))
@@ -177,11 +212,18 @@ def test_fig3_train_equals_run_sgd(variant: str) -> None:
     model, _ = _two_layer.two_layer_module(U0, W0)
     seen, callback = _weights_after_each_step(model, ["1.weight", "0.weight"])
     run_sgd(
-        model, _two_layer.summed_sq_loss, batches[0][0], batches[0][1], lr=cfg.lr,
-        batch_size=cfg.batch_size, steps=cfg.steps, weight_decay=cfg.weight_decay,
+        model,
+        _two_layer.summed_sq_loss,
+        batches[0][0],
+        batches[0][1],
+        lr=cfg.lr,
+        batch_size=cfg.batch_size,
+        steps=cfg.steps,
+        weight_decay=cfg.weight_decay,
         schedule=GeometricDecay(cfg.steps, decay_frac=cfg.decay_frac, final_lr=cfg.lr_final),
-        sampler=_replay(batches), callback=callback,
-    )  # fmt: skip
+        sampler=_replay(batches),
+        callback=callback,
+    )
     u2 = np.array([float((U * U).sum()) for U, _ in seen])
     w2 = np.array([float((W * W).sum()) for _, W in seen])
     np.testing.assert_allclose(sim["u2"][0], u2, rtol=1e-11)

@@ -176,7 +176,8 @@ def test_the_accelerated_solve_lands_at_zero_flow() -> None:
         assert float(after[k].norm() / before[k].norm()) < 1e-8, k
 
 
-def test_a_tiny_gpt2_solves_as_the_reference() -> None:
+def _tiny_gpt2() -> tuple[nn.Module, nf.SymmetrySet, nf.GradStats, dict[str, Any]]:
+    """A 1-layer GPT-2 of width 16 with 4 heads, its symmetries found, "solve" statistics."""
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
     cfg = transformers.GPT2Config(
@@ -212,9 +213,14 @@ def test_a_tiny_gpt2_solves_as_the_reference() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         syms = nf.find_symmetries(model, x[:2])
-    assert sum(s.family.value == "rotation" for s in syms) >= 8  # Q/K and V/O per head
     st = nf.collect_stats(model, syms, loss, x, y, level="solve")
     kw: dict[str, Any] = {"lr": 0.01, "batch_size": 6, "weight_decay": 0.01}
+    return model, syms, st, kw
+
+
+def test_a_tiny_gpt2_solves_as_the_reference() -> None:
+    _, syms, st, kw = _tiny_gpt2()
+    assert sum(s.family.value == "rotation" for s in syms) >= 8  # Q/K and V/O per head
     with sweep_options(accelerate=False):
         batched = nf.solve_equilibrium(syms, st, **kw)
     with sequential_sweeps():
@@ -223,3 +229,163 @@ def test_a_tiny_gpt2_solves_as_the_reference() -> None:
     fast = nf.solve_equilibrium(syms, st, **kw)
     assert fast.iterations <= ref.iterations
     _same_equilibrium(fast, ref, 1e-8)
+
+
+def _heads() -> tuple[list[nf.DoubleRotation], list[nn.Parameter]]:
+    """Rotations as on a fused projection: 3 heads of 4 tiling a [7, 24] weight's columns
+    (the W sides) and its [24] bias, their U sides rows of a [12, 5] weight, one more rotation
+    on columns out of order (not a tiling), all pairwise disjoint."""
+    g = torch.Generator().manual_seed(3)
+    a = nn.Parameter(torch.randn(7, 24, generator=g, dtype=DT))
+    bias = nn.Parameter(torch.randn(24, generator=g, dtype=DT))
+    u = nn.Parameter(torch.randn(12, 5, generator=g, dtype=DT))
+    rots = [
+        nf.DoubleRotation.from_blocks(
+            [Block(a, 1, 4 * h, 4 * h + 4), Block(bias, 0, 4 * h, 4 * h + 4)],
+            [Block(u, 0, 4 * h, 4 * h + 4)],
+        )
+        for h in range(3)
+    ]
+    rots.append(nf.DoubleRotation.from_blocks([Block(a, 1, 20, 24)], [Block(a, 1, 12, 16)]))
+    return rots, [a, bias, u]
+
+
+def _grads(params: list[nn.Parameter], n: int, transposed: bool) -> dict[nn.Parameter, Tensor]:
+    g = torch.Generator().manual_seed(4)
+    out = {}
+    for p in params:
+        t = torch.randn(n, *p.shape, generator=g, dtype=DT)
+        if transposed and p.dim() == 2:  # a strided layout, as hooks give for Conv1D
+            t = torch.randn(n, *p.shape[::-1], generator=g, dtype=DT).transpose(1, 2)
+        out[p] = t
+    return out
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+def test_batched_moves_equal_one_at_a_time(transposed: bool) -> None:
+    from noetherflow.kernels import kernel_for
+
+    rots, params = _heads()
+    k = kernel_for(rots[0])
+    gen = torch.Generator().manual_seed(5)
+    moves = [(s, s.random_element(0.5, gen)) for s in rots]
+    for n in (3, 0):  # per-sample tensors, then single ones (the parameters' values)
+        ref = _grads(params, max(n, 1), transposed)
+        if n == 0:
+            ref = {p: t[0].clone() for p, t in ref.items()}
+        new = {p: t.clone() for p, t in ref.items()}
+        for s, e in moves:
+            (s.transport_grads_ if n else s.act_)(e, ref)
+        (k.transport_disjoint_ if n else k.act_disjoint_)(moves, new)
+        for p in params:
+            assert torch.allclose(new[p], ref[p], rtol=1e-14, atol=1e-14)
+    # a parameter left out of the mapping is left out of the moves
+    some = {params[0]: _grads(params, 2, transposed)[params[0]]}
+    k.transport_disjoint_(moves, some)
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+def test_batched_moments_equal_the_side_moments(transposed: bool) -> None:
+    from noetherflow.kernels import kernel_for
+    from noetherflow.kernels.rotation import side_moment
+    from noetherflow.stats.source import SampleSource
+
+    rots, params = _heads()
+    src = SampleSource(_grads(params, 5, transposed), reduced=True)
+    got = kernel_for(rots[0]).collect(rots, src, nf.Level.SOLVE).side
+    for s in rots:
+        for new, blocks in zip(got[s], (s.w_blocks, s.u_blocks), strict=True):
+            ref = side_moment(blocks, src)
+            assert torch.allclose(new, ref, rtol=1e-14, atol=1e-14)
+    # a subset (a refresh of the stale members only), overlapping slices included
+    sub = [rots[3], rots[1]]
+    got = kernel_for(rots[0]).collect(sub, src, nf.Level.SOLVE).side
+    for s in sub:
+        assert torch.allclose(got[s][0], side_moment(s.w_blocks, src), rtol=1e-14, atol=1e-14)
+
+
+def test_batched_xy_equals_the_single_assembly() -> None:
+    from noetherflow.kernels import kernel_for
+    from noetherflow.kernels.base import stats_from_samples
+    from noetherflow.kernels.rotation_batch import batched_xy
+
+    rots, params = _heads()
+    st = stats_from_samples(_grads(params, 5, True), nf.SymmetrySet(rots), estimator="reference")
+    values = {p: p.detach().clone() for p in params}
+    k = kernel_for(rots[0])
+    for nm in (
+        nf.NoiseModel.create(lr=0.1, batch_size=4, weight_decay=1e-2),
+        nf.NoiseModel.create(lr=0.1, batch_size=4, weight_decay=1e-2, time="continuous"),
+    ):
+        got = batched_xy(rots, values, st, nm)
+        assert set(got) == set(rots)
+        for s in rots:
+            for a, b in zip(got[s], k.xy(s, values, st, nm), strict=True):
+                assert torch.allclose(a, b, rtol=1e-13, atol=1e-13)
+    # per-parameter γ (the heads: their bias has none), or a momentum cross term: left to
+    # the single assembly; the last rotation, on one parameter, has one γ
+    decay = {params[0]: 1e-2, params[1]: 0.0, params[2]: 1e-2}
+    mixed = nf.NoiseModel.create(lr=0.1, batch_size=4, weight_decay=decay)
+    got = batched_xy(rots, values, st, mixed)
+    assert set(got) == {rots[3]}
+    for a, b in zip(got[rots[3]], k.xy(rots[3], values, st, mixed), strict=True):
+        assert torch.allclose(a, b, rtol=1e-13, atol=1e-13)
+    st.displacement = {p: torch.ones_like(p) for p in params}
+    heavy = nf.NoiseModel.create(
+        lr=0.1, batch_size=4, weight_decay=1e-2, momentum=0.9, time="discrete"
+    )
+    assert heavy.c_cross != 0
+    assert not batched_xy(rots, values, st, heavy)
+
+
+def test_moved_moments_equal_the_moments_of_moved_samples() -> None:
+    """θ → Gθ moves the gradients covariantly (F_W → GᵀF_W, F_U → G⁻¹F_U), so the moments
+    move by congruence: GᵀM_WG and G⁻¹M_UG⁻ᵀ equal the moments of the transported samples."""
+    from noetherflow.kernels import kernel_for
+    from noetherflow.kernels.base import stats_from_samples
+    from noetherflow.stats.source import SampleSource
+
+    rots, params = _heads()
+    k = kernel_for(rots[0])
+    samples = _grads(params, 5, False)
+    st = stats_from_samples(samples, nf.SymmetrySet(rots), estimator="reference")
+    cache: dict[Any, Any] = {}
+    moves = [(s, s.random_element(0.7, torch.Generator().manual_seed(6))) for s in rots[:3]]
+    assert not k.move_stats_(moves, st, cache)  # nothing cached yet: rebuilt instead
+    k.refresh_(rots, samples, st, {}, cache)
+    assert k.move_stats_(moves, st, cache)
+    k.transport_disjoint_(moves, samples)
+    want = k.collect(rots, SampleSource(samples), nf.Level.SOLVE).side
+    for s in rots:
+        for a, b in zip(st.blocks["rotation"].side[s], want[s], strict=True):
+            assert torch.allclose(a, b, rtol=1e-12, atol=1e-13)
+
+
+def _mlp() -> tuple[nn.Module, nf.SymmetrySet, Tensor, Tensor]:
+    torch.manual_seed(2)
+    m = nn.Sequential(nn.Linear(5, 8), nn.ReLU(), nn.Linear(8, 6), nn.ReLU(), nn.Linear(6, 3))
+    m = m.double()
+    syms = nf.SymmetrySet([nf.Rescaling(m[0], m[2]), nf.Rescaling(m[2], m[4])])
+    return m, syms, torch.randn(40, 5, dtype=DT), torch.randn(40, 3, dtype=DT)
+
+
+@pytest.mark.parametrize("case", ["mlp", "chain", "gpt2"])
+def test_closed_form_statistics_take_the_reference_steps(case: str) -> None:
+    """The sweeps with the statistics moved in closed form (the default) take the same steps
+    as with every changed statistic rebuilt from transported samples (the previous path):
+    same elements, same distances, float64, to 1e-11."""
+    if case == "gpt2":
+        _, syms, st, kw = _tiny_gpt2()
+    else:
+        m, syms, x, y = _mlp() if case == "mlp" else _model(heads=4)
+        st, kw = _stats(m, syms, x, y), KW
+    runs = []
+    for fast in (True, False):
+        with sweep_options(covariant=fast):
+            runs.append(nf.solve_equilibrium(syms, st, **kw))
+        with sweep_options(covariant=fast, accelerate=False):
+            runs.append(nf.solve_equilibrium(syms, st, **kw))
+    for new, ref in ((runs[0], runs[2]), (runs[1], runs[3])):
+        _close(new, ref, 1e-11)
+        for name, d in new.distance.items():
+            assert torch.allclose(d, ref.distance[name], rtol=1e-11, atol=1e-12), name

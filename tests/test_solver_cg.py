@@ -165,9 +165,13 @@ def test_hessian_operator_one_generator_on_both_axes() -> None:
             [(0, 4, 1, 1.0)],
             [(0, 4, 1, -1.0)],
         ),
-        _Grid(torch.rand(4, 1, generator=g, dtype=DT), torch.rand(4, 1, generator=g, dtype=DT),
-              [(0, 4, 1, 1.0)], []),
-    ]  # fmt: skip
+        _Grid(
+            torch.rand(4, 1, generator=g, dtype=DT),
+            torch.rand(4, 1, generator=g, dtype=DT),
+            [(0, 4, 1, 1.0)],
+            [],
+        ),
+    ]
     prob = _DiagProblem(4, {s: 0}, grids)
     lam = torch.randn(4, generator=g, dtype=DT)
     terms = prob.terms(lam)
@@ -206,10 +210,15 @@ def test_solve_equilibrium_cg_matches_dense_conv_bn(seed: int) -> None:
     BatchNorm affines and the convolutions, as find_symmetries detects them."""
     torch.manual_seed(seed)
     m = nn.Sequential(
-        nn.Conv2d(3, 6, 3, padding=1), nn.BatchNorm2d(6), nn.ReLU(),
-        nn.Conv2d(6, 5, 3, padding=1), nn.BatchNorm2d(5), nn.ReLU(),
-        nn.Flatten(), nn.Linear(5 * 4 * 4, 3),
-    ).double()  # fmt: skip
+        nn.Conv2d(3, 6, 3, padding=1),
+        nn.BatchNorm2d(6),
+        nn.ReLU(),
+        nn.Conv2d(6, 5, 3, padding=1),
+        nn.BatchNorm2d(5),
+        nn.ReLU(),
+        nn.Flatten(),
+        nn.Linear(5 * 4 * 4, 3),
+    ).double()
     with torch.no_grad():  # non-trivial running statistics
         for mod in m.modules():
             if isinstance(mod, nn.BatchNorm2d):
@@ -242,9 +251,12 @@ def test_solve_equilibrium_cg_matches_dense_with_scale_at_infinity() -> None:
     the rescaling of the layers after it."""
     torch.manual_seed(0)
     m = nn.Sequential(
-        nn.Linear(4, 6), nn.LayerNorm(6, elementwise_affine=False), nn.Linear(6, 5), nn.ReLU(),
+        nn.Linear(4, 6),
+        nn.LayerNorm(6, elementwise_affine=False),
+        nn.Linear(6, 5),
+        nn.ReLU(),
         nn.Linear(5, 3),
-    ).double()  # fmt: skip
+    ).double()
     x, y = torch.randn(16, 4, dtype=DT), torch.randn(16, 3, dtype=DT)
     syms = nf.find_symmetries(m, x)
     assert {s.family.value for s in syms} >= {"scale", "rescaling"}

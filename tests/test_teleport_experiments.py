@@ -107,9 +107,14 @@ def test_digits_robust_facts(quick: Any) -> None:
 def _tiny(mod: Any) -> Any:
     if mod is teleport_fig4:
         return teleport_fig4.Config(
-            n_steps=120, warmup_steps=60, n_seeds=2, stats_batch=256, hessian_samples=16,
-            orbit_grid=3, log_every=20,
-        )  # fmt: skip
+            n_steps=120,
+            warmup_steps=60,
+            n_seeds=2,
+            stats_batch=256,
+            hessian_samples=16,
+            orbit_grid=3,
+            log_every=20,
+        )
     base = mod.Config.quick()
     kw: dict[str, Any] = {"n_steps": 20, "warmup_steps": 5, "teleport_every": 10, "lrs": (0.5,)}
     kw.update(n_seeds=2, eval_every=10)
@@ -155,9 +160,13 @@ def test_fig4_training_loop_matches_run_online_sgd() -> None:
     net, _ = _rank1.torch_model(Uk[0], Wk[0])
     ratio = cfg.lr_max / cfg.lr_small
     res = run_online_sgd(
-        net, _rank1.loss_fn, lambda k: (xs[k], ys[k]), lr=cfg.lr_small, steps=cfg.n_steps,
+        net,
+        _rank1.loss_fn,
+        lambda k: (xs[k], ys[k]),
+        lr=cfg.lr_small,
+        steps=cfg.n_steps,
         schedule=LambdaSchedule(lambda k: 1.0 if k < cfg.warmup_steps else ratio),
-    )  # fmt: skip
+    )
     warm = teleport_fig4._RUNS.index("warmup")
     got = res.history["loss"][: res.steps_completed]  # η_max may diverge after the switch
     assert len(got) > cfg.warmup_steps

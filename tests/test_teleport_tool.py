@@ -233,9 +233,15 @@ def test_batchnorm_model_microbatch_estimator() -> None:
     before = m(x).detach()
     bn.running_mean.copy_(running)
     tp = EquilibriumTeleport(
-        m, syms, F.cross_entropy, lr=0.1, batch_size=8, weight_decay=5e-4,
-        estimator="microbatch", micro_batch_size=4,
-    )  # fmt: skip
+        m,
+        syms,
+        F.cross_entropy,
+        lr=0.1,
+        batch_size=8,
+        weight_decay=5e-4,
+        estimator="microbatch",
+        micro_batch_size=4,
+    )
     with pytest.warns(nf.EpsWarning):  # no eps tolerance: the function changes through eps
         sol = tp.teleport(x, y)
     assert not sol.at_infinity  # weight decay: finite equilibrium norm

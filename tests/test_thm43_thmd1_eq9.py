@@ -93,8 +93,9 @@ def test_scale_invariance_without_decay_is_at_infinity() -> None:
     prob = _problem("scale")
     nz = _orbit.noise_coefficients("continuous", 0.05, 8, 0.0)
     assert _orbit.oracle_root(prob, _orbit.theta0(prob), nz) == math.inf
-    lam, _ = _orbit.library_solve(prob, _orbit.library_stats(prob, gd=False), "continuous",
-                                  0.05, 8, 0.0)  # fmt: skip
+    lam, _ = _orbit.library_solve(
+        prob, _orbit.library_stats(prob, gd=False), "continuous", 0.05, 8, 0.0
+    )
     assert lam == math.inf
 
 
@@ -138,8 +139,10 @@ def test_negative_gamma_criterion_on_a_hand_made_two_rate_flow() -> None:
 def quick_records(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("thm")
     recs = {}
-    for exp_id, target in (("thm43", "noetherflow.experiments.thm43"),
-                           ("thm-d1", "noetherflow.experiments.thm_d1")):  # fmt: skip
+    for exp_id, target in (
+        ("thm43", "noetherflow.experiments.thm43"),
+        ("thm-d1", "noetherflow.experiments.thm_d1"),
+    ):
         recs[exp_id] = run_experiment(exp_id, target, quick=True, seed=0, out_dir=out)
     return recs
 
@@ -149,9 +152,13 @@ def test_thm43_quick_every_claim_holds(quick_records: dict[str, Any]) -> None:
     assert rec["status"] == "ok", rec["error"]
     claims = {c["id"]: c for c in rec["claims"]}
     assert set(claims) == {
-        "flow_decreasing", "charge_increasing", "unique_zero", "library_vs_oracle",
-        "solver_agrees", "lambda_star_differentiable",
-    }  # fmt: skip
+        "flow_decreasing",
+        "charge_increasing",
+        "unique_zero",
+        "library_vs_oracle",
+        "solver_agrees",
+        "lambda_star_differentiable",
+    }
     # exact statements in float64: the margins are orders of magnitude
     assert all(c["holds"] for c in claims.values()), claims
     assert claims["library_vs_oracle"]["value"] < 1e-11
@@ -175,8 +182,9 @@ def test_thmd1_quick(quick_records: dict[str, Any]) -> None:
 
 
 def test_eq9_tiny_run_library_equals_theory() -> None:
-    cfg = dataclasses.replace(eq9.Config.quick(), burn_in=40, window=60, n_seeds=1,
-                              weight_decays=(0.1,))  # fmt: skip
+    cfg = dataclasses.replace(
+        eq9.Config.quick(), burn_in=40, window=60, n_seeds=1, weight_decays=(0.1,)
+    )
     r = eq9.run_one((0.1, 0), cfg)
     assert not r["diverged"]
     assert r["theory_vs_solver"] < 1e-9  # theory.scale_invariant_equilibrium_norm_sq
@@ -185,15 +193,20 @@ def test_eq9_tiny_run_library_equals_theory() -> None:
 
 
 def test_eq9_claims_on_a_short_run(tmp_path: Path) -> None:
-    cfg = dataclasses.replace(eq9.Config.quick(), burn_in=40, window=60, n_seeds=1,
-                              weight_decays=(0.03, 0.1))  # fmt: skip
+    cfg = dataclasses.replace(
+        eq9.Config.quick(), burn_in=40, window=60, n_seeds=1, weight_decays=(0.03, 0.1)
+    )
     res = eq9.run(cfg, 0, tmp_path)
     ids = [c.id for c in eq9.claims(res, cfg)]
     assert ids == [
         "corrected_discrete_across_noise",
-        "corrected_discrete_constant", "corrected_sgf_constant", "printed_eq9_constant",
-        "solver_vs_time_average", "library_vs_theory", "charge_decreases_with_gamma",
-    ]  # fmt: skip
+        "corrected_discrete_constant",
+        "corrected_sgf_constant",
+        "printed_eq9_constant",
+        "solver_vs_time_average",
+        "library_vs_theory",
+        "charge_decreases_with_gamma",
+    ]
     assert eq9.plot(res, cfg, tmp_path)[0].exists()
     # the noise sweep: γ = 0.1 at S = 2, 8 (the γ runs) and 32, each its own runs
     assert sorted(res["per_noise"], key=int) == ["2", "8", "32"]

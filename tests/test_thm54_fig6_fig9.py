@@ -138,8 +138,12 @@ def test_noise_matrices_match_per_sample_gradients() -> None:
     from noetherflow.stats.reference import per_sample_grads
 
     n, h, N = 4, 6, 50
-    mods = {"tanh": nn.Tanh(), "relu": nn.ReLU(), "leaky_relu": nn.LeakyReLU(0.01),
-            "swish": nn.SiLU()}  # fmt: skip
+    mods = {
+        "tanh": nn.Tanh(),
+        "relu": nn.ReLU(),
+        "leaky_relu": nn.LeakyReLU(0.01),
+        "swish": nn.SiLU(),
+    }
     se = nl.noise_variances(n, 3.0)
     for i, (name, mod) in enumerate(mods.items()):
         U, W = nl.init_weights(n, h, scale=1.0, seed=i)
@@ -261,6 +265,8 @@ def test_deterministic(tmp_path: Path) -> None:
     assert r1["sgd_rel_diff"] != r3["sgd_rel_diff"]
     ids = [c.id for c in fig9.claims(r1, ncfg)]
     assert [i for i in ids if i.startswith("sgd_similar_") and "constant" not in i] == [
-        "sgd_similar_relu", "sgd_similar_leaky_relu", "sgd_similar_swish"
-    ]  # fmt: skip
+        "sgd_similar_relu",
+        "sgd_similar_leaky_relu",
+        "sgd_similar_swish",
+    ]
     assert r1["constant_rel_diff_diag"] == r2["constant_rel_diff_diag"]

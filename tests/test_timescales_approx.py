@@ -175,9 +175,15 @@ def test_approx_quick(quick_run: Path, metrics: Callable[[Path, str], dict[str, 
 
 def test_timescales_deterministic(tmp_path: Path) -> None:
     cfg = dataclasses.replace(
-        timescales.Config.quick(), batch_sizes=(2, 3), n_chains=2, run_equi=2.5, log_dt_late=0.5,
-        drift_chains=2, drift_burn_steps=200, drift_steps=400,
-    )  # fmt: skip
+        timescales.Config.quick(),
+        batch_sizes=(2, 3),
+        n_chains=2,
+        run_equi=2.5,
+        log_dt_late=0.5,
+        drift_chains=2,
+        drift_burn_steps=200,
+        drift_steps=400,
+    )
     a = timescales.run(cfg, 3, tmp_path)
     b = timescales.run(cfg, 3, tmp_path)
     c = timescales.run(cfg, 4, tmp_path)
@@ -248,8 +254,9 @@ def test_timescales_simulator_matches_run_online_sgd() -> None:
     def sample(k: int) -> tuple[torch.Tensor, torch.Tensor]:
         return X[idx[k]], Y[idx[k]]
 
-    run_online_sgd(net, lambda o, t: ((o - t) ** 2).sum(1).mean(), sample, lr=cfg.lr, steps=n,
-                   callback=record)  # fmt: skip
+    run_online_sgd(
+        net, lambda o, t: ((o - t) ** 2).sum(1).mean(), sample, lr=cfg.lr, steps=n, callback=record
+    )
     got = np.array([charges[int(k)] for k in steps])
     np.testing.assert_allclose(got, np.asarray(out["charge"])[:, 0], rtol=1e-10, atol=1e-12)
 
@@ -262,8 +269,19 @@ def test_approx_simulator_matches_library_integrators(batch: int) -> None:
     zeta, lr, w2, u2, n = 0.7, 0.01, 1.3, 0.4, 120
     rng_seed = 5
     rng = np.random.default_rng(rng_seed)
-    sim = approx._simulate(x, y, [(batch, zeta)], lr=lr, w2=w2, u2=u2, init=(0.9, 1.1),
-                           n_chains=1, burn=0, avg=n, rng=rng)  # fmt: skip
+    sim = approx._simulate(
+        x,
+        y,
+        [(batch, zeta)],
+        lr=lr,
+        w2=w2,
+        u2=u2,
+        init=(0.9, 1.1),
+        n_chains=1,
+        burn=0,
+        avg=n,
+        rng=rng,
+    )
     net = _neuron(np.array([0.9]), 1.1)
     X, Y = torch.as_tensor(x)[:, None], torch.as_tensor(y)[:, None]
 
@@ -278,12 +296,18 @@ def test_approx_simulator_matches_library_integrators(batch: int) -> None:
 
     if batch:
         idx = np.random.default_rng(rng_seed).integers(0, len(x), size=(n, 1, batch))[:, 0]
-        run_online_sgd(net, lambda o, t: ((o - t) ** 2).mean() + penalty(net),
-                       lambda k: (X[idx[k]], Y[idx[k]]), lr=lr, steps=n,
-                       callback=record)  # fmt: skip
+        run_online_sgd(
+            net,
+            lambda o, t: ((o - t) ** 2).mean() + penalty(net),
+            lambda k: (X[idx[k]], Y[idx[k]]),
+            lr=lr,
+            steps=n,
+            callback=record,
+        )
     else:
-        run_population_gd(net, lambda m: ((m(X) - Y) ** 2).mean() + penalty(m), lr=lr, steps=n,
-                          callback=record)  # fmt: skip
+        run_population_gd(
+            net, lambda m: ((m(X) - Y) ** 2).mean() + penalty(m), lr=lr, steps=n, callback=record
+        )
     np.testing.assert_allclose(charges[1:], np.asarray(sim["trace"])[0], rtol=1e-10, atol=1e-12)
 
 

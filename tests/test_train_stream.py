@@ -59,10 +59,19 @@ def test_sampler_step_for_step_against_hand_loop() -> None:
 
     X_eval = torch.randn(64, 4, generator=torch.Generator().manual_seed(2), dtype=DT)
     res = run_sgd(
-        model, MSE, X_eval, X_eval @ teacher.T, lr=lr, batch_size=S, steps=steps,
-        weight_decay=gamma, schedule=sched, generator=torch.Generator().manual_seed(3),
-        sampler=_stream(teacher, S), callback=record,
-    )  # fmt: skip
+        model,
+        MSE,
+        X_eval,
+        X_eval @ teacher.T,
+        lr=lr,
+        batch_size=S,
+        steps=steps,
+        weight_decay=gamma,
+        schedule=sched,
+        generator=torch.Generator().manual_seed(3),
+        sampler=_stream(teacher, S),
+        callback=record,
+    )
     assert not res.diverged and res.config["sampling"] == "sampler (data stream)"
     etas = lr_sequence(sched, lr, steps)
     np.testing.assert_array_equal(res.history["lr"][:steps], etas)
@@ -100,8 +109,9 @@ def test_on_update_gives_the_applied_gradient_and_the_exact_identity() -> None:
     def on_update(info: UpdateInfo) -> None:
         infos.append(info)
         preds.append(nf.exact_step_charges(syms, info.grads, lr=info.lr, weight_decay=gamma)["rot"])
-        wrong.append(nf.exact_step_charges(syms, info.grads, lr=1.01 * info.lr,
-                                           weight_decay=gamma)["rot"])  # fmt: skip
+        wrong.append(
+            nf.exact_step_charges(syms, info.grads, lr=1.01 * info.lr, weight_decay=gamma)["rot"]
+        )
 
     def callback(step: int, m: nn.Module) -> None:
         if step > 0:
@@ -109,10 +119,19 @@ def test_on_update_gives_the_applied_gradient_and_the_exact_identity() -> None:
 
     X_eval = torch.randn(16, 4, generator=torch.Generator().manual_seed(6), dtype=DT)
     run_sgd(
-        model, MSE, X_eval, X_eval @ teacher.T, lr=0.1, batch_size=3, steps=25,
-        weight_decay=gamma, generator=torch.Generator().manual_seed(7),
-        sampler=_stream(teacher, 3), on_update=on_update, callback=callback,
-    )  # fmt: skip
+        model,
+        MSE,
+        X_eval,
+        X_eval @ teacher.T,
+        lr=0.1,
+        batch_size=3,
+        steps=25,
+        weight_decay=gamma,
+        generator=torch.Generator().manual_seed(7),
+        sampler=_stream(teacher, 3),
+        on_update=on_update,
+        callback=callback,
+    )
     assert len(infos) == 25 and [i.step for i in infos] == list(range(25))
     assert all(i.weight_decay == gamma and i.loss.ndim == 0 for i in infos)
     assert set(infos[0].grads) == set(model.parameters())

@@ -3,10 +3,11 @@
 A few models of tests/hf_zoo.py (the full set is benchmarks/zoo_hf.py): partial rotary
 (GPT-NeoX, Phi), interleaved partial rotary (GPT-J), fused qkv through the rotary function
 (GPT-NeoX, Falcon), ``baddbmm`` attention scores (BLOOM), FalconLinear, T5LayerNorm,
-ConvNeXtV2's LayerNorm subclass. The expected q·k symmetries follow from the configs: per
-key head, one per rotated plane and one for the unrotated coordinates (when at least two);
-V/O one per key/value head. Every claim is checked independently in float64, eval and train
-mode, on batches detection did not see (hf_zoo.independent_change).
+ConvNeXtV2's LayerNorm subclass, RegNet's grouped convolutions. The expected q·k
+symmetries follow from the configs: per key head, one per rotated plane and one for the
+unrotated coordinates (when at least two); V/O one per key/value head. Every claim is
+checked independently in float64, eval and train mode, on batches detection did not see
+(hf_zoo.independent_change).
 """
 
 from __future__ import annotations
@@ -74,6 +75,9 @@ def test_renamed_norms_and_inline_modules_hold_in_both_modes(name: str) -> None:
         model, syms, make = _detect(name, train)
         assert len(syms) > 0
         _holds(model, syms, make, train)
+    if name == "t5":  # T5LayerNorm's mean square in float32: its affines rescale exactly
+        assert sum(n.startswith("rescaling:") and "layer_norm→" in n for n in syms.names) == 2
+        assert not any(n.startswith("scale:") for n in syms.names)
     if name == "convnextv2":  # the LayerNorm subclass is a norm module: its eps is seen
         scale = [s for s in syms if s.family.value == "scale"]
         assert scale and all(getattr(s, "norm", None) is not None for s in scale)
@@ -102,3 +106,37 @@ def test_deberta_attention_is_complete(name: str, layers: tuple[str, ...]) -> No
         cov = syms.coverage(model)
         for b in ("q_bias", "v_bias"):
             assert cov[f"encoder.layer.0.attention.self.{b}"].symmetries
+
+
+def test_regnet_grouped_convolutions_are_rescaled() -> None:
+    """BatchNorm affine → ReLU → grouped 3×3 (2 and 4 groups): one rescaling per stage."""
+    for train in (False, True):
+        model, syms, make = _detect("regnet", train)
+        grouped = [
+            n for n in syms.names if re.search(r"layer\.0\.normalization→.*layer\.1\.conv", n)
+        ]
+        assert len(grouped) == 2, syms.names
+        _holds(model, syms, make, train)
+
+
+def test_regnet_grouped_rescaling_hook_statistics_match_the_reference() -> None:
+    """Eval-mode BatchNorm affine → grouped 3×3: the hooks' flows equal torch.func's."""
+    from noetherflow.kernels.noise import NoiseModel
+
+    model, syms, _ = _detect("regnet", train=False)
+    g = torch.Generator().manual_seed(3)
+    x = {"pixel_values": torch.randn(6, 3, 16, 16, dtype=torch.float64, generator=g)}
+    y = torch.randn(6, 16, dtype=torch.float64, generator=g)
+
+    def loss(out: object, t: torch.Tensor) -> torch.Tensor:
+        return (out.pooler_output.flatten(1) - t).square().mean()  # type: ignore[attr-defined]
+
+    nm = NoiseModel.create(batch_size=6, lr=0.1, weight_decay=1e-3)
+    want = nf.noether_flow(
+        syms, nf.collect_stats(model, syms, loss, x, y, estimator="reference"), nm
+    )
+    for level in ("diag", "solve", "neuron"):
+        got = nf.noether_flow(syms, nf.collect_stats(model, syms, loss, x, y, level=level), nm)
+        for k in want:
+            err = float((got[k] - want[k]).abs().max())
+            assert err <= 1e-10 * float(want[k].abs().max()), (level, k)

@@ -5,9 +5,9 @@ order, after the joint ones (docs/concepts/equilibrium.md). A run of consecutive
 of one ``batchable`` kernel whose coordinates are pairwise disjoint (the heads of one
 attention layer) do not interact, so they are one batched step
 (:meth:`~noetherflow.kernels.Kernel.solve_disjoint`): the same moves as one at a time.
-:func:`sweep_options` turns the batching and the Anderson mixing of the sweeps
-(noetherflow/_anderson.py) on or off; :func:`sequential_sweeps` is the reference path with
-neither.
+:func:`sweep_options` turns the batching, the Anderson mixing of the sweeps
+(noetherflow/_anderson.py) and the closed-form moves of statistics on or off;
+:func:`sequential_sweeps` is the reference path with none of them.
 """
 
 from __future__ import annotations
@@ -21,37 +21,58 @@ from typing import Any
 from noetherflow.kernels import kernel_for, kernels_of
 from noetherflow.symmetry.base import Symmetry
 
-__all__ = ["Step", "accelerated", "plan_sweep", "sequential_sweeps", "sweep_options"]
+__all__ = [
+    "Step",
+    "accelerated",
+    "covariant",
+    "plan_sweep",
+    "sequential_sweeps",
+    "sweep_options",
+]
 
 _BATCH: ContextVar[bool] = ContextVar("noetherflow_batched_sweeps", default=True)
 _ACCELERATE: ContextVar[bool] = ContextVar("noetherflow_accelerated_sweeps", default=True)
+_COVARIANT: ContextVar[bool] = ContextVar("noetherflow_covariant_sweeps", default=True)
 
 
 @contextmanager
-def sweep_options(*, batch: bool = True, accelerate: bool = True) -> Iterator[None]:
-    """Within: batch disjoint runs or not, Anderson-mix the sweeps or not.
+def sweep_options(
+    *, batch: bool = True, accelerate: bool = True, covariant: bool = True
+) -> Iterator[None]:
+    """Within: batched disjoint runs, Anderson-mixed sweeps, closed-form moves, or not.
 
-    ``accelerate``: noetherflow/_anderson.py. Both are on by default.
+    ``batch``: a run of disjoint symmetries of one kernel is one step. ``accelerate``:
+    noetherflow/_anderson.py. ``covariant``: a kernel moves a moved symmetry's own
+    statistics by its element where it has the law
+    (:meth:`~noetherflow.kernels.Kernel.move_stats_`) instead of rebuilding them from
+    transported samples. All are on by default.
     """
-    tokens = _BATCH.set(batch), _ACCELERATE.set(accelerate)
+    tokens = _BATCH.set(batch), _ACCELERATE.set(accelerate), _COVARIANT.set(covariant)
     try:
         yield
     finally:
         _BATCH.reset(tokens[0])
         _ACCELERATE.reset(tokens[1])
+        _COVARIANT.reset(tokens[2])
 
 
 def sequential_sweeps() -> AbstractContextManager[None]:
     """Within: plain block Gauss–Seidel sweeps, the reference path.
 
-    Every non-joint symmetry is its own step and no Anderson mixing (tests, benchmarks).
+    Every non-joint symmetry is its own step, no Anderson mixing, and every statistic a move
+    changed rebuilt from the transported samples (tests, benchmarks).
     """
-    return sweep_options(batch=False, accelerate=False)
+    return sweep_options(batch=False, accelerate=False, covariant=False)
 
 
 def accelerated() -> bool:
     """Whether the sweeps may be Anderson-mixed (:func:`sweep_options`)."""
     return _ACCELERATE.get()
+
+
+def covariant() -> bool:
+    """Whether kernels may move statistics in closed form (:func:`sweep_options`)."""
+    return _COVARIANT.get()
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ from noetherflow._checks import (
 from noetherflow._deprecate import is_old_model_call, warn_model
 from noetherflow._divergence import is_finite
 from noetherflow._errors import NonFiniteGradientError, StatisticsError
-from noetherflow._sweep_plan import Step, accelerated, plan_sweep
+from noetherflow._sweep_plan import Step, accelerated, covariant, plan_sweep
 from noetherflow.kernels import (
     InfinityReport,
     StepOptions,
@@ -45,7 +45,7 @@ from noetherflow.kernels import (
     kernels_of,
 )
 from noetherflow.kernels.base import (
-    overlaps,
+    overlaps_by_param,
     refresh_stats_,
     stats_from_samples,
     transport_cotangent,
@@ -362,30 +362,68 @@ def _solve_block(
     """
     max_sweeps, tol = sweeps
     if coupled:
-        samples = {p: stats.samples[p].to(torch.float64, copy=True) for p in part.params()}
+        # contiguous float64 copies: the heads' slices are then views of them (the batched
+        # products of kernels/rotation_batch.py), not copies of a strided layout
+        samples = {
+            p: stats.samples[p].to(torch.float64, copy=True, memory_format=torch.contiguous_format)
+            for p in part.params()
+        }
         cur = stats_from_samples(samples, part, estimator=stats.estimator, level=Level.SOLVE)
         # the displacement moves with the samples (a cotangent), in place in _move
         cur.displacement = {
             p: v.to(torch.float64, copy=True) for p, v in stats.displacement.items() if p in samples
         }
-        touches = overlaps(list(part))
+        pairs = overlaps_by_param(list(part))
         if _warm_start(part, opts, held, names, index, values, samples, cur, out):
             opts = replace(opts, init=None)  # the start is where the values are now
     else:
-        samples, cur, touches = {}, stats, {}
+        samples, cur, pairs = {}, stats, {}
+    touches = {s: list(v) for s, v in pairs.items()}
     opts = replace(opts, coupled=coupled)
     groups = plan_sweep(list(part), touches if coupled else None)
-    stale: dict[Symmetry, None] = {}  # symmetries whose statistics a move has changed
+    # per symmetry, the parameters on which moves since its last use changed its statistics
+    stale: dict[Symmetry, dict[nn.Parameter, None]] = {}
+    caches: dict[str, dict[Any, Any]] = {}  # each kernel's own scratch (Kernel.refresh_)
+    fast = covariant()  # statistics moved in closed form where a kernel has the law
     accel = _accelerator(groups) if coupled and accelerated() else None
 
+    def mark(k: Any, moves: list[tuple[Symmetry, Any]]) -> bool:
+        """Record the moves' staleness; whether the kernel moved their own statistics."""
+        own = fast and k.move_stats_(moves, cur, caches.setdefault(k.name, {}))
+        for s, element in moves:
+            out.steps.append((index[s], element))
+            out.totals[s] = k.compose(out.totals[s], element)
+            for t, ps in pairs.get(s, {}).items():
+                if t is not s or not own:
+                    stale.setdefault(t, {}).update(ps)
+        return own
+
     def take(k: Any, s: Symmetry, element: Any) -> None:
-        out.steps.append((index[s], element))
-        out.totals[s] = k.compose(out.totals[s], element)
         if coupled:
+            mark(k, [(s, element)])
             _move(s, element, values, samples, cur.displacement, cur.mean)
         else:
+            out.steps.append((index[s], element))
+            out.totals[s] = k.compose(out.totals[s], element)
             s.act_(element, values)
-        stale.update(dict.fromkeys(touches.get(s, ())))
+
+    def take_disjoint(k: Any, moves: list[tuple[Symmetry, Any]]) -> None:
+        """:func:`take` for each move of a disjoint run, the products batched by the kernel."""
+        if not coupled:
+            for s, element in moves:
+                out.steps.append((index[s], element))
+                out.totals[s] = k.compose(out.totals[s], element)
+            k.act_disjoint_(moves, values)
+            return
+        own = mark(k, moves)
+        # where the kernel moved the statistics itself, only samples another symmetry reads
+        # need moving: those of parameters on which one shares a coordinate with a mover
+        read = (
+            {p: None for s, _ in moves for t, ps in pairs[s].items() if t is not s for p in ps}
+            if own
+            else None
+        )
+        _move_disjoint(k, moves, values, samples, cur.displacement, cur.mean, read)
 
     own_iterations: list[int] = []
     done, sweep = False, 0
@@ -394,9 +432,12 @@ def _solve_block(
         for i, step in enumerate(groups):
             k, members = step.kernel, step.members
             start = _point(members, out.totals) if accel is not None and i == 0 else None
-            todo = [s for s in members if s in stale]
-            if todo:  # rebuild only the statistics the moves since their last use touched
+            todo = [s for s in members if stale.get(s)]
+            if todo and fast:  # rebuild only the statistics the moves since their use touched
+                k.refresh_(todo, samples, cur, stale, caches.setdefault(k.name, {}))
+            elif todo:  # the reference path: each of them whole
                 refresh_stats_(cur, samples, todo, means=False, level=Level.SOLVE)
+            if todo:
                 for s in todo:
                     del stale[s]
             solve = k.solve_disjoint if step.disjoint else k.solve
@@ -408,8 +449,11 @@ def _solve_block(
                     own_iterations.append(res.iterations)
             for r in res.reports:
                 out.reports[r.name] = r
-            for s, element in res.steps:
-                take(k, s, element)
+            if step.disjoint and len(res.steps) > 1:
+                take_disjoint(k, res.steps)
+            else:
+                for s, element in res.steps:
+                    take(k, s, element)
             for s, r in res.residual.items():
                 out.residual[names[s]] = r
             worst = max(worst, res.progress)
@@ -585,6 +629,31 @@ def _no_move(held: Mapping[str, Tensor]) -> dict[str, Tensor] | None:
     """The held generators kept where they are: 0 where held, NaN (free) elsewhere."""
     zero = {n: torch.where(torch.isnan(v), v, 0.0) for n, v in held.items()}
     return zero or None
+
+
+def _move_disjoint(
+    k: Any,
+    moves: list[tuple[Symmetry, Any]],
+    values: Mapping[nn.Parameter, Tensor],
+    samples: Mapping[nn.Parameter, Tensor],
+    disp: dict[nn.Parameter, Tensor],
+    mean: Mapping[nn.Parameter, Tensor],
+    read: Mapping[nn.Parameter, None] | None = None,
+) -> None:
+    """:func:`_move` for every move of a disjoint run, the kernel's batched products.
+
+    ``read``: the only parameters whose samples are moved (the kernel moved the movers' own
+    statistics, :meth:`~noetherflow.kernels.Kernel.move_stats_`); None: all of them.
+    """
+    params = {p: None for s, _ in moves for p in s.params}
+    k.act_disjoint_(moves, values)
+    k.transport_disjoint_(moves, samples if read is None else {p: samples[p] for p in read})
+    k.transport_disjoint_(moves, {p: mean[p].unsqueeze(0) for p in params})
+    if disp and all(p in disp for p in params):
+        k.transport_disjoint_(moves, {p: disp[p].unsqueeze(0) for p in params})
+    elif disp:  # some parameters without a displacement: zeros there, as transport_cotangent
+        for s, element in moves:
+            transport_cotangent(s, element, disp)
 
 
 def _move(

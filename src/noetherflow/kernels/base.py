@@ -55,6 +55,7 @@ __all__ = [
     "kernel_for",
     "kernels_of",
     "overlaps",
+    "overlaps_by_param",
     "refresh_stats_",
     "needs_samples",
     "register_kernel",
@@ -270,6 +271,60 @@ class Kernel(ABC, Generic[S, B]):
             out.progress = max(out.progress, one.progress)
         return out
 
+    def act_disjoint_(
+        self, moves: Sequence[tuple[S, Any]], values: Mapping[nn.Parameter, Tensor]
+    ) -> None:
+        """Move ``values`` by each ``(symmetry, element)`` of ``moves``, in place.
+
+        The moves act on pairwise disjoint coordinates (one batched step's), so their order
+        does not matter; what ``s.act_(element, values)`` for each gives. Kernels with
+        ``batchable`` override it with batched products.
+        """
+        for s, element in moves:
+            s.act_(element, values)
+
+    def transport_disjoint_(
+        self, moves: Sequence[tuple[S, Any]], grads: Mapping[nn.Parameter, Tensor]
+    ) -> None:
+        """Transport per-sample gradients ``[N, *shape]`` along each move (T^{-T}), in place.
+
+        What ``s.transport_grads_(element, grads)`` for each gives (disjoint coordinates, as
+        in :meth:`act_disjoint_`).
+        """
+        for s, element in moves:
+            s.transport_grads_(element, grads)
+
+    def refresh_(
+        self,
+        members: Sequence[S],
+        samples: Mapping[nn.Parameter, Tensor],
+        stats: GradStats,
+        stale: Mapping[Symmetry, Mapping[nn.Parameter, None]],
+        cache: dict[Any, Any],
+    ) -> None:
+        """Rebuild in place the statistics of ``members`` that moves since their use changed.
+
+        ``stale[s]``: the parameters of ``s`` on which other symmetries moved (whose
+        per-sample gradients changed under ``s``'s coordinates); ``cache``: this kernel's own
+        scratch for the solve (kept across sweeps). Default: all of each member's statistics
+        from ``samples`` (:func:`refresh_stats_`).
+        """
+        refresh_stats_(stats, samples, members, means=False, level=Level.SOLVE)
+
+    def move_stats_(
+        self, moves: Sequence[tuple[S, Any]], stats: GradStats, cache: dict[Any, Any]
+    ) -> bool:
+        """Move each moved symmetry's own statistics by its own element, exactly, in place.
+
+        Where the family has the closed form (a covariant law, e.g. M → GᵀMG) and the
+        statistics were fresh, the solver needs no rebuild of them after the move, and no
+        transport of the per-sample gradients that only the moved symmetries read. Returns
+        False (changing nothing) where it has none: then the solver rebuilds them from
+        transported samples. A kernel that returns True must take per-sample mappings that
+        leave such parameters out in :meth:`transport_disjoint_`.
+        """
+        return False
+
     @abstractmethod
     def compose(self, total: Any, element: Any) -> Any:
         """The element ``total`` followed by ``element``."""
@@ -362,7 +417,18 @@ def overlaps(syms: Sequence[Symmetry]) -> dict[Symmetry, list[Symmetry]]:
     Moving one changes the per-sample gradients of exactly its covered coordinates (the
     transport T^{-T} acts there only), so these are the statistics a move makes stale.
     """
-    out: dict[Symmetry, dict[Symmetry, None]] = {s: {s: None} for s in syms}
+    return {s: list(v) for s, v in overlaps_by_param(syms).items()}
+
+
+def overlaps_by_param(
+    syms: Sequence[Symmetry],
+) -> dict[Symmetry, dict[Symmetry, dict[nn.Parameter, None]]]:
+    """:func:`overlaps` with the parameters on which each pair shares a coordinate.
+
+    ``out[s][t]``: the parameters (in order) on which ``t`` acts on a coordinate ``s`` acts
+    on; ``out[s][s]`` holds all of ``s``'s parameters.
+    """
+    out = {s: {s: dict.fromkeys(s.params)} for s in syms}
     users: dict[int, list[Symmetry]] = {}
     params: dict[int, nn.Parameter] = {}
     for s in syms:
@@ -374,8 +440,9 @@ def overlaps(syms: Sequence[Symmetry]) -> dict[Symmetry, list[Symmetry]]:
             continue
         for members in _cover_classes(params[key], group):
             for a in members:
-                out[a].update(dict.fromkeys(members))
-    return {s: list(v) for s, v in out.items()}
+                for b in members:
+                    out[a].setdefault(b, {})[params[key]] = None
+    return out
 
 
 def _cover_classes(p: nn.Parameter, group: Sequence[Symmetry]) -> list[list[Symmetry]]:

@@ -18,6 +18,7 @@ pattern of F's terms, :mod:`._diag_recession`). Both are left unmoved, the rest 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -28,7 +29,7 @@ from typing_extensions import override
 
 from noetherflow._errors import StatisticsError
 from noetherflow.kernels._diag_newton import NewtonMethod, solve_diag
-from noetherflow.kernels._diag_problem import _DiagProblem, _Grid, balance, compress
+from noetherflow.kernels._diag_problem import Term, _DiagProblem, _Grid, balance, compress
 from noetherflow.kernels.base import (
     GradSource,
     GroupSolve,
@@ -78,6 +79,17 @@ class DiagonalStats(StatsBlock):
         return {id(p) for p in self.sq} | {id(p) for p, _ in self.sq_axis}
 
 
+def _grouped_sq(block: DiagonalStats, p: nn.Parameter) -> Tensor:
+    """E[g ⊙ g] per coordinate of a parameter with grouped terms (a clear error when absent)."""
+    if p not in block.sq:
+        raise StatisticsError(
+            f"These statistics hold no per-coordinate squared gradients of a parameter of "
+            f"shape {tuple(p.shape)} (a grouped convolution's input channels); collect them "
+            "for this symmetry set."
+        )
+    return block.sq[p]
+
+
 def diagonal_block(stats: GradStats) -> DiagonalStats:
     """The diagonal families' statistics block of ``stats`` (a clear error when absent)."""
     b = stats.block(DiagonalStats.key)
@@ -122,20 +134,29 @@ def _diag_problem(
     for s in syms:
         offsets[s] = n
         n += s.num_generators
-    per_param: dict[nn.Parameter, tuple[list[Any], list[Any]]] = {}
+    # rows: Terms (offset, n, block, sign); cols: the same with the term's groups appended
+    per_param: dict[nn.Parameter, tuple[list[Term], list[tuple[int, int, int, float, int]]]] = {}
+    chunks: dict[nn.Parameter, int] = {}  # row chunks of grouped terms (grouped convolutions)
     for s in syms:
         for t in s.terms():
-            rows, cols = per_param.setdefault(t.param, ([], []))
-            entry = (offsets[s] + 0, t.num_generators, t.block, float(t.sign))
+            rows, gcols = per_param.setdefault(t.param, ([], []))
+            if t.groups > 1 and t.per_group == 1 and t.axis == 1:
+                # one column per group (a depthwise convolution): generator γ is row chunk γ
+                size = int(t.param.shape[0]) // t.groups
+                rows.append((offsets[s], t.groups, size, float(t.sign)))
+                continue
+            if t.groups > 1:
+                chunks[t.param] = math.lcm(chunks.get(t.param, 1), t.groups)
             if t.axis == 0:
-                rows.append(entry)
+                rows.append((offsets[s], t.num_generators, t.block, float(t.sign)))
             elif t.axis == 1:
-                cols.append(entry)
+                gcols.append((offsets[s], t.num_generators, t.block, float(t.sign), t.groups))
             else:  # pragma: no cover - the built-in families act along axes 0 and 1
                 raise NotImplementedError(f"diagonal terms along axis {t.axis} are not supported")
     grids = []
     signed = False
-    for p, (rows, cols) in per_param.items():
+    for p, (rows, gcols) in per_param.items():
+        cols: list[Term] = [(o, k, b, sg) for o, k, b, sg, _ in gcols]
         nmp = nm.at(p)  # this parameter's γ (and its noise coefficients)
         mean = stats.mean[p].to(torch.float64)
         c = nmp.kappa * values[p].to(torch.float64).square()  # κ_p θ² (eq. PD3)
@@ -146,8 +167,16 @@ def _diag_problem(
             m = nmp.diag(mean, sq, None if disp is None else disp.to(torch.float64))
             if disp is None:  # else signed: balance() below
                 m = m.clamp(min=0)
-            grids.append(compress(_Grid(_to_grid(m), _to_grid(c), rows, cols)))
+            parts = _split_rows(_to_grid(m), _to_grid(c), rows, gcols, chunks.get(p, 1), p)
+            grids += [compress(g) for g in parts]
             continue
+        if p in chunks:
+            raise StatisticsError(
+                f"The solver needs per-coordinate squared gradients of a parameter of shape "
+                f"{tuple(p.shape)} (a grouped convolution's input channels), but these "
+                "statistics hold only per-neuron sums; collect them with level='solve' or "
+                "'diag' (the default)."
+            )
         # Generators along one axis only: F depends on the per-neuron sums along it.
         ax = 0 if rows else 1
         if (rows and cols) or (p, ax) not in block.sq_axis:
@@ -169,6 +198,48 @@ def _diag_problem(
     grids, negative = balance(grids, n)
     neg = negative if bool(negative.ne(0).any()) else None
     return _DiagProblem(n, offsets, grids, neg, lin=lin)
+
+
+def _split_rows(
+    m: Tensor,
+    c: Tensor,
+    rows_in: list[Term],
+    cols_in: list[tuple[int, int, int, float, int]],
+    k: int,
+    p: nn.Parameter,
+) -> list[_Grid]:
+    """One parameter's grid (``m``, ``c`` ``[n0, n1]``) as ``k`` grids of row chunks.
+
+    Column terms ``(offset, n, block, sign, groups)``: a grouped one (G groups, G dividing
+    ``k``) gives chunk r its group's generators, ``offset + γ·J`` with γ = r·G/k, so every
+    chunk has plain row and column terms. A row term restricted to a chunk keeps the
+    generators of its rows (its blocks must not straddle chunks, or the chunk must lie
+    inside one block). ``k = 1``: the grid itself.
+    """
+    if k == 1:
+        return [_Grid(m, c, rows_in, [(o, n, b, sg) for o, n, b, sg, _ in cols_in])]
+    size = int(m.shape[0]) // k
+    out = []
+    for r in range(k):
+        lo = r * size
+        rows: list[Term] = []
+        for off, _, b, sg in rows_in:
+            if lo % b == 0 and size % b == 0:
+                rows.append((off + lo // b, size // b, b, sg))
+            elif lo // b == (lo + size - 1) // b:
+                rows.append((off + lo // b, 1, size, sg))
+            else:  # pragma: no cover - no built-in family straddles a group of rows
+                raise StatisticsError(
+                    f"A diagonal generator acts on blocks of {b} rows of a parameter of shape "
+                    f"{tuple(p.shape)} that straddle its {k} groups of {size} rows; expected "
+                    "blocks inside one group (or groups inside one block)."
+                )
+        cols: list[Term] = []
+        for off, n, b, sg, grp in cols_in:
+            per = n // grp
+            cols.append((off, n, b, sg) if grp == 1 else (off + (r * grp // k) * per, per, b, sg))
+        out.append(_Grid(m[lo : lo + size], c[lo : lo + size], rows, cols))
+    return out
 
 
 def _decay_linear(
@@ -275,9 +346,13 @@ class DiagonalKernel(Kernel[DiagonalSymmetry, DiagonalStats]):
         """
         out = DiagonalStats()
         want: dict[nn.Parameter, tuple[int, ...]] = {}
+        # a grouped term's generators span rows and columns: per-coordinate squares
+        grouped = {t.param for s in syms for t in s.terms() if t.groups > 1}
         if level is not Level.DIAG:
             for s in syms:
                 for t in s.terms():
+                    if t.param in grouped:
+                        continue
                     have = want.get(t.param, ())
                     if not src.has_samples(t.param) and t.axis not in have:
                         want[t.param] = (*have, t.axis)
@@ -289,7 +364,11 @@ class DiagonalKernel(Kernel[DiagonalSymmetry, DiagonalStats]):
             for p in s.params:
                 if p in out.sq:
                     continue
-                if src.has_samples(p) or (p not in want and level is not Level.NEURON):
+                if (
+                    src.has_samples(p)
+                    or p in grouped
+                    or (p not in want and level is not Level.NEURON)
+                ):
                     out.sq[p] = src.sq(p)
         return out
 
@@ -300,7 +379,13 @@ class DiagonalKernel(Kernel[DiagonalSymmetry, DiagonalStats]):
         out = torch.zeros(s.num_generators, dtype=torch.float64, device=s.params[0].device)
         for t in s.terms():
             disp = cross_displacement(stats, nm, t.param)
-            m = _axis_m(nm, stats.mean[t.param], block.axis_sq(t.param, t.axis), disp, t.axis)
+            mean = stats.mean[t.param]
+            if t.groups > 1:  # per-coordinate M, summed over each group's block
+                sq = _grouped_sq(block, t.param)
+                m = nm.diag(mean, sq.to(mean.dtype), None if disp is None else disp.to(mean))
+                out += t.reduce(m.to(torch.float64))
+                continue
+            m = _axis_m(nm, mean, block.axis_sq(t.param, t.axis), disp, t.axis)
             out += t.sign * m.to(torch.float64).reshape(t.num_generators, t.block).sum(1)
         return out
 

@@ -27,6 +27,7 @@ from noetherflow.kernels.base import (
     GroupSolve,
     InfinityReport,
     Kernel,
+    SampleSource,
     StepOptions,
     register_kernel,
 )
@@ -283,6 +284,10 @@ class RotationKernel(Kernel[DoubleRotation, RotationStats]):
         self, syms: Sequence[DoubleRotation], src: GradSource, level: Level
     ) -> RotationStats:
         """(M_W, M_U) of each rotation (``level`` does not apply)."""
+        if isinstance(src, SampleSource):  # per-sample gradients: batched Gram products
+            from noetherflow.kernels.rotation_batch import sample_moments
+
+            return RotationStats(side=sample_moments(syms, src))
         return RotationStats(
             side={s: (side_moment(s.w_blocks, src), side_moment(s.u_blocks, src)) for s in syms}
         )
@@ -398,8 +403,57 @@ class RotationKernel(Kernel[DoubleRotation, RotationStats]):
         return solve_disjoint(self, syms, values, stats, nm, names, opts)
 
     @override
+    def act_disjoint_(
+        self,
+        moves: Sequence[tuple[DoubleRotation, Any]],
+        values: Mapping[nn.Parameter, Tensor],
+    ) -> None:
+        """One batched product per parameter axis (kernels/rotation_batch.py)."""
+        from noetherflow.kernels.rotation_batch import act_disjoint_
+
+        act_disjoint_(moves, values)
+
+    @override
+    def transport_disjoint_(
+        self,
+        moves: Sequence[tuple[DoubleRotation, Any]],
+        grads: Mapping[nn.Parameter, Tensor],
+    ) -> None:
+        """One batched product per parameter axis (kernels/rotation_batch.py)."""
+        from noetherflow.kernels.rotation_batch import transport_disjoint_
+
+        transport_disjoint_(moves, grads)
+
+    @override
+    def refresh_(
+        self,
+        members: Sequence[DoubleRotation],
+        samples: Mapping[nn.Parameter, Tensor],
+        stats: GradStats,
+        stale: Mapping[Symmetry, Mapping[nn.Parameter, None]],
+        cache: dict[Any, Any],
+    ) -> None:
+        """Only the stale blocks' moments from the samples (kernels/rotation_batch.py)."""
+        from noetherflow.kernels.rotation_batch import refresh_
+
+        refresh_(members, samples, stats, stale, cache)
+
+    @override
+    def move_stats_(
+        self,
+        moves: Sequence[tuple[DoubleRotation, Any]],
+        stats: GradStats,
+        cache: dict[Any, Any],
+    ) -> bool:
+        """M_W → GᵀM_WG, M_U → G⁻¹M_UG⁻ᵀ per block (kernels/rotation_batch.py)."""
+        from noetherflow.kernels.rotation_batch import move_stats_
+
+        return move_stats_(moves, stats, cache)
+
+    @override
     def compose(self, total: Any, element: Any) -> Any:
-        return total @ element
+        with one_thread():  # a d×d product: see noetherflow._threads
+            return total @ element
 
     def distance(self, s: DoubleRotation, total: Any) -> Tensor:
         """‖log P‖_F with P = GGᵀ, from the eigenvalues alone (P is SPD)."""

@@ -7,24 +7,45 @@ batched geometric mean over the run gives (:func:`solve_disjoint`): X, Y stacked
 ``[B, d, d]``, one batched ``eigh`` per stage instead of B small calls. Members that need the
 single path (singular X or Y: a common range to find; per-parameter decay with its cross
 term) take it, one at a time.
+
+The same holds for the moves and the moments: the run's moves act on disjoint slices, so
+their products on the parameters and on the per-sample gradients are one batched product per
+(parameter, axis) (:func:`act_disjoint_`, :func:`transport_disjoint_`), and the d × d
+moments of every slice one batched Gram product (:func:`sample_moments`): the same numbers as
+slice by slice, in a few large products where 24 heads made a hundred small ones.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from noetherflow._threads import one_thread
 from noetherflow.kernels.base import GroupSolve, StepOptions
-from noetherflow.kernels.noise import NoiseModel
+from noetherflow.kernels.noise import NoiseModel, cross_values
 from noetherflow.kernels.rotation import RotationKernel, RotationSettings, _mixed_cross
 from noetherflow.stats.core import GradStats
+from noetherflow.stats.source import SampleSource
 from noetherflow.symmetry.base import Symmetry
-from noetherflow.symmetry.rotation import DoubleRotation
+from noetherflow.symmetry.rotation import Block, DoubleRotation
 
-__all__ = ["batched_rotation", "solve_disjoint"]
+__all__ = [
+    "act_disjoint_",
+    "move_stats_",
+    "refresh_",
+    "batched_rotation",
+    "batched_xy",
+    "sample_moments",
+    "solve_disjoint",
+    "transport_disjoint_",
+]
+
+# (parameter id, axis, d): the slices of one parameter along one axis, of one width
+_Key = tuple[int, int, int]
 
 
 def _sym(a: Tensor) -> Tensor:
@@ -95,11 +116,12 @@ def solve_disjoint(
     single: dict[DoubleRotation, GroupSolve] = {}
     batch: dict[int, list[tuple[DoubleRotation, Tensor, Tensor]]] = {}
     with one_thread():  # d×d algebra: see noetherflow._threads
+        fast = batched_xy(syms, values, stats, nm)
         for s in syms:
             if _mixed_cross(s, values, stats, nm) is not None:
                 single[s] = kernel.solve([s], values, stats, nm, names, opts)
                 continue
-            x, y = kernel.xy(s, values, stats, nm)
+            x, y = fast[s] if s in fast else kernel.xy(s, values, stats, nm)
             batch.setdefault(s.d, []).append((s, x, y))
         solved: dict[DoubleRotation, tuple[Tensor, float, float]] = {}
         for members in batch.values():
@@ -124,4 +146,283 @@ def solve_disjoint(
         out.steps.append((s, gs.to(s.params[0].device)))
         out.residual[s] = after
         out.progress = max(out.progress, before if opts.coupled else after)
+    return out
+
+
+def _by_axis(items: Sequence[tuple[Block, Any]]) -> dict[_Key, list[tuple[Block, Any]]]:
+    """``(block, payload)`` pairs grouped by (parameter, axis, width), in order."""
+    out: dict[_Key, list[tuple[Block, Any]]] = {}
+    for b, x in items:
+        out.setdefault((id(b.param), b.axis, b.d), []).append((b, x))
+    return out
+
+
+def _tiles(v: Tensor, dim: int, blocks: Sequence[Block]) -> Tensor | None:
+    """The slices as a view ``[pre, B, d, post]`` of ``v`` where they tile one range in order.
+
+    ``pre``, ``post``: the products of the axes before and after ``dim``. None where the
+    slices are not consecutive (or ``v`` is not contiguous): the caller goes slice by slice.
+    """
+    d = blocks[0].d
+    first = blocks[0].start
+    if not v.is_contiguous() or any(b.start != first + i * d for i, b in enumerate(blocks)):
+        return None
+    pre = math.prod(v.shape[:dim])
+    v3 = v.view(pre, v.shape[dim], -1)
+    return v3[:, first : first + len(blocks) * d].unflatten(1, (len(blocks), d))
+
+
+def _left_product(mats: Tensor, y: Tensor) -> Tensor:
+    """M_b · y[p, b] for every p, b: ``mats`` ``[B, d, d]``, ``y`` ``[pre, B, d, post]``.
+
+    With ``post`` = 1 (the sliced axis last: a fused projection's output columns) one
+    ``bmm`` over the slices, each a strided ``[pre, d]`` matrix, as y Mᵀ; else one broadcast
+    product of ``[d, d]`` by ``[d, post]`` matrices. Returns a new ``[pre, B, d, post]``.
+    """
+    if y.shape[-1] == 1:
+        x = y[..., 0].transpose(0, 1)  # [B, pre, d]
+        return torch.bmm(x, mats.mT).transpose(0, 1).unsqueeze(-1)
+    return torch.matmul(mats, y)
+
+
+def _apply_(
+    tensors: Mapping[nn.Parameter, Tensor],
+    items: Sequence[tuple[Block, Tensor]],
+    offset: int,
+) -> None:
+    """Front_f → M·Front_f for each ``(block, M [d, d])``, in place, batched per axis.
+
+    ``offset``: 1 for per-sample tensors ``[N, *shape]``, 0 for single ones. Blocks whose
+    parameter is not in ``tensors`` are left out. Slices that tile a range are one batched
+    product; others go one by one (:meth:`Block.write_front_`).
+    """
+    for group in _by_axis(items).values():
+        blocks = sorted((b for b, _ in group), key=lambda b: b.start)
+        v = tensors.get(blocks[0].param)
+        if v is None:
+            continue
+        mat = {id(b): m.to(v.dtype) for b, m in group}
+        y = _tiles(v, blocks[0].axis + offset, blocks)
+        if y is not None:
+            y.copy_(_left_product(torch.stack([mat[id(b)] for b in blocks]), y))
+            continue
+        for b in blocks:
+            if offset:
+                b.write_front_batched_(v, mat[id(b)] @ b.front_batched(v))
+            else:
+                b.write_front_(v, mat[id(b)] @ b.front(v))
+
+
+def _elements(moves: Sequence[tuple[DoubleRotation, Tensor]]) -> tuple[Tensor, Tensor]:
+    """(G ``[B, d, d]`` float64, G⁻¹) of a run of moves of one width."""
+    g = torch.stack([s._check_g(e).to(torch.float64) for s, e in moves])
+    return g, torch.linalg.inv(g)
+
+
+def _sides(
+    moves: Sequence[tuple[DoubleRotation, Tensor]], w_of: int, u_of: int
+) -> list[tuple[Block, Tensor]]:
+    """(block, matrix) for every block of the moves.
+
+    W blocks get ``mats[w_of]``, U blocks ``mats[u_of]`` of (Gᵀ, G⁻¹), per width (each
+    width's inverses in one call).
+    """
+    out: list[tuple[Block, Tensor]] = []
+    widths: dict[int, list[tuple[DoubleRotation, Tensor]]] = {}
+    for s, e in moves:
+        widths.setdefault(s.d, []).append((s, e))
+    for run in widths.values():
+        g, ginv = _elements(run)
+        mats = (g.mT, ginv)
+        for i, (s, _) in enumerate(run):
+            out += [(b, mats[w_of][i]) for b in s.w_blocks]
+            out += [(b, mats[u_of][i]) for b in s.u_blocks]
+    return out
+
+
+def act_disjoint_(
+    moves: Sequence[tuple[DoubleRotation, Tensor]], values: Mapping[nn.Parameter, Tensor]
+) -> None:
+    """W_f → G⁻¹W_f, U_f → GᵀU_f for each move (disjoint coordinates), in place.
+
+    What :meth:`DoubleRotation.act_` for each gives; one batched product per parameter axis.
+    """
+    with one_thread():
+        _apply_(values, _sides(moves, 1, 0), 0)
+
+
+def transport_disjoint_(
+    moves: Sequence[tuple[DoubleRotation, Tensor]], grads: Mapping[nn.Parameter, Tensor]
+) -> None:
+    """∇W_f → Gᵀ∇W_f, ∇U_f → G⁻¹∇U_f per sample for each move (disjoint coordinates).
+
+    What :meth:`DoubleRotation.transport_grads_` for each gives, on ``[N, *shape]`` tensors;
+    parameters missing from ``grads`` are left out.
+    """
+    with one_thread():
+        _apply_(grads, _sides(moves, 0, 1), 1)
+
+
+def _block_grams(
+    blocks: Sequence[Block], tensors: Mapping[nn.Parameter, Tensor], offset: int
+) -> dict[Block, Tensor]:
+    """Σ_r F_r F_rᵀ (``[d, d]``) of each block, F_r the d-front of sample r of its parameter.
+
+    ``tensors``: per parameter ``[N, *shape]`` (``offset`` 1) or its shape (``offset`` 0,
+    one F). The slices of one parameter axis that tile a range are one batched Gram product.
+    """
+    out: dict[Block, Tensor] = {}
+    for group in _by_axis([(b, None) for b in blocks]).values():
+        run = sorted({b: None for b, _ in group}, key=lambda b: b.start)
+        v = tensors[run[0].param]
+        y = _tiles(v, run[0].axis + offset, run)
+        if y is None:  # slice by slice
+            for b in run:
+                f = b.front_batched(v) if offset else b.front(v).unsqueeze(0)
+                out[b] = torch.einsum("rim,rjm->ij", f, f)
+            continue
+        gram = torch.einsum("pbiq,pbjq->bij", y, y)
+        for i, b in enumerate(run):
+            out[b] = gram[i]
+    return out
+
+
+def _total(parts: Sequence[Tensor]) -> Tensor:
+    """The blocks' moments added in order (as ``side_moment`` does)."""
+    return sum(parts[1:], parts[0])
+
+
+def _side_grams(
+    syms: Sequence[DoubleRotation], tensors: Mapping[nn.Parameter, Tensor], offset: int
+) -> dict[DoubleRotation, tuple[Tensor, Tensor]]:
+    """Σ over each side's blocks of Σ_r F_r F_rᵀ (``[d, d]``), per rotation: (W side, U side).
+
+    :func:`_block_grams` of every block, added per side in order, as
+    :func:`noetherflow.kernels.rotation.side_moment` does.
+    """
+    grams = _block_grams([b for s in syms for b in [*s.w_blocks, *s.u_blocks]], tensors, offset)
+    return {
+        s: (_total([grams[b] for b in s.w_blocks]), _total([grams[b] for b in s.u_blocks]))
+        for s in syms
+    }
+
+
+def refresh_(
+    members: Sequence[DoubleRotation],
+    samples: Mapping[nn.Parameter, Tensor],
+    stats: GradStats,
+    stale: Mapping[Symmetry, Mapping[nn.Parameter, None]],
+    cache: dict[DoubleRotation, dict[Block, Tensor]],
+) -> None:
+    """(M_W, M_U) of ``members`` rebuilt from the moments of their blocks, in place.
+
+    Each block's moment (1/N) Σ_n F_n F_nᵀ is kept in ``cache`` and recomputed from
+    ``samples`` only where its parameter is stale (another symmetry moved there) or not yet
+    cached; the others were moved by the rotation's own moves in closed form
+    (:func:`move_stats_`). The sides are their sums, as ``side_moment`` adds them.
+    """
+    from noetherflow.kernels.rotation import _block
+
+    need: list[Block] = []
+    for s in members:
+        own = cache.get(s)
+        for b in [*s.w_blocks, *s.u_blocks]:
+            if own is None or b not in own or b.param in stale.get(s, {}):
+                need.append(b)
+    n = next(iter(samples.values())).shape[0]
+    fresh = _block_grams(need, samples, 1)
+    side = _block(stats).side
+    for s in members:
+        own = cache.setdefault(s, {})
+        for b in [*s.w_blocks, *s.u_blocks]:
+            if b in fresh:
+                own[b] = fresh[b] / n
+        side[s] = (_total([own[b] for b in s.w_blocks]), _total([own[b] for b in s.u_blocks]))
+
+
+def move_stats_(
+    moves: Sequence[tuple[DoubleRotation, Tensor]],
+    stats: GradStats,
+    cache: dict[DoubleRotation, dict[Block, Tensor]],
+) -> bool:
+    """Each moved rotation's block moments by its own G, exactly: GᵀMG (W), G⁻¹MG⁻ᵀ (U).
+
+    The d-fronts of the gradients move as F_W → GᵀF_W, F_U → G⁻¹F_U (the transport), so
+    their moments (1/N) Σ F Fᵀ move by congruence. Only for rotations whose moments are all
+    cached (fresh: :func:`refresh_` ran after the last move of anything sharing them);
+    False, changing nothing, otherwise.
+    """
+    from noetherflow.kernels.rotation import _block
+
+    if any(s not in cache for s, _ in moves):
+        return False
+    side = _block(stats).side
+    widths: dict[int, list[tuple[DoubleRotation, Tensor]]] = {}
+    for s, e in moves:
+        widths.setdefault(s.d, []).append((s, e))
+    with one_thread():
+        for run in widths.values():
+            g, ginv = _elements(run)
+            for i, (s, _) in enumerate(run):
+                own = cache[s]
+                for b in s.w_blocks:
+                    m = g[i].to(own[b].dtype)
+                    own[b] = _sym(m.T @ own[b] @ m)
+                for b in s.u_blocks:
+                    m = ginv[i].to(own[b].dtype)
+                    own[b] = _sym(m @ own[b] @ m.T)
+                side[s] = (
+                    _total([own[b] for b in s.w_blocks]),
+                    _total([own[b] for b in s.u_blocks]),
+                )
+    return True
+
+
+def sample_moments(
+    syms: Sequence[DoubleRotation], src: SampleSource
+) -> dict[Symmetry, tuple[Tensor, Tensor]]:
+    """(M_W, M_U) of each rotation from per-sample gradients, each ``[d, d]``.
+
+    What :func:`noetherflow.kernels.rotation.side_moment` gives per side (Σ over its blocks
+    of (1/N) Σ_n F_n F_nᵀ), with the slices of one parameter axis in one batched Gram
+    product (:func:`_side_grams`).
+    """
+    params = {b.param: None for s in syms for b in [*s.w_blocks, *s.u_blocks]}
+    grams = _side_grams(syms, {p: src.samples(p) for p in params}, 1)
+    return {s: (w / src.n, u / src.n) for s, (w, u) in grams.items()}
+
+
+def batched_xy(
+    syms: Sequence[DoubleRotation],
+    values: Mapping[nn.Parameter, Tensor],
+    stats: GradStats,
+    nm: NoiseModel,
+) -> dict[DoubleRotation, tuple[Tensor, Tensor]]:
+    """X = M_U + κWWᵀ, Y = M_W + κUᵀU (float64, CPU), each ``[d, d]``, batched.
+
+    :meth:`RotationKernel.xy` for the rotations with one γ and no momentum cross term, the
+    Gram products of θ and ḡ batched (:func:`_side_grams`); the others are left out (the
+    caller takes :meth:`RotationKernel.xy` for them).
+    """
+    from noetherflow.kernels.rotation import _block
+
+    plain = [
+        s
+        for s in syms
+        if (sub := nm.uniform(s.params)) is not None and cross_values(stats, sub, s.params) is None
+    ]
+    if not plain:
+        return {}
+    params = {b.param: None for s in plain for b in [*s.w_blocks, *s.u_blocks]}
+    theta = _side_grams(plain, {p: values[p].to(torch.float64) for p in params}, 0)
+    mean = _side_grams(plain, {p: stats.mean[p] for p in params}, 0)
+    side = _block(stats).side
+    out = {}
+    for s in plain:
+        sub = nm.uniform(s.params)
+        assert sub is not None
+        (sw, su), (gw, gu), (ww, uu) = side[s], mean[s], theta[s]
+        x = sub.matrix(gu, su).to(torch.float64) + sub.kappa * ww
+        y = sub.matrix(gw, sw).to(torch.float64) + sub.kappa * uu
+        out[s] = (x.cpu(), y.cpu())
     return out

@@ -355,7 +355,15 @@ class Capture:
         n = next(iter(sizes.values()))
         check_batch(n, self.min_batch)
         sc = float(n) if self.reduction is Reduction.MEAN else 1.0
-        src = FactorSource(n, facs, self._owners, sc, self._means, self._check_means)
+        src = FactorSource(
+            n,
+            facs,
+            self._owners,
+            sc,
+            self._means,
+            self._check_means,
+            reduced=self.level is not Level.DIAG,
+        )
         st = assemble(
             src,
             self.syms,

@@ -114,6 +114,13 @@ class FactorSource(GradSource):
 
     Per-sample output-gradients of ℓ_n are ``sc``·g (N·g for a batch-mean loss); the
     formulas apply the factor to their smallest operand.
+
+    ``reduced`` (``level="solve"`` or ``"neuron"``): kernels are told that no per-sample
+    gradients are at hand, so that the diagonal statistics are per-neuron sums wherever the
+    level allows, as :class:`~noetherflow.stats.source.SampleSource` gives them; the sums of a
+    parameter whose per-sample gradients a coupled set keeps anyway are read off those. The
+    factors of the front moments (:func:`~noetherflow.stats.layers.front_factors`) are formed
+    once per layer and every head's moment is a slice of one batched product.
     """
 
     def __init__(
@@ -124,11 +131,17 @@ class FactorSource(GradSource):
         sc: float,
         known: Mapping[nn.Parameter, Tensor],
         check_known: bool,
+        *,
+        reduced: bool = False,
     ) -> None:
         self.n = n
         self._facs, self._owners, self._sc = factors, owners, sc
         self._known, self._check_known = known, check_known
+        self._reduced = reduced
         self._samples: dict[nn.Parameter, Tensor] = {}
+        # front-moment factors (L, R) per (part, kind), their aligned blocks per (part, kind, d)
+        self._front: dict[tuple[tuple[int, str], str], tuple[Tensor, Tensor]] = {}
+        self._blocks: dict[tuple[tuple[int, str], str, int], Tensor] = {}
         self._gaps: list[tuple[Unit, Tensor]] = []
         self._checked: set[tuple[int, str]] = set()
 
@@ -150,7 +163,7 @@ class FactorSource(GradSource):
 
     @override
     def has_samples(self, p: nn.Parameter) -> bool:
-        return p in self._samples
+        return not self._reduced and p in self._samples
 
     @override
     def samples(self, p: nn.Parameter) -> Tensor:
@@ -158,6 +171,10 @@ class FactorSource(GradSource):
             rec, role, a, g = self._layer(p)
             if role == "weight" and rec.handler.elementwise:
                 ps = (g * a).sum(1).mul_(self._sc).reshape(self.n, *p.shape)
+            elif role == "weight" and rec.handler.transposed and a.dim() == 3:
+                # [N, I, O] straight away: the parameter's layout, contiguous
+                ps = formulas.per_sample_weight(a, g, scale=self._sc, transposed=True)
+                ps = ps.reshape(self.n, *p.shape)
             elif role == "weight":
                 ps = rec.handler.to_param(
                     formulas.per_sample_weight(a, g, scale=self._sc), tuple(p.shape)
@@ -173,11 +190,11 @@ class FactorSource(GradSource):
 
     @override
     def mean(self, p: nn.Parameter) -> Tensor:
-        if p in self._samples or self._small(p):  # reductions are cheaper than matmuls
+        if self._small(p):  # per-sample gradients [N, O]: reductions are cheaper than matmuls
             return self.samples(p).mean(0)
         rec, role, a, g = self._layer(p)
         known = self._known.get(p)
-        if known is not None:
+        if known is not None:  # autograd's, even with per-sample gradients at hand: no pass
             # one check per part: the weight's when it is known, else the bias's
             u = self._owners[id(p)]
             w = u.weight()
@@ -186,6 +203,8 @@ class FactorSource(GradSource):
                 self._checked.add(u.key)
                 self._gaps.append((u, _mean_gap(rec, role, a, g, self._sc, known)))
             return known.reshape(p.shape)
+        if p in self._samples:  # a reduction is cheaper than a matmul
+            return self._samples[p].mean(0)
         if role == "weight":
             return rec.handler.to_param(formulas.weight_mean(a, g, scale=self._sc), tuple(p.shape))
         return formulas.bias_mean(g, scale=self._sc).reshape(p.shape)
@@ -216,6 +235,9 @@ class FactorSource(GradSource):
             if h.elementwise:
                 wsum = {ax: axis_sum(self.sq(w), ax) for ax in axes}  # type: ignore[arg-type]
                 bs = self.sq(b) if has_b else None  # type: ignore[arg-type]
+            elif w in self._samples:  # kept for a coupled set: one pass over them, no matmul
+                wsum = {ax: _sample_axis_sq(self._samples[w], ax) for ax in axes}  # type: ignore[index]
+                bs = formulas.bias_sq(g, scale=self._sc) if has_b else None
             elif h.matrix:
                 fac = tuple(h.factor_axis(ax) for ax in axes)
                 ws, bs = formulas.neuron_sums(a, g, fac, bias=has_b, scale=self._sc)
@@ -244,12 +266,30 @@ class FactorSource(GradSource):
                 f"estimator='hooks' computes rotation statistics for Linear-like layers only; "
                 f"{rec.name!r} is {type(rec.module).__name__}. Use estimator='reference'."
             )
-        sl = slice(start, stop)
-        if role == "bias":
-            return formulas.row_moment(a, g, sl, bias=True, scale=self._sc)
-        if h.factor_axis(axis) == 0:
-            return formulas.row_moment(a, g, sl, scale=self._sc)
-        return formulas.col_moment(a, g, sl, scale=self._sc)
+        kind = "bias" if role == "bias" else ("row" if h.factor_axis(axis) == 0 else "col")
+        part = self._owners[id(p)].key
+        lr = self._front.get((part, kind))
+        if lr is None:
+            lr = self._front[(part, kind)] = formulas.front_factors(a, g, kind, scale=self._sc)
+        d = stop - start
+        if start % d == 0:  # an aligned block (a head): all of this width at once
+            blocks = self._blocks.get((part, kind, d))
+            if blocks is None:
+                blocks = self._blocks[(part, kind, d)] = formulas.block_moments(*lr, d)
+            return blocks[start // d]
+        return formulas.sliced_moment(*lr, slice(start, stop))
+
+
+def _sample_axis_sq(v: Tensor, axis: int) -> Tensor:
+    """(1/N) Σ_n g_n ⊙ g_n summed over every axis but ``axis``. Has shape ``[shape[axis]]``.
+
+    ``v``: per-sample gradients ``[N, *shape]``. One fused reduction, no temporary of squares.
+    """
+    # per sample first (contiguous rows for axis 0), then over the samples: 5x faster than
+    # one reduction over the samples and the other axes together
+    rest = [k for k in range(1, v.dim()) if k != axis + 1]
+    per = torch.linalg.vector_norm(v, dim=rest) if rest else v.abs()
+    return per.square_().sum(0).div_(v.shape[0])
 
 
 _PROBE_TOL = {torch.float64: 1e-8, torch.float32: 1e-3}

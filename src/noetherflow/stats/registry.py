@@ -24,8 +24,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.func import functional_call
 
 from noetherflow._errors import UnsupportedLayerError
 from noetherflow._registry import Registry
@@ -156,6 +158,31 @@ def conv_factors(m: nn.Module, a: Tensor, g: Tensor) -> tuple[Tensor, Tensor]:
     return cols.reshape(n, t, gr, -1), gt.reshape(n, t, gr, -1)
 
 
+def _embedding_check(m: nn.Module) -> str | None:
+    assert isinstance(m, nn.Embedding)
+    if m.max_norm is not None or m.scale_grad_by_freq or m.sparse:
+        return (
+            f"max_norm={m.max_norm}, scale_grad_by_freq={m.scale_grad_by_freq}, sparse={m.sparse}"
+        )
+    return None
+
+
+def embedding_factors(m: nn.Module, a: Tensor, g: Tensor) -> tuple[Tensor, Tensor]:
+    """One-hot ids ``[N, T, V]`` and output-gradient ``[N, T, E]`` of an ``nn.Embedding``.
+
+    The table ``[V, E]`` is the ``[I, O]`` weight of a linear map of one-hot inputs
+    (``transposed``); the ``padding_idx`` row gets no gradient, so its column is zero. The
+    one-hot factor has V columns: for a large vocabulary ``estimator='reference'`` costs less.
+    """
+    assert isinstance(m, nn.Embedding)
+    n = a.shape[0]
+    gt = g.reshape(n, -1, g.shape[-1])
+    hot = F.one_hot(a.reshape(n, -1).long(), m.num_embeddings).to(gt.dtype)
+    if m.padding_idx is not None:
+        hot[..., m.padding_idx] = 0
+    return hot, gt
+
+
 # Layer class (or the qualified name of an optional package's class) → handler.
 LAYERS: Registry[LayerHandler] = Registry(
     "hook handler",
@@ -247,6 +274,8 @@ def handler_for(module: nn.Module, name: str = "", *, check: bool = True) -> Lay
             not supported (e.g. BatchNorm in training mode).
     """
     h = LAYERS.lookup(type(module))
+    if h is None:
+        h = _computed_norm(module)
     if h is None or not check:
         return h
     why = h.check(module) if h.check is not None else None
@@ -256,6 +285,51 @@ def handler_for(module: nn.Module, name: str = "", *, check: bool = True) -> Lay
             f"estimator='hooks'; use {h.fallback}."
         )
     return h
+
+
+def computed_affine_factors(m: nn.Module, a: Tensor, g: Tensor) -> tuple[Tensor, Tensor]:
+    """x̂ and g ``[N, T, C]`` of a norm recognised by what it computes, ``y = w ⊙ x̂(a) + b``.
+
+    x̂ is the module's own output with w = 1 and b = 0 (``functional_call``), so it is computed
+    exactly as the forward computes it, casts included (DeBERTa's float32 normalisation).
+    """
+    from noetherflow.symmetry._fx.layers import norm_spec
+
+    spec = norm_spec(m)
+    assert spec is not None
+    w = m.weight
+    assert isinstance(w, Tensor)
+    c = int(w.shape[0])
+    unit = {"weight": torch.ones(c, dtype=a.dtype, device=a.device)}
+    if isinstance(getattr(m, "bias", None), Tensor):
+        unit["bias"] = torch.zeros(c, dtype=a.dtype, device=a.device)
+    with torch.no_grad():
+        xhat = functional_call(m, unit, (a,))
+    n = a.shape[0]
+    return xhat.movedim(spec.axis, -1).reshape(n, -1, c), g.movedim(spec.axis, -1).reshape(n, -1, c)
+
+
+_COMPUTED = LayerHandler(computed_affine_factors, elementwise=True)
+
+
+def _computed_norm(m: nn.Module) -> LayerHandler | None:
+    """The handler of a norm that no class registration matches, or None.
+
+    For a norm that detection recognised by what it computes
+    (:mod:`noetherflow.symmetry._fx.numeric`) as ``w ⊙ x̂ + b`` with a per-feature affine (not
+    Gemma's ``(1 + w)``): ConvNeXtV2's LayerNorm subclass, DeBERTa's ``DebertaLayerNorm``.
+    """
+    w = getattr(m, "weight", None)
+    if not isinstance(w, nn.Parameter) or w.dim() != 1:
+        return None
+    from noetherflow.symmetry._fx.layers import NORMS, norm_spec
+
+    if NORMS.lookup(type(m)) is not None:
+        return None  # registered norms without a hook handler (GroupNorm): not by analogy
+    spec = norm_spec(m)
+    if spec is None or spec.batch or spec.per_channel or not spec.linear_affine:
+        return None
+    return _COMPUTED
 
 
 _BN = LayerHandler(
@@ -270,6 +344,9 @@ for _name, _handler in _BY_NAME.items():
 register_layer(nn.Linear, LayerHandler(linear_factors))
 register_layer(nn.Conv1d, LayerHandler(conv_factors, matrix=False, check=_conv_check))
 register_layer(nn.Conv2d, LayerHandler(conv_factors, matrix=False, check=_conv_check))
+register_layer(
+    nn.Embedding, LayerHandler(embedding_factors, transposed=True, check=_embedding_check)
+)
 register_layer(nn.LayerNorm, _NORM)
 register_layer(nn.RMSNorm, LayerHandler(rmsnorm_factors, elementwise=True))
 for _cls in (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm):

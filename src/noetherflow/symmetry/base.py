@@ -66,27 +66,60 @@ class DiagonalTerm:
     ``[j·block, (j+1)·block)``, all with the same generator entry a = ``sign``; e.g. the rows
     of a layer's weight (axis 0, block 1, +1) or the flattened columns of a conv channel
     (axis 1, block H·W, −1). This structure turns every sum over coordinates into a reshape.
+
+    ``groups`` > 1 (``axis`` ≥ 1): axis 0 is split into ``groups`` equal contiguous chunks
+    and each chunk has generators of its own, generator γ·J + j acting on block j along
+    ``axis`` within chunk γ (J = size along ``axis`` // ``block``): the input channels of a
+    grouped convolution, whose weight ``[O, I/G, k…]`` reads input channel γ·I/G + i only in
+    the rows of group γ, at column i.
     """
 
     param: nn.Parameter
     axis: int
     block: int
     sign: float
+    groups: int = 1
+
+    def __post_init__(self) -> None:
+        if self.groups < 1 or (self.groups > 1 and self.axis == 0):
+            raise SymmetryDefinitionError(
+                f"DiagonalTerm: groups={self.groups} along axis {self.axis}; expected groups "
+                ">= 1, and groups > 1 only along an axis other than 0 (axis 0 holds the groups)."
+            )
+        if self.groups > 1 and self.param.shape[0] % self.groups != 0:
+            raise SymmetryDefinitionError(
+                f"DiagonalTerm: groups={self.groups} do not divide axis 0 of a parameter of "
+                f"shape {tuple(self.param.shape)}; expected equal groups of rows."
+            )
+
+    @property
+    def per_group(self) -> int:
+        """Generators per group J: the size of ``axis`` divided by ``block``."""
+        return int(self.param.shape[self.axis]) // self.block
 
     @property
     def num_generators(self) -> int:
-        """Number of generators J: the size of ``axis`` divided by ``block``."""
-        return int(self.param.shape[self.axis]) // self.block
+        """Number of generators: ``groups`` · J."""
+        return self.groups * self.per_group
 
     def reduce(self, v: Tensor) -> Tensor:
-        """Σ_{k ∈ generator j} a_k v_k for ``v`` of the parameter's shape. Has shape ``[J]``."""
-        return self.sign * v.movedim(self.axis, 0).reshape(self.num_generators, -1).sum(1)
+        """Σ_{k ∈ generator j} a_k v_k for ``v`` of the parameter's shape. ``[num_generators]``."""
+        if self.groups == 1:
+            return self.sign * v.movedim(self.axis, 0).reshape(self.num_generators, -1).sum(1)
+        w = v.reshape(self.groups, -1, *v.shape[1:]).movedim(self.axis + 1, 1)
+        return self.sign * w.reshape(self.groups, self.per_group, -1).sum(2).reshape(-1)
 
     def expand(self, lam: Tensor) -> Tensor:
         """a_k λ_{j(k)}, broadcastable to the parameter's shape (and to ``[N, *shape]``)."""
         view = [1] * self.param.dim()
         view[self.axis] = -1
-        return (self.sign * lam.repeat_interleave(self.block)).view(view)
+        if self.groups == 1:
+            return (self.sign * lam.repeat_interleave(self.block)).view(view)
+        per = (self.sign * lam).reshape(self.groups, -1).repeat_interleave(self.block, dim=1)
+        rows = int(self.param.shape[0])
+        tail = [per.shape[1] if k == self.axis else 1 for k in range(1, self.param.dim())]
+        full = per.reshape(self.groups, 1, *tail).expand(self.groups, rows // self.groups, *tail)
+        return full.reshape(rows, *tail)
 
 
 def check_params(params: Sequence[nn.Parameter], who: str) -> None:
@@ -314,6 +347,8 @@ class DiagonalSymmetry(Symmetry):
         group = None
         for t in self.terms():
             v = values[t.param]
+            if t.groups > 1 and _shard.is_sharded(v):  # generators span rows and columns
+                v = _shard.full(v)
             if not _shard.is_sharded(v):
                 c = t.reduce(v)
                 plain = c if plain is None else plain + c
@@ -358,8 +393,8 @@ class DiagonalSymmetry(Symmetry):
             for t in self.terms():
                 ls = _shard.local_slice(t.param.data)
                 e = torch.exp(self._exponent(t, lam))
-                if t.axis == ls.dim:  # the generators of the local rows only
-                    e = e.narrow(t.axis, ls.offset, ls.local.shape[t.axis])
+                if e.shape[ls.dim] > 1:  # the generators of the local rows only
+                    e = e.narrow(ls.dim, ls.offset, ls.local.shape[ls.dim])
                 ls.local.mul_(e.to(ls.local.dtype))
 
     @override

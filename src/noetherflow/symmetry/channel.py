@@ -86,10 +86,16 @@ class ChannelRescaling(DiagonalSymmetry):
         return [*self.up, *self.down]
 
     def signature(self, names: Mapping[int, str]) -> tuple[Any, ...]:
-        """``("rescaling", producer terms, consumer terms)``, each ``(param name, axis, block)``."""
+        """``("rescaling", producer terms, consumer terms)``.
+
+        Each term is ``(param name, axis, block)``, with its groups appended when > 1.
+        """
 
         def terms(ts: Sequence[DiagonalTerm]) -> tuple[tuple[Any, ...], ...]:
-            return tuple((names[id(t.param)], t.axis, t.block) for t in ts)
+            return tuple(
+                (names[id(t.param)], t.axis, t.block, *((t.groups,) if t.groups > 1 else ()))
+                for t in ts
+            )
 
         return ("rescaling", terms(self.up), terms(self.down))
 

@@ -59,7 +59,10 @@ class Rescaling(DiagonalSymmetry):
 
     The layers must be joined by a positively homogeneous map (ReLU, LeakyReLU, identity,
     dropout, max-pooling, flatten); nothing else may read the neurons. ``SymmetrySet.verify``
-    checks this numerically.
+    checks this numerically. Either layer may be a grouped convolution: ``first``'s output
+    channels are its weight rows whatever its groups; ``second`` with G groups reads input
+    channel γ·I/G + i only in the filters of group γ, at column i (a depthwise convolution:
+    channel c is filter c's whole kernel).
     """
 
     family: ClassVar[Family] = Family.RESCALING
@@ -70,11 +73,6 @@ class Rescaling(DiagonalSymmetry):
         super().__init__(label=label)
         s1 = linear_layer(first, "Rescaling", "first")
         s2 = linear_layer(second, "Rescaling", "second")
-        if getattr(first, "groups", 1) != 1:
-            raise SymmetryDefinitionError(
-                f"Rescaling: grouped convolutions (groups={first.groups}) are not supported; "
-                "use groups=1 or declare the symmetry with DenseSymmetry."
-            )
         if block < 1:
             raise SymmetryDefinitionError(f"Rescaling: block must be >= 1, got {block}.")
         self._w1 = _param(first, "weight")
@@ -82,10 +80,13 @@ class Rescaling(DiagonalSymmetry):
         self._w2 = _param(second, "weight")
         self._axes = (s1.w_out, s2.w_in)  # neuron axis of each weight (registry layout)
         n_out = self._w1.shape[s1.w_out]
-        n_in = self._w2.shape[s2.w_in]
-        if getattr(second, "groups", 1) != 1:
+        self._groups = s2.groups  # a grouped consumer reads channel γ·I_g + i in group γ only
+        n_in = self._w2.shape[s2.w_in] * s2.groups
+        if s2.groups > 1 and (self._w2.shape[s2.w_in] % block != 0):
             raise SymmetryDefinitionError(
-                f"Rescaling: grouped convolutions (groups={second.groups}) are not supported."
+                f"Rescaling: block={block} does not divide the {self._w2.shape[s2.w_in]} input "
+                f"channels per group of second (groups={s2.groups}); expected each neuron's "
+                "channels inside one group."
             )
         if n_out * block != n_in:
             raise SymmetryDefinitionError(
@@ -112,13 +113,16 @@ class Rescaling(DiagonalSymmetry):
             terms = [DiagonalTerm(self._w1, self._axes[0], 1, 1.0)]
             if self._b1 is not None:
                 terms.append(DiagonalTerm(self._b1, 0, 1, 1.0))
-            terms.append(DiagonalTerm(self._w2, self._axes[1], self.block, -1.0))
+            terms.append(
+                DiagonalTerm(self._w2, self._axes[1], self.block, -1.0, groups=self._groups)
+            )
             self._terms = terms
         return self._terms
 
     def signature(self, names: Mapping[int, str]) -> tuple[Any, ...]:
-        """``("rescaling", first weight name, second weight name, block)``."""
-        return ("rescaling", names[id(self._w1)], names[id(self._w2)], self.block)
+        """``("rescaling", first weight name, second weight name, block[, second's groups])``."""
+        sig = ("rescaling", names[id(self._w1)], names[id(self._w2)], self.block)
+        return sig if self._groups == 1 else (*sig, self._groups)
 
     @override
     def describe(self) -> str:

@@ -78,24 +78,24 @@ class AffineRescalingPattern:
             if lspec is None or reader is None:
                 ledger.note(params, f"output of {name} is read by {rname}, not a linear layer")
                 return []
-            if lspec.groups != 1:
-                ledger.note(params, f"{name} → {rname}: a grouped convolution reads it")
-                return []
             approx = approx or arr.mode == APPROXIMATE
             cols = _columns(arr, reader)
             weight = reader.weight
             assert isinstance(weight, nn.Parameter)
-            n_in = int(weight.shape[lspec.w_in])
+            # a grouped reader (G groups) reads channel γ·I_g + i in group γ's filters only
+            per_group = int(weight.shape[lspec.w_in])
+            n_in = per_group * lspec.groups
             if (
                 cols is None
                 or n_in % n != 0
+                or per_group % (n_in // n) != 0
                 or not torch.equal(cols, torch.arange(n_in) // (n_in // n))
             ):
                 ledger.note(
                     params, f"{name} → {rname}: channels do not land on contiguous input columns"
                 )
                 return []
-            down.append(DiagonalTerm(weight, lspec.w_in, n_in // n, -1.0))
+            down.append(DiagonalTerm(weight, lspec.w_in, n_in // n, -1.0, groups=lspec.groups))
             readers.append(rname)
         if len({id(t.param) for t in down}) != len(down):
             ledger.note(params, f"{name} is read twice by the same layer")

@@ -21,7 +21,13 @@ from dataclasses import dataclass
 from torch import nn
 
 from noetherflow._registry import Registry, qualname
-from noetherflow.symmetry._fx.numeric import is_rms, linear_affine, numeric_layer, numeric_norm
+from noetherflow.symmetry._fx.numeric import (
+    is_rms,
+    linear_affine,
+    low_precision,
+    numeric_layer,
+    numeric_norm,
+)
 from noetherflow.symmetry._fx.tables import module_op
 
 __all__ = [
@@ -66,6 +72,9 @@ class NormSpec:
     holding eps. ``batch``: a BatchNorm (running statistics, train/eval behaviour).
     ``rms``: divides by the root mean square (no centring). ``linear_affine``: its affine
     weight multiplies the output (False for Gemma's ``(1 + w)``: no rescaling of w).
+    ``low_precision``: it normalises in float32 inside a float64 model and applies its
+    affine in float64 (DeBERTa's ``DebertaLayerNorm``): the affine's rescaling is exact, the
+    scale invariance of its input only to float32 round-off (not claimed).
     """
 
     axis: int
@@ -74,6 +83,7 @@ class NormSpec:
     batch: bool = False
     rms: bool = False
     linear_affine: bool = True
+    low_precision: bool = False
 
 
 LayerSpecFn = Callable[[nn.Module], LayerSpec]
@@ -156,7 +166,14 @@ def norm_spec(m: nn.Module | None) -> NormSpec | None:
         found = numeric_norm(m)  # T5LayerNorm, Gemma's (1 + w) RMSNorm, LayerNorm subclasses
         if found is not None:
             axis, attr, kind = found
-            return NormSpec(axis, False, attr, rms=is_rms(kind), linear_affine=linear_affine(kind))
+            return NormSpec(
+                axis,
+                False,
+                attr,
+                rms=is_rms(kind),
+                linear_affine=linear_affine(kind),
+                low_precision=low_precision(kind),
+            )
     return _duck_rms_norm(m)
 
 

@@ -48,6 +48,7 @@ from noetherflow.symmetry._fx.common import (
     _w_out,
     _weight,
 )
+from noetherflow.symmetry._fx.embeddings import EmbeddingProjectionPattern, is_embedding
 from noetherflow.symmetry._fx.engine import (
     APPROXIMATE,
     LINEAR,
@@ -98,19 +99,13 @@ class RescalingPattern:
         both_linear = _is_dense(first) and _is_dense(second)
         if arr.mode == LINEAR and both_linear:
             return []  # a double rotation, which contains the rescaling
-        for layer, nm in ((first, src.name), (second, sname)):
-            if getattr(layer_spec(layer), "groups", 1) != 1:
-                ledger.note(
-                    [*src.params, _weight(second)],
-                    f"{nm} is a grouped convolution (groups={getattr(layer, 'groups', 1)}); "
-                    "its per-group "
-                    "rescaling is not supported",
-                )
-                return []
-        cols = _column_map(arr, second)
+        # a grouped consumer (G groups) reads channel γ·I_g + i in group γ's filters only
+        groups = getattr(layer_spec(second), "groups", 1)
         n_out = int(_weight(first).shape[_w_out(first)])
-        n_in = int(_weight(second).shape[_w_in(second)])
-        if cols is None or n_in % n_out != 0:
+        per_group = int(_weight(second).shape[_w_in(second)])
+        n_in = per_group * groups
+        cols = _column_map(arr, second)
+        if cols is None or n_in % n_out != 0 or per_group % (n_in // n_out) != 0:
             ledger.note(
                 [*src.params, _weight(second)],
                 f"{src.name} → {sname}: features do not land on fixed input columns",
@@ -260,6 +255,13 @@ class ScalePattern:
             ledger.note(src.params, f"{src.name} → {nname} through a non-homogeneous map")
             return []
         params = src.params
+        if nspec.low_precision:
+            ledger.note(
+                params,
+                f"{nname} normalises in float32 inside a float64 model: the scale invariance "
+                f"of {src.name} holds to float32 round-off only",
+            )
+            return []
         if nspec.batch:
             if _w_out(src.module) != 0:
                 return []
@@ -445,6 +447,12 @@ def _register_builtins() -> None:
     attend, affine, layer_scale = AttentionPattern(), AffineRescalingPattern(), LayerScalePattern()
     register_matcher("scale-explicit", scale.match_explicit, stage="attribute")
     register_matcher("attention-mha", attend.match_mha, stage="module", claims=is_mha)
+    register_matcher(
+        "embedding-projection",
+        EmbeddingProjectionPattern().match,
+        stage="module",
+        claims=is_embedding,
+    )
     register_matcher(
         "affine-rescaling",
         _diagonal(

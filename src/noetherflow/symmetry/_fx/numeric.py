@@ -10,12 +10,15 @@ compared with the closed forms:
   Hugging Face's ``Conv1D`` layout), on the last axis;
 * normalisation over the feature axis (−1, or 1 for channels-first inputs), with eps the
   value of one of its attributes (``eps``, ``variance_epsilon``, ``epsilon``):
-  LayerNorm ``(x − μ)/√(σ² + eps)·w + b``; RMSNorm ``x/√(mean x² + eps)·w``; and the
-  RMSNorm with ``(1 + w)`` of Gemma, whose affine weight does not rescale linearly.
+  LayerNorm ``(x − μ)/√(σ² + eps)·w + b``; RMSNorm ``x/√(mean x² + eps)·w``; the
+  RMSNorm with ``(1 + w)`` of Gemma, whose affine weight does not rescale linearly; and,
+  in a float64 model, LayerNorm and RMSNorm normalising in float32 with the affine applied
+  in float64 (DeBERTa's ``DebertaLayerNorm``): their affine rescales exactly, their input's
+  scale invariance holds to float32 round-off only.
 
 The inputs are drawn at two scales, one with σ² ≈ eps, so a wrong eps (or eps attribute)
-fails the comparison. Tolerances: 1e-10 relative in float64, 1e-4 in lower precision. The
-verdict is cached per module.
+fails the comparison. Tolerances: 1e-10 relative in float64, 1e-4 in lower precision, 1e-5
+for the float32 normalisations in float64. The verdict is cached per module.
 """
 
 from __future__ import annotations
@@ -124,12 +127,30 @@ def _rms_norm_1p(x: Tensor, axis: int, eps: float, w: Tensor, b: Tensor | None) 
     return _rms_norm(x, axis, eps, 1 + w, b)
 
 
-# kind → (closed form, rms, affine weight rescales linearly)
-_FORMS: dict[str, tuple[Callable[..., Tensor], bool, bool]] = {
-    "layer": (_layer_norm, False, True),
-    "rms": (_rms_norm, True, True),
-    "rms(1+w)": (_rms_norm_1p, True, False),
+def _in_float32(form: Callable[..., Tensor]) -> Callable[..., Tensor]:
+    """``form`` normalising in float32 and applying the affine in the input's dtype.
+
+    DeBERTa's ``DebertaLayerNorm``: ``x̂ = LN(x.float()).to(x.dtype)``, then ``w ⊙ x̂ + b``.
+    """
+
+    def low(x: Tensor, axis: int, eps: float, w: Tensor, b: Tensor | None) -> Tensor:
+        one = torch.ones_like(w, dtype=torch.float32)
+        xhat = form(x.to(torch.float32), axis, eps, one, None).to(x.dtype)
+        return xhat * w + (0 if b is None else b)
+
+    return low
+
+
+# kind → (closed form, rms, affine weight rescales linearly, normalises in float32)
+_FORMS: dict[str, tuple[Callable[..., Tensor], bool, bool, bool]] = {
+    "layer": (_layer_norm, False, True, False),
+    "rms": (_rms_norm, True, True, False),
+    "rms(1+w)": (_rms_norm_1p, True, False, False),
+    # tried after the exact forms, float64 modules only, at float32's tolerance
+    "layer@float32": (_in_float32(_layer_norm), False, True, True),
+    "rms@float32": (_in_float32(_rms_norm), True, True, True),
 }
+_LOW_TOL = 1e-5  # float32 normalisation (round-off ~1e-7) compared in float64
 
 
 def numeric_norm(m: nn.Module) -> tuple[int, str, str] | None:
@@ -168,9 +189,12 @@ def _numeric_norm(m: nn.Module) -> tuple[int, str, str] | None:
             scales = (1.0, math.sqrt(eps) if eps > 0 else 1e-3)
             xs = [x0 * s for s in scales]
             outs = [_run(m, params, x.to(dev, dt)) for x in xs]
-            for kind, (form, _, _) in _FORMS.items():
+            for kind, (form, _, _, low) in _FORMS.items():
+                if low and dt != torch.float64:
+                    continue  # in float32 the float32 forms are the exact ones
+                tol = _LOW_TOL if low else _tol(dt)
                 refs = [form(x, axis, eps, wv, bv) for x in xs]
-                if all(_close(o, r, _tol(dt)) for o, r in zip(outs, refs, strict=True)):
+                if all(_close(o, r, tol) for o, r in zip(outs, refs, strict=True)):
                     return axis, attr, kind
     return None
 
@@ -181,3 +205,8 @@ def is_rms(kind: str) -> bool:
 
 def linear_affine(kind: str) -> bool:
     return _FORMS[kind][2]
+
+
+def low_precision(kind: str) -> bool:
+    """The norm normalises in float32 inside a float64 model (its affine in float64)."""
+    return _FORMS[kind][3]
