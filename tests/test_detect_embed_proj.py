@@ -81,6 +81,8 @@ def test_no_embedding_rotation_through_a_norm_a_gelu_or_a_shared_sum(kw: dict[st
     for train in (False, True):
         syms = nf.find_symmetries(model.train(train), _inputs(0))
         assert not any("word" in n for n in syms.names), syms.names
+        why = " ".join(syms.coverage(model)["word.weight"].reasons)
+        assert "only a sum of embedding tables read by a dense layer" in why, why
         for s in syms:
             assert max(_change(model, s, k) for k in (1, 2)) <= 1e-12, s.label
 

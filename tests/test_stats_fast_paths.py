@@ -211,3 +211,20 @@ def test_gpt2_mean_check_still_runs_where_samples_are_kept() -> None:
 
     with pytest.raises(MeanGapError, match="c_attn"):
         nf.collect_stats(m, syms, penalised, x, y, level="solve")
+
+
+@pytest.mark.parametrize("chunk", [13 * 2**16, 26])  # one chunk; several and a short tail
+def test_fingerprint_by_chunks_matches_the_float64_sums(
+    monkeypatch: pytest.MonkeyPatch, chunk: int
+) -> None:
+    from noetherflow import _checks
+
+    monkeypatch.setattr(_checks, "_FP_CHUNK", chunk)
+    torch.manual_seed(5)
+    for p in (torch.randn(10, 11), torch.randn(7, dtype=DT), torch.randn(0)):
+        x = p.reshape(-1).to(DT)
+        w = (torch.arange(x.numel()) % 13 + 1).to(DT)
+        want = (float(x.sum()), float(x @ x), float(x @ w))
+        (got,) = _checks.fingerprint([p])
+        assert _checks.same_fingerprint(got, want)
+        assert all(abs(a - b) <= 1e-13 * (1 + abs(b)) for a, b in zip(got, want, strict=True))

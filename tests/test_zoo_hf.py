@@ -117,3 +117,26 @@ def test_regnet_grouped_convolutions_are_rescaled() -> None:
         ]
         assert len(grouped) == 2, syms.names
         _holds(model, syms, make, train)
+
+
+def test_regnet_grouped_rescaling_hook_statistics_match_the_reference() -> None:
+    """Eval-mode BatchNorm affine → grouped 3×3: the hooks' flows equal torch.func's."""
+    from noetherflow.kernels.noise import NoiseModel
+
+    model, syms, _ = _detect("regnet", train=False)
+    g = torch.Generator().manual_seed(3)
+    x = {"pixel_values": torch.randn(6, 3, 16, 16, dtype=torch.float64, generator=g)}
+    y = torch.randn(6, 16, dtype=torch.float64, generator=g)
+
+    def loss(out: object, t: torch.Tensor) -> torch.Tensor:
+        return (out.pooler_output.flatten(1) - t).square().mean()  # type: ignore[attr-defined]
+
+    nm = NoiseModel.create(batch_size=6, lr=0.1, weight_decay=1e-3)
+    want = nf.noether_flow(
+        syms, nf.collect_stats(model, syms, loss, x, y, estimator="reference"), nm
+    )
+    for level in ("diag", "solve", "neuron"):
+        got = nf.noether_flow(syms, nf.collect_stats(model, syms, loss, x, y, level=level), nm)
+        for k in want:
+            err = float((got[k] - want[k]).abs().max())
+            assert err <= 1e-10 * float(want[k].abs().max()), (level, k)

@@ -48,7 +48,7 @@ from noetherflow.symmetry._fx.common import (
     _w_out,
     _weight,
 )
-from noetherflow.symmetry._fx.embeddings import EmbeddingProjectionPattern
+from noetherflow.symmetry._fx.embeddings import EmbeddingProjectionPattern, is_embedding
 from noetherflow.symmetry._fx.engine import (
     APPROXIMATE,
     LINEAR,
@@ -448,6 +448,12 @@ def _register_builtins() -> None:
     register_matcher("scale-explicit", scale.match_explicit, stage="attribute")
     register_matcher("attention-mha", attend.match_mha, stage="module", claims=is_mha)
     register_matcher(
+        "embedding-projection",
+        EmbeddingProjectionPattern().match,
+        stage="module",
+        claims=is_embedding,
+    )
+    register_matcher(
         "affine-rescaling",
         _diagonal(
             "rescaling",
@@ -470,7 +476,6 @@ def _register_builtins() -> None:
         ),
     )
     register_matcher("attention-contractions", attend.match_contractions, stage="graph")
-    register_matcher("embedding-projection", EmbeddingProjectionPattern().match, stage="graph")
 
 
 _register_builtins()
