@@ -4,12 +4,15 @@
 python benchmarks/gpt2_124m.py [--quick] [--threads 2] [--steps 30] [--reps 3]
                                [--phases detect,stats,solve,monitor] [--detect-batch 4x128]
                                [--optimizers sgdm,adamw] [--interleave block|step]
+                               [--layers 12]
 ```
 
 Hugging Face ``GPT2LMHeadModel(GPT2Config())`` (12 layers, width 768, 12 heads, vocabulary
 50,257, 124,439,808 parameters, random init, dropout off), a batch of 4 × 128 random tokens,
 cross-entropy on random next-token targets. ``--quick``: 2 layers, width 64, 2 heads,
-vocabulary 512, 4 × 16 tokens (a smoke run in seconds). Phases, in one process:
+vocabulary 512, 4 × 16 tokens (a smoke run in seconds); ``--layers N``: N blocks of the full
+width (the same work per block, e.g. the solver's per-block cost in a shorter run). Phases,
+in one process:
 
 * ``detect``: one ``find_symmetries`` on the ``--detect-batch`` slice of the batch (default
   the whole batch): seconds and peak memory above the model (Linux ``VmHWM``, reset before
@@ -61,8 +64,14 @@ class LM(nn.Module):
         return self.body(x).logits
 
 
-def build(quick: bool, seed: int = 0) -> tuple[nn.Module, Tensor, Tensor]:
-    """The model (default GPT-2 config, or the quick one) and a batch (ids, next-token targets)."""
+def build(
+    quick: bool, seed: int = 0, layers: int | None = None
+) -> tuple[nn.Module, Tensor, Tensor]:
+    """The model (default GPT-2 config, or the quick one) and a batch (ids, next-token targets).
+
+    ``layers``: that many blocks of the full width instead of 12 (a shorter run of the same
+    per-block work).
+    """
     import transformers as T
 
     torch.manual_seed(seed)
@@ -71,6 +80,8 @@ def build(quick: bool, seed: int = 0) -> tuple[nn.Module, Tensor, Tensor]:
         if quick
         else {}
     )
+    if layers is not None:
+        size["n_layer"] = layers
     ids = {"bos_token_id": 0, "eos_token_id": 0} if quick else {}
     cfg = T.GPT2Config(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, **size, **ids)
     model = LM(T.GPT2LMHeadModel(cfg))
@@ -285,6 +296,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="a small config: a smoke run")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--layers", type=int, default=None, help="blocks (default: the config's)")
     ap.add_argument("--steps", type=int, default=30, help="training steps per monitor loop")
     ap.add_argument("--reps", type=int, default=3, help="interleaved rounds of the stats phase")
     ap.add_argument("--phases", default="detect,stats,solve,monitor")
@@ -300,7 +312,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     phases = [p for p in args.phases.split(",") if p]
-    model, x, y = build(args.quick)
+    model, x, y = build(args.quick, layers=args.layers)
     n = sum(p.numel() for p in model.parameters())
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(
