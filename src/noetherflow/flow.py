@@ -16,15 +16,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 
+from noetherflow import _shard
 from noetherflow._checks import check_finite_number, check_stats_cover
 from noetherflow._deprecate import is_old_model_call, warn_model
 from noetherflow.kernels import kernel_for
 from noetherflow.kernels.decay import ParamDecay, decay_cross, parse_decay
 from noetherflow.kernels.noise import NoiseModel, TimeModel, check_decay, resolve_noise
 from noetherflow.stats.core import GradStats, with_displacement
-from noetherflow.symmetry.base import Symmetry
+from noetherflow.symmetry.base import Symmetry, charges_of_all
 from noetherflow.symmetry.set import SymmetrySet
 
 __all__ = [
@@ -51,7 +53,10 @@ def charges(
         syms = legacy
     if not isinstance(syms, SymmetrySet):
         raise TypeError(f"charges(syms) takes a SymmetrySet, got {type(syms).__name__}.")
-    return {name: s.charge() for name, s in syms.items()}
+    _shard.check_current(syms.params(), "charge")
+    with torch.no_grad():  # each family's members at once (an attention's heads: one bmm)
+        values = {p: p.detach() for p in syms.params()}
+        return dict(zip(syms.names, charges_of_all(list(syms), values), strict=True))
 
 
 def symmetry_flow(

@@ -217,6 +217,27 @@ class Symmetry(ABC):
         minus = {p: x[p] - y[p] for p in self.params}
         return (self.charge_of(plus) - self.charge_of(minus)) / 4
 
+    @classmethod
+    def charges_of(
+        cls, syms: Sequence[Symmetry], values: Mapping[nn.Parameter, Tensor]
+    ) -> list[Tensor]:
+        """:meth:`charge_of` of each of ``syms`` (instances of this class) on the same values.
+
+        One call per symmetry by default; a family with many members on one tensor (the
+        heads of an attention) batches them. Same values to round-off, in ``syms`` order.
+        """
+        return [s.charge_of(values) for s in syms]
+
+    @classmethod
+    def bilinears_of(
+        cls,
+        syms: Sequence[Symmetry],
+        x: Mapping[nn.Parameter, Tensor],
+        y: Mapping[nn.Parameter, Tensor],
+    ) -> list[Tensor]:
+        """:meth:`bilinear_of` of each of ``syms`` (of this class), as :meth:`charges_of`."""
+        return [s.bilinear_of(x, y) for s in syms]
+
     def charge(self) -> Tensor:
         """The Noether charge C(θ) = θᵀAθ (paper eq. 6) at the current parameters.
 
@@ -414,6 +435,38 @@ class DiagonalSymmetry(Symmetry):
     def identity_element(self) -> Tensor:
         p = self.terms()[0].param
         return torch.zeros(self.num_generators, dtype=torch.float64, device=p.device)
+
+
+def by_class(symmetries: Iterable[Symmetry]) -> list[tuple[type[Symmetry], list[int]]]:
+    """(class, indices of its members) in first-seen order: the groups of the batched forms."""
+    groups: dict[type[Symmetry], list[int]] = {}
+    for i, s in enumerate(symmetries):
+        groups.setdefault(type(s), []).append(i)
+    return list(groups.items())
+
+
+def charges_of_all(
+    symmetries: Sequence[Symmetry], values: Mapping[nn.Parameter, Tensor]
+) -> list[Tensor]:
+    """:meth:`Symmetry.charge_of` of each symmetry on ``values``, batched per class. In order."""
+    out: list[Tensor | None] = [None] * len(symmetries)
+    for cls, idx in by_class(symmetries):
+        for i, c in zip(idx, cls.charges_of([symmetries[i] for i in idx], values), strict=True):
+            out[i] = c
+    return [c for c in out if c is not None]
+
+
+def bilinears_of_all(
+    symmetries: Sequence[Symmetry],
+    x: Mapping[nn.Parameter, Tensor],
+    y: Mapping[nn.Parameter, Tensor],
+) -> list[Tensor]:
+    """:meth:`Symmetry.bilinear_of` of each symmetry, batched per class. In order."""
+    out: list[Tensor | None] = [None] * len(symmetries)
+    for cls, idx in by_class(symmetries):
+        for i, c in zip(idx, cls.bilinears_of([symmetries[i] for i in idx], x, y), strict=True):
+            out[i] = c
+    return [c for c in out if c is not None]
 
 
 def unique_params(symmetries: Iterable[Symmetry]) -> list[nn.Parameter]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import torch
 from torch import Tensor, nn
@@ -62,6 +62,65 @@ class Block:
         """Per-sample version of :meth:`write_front_`: ``new`` is ``[N, d, m]``."""
         v = value.movedim(self.axis + 1, 1)[:, self.start : self.stop]
         v.copy_(new.reshape(v.shape))
+
+
+def _stacked(blocks: Sequence[Block], values: Mapping[nn.Parameter, Tensor]) -> Tensor:
+    """The d-front matrices of blocks of one layout (same parameter, axis and d). ``[H, d, m]``.
+
+    A view when the blocks tile a range in order (the heads of a fused projection).
+    """
+    b0, h = blocks[0], len(blocks)
+    v = values[b0.param].movedim(b0.axis, 0)
+    starts = [b.start for b in blocks]
+    if starts == list(range(starts[0], starts[0] + h * b0.d, b0.d)):
+        f = v[starts[0] : starts[0] + h * b0.d]
+    else:
+        rows = torch.cat([torch.arange(b.start, b.stop) for b in blocks]).to(v.device)
+        f = v.index_select(0, rows)
+    return f.reshape(h, b0.d, math.prod(v.shape[1:]))
+
+
+def _layout(s: DoubleRotation) -> tuple[Any, ...]:
+    return tuple((id(b.param), b.axis, b.d) for b in s.w_blocks), tuple(
+        (id(b.param), b.axis, b.d) for b in s.u_blocks
+    )
+
+
+def _batched_forms(
+    syms: Sequence[Symmetry],
+    x: Mapping[nn.Parameter, Tensor],
+    y: Mapping[nn.Parameter, Tensor] | None,
+) -> list[Tensor]:
+    """Per rotation: U_xU_xᵀ − W_xW_xᵀ (``y`` None), else ½(U_xU_yᵀ + U_yU_xᵀ) − ½(W…).
+
+    Rotations of one layout are one ``bmm`` per block (Σ over blocks of the fronts' products
+    equals the product of the concatenated fronts); sharded values go one at a time.
+    """
+    rots = cast("list[DoubleRotation]", list(syms))
+    out: dict[int, Tensor] = {}
+    groups: dict[tuple[Any, ...], list[int]] = {}
+    vals = [x] if y is None else [x, y]
+    for i, s in enumerate(rots):
+        if any(_shard.is_sharded(v[p]) for v in vals for p in s.params):
+            out[i] = s.charge_of(x) if y is None else s.bilinear_of(x, y)
+        else:
+            groups.setdefault(_layout(s), []).append(i)
+    for idx in groups.values():
+        members = [rots[i] for i in idx]
+        m: Tensor | None = None
+        for sign, side in ((1.0, "u_blocks"), (-1.0, "w_blocks")):
+            for j in range(len(getattr(members[0], side))):
+                blocks = [getattr(s, side)[j] for s in members]
+                fx = _stacked(blocks, x)
+                fy = fx if y is None else _stacked(blocks, y)
+                g = torch.bmm(fx, fy.transpose(1, 2))
+                m = g if m is None else (m + g if sign > 0 else m - g)  # U side first
+        assert m is not None
+        if y is not None:
+            m = (m + m.transpose(1, 2)) / 2
+        for k, i in enumerate(idx):
+            out[i] = m[k]
+    return [out[i] for i in range(len(rots))]
 
 
 def _check_block(b: Block, d: int | None) -> int:
@@ -187,6 +246,29 @@ class DoubleRotation(Symmetry):
         m = self.side(self.u_blocks, x) @ self.side(self.u_blocks, y).T
         m = m - self.side(self.w_blocks, x) @ self.side(self.w_blocks, y).T
         return (m + m.T) / 2  # ½(U_xU_yᵀ + U_yU_xᵀ) − ½(W_xW_yᵀ + W_yW_xᵀ)
+
+    @classmethod
+    @override
+    def charges_of(
+        cls, syms: Sequence[Symmetry], values: Mapping[nn.Parameter, Tensor]
+    ) -> list[Tensor]:
+        """UᵀU − WWᵀ of each rotation, one batched product per block.
+
+        Rotations with the same layout on the same tensors (the heads of an attention) are
+        batched together.
+        """
+        return _batched_forms(syms, values, None)
+
+    @classmethod
+    @override
+    def bilinears_of(
+        cls,
+        syms: Sequence[Symmetry],
+        x: Mapping[nn.Parameter, Tensor],
+        y: Mapping[nn.Parameter, Tensor],
+    ) -> list[Tensor]:
+        """The symmetrised bilinear forms of :meth:`bilinear_of`, batched as :meth:`charges_of`."""
+        return _batched_forms(syms, x, y)
 
     def _sharded_charge(self, values: Mapping[nn.Parameter, Tensor]) -> Tensor:
         """UᵀU − WWᵀ of values sharded by FSDP2: a sum over shards where the hidden axis is whole.
