@@ -9,9 +9,9 @@ element acts on them (``apply_``), how it acts on gradients (the orbit transport
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import torch
 from torch import Tensor, nn
@@ -445,15 +445,24 @@ def by_class(symmetries: Iterable[Symmetry]) -> list[tuple[type[Symmetry], list[
     return list(groups.items())
 
 
+def _per_class(
+    symmetries: Sequence[Symmetry],
+    form: Callable[[type[Symmetry], list[Symmetry]], list[Tensor]],
+) -> list[Tensor]:
+    """``form(cls, members)`` for each class's members of ``symmetries``, back in their order."""
+    out: list[Tensor | None] = [None] * len(symmetries)
+    for cls, idx in by_class(symmetries):
+        for i, c in zip(idx, form(cls, [symmetries[i] for i in idx]), strict=True):
+            out[i] = c
+    assert all(c is not None for c in out)  # by_class covers every index once
+    return cast("list[Tensor]", out)
+
+
 def charges_of_all(
     symmetries: Sequence[Symmetry], values: Mapping[nn.Parameter, Tensor]
 ) -> list[Tensor]:
     """:meth:`Symmetry.charge_of` of each symmetry on ``values``, batched per class. In order."""
-    out: list[Tensor | None] = [None] * len(symmetries)
-    for cls, idx in by_class(symmetries):
-        for i, c in zip(idx, cls.charges_of([symmetries[i] for i in idx], values), strict=True):
-            out[i] = c
-    return [c for c in out if c is not None]
+    return _per_class(symmetries, lambda cls, members: cls.charges_of(members, values))
 
 
 def bilinears_of_all(
@@ -462,11 +471,7 @@ def bilinears_of_all(
     y: Mapping[nn.Parameter, Tensor],
 ) -> list[Tensor]:
     """:meth:`Symmetry.bilinear_of` of each symmetry, batched per class. In order."""
-    out: list[Tensor | None] = [None] * len(symmetries)
-    for cls, idx in by_class(symmetries):
-        for i, c in zip(idx, cls.bilinears_of([symmetries[i] for i in idx], x, y), strict=True):
-            out[i] = c
-    return [c for c in out if c is not None]
+    return _per_class(symmetries, lambda cls, members: cls.bilinears_of(members, x, y))
 
 
 def unique_params(symmetries: Iterable[Symmetry]) -> list[nn.Parameter]:
