@@ -364,7 +364,9 @@ def test_inspect_token_model_with_dtype_long(
     args = ["inspect", f"{f}:make", "--input-shape", "16", "--dtype", "long", "--vocab-size"]
     assert cli.main([*args, "50", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert len(data["symmetries"]) == 1 and "coverage" in data
+    # the table → l1 rotation (GL of the embedding width) and l1 → l2 across the ReLU
+    assert [s["name"] for s in data["symmetries"]] == ["rotation:emb→l1", "rescaling:l1→l2"]
+    assert "coverage" in data
     # ids beyond the table: the model's own error, exit 2, no traceback
     assert cli.main([*args, "500"]) == cli.ExitCode.USAGE
     assert "error" in capsys.readouterr().err

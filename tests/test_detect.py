@@ -271,7 +271,11 @@ def test_tied_embeddings_reason() -> None:
     cov = find_symmetries(model, x).coverage(model)
     reasons = " ".join(cov["emb.weight"].reasons)
     assert "tied: also named head.weight" in reasons and "used 2 times" in reasons
-    assert "emb" in cov.unsupported_modules
+    # an embedding is a supported layer (its table → fc1 rotation exists untied), not claimed
+    # because the table is read twice
+    assert "emb" not in cov.unsupported_modules
+    assert "rotation:emb→fc1 not claimed" in reasons
+    assert cov["emb.weight"].symmetries == ()
 
 
 # -- bad input ------------------------------------------------------------------------------
