@@ -114,7 +114,7 @@ def _batched_forms(
                 fx = _stacked(blocks, x)
                 fy = fx if y is None else _stacked(blocks, y)
                 g = torch.bmm(fx, fy.transpose(1, 2))
-                m = g if m is None else (m + g if sign > 0 else m - g)  # U side first
+                m = sign * g if m is None else m + sign * g  # ±1.0 · g is exact
         assert m is not None
         if y is not None:
             m = (m + m.transpose(1, 2)) / 2
