@@ -47,6 +47,7 @@ from noetherflow.symmetry._fx.common import (
     _w_out,
     _weight,
 )
+from noetherflow.symmetry._fx.contractions import ContractionPattern
 from noetherflow.symmetry._fx.embeddings import EmbeddingProjectionPattern, is_embedding
 from noetherflow.symmetry._fx.engine import (
     APPROXIMATE,
@@ -502,6 +503,9 @@ def _register_builtins() -> None:
             ),
         ),
     )
+    contract = ContractionPattern()
+    register_matcher("contraction-rescaling", _diagonal("rescaling", contract.match_self))
+    register_matcher("parameter-rotation", contract.match_param)
     register_matcher("attention-contractions", attend.match_contractions, stage="graph")
 
 
