@@ -47,5 +47,28 @@ for name, (config, model_cls) in MODELS.items():
         "verified": all(r.verified for r in syms.verification.values()),
         "warnings": [str(w.message)[:200] for w in caught],
     }
+# Mamba (its scan functions are hub-kernel wrappers too): eval and train mode
+mamba_cfg = T.MambaConfig(
+    num_hidden_layers=1,
+    hidden_size=16,
+    vocab_size=32,
+    state_size=4,
+    expand=2,
+    conv_kernel=4,
+    time_step_rank=4,
+    use_cache=False,
+)
+torch.manual_seed(0)
+mamba = T.MambaModel(mamba_cfg).double()
+mamba_found = {}
+for mode in ("eval", "train"):
+    mamba.train(mode == "train")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        msyms = nf.find_symmetries(mamba, torch.randint(0, 32, (2, 5)))
+    mamba_found[mode] = {
+        "names": sorted(msyms.names),
+        "verified": all(r.verified for r in msyms.verification.values()),
+    }
 wrapped = isinstance(llama.apply_rotary_pos_emb, torch.nn.Module)
-print(json.dumps({"wrapped": wrapped, "models": found}))
+print(json.dumps({"wrapped": wrapped, "models": found, "mamba": mamba_found}))

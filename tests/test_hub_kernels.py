@@ -12,11 +12,13 @@ makes ``transformers`` take its no-op decorators).
 
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
 import sys
 import warnings
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -100,7 +102,8 @@ def test_kernels_decorated_rotary_is_found() -> None:
 _PROBE = Path(__file__).with_name("hub_kernels_probe.py")
 
 
-def _probe(kernels: bool) -> dict[str, dict[str, object]]:
+@functools.cache
+def _probe(kernels: bool) -> dict[str, Any]:
     out = subprocess.run(
         [sys.executable, str(_PROBE), "on" if kernels else "off"],
         capture_output=True,
@@ -122,3 +125,19 @@ def test_llama_family_same_with_and_without_kernels() -> None:
         assert not found["warnings"], (name, found["warnings"])
         planes = [n for n in found["names"] if "plane" in n]
         assert len(planes) == 4, (name, found["names"])  # 2 planes × 2 key heads
+
+
+def test_mamba_same_with_and_without_kernels() -> None:
+    """Mamba's B/C rescaling and Δ rotation are found in both environments, eval and train."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("kernels")
+    on, off = _probe(True), _probe(False)
+    assert on["mamba"] == off["mamba"]
+    for mode in ("eval", "train"):
+        found = on["mamba"][mode]
+        assert found["verified"], (mode, found)
+        assert found["names"] == [
+            "rescaling:layers.0.mixer.x_proj[4:8]↔[8:12]",
+            "rescaling:layers.0.norm→layers.0.mixer.in_proj",
+            "rotation:layers.0.mixer.x_proj[0:4]→layers.0.mixer.dt_proj.weight",
+        ], (mode, found)

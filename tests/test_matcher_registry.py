@@ -28,7 +28,7 @@ def registered() -> Iterator[None]:
 
 def test_builtin_matchers_are_registered_in_order() -> None:
     names = [m.name for m in patterns.registered_matchers()]
-    assert names[:9] == [
+    assert names[:11] == [
         "scale-explicit",
         "attention-mha",
         "embedding-projection",
@@ -37,6 +37,8 @@ def test_builtin_matchers_are_registered_in_order() -> None:
         "rotation",
         "scale",
         "layer-scale",
+        "contraction-rescaling",
+        "parameter-rotation",
         "attention-contractions",
     ]
     assert [m.name for m in patterns.matchers_at("graph")] == ["attention-contractions"]

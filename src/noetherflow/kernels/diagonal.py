@@ -18,6 +18,7 @@ pattern of F's terms, :mod:`._diag_recession`). Both are left unmoved, the rest 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -137,9 +138,14 @@ def _diag_problem(
     # rows: Terms (offset, n, block, sign); cols: the same with the term's groups appended
     per_param: dict[nn.Parameter, tuple[list[Term], list[tuple[int, int, int, float, int]]]] = {}
     chunks: dict[nn.Parameter, int] = {}  # row chunks of grouped terms (grouped convolutions)
+    # terms over a slice of their axis, (axis, index of the term, start, length)
+    slices: dict[nn.Parameter, list[tuple[int, int, int, int]]] = {}
     for s in syms:
         for t in s.terms():
             rows, gcols = per_param.setdefault(t.param, ([], []))
+            if t.sliced and t.axis in (0, 1):
+                sl = slices.setdefault(t.param, [])
+                sl.append((t.axis, len(rows) if t.axis == 0 else len(gcols), t.start, t.span))
             if t.groups > 1 and t.per_group == 1 and t.axis == 1:
                 # one column per group (a depthwise convolution): generator γ is row chunk γ
                 size = int(t.param.shape[0]) // t.groups
@@ -167,6 +173,12 @@ def _diag_problem(
             m = nmp.diag(mean, sq, None if disp is None else disp.to(torch.float64))
             if disp is None:  # else signed: balance() below
                 m = m.clamp(min=0)
+            if p in slices:
+                grids += [
+                    compress(g)
+                    for g in _sliced(_to_grid(m), _to_grid(c), rows, gcols, slices[p], p, chunks)
+                ]
+                continue
             parts = _split_rows(_to_grid(m), _to_grid(c), rows, gcols, chunks.get(p, 1), p)
             grids += [compress(g) for g in parts]
             continue
@@ -191,6 +203,9 @@ def _diag_problem(
             m = m.clamp(min=0)
         m, cs = m.cpu(), axis_sum(c, ax).cpu()
         shape = (-1, 1) if ax == 0 else (1, -1)
+        if p in slices:
+            grids += _sliced(m.reshape(shape), cs.reshape(shape), rows, gcols, slices[p], p, chunks)
+            continue
         grids.append(_Grid(m.reshape(shape), cs.reshape(shape), rows, cols))
     lin = _decay_linear(syms, values, stats, nm, offsets, n)
     if not signed:
@@ -239,6 +254,68 @@ def _split_rows(
             per = n // grp
             cols.append((off, n, b, sg) if grp == 1 else (off + (r * grp // k) * per, per, b, sg))
         out.append(_Grid(m[lo : lo + size], c[lo : lo + size], rows, cols))
+    return out
+
+
+def _sliced(
+    m: Tensor,
+    c: Tensor,
+    rows_in: list[Term],
+    cols_in: list[tuple[int, int, int, float, int]],
+    slices: list[tuple[int, int, int, int]],
+    p: nn.Parameter,
+    chunks: Mapping[nn.Parameter, int],
+) -> list[_Grid]:
+    """One parameter's grid (``m``, ``c`` ``[n0, n1]``) cut where its terms' slices begin and end.
+
+    ``slices``: ``(axis, index of the term in rows_in or cols_in, start, length)`` of the terms
+    covering part of their axis (the others cover it whole). Each piece gets every term that
+    covers it, restricted to the generators of its rows (columns), so every term of a piece
+    spans the piece's whole axis, as the solver's grids assume; a piece no term covers does
+    not depend on λ and is left out. A generator's block must not straddle a cut.
+    """
+    if p in chunks:
+        raise StatisticsError(
+            f"A parameter of shape {tuple(p.shape)} has both grouped terms (a grouped "
+            "convolution's input channels) and terms over a slice of an axis; the solver takes "
+            "one or the other per parameter."
+        )
+    n0, n1 = int(m.shape[0]), int(m.shape[1])
+    span: dict[tuple[int, int], tuple[int, int]] = {(ax, i): (a, b) for ax, i, a, b in slices}
+    rows = [(t, span.get((0, i), (0, n0))) for i, t in enumerate(rows_in)]
+    cols = [
+        ((o, k, b, sg), span.get((1, i), (0, n1))) for i, (o, k, b, sg, _) in enumerate(cols_in)
+    ]
+
+    def cuts(terms: list[tuple[Term, tuple[int, int]]], n: int) -> list[int]:
+        return sorted({0, n} | {x for _, (a, ln) in terms for x in (a, a + ln)})
+
+    def restrict(terms: list[tuple[Term, tuple[int, int]]], lo: int, hi: int) -> list[Term]:
+        out: list[Term] = []
+        for (off, _, b, sg), (a, ln) in terms:
+            if not (a <= lo and hi <= a + ln):
+                continue  # the term does not cover this piece
+            if (lo - a) % b or (hi - lo) % b:
+                raise StatisticsError(
+                    f"A diagonal generator acts on blocks of {b} indices of a parameter of shape "
+                    f"{tuple(p.shape)} that straddle the slice [{lo}, {hi}) of another term; "
+                    "expected slices made of whole blocks."
+                )
+            out.append((off + (lo - a) // b, (hi - lo) // b, b, sg))
+        return out
+
+    rc, cc = cuts(rows, n0), cuts(cols, n1)
+    if len(rows_in) == 0:
+        rc = [0, n0]
+    if len(cols_in) == 0:
+        cc = [0, n1]
+    out = []
+    for r0, r1 in itertools.pairwise(rc):
+        rt = restrict(rows, r0, r1)
+        for c0, c1 in itertools.pairwise(cc):
+            ct = restrict(cols, c0, c1)
+            if rt or ct:
+                out.append(_Grid(m[r0:r1, c0:c1], c[r0:r1, c0:c1], rt, ct))
     return out
 
 
@@ -331,6 +408,7 @@ class DiagonalKernel(Kernel[DiagonalSymmetry, DiagonalStats]):
     joint: ClassVar[bool] = True
     decay_commutes: ClassVar[bool] = True
     can_hold: ClassVar[bool] = True
+    factored: ClassVar[bool] = True
     incremental: ClassVar[bool] = True
     settings: ClassVar[type[Any]] = DiagonalSettings
 
@@ -386,7 +464,7 @@ class DiagonalKernel(Kernel[DiagonalSymmetry, DiagonalStats]):
                 out += t.reduce(m.to(torch.float64))
                 continue
             m = _axis_m(nm, mean, block.axis_sq(t.param, t.axis), disp, t.axis)
-            out += t.sign * m.to(torch.float64).reshape(t.num_generators, t.block).sum(1)
+            out += t.reduce_axis(m.to(torch.float64))
         return out
 
     # -- solving ------------------------------------------------------------------------

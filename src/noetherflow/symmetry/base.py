@@ -72,6 +72,12 @@ class DiagonalTerm:
     ``axis`` within chunk γ (J = size along ``axis`` // ``block``): the input channels of a
     grouped convolution, whose weight ``[O, I/G, k…]`` reads input channel γ·I/G + i only in
     the rows of group γ, at column i.
+
+    ``start`` and ``length`` (None: to the end) restrict the term to the slice
+    ``[start, start + length)`` of ``axis``: the generators' blocks tile that slice and the
+    rest of the axis has entry 0 (untouched). Two terms of one symmetry may act on two slices
+    of one parameter, e.g. Mamba's ``x_proj`` rows of B (+1) against its rows of C (−1), with
+    the Δ rows in neither.
     """
 
     param: nn.Parameter
@@ -79,8 +85,27 @@ class DiagonalTerm:
     block: int
     sign: float
     groups: int = 1
+    start: int = 0
+    length: int | None = None
 
     def __post_init__(self) -> None:
+        size = (
+            int(self.param.shape[self.axis])
+            if -self.param.dim() <= self.axis < self.param.dim()
+            else -1
+        )
+        span = size - self.start if self.length is None else self.length
+        if size < 0 or self.start < 0 or span < 1 or self.start + span > size:
+            raise SymmetryDefinitionError(
+                f"DiagonalTerm: slice start={self.start}, length={self.length} along axis "
+                f"{self.axis} of a parameter of shape {tuple(self.param.shape)}; expected a "
+                "non-empty slice inside the axis."
+            )
+        if self.groups > 1 and self.sliced:
+            raise SymmetryDefinitionError(
+                f"DiagonalTerm: groups={self.groups} with the slice start={self.start}, "
+                f"length={self.length}; a grouped term covers its whole axis."
+            )
         if self.groups < 1 or (self.groups > 1 and self.axis == 0):
             raise SymmetryDefinitionError(
                 f"DiagonalTerm: groups={self.groups} along axis {self.axis}; expected groups "
@@ -93,9 +118,20 @@ class DiagonalTerm:
             )
 
     @property
+    def span(self) -> int:
+        """The length of the slice the term covers along ``axis`` (the whole axis by default)."""
+        size = int(self.param.shape[self.axis])
+        return size - self.start if self.length is None else self.length
+
+    @property
+    def sliced(self) -> bool:
+        """Whether the term covers part of its axis only."""
+        return self.start != 0 or self.span != int(self.param.shape[self.axis])
+
+    @property
     def per_group(self) -> int:
-        """Generators per group J: the size of ``axis`` divided by ``block``."""
-        return int(self.param.shape[self.axis]) // self.block
+        """Generators per group J: the length of the slice along ``axis`` divided by ``block``."""
+        return self.span // self.block
 
     @property
     def num_generators(self) -> int:
@@ -105,16 +141,31 @@ class DiagonalTerm:
     def reduce(self, v: Tensor) -> Tensor:
         """Σ_{k ∈ generator j} a_k v_k for ``v`` of the parameter's shape. ``[num_generators]``."""
         if self.groups == 1:
-            return self.sign * v.movedim(self.axis, 0).reshape(self.num_generators, -1).sum(1)
+            w = v.movedim(self.axis, 0).narrow(0, self.start, self.span)
+            return self.sign * w.reshape(self.num_generators, -1).sum(1)
         w = v.reshape(self.groups, -1, *v.shape[1:]).movedim(self.axis + 1, 1)
         return self.sign * w.reshape(self.groups, self.per_group, -1).sum(2).reshape(-1)
 
+    def reduce_axis(self, v: Tensor) -> Tensor:
+        """:meth:`reduce` of a per-index vector ``v`` ``[param.shape[axis]]``. ``[J]``."""
+        w = v.narrow(0, self.start, self.span)
+        return self.sign * w.reshape(self.num_generators, -1).sum(1)
+
     def expand(self, lam: Tensor) -> Tensor:
-        """a_k λ_{j(k)}, broadcastable to the parameter's shape (and to ``[N, *shape]``)."""
+        """a_k λ_{j(k)}, broadcastable to the parameter's shape (and to ``[N, *shape]``).
+
+        0 outside the term's slice.
+        """
         view = [1] * self.param.dim()
         view[self.axis] = -1
         if self.groups == 1:
-            return (self.sign * lam.repeat_interleave(self.block)).view(view)
+            e = self.sign * lam.repeat_interleave(self.block)
+            if self.sliced:
+                size = int(self.param.shape[self.axis])
+                e = torch.cat(
+                    [e.new_zeros(self.start), e, e.new_zeros(size - self.start - self.span)]
+                )
+            return e.view(view)
         per = (self.sign * lam).reshape(self.groups, -1).repeat_interleave(self.block, dim=1)
         rows = int(self.param.shape[0])
         tail = [per.shape[1] if k == self.axis else 1 for k in range(1, self.param.dim())]
@@ -330,11 +381,22 @@ class DiagonalSymmetry(Symmetry):
     @property
     @override
     def params(self) -> list[nn.Parameter]:
-        return [t.param for t in self.terms()]
+        # one parameter may carry several terms (slices of one weight): each listed once
+        return list({id(t.param): t.param for t in self.terms()}.values())
 
     @override
     def acted_axes(self) -> list[tuple[nn.Parameter, int | None]]:
-        return [(t.param, t.axis) for t in self.terms()]
+        pairs = {(id(t.param), t.axis): (t.param, t.axis) for t in self.terms()}
+        return list(pairs.values())
+
+    @override
+    def covered_mask(self, p: Tensor) -> Tensor:
+        """The coordinates inside the slices of the terms on ``p`` (all of them by default)."""
+        mask = torch.zeros(p.shape, dtype=torch.bool)
+        for t in self.terms():
+            if t.param is p:
+                mask.narrow(t.axis, t.start, t.span).fill_(True)
+        return mask
 
     @property
     @override
@@ -376,7 +438,7 @@ class DiagonalSymmetry(Symmetry):
                 continue
             ls = _shard.local_slice(v)
             per_index = _shard.axis_sums(ls, t.axis, int(v.shape[t.axis]))
-            c = t.sign * per_index.reshape(t.num_generators, -1).sum(1)
+            c = t.reduce_axis(per_index)
             partial, group = (c if partial is None else partial + c), ls.group
         if partial is not None:
             total = _shard.sum_over_shards(partial, group)

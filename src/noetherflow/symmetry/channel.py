@@ -64,14 +64,16 @@ class ChannelRescaling(DiagonalSymmetry):
                     f"sign {t.sign}; expected {sign:+g} (producers +1, consumers −1)."
                 )
         counts = {t.num_generators for t in up + down}
-        bad = [t for t in up + down if t.param.shape[t.axis] % t.block != 0]
+        bad = [t for t in up + down if t.span % t.block != 0]
         if len(counts) != 1 or bad:
             raise SymmetryDefinitionError(
                 "ChannelRescaling: terms do not chain: channel counts "
                 f"{sorted(counts)} (size along axis // block) differ or do not divide; expected "
                 "one channel count shared by producers and consumers."
             )
-        check_params([t.param for t in up + down], "ChannelRescaling")
+        # a parameter may carry several terms (two slices of one weight), on disjoint slices
+        check_params(list({id(t.param): t.param for t in up + down}.values()), "ChannelRescaling")
+        _check_disjoint(up + down)
         self._n = counts.pop()
         self.up = up
         self.down = down
@@ -88,12 +90,19 @@ class ChannelRescaling(DiagonalSymmetry):
     def signature(self, names: Mapping[int, str]) -> tuple[Any, ...]:
         """``("rescaling", producer terms, consumer terms)``.
 
-        Each term is ``(param name, axis, block)``, with its groups appended when > 1.
+        Each term is ``(param name, axis, block)``, with its groups appended when > 1 and its
+        slice ``(start, length)`` when it covers part of its axis.
         """
 
         def terms(ts: Sequence[DiagonalTerm]) -> tuple[tuple[Any, ...], ...]:
             return tuple(
-                (names[id(t.param)], t.axis, t.block, *((t.groups,) if t.groups > 1 else ()))
+                (
+                    names[id(t.param)],
+                    t.axis,
+                    t.block,
+                    *((t.groups,) if t.groups > 1 else ()),
+                    *(((t.start, t.span),) if t.sliced else ()),
+                )
                 for t in ts
             )
 
@@ -102,3 +111,18 @@ class ChannelRescaling(DiagonalSymmetry):
     @override
     def describe(self) -> str:
         return self.label or f"channel rescaling ({self._n} channels)"
+
+
+def _check_disjoint(terms: Sequence[DiagonalTerm]) -> None:
+    """Refuse two terms on overlapping slices of one axis of one parameter."""
+    seen: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    for t in terms:
+        key = (id(t.param), t.axis % t.param.dim())
+        for lo, hi in seen.get(key, []):
+            if t.start < hi and lo < t.start + t.span:
+                raise SymmetryDefinitionError(
+                    f"ChannelRescaling: two terms act on overlapping slices [{lo}, {hi}) and "
+                    f"[{t.start}, {t.start + t.span}) of axis {t.axis} of a parameter of shape "
+                    f"{tuple(t.param.shape)}; expected disjoint slices (or one term)."
+                )
+        seen.setdefault(key, []).append((t.start, t.start + t.span))

@@ -26,6 +26,7 @@ from noetherflow.symmetry._fx.common import (
     _range_of,
     _Source,
 )
+from noetherflow.symmetry._fx.contractions import self_contraction_nodes
 from noetherflow.symmetry._fx.engine import (
     LINEAR,
     Arrival,
@@ -50,9 +51,11 @@ class AttentionPattern:
         self, info: GraphInfo, sources: list[_Source], ledger: Ledger
     ) -> list[Proposal]:
         by_node: dict[fx.Node, dict[str, list[tuple[_Source, int, Arrival]]]] = {}
+        # a layer's features meeting its own through element-wise maps: contractions.py's
+        skip = {n for src in sources for n in self_contraction_nodes(src)}
         for src in sources:
             for i, arr in _kinds(src):
-                if arr.kind in ("contract_a", "contract_b"):
+                if arr.kind in ("contract_a", "contract_b") and arr.node not in skip:
                     by_node.setdefault(arr.node, {}).setdefault(arr.kind, []).append((src, i, arr))
         out: list[Proposal] = []
         pairs: list[tuple[fx.Node, tuple[_Source, int, Arrival], tuple[_Source, int, Arrival]]] = []

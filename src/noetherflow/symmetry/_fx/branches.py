@@ -87,6 +87,10 @@ class InputBranches(TorchFunctionMode):
                 self._taint[t] = True
         self.branches: list[Branch] = []
 
+    def tainted(self, t: Tensor) -> bool:
+        """Whether ``t`` is an input or was computed from one."""
+        return t in self._taint
+
     def _tainted(self, leaves: list[Any]) -> bool:
         return any(isinstance(a, Tensor) and a in self._taint for a in leaves)
 

@@ -36,9 +36,14 @@ from noetherflow.symmetry._fx.branches import Branch, InputBranches
 from noetherflow.symmetry._fx.engine import GraphInfo
 from noetherflow.symmetry._fx.hub import out_of_tree_call
 from noetherflow.symmetry._fx.layers import is_known_module
+from noetherflow.symmetry._fx.sums import INPUT_FREE_KEY
 from noetherflow.symmetry._fx.tables import names_of
 
-__all__ = ["Capture", "ConcreteTracer", "capture", "flat_outputs", "is_leaf"]
+__all__ = ["INPUT_FREE", "Capture", "ConcreteTracer", "capture", "flat_outputs", "is_leaf"]
+
+#: ``GraphModule.meta`` key: names of the tensor constants the traced forward created without
+#: reading the inputs (the same for every input of the example's shapes).
+INPUT_FREE = INPUT_FREE_KEY
 
 # Methods and attributes answered with the concrete value instead of a graph node.
 _CONCRETE_METHODS = {
@@ -263,7 +268,14 @@ def _concrete(
         # enable_grad: no inference fast paths (nn.TransformerEncoderLayer)
         with torch.enable_grad(), watch:
             graph = tracer.trace(model)
-        return fx.GraphModule(tracer.root, graph, type(model).__name__), watch.branches
+        gm = fx.GraphModule(tracer.root, graph, type(model).__name__)
+        # the tensors the forward made without the inputs (torch.zeros(...)), baked by fx
+        gm.meta[INPUT_FREE] = frozenset(
+            k
+            for k in set(model.__dict__) - before
+            if isinstance(model.__dict__[k], Tensor) and not watch.tainted(model.__dict__[k])
+        )
+        return gm, watch.branches
     finally:
         for k in set(model.__dict__) - before:  # fx stores constants on the root: remove them
             delattr(model, k)

@@ -22,6 +22,7 @@ node), the :class:`Ledger` of parameter uses and reasons, :class:`Proposal` and
 
 from __future__ import annotations
 
+import dataclasses
 import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -57,6 +58,7 @@ from noetherflow.symmetry._fx.probes import (
     _shape_only,
 )
 from noetherflow.symmetry._fx.rotary import _rotary
+from noetherflow.symmetry._fx.sums import cast_flow, plus_zero, sum_of_flows
 from noetherflow.symmetry._fx.tables import (
     APPROXIMATE,
     HOMOGENEOUS,
@@ -351,6 +353,11 @@ def _step(
             return None
         return _Flow(out, new_mode, heads, via)
 
+    through = sum_of_flows(info, node, ins, flows) if len(ins) == 2 else None
+    if len(ins) == 1:  # a cast, or x + (a zero by construction): the same features
+        through = cast_flow(info, node, flows[ins[0]]) or plus_zero(info, node, ins, flows[ins[0]])
+    if through is not None:
+        return dataclasses.replace(through)
     if node.target is torch.einsum:
         return _einsum(node, ins, flows, mode, heads, via, info, arrivals, stop, name)
     if node.target in (torch.baddbmm, "baddbmm"):
