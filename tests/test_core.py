@@ -381,8 +381,8 @@ def test_errors_name_value_expectation_and_fix() -> None:
         nf.collect_stats(ok, syms, nn.MSELoss(), x, y * float("nan"))
     with pytest.raises(ValueError, match="lr="):
         nf.noether_flow(syms, nf.collect_stats(ok, syms, nn.MSELoss(), x, y), lr=-1, batch_size=2)
-    # an unregistered layer type (LayerNorm is registered now)
-    ln = nn.Sequential(nn.Linear(3, 4), nn.GroupNorm(2, 4), nn.Linear(4, 2))
+    # an unregistered layer type (LayerNorm and GroupNorm are registered now)
+    ln = nn.Sequential(nn.Linear(3, 4), nn.PReLU(4), nn.Linear(4, 2))
     sc = nf.SymmetrySet([nf.ScaleInvariance([ln[1].weight])])
     with pytest.raises(nf.UnsupportedLayerError, match="estimator='reference'"):
         nf.collect_stats(ln, sc, nn.MSELoss(), x, y)

@@ -38,8 +38,9 @@ def R(first: str, second: str, block: int = 1) -> tuple[Any, ...]:
     return ("rescaling", f"{first}.weight", f"{second}.weight", block)
 
 
-def S(*params: str, per_channel: bool = False) -> tuple[Any, ...]:
-    return ("scale", params, per_channel)
+def S(*params: str, per_channel: bool = False, groups: int | None = None) -> tuple[Any, ...]:
+    sig = ("scale", params, per_channel)
+    return sig if groups is None else (*sig, groups)
 
 
 def lin(name: str, start: int, stop: int, bias: bool = True) -> tuple[tuple[Any, ...], ...]:
@@ -103,7 +104,7 @@ EXPECTED: dict[str, list[tuple[Any, ...]]] = {
     "tied_embeddings": [R("fc1", "fc2")],  # fc2 → head is blocked: head.weight is tied
     "factorised": [rot(lin("w", 0, 3), (("u.weight", 1, 0, 3),)), S("g")],
     "group_norm_net": [
-        S("conv1.weight", "conv1.bias"),
+        S("conv1.weight", "conv1.bias", groups=2),  # each of GroupNorm's 2 groups on its own
         A("gn", "conv2"),
         S("conv2.weight", "conv2.bias", per_channel=True),
     ],
@@ -218,7 +219,7 @@ def test_batchnorm_eval_mode_is_not_scale_invariant() -> None:
     syms = find_symmetries(model, x)
     names = _names(model)
     assert [symmetry_signature(s, names) for s in syms] == [
-        S("conv1.weight", "conv1.bias"),
+        S("conv1.weight", "conv1.bias", groups=2),
         A("gn", "conv2"),
     ]
     # conv2.weight's columns are now covered by A("gn", "conv2"); its bias is not

@@ -20,6 +20,7 @@ from torch import Tensor, nn
 __all__ = [
     "Fingerprint",
     "batch_statistics",
+    "instance_statistics",
     "check_bool",
     "check_finite_model",
     "check_finite_number",
@@ -318,3 +319,13 @@ def batch_statistics(m: nn.Module) -> str | None:
     if m.running_mean is None or m.running_var is None:
         return "BatchNorm without running statistics (batch statistics couple the samples)"
     return None
+
+
+def instance_statistics(m: nn.Module) -> bool:
+    """Whether an InstanceNorm normalises by each sample's own statistics now.
+
+    PyTorch's rule: in training mode, or without ``track_running_stats``; in eval mode with
+    them it divides by its running statistics (and is then not scale invariant).
+    """
+    assert isinstance(m, nn.modules.instancenorm._InstanceNorm)
+    return m.training or not m.track_running_stats

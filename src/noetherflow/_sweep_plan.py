@@ -6,7 +6,8 @@ of one ``batchable`` kernel whose coordinates are pairwise disjoint (the heads o
 attention layer) do not interact, so they are one batched step
 (:meth:`~noetherflow.kernels.Kernel.solve_disjoint`): the same moves as one at a time.
 :func:`sweep_options` turns the batching, the Anderson mixing of the sweeps
-(noetherflow/_anderson.py) and the closed-form moves of statistics on or off;
+(noetherflow/_anderson.py), the closed-form moves of statistics and the factored samples
+(noetherflow/stats/sample_factors.py) on or off;
 :func:`sequential_sweeps` is the reference path with none of them.
 """
 
@@ -25,6 +26,7 @@ __all__ = [
     "Step",
     "accelerated",
     "covariant",
+    "factored",
     "plan_sweep",
     "sequential_sweeps",
     "sweep_options",
@@ -33,36 +35,51 @@ __all__ = [
 _BATCH: ContextVar[bool] = ContextVar("noetherflow_batched_sweeps", default=True)
 _ACCELERATE: ContextVar[bool] = ContextVar("noetherflow_accelerated_sweeps", default=True)
 _COVARIANT: ContextVar[bool] = ContextVar("noetherflow_covariant_sweeps", default=True)
+_FACTORED: ContextVar[bool] = ContextVar("noetherflow_factored_sweeps", default=True)
 
 
 @contextmanager
 def sweep_options(
-    *, batch: bool = True, accelerate: bool = True, covariant: bool = True
+    *,
+    batch: bool = True,
+    accelerate: bool = True,
+    covariant: bool = True,
+    factored: bool = True,
 ) -> Iterator[None]:
-    """Within: batched disjoint runs, Anderson-mixed sweeps, closed-form moves, or not.
+    """Within: batched disjoint runs, Anderson-mixed sweeps, closed-form moves, factors, or not.
 
     ``batch``: a run of disjoint symmetries of one kernel is one step. ``accelerate``:
     noetherflow/_anderson.py. ``covariant``: a kernel moves a moved symmetry's own
     statistics by its element where it has the law
     (:meth:`~noetherflow.kernels.Kernel.move_stats_`) instead of rebuilding them from
-    transported samples. All are on by default.
+    transported samples. ``factored``: a linear layer's samples that the hooks kept as
+    their two smaller factors are moved and read as those
+    (:class:`~noetherflow.stats.sample_factors.SampleFactors`, :attr:`GradStats.factors
+    <noetherflow.stats.core.GradStats>`) instead of as ``[N, *shape]`` tensors. All are on
+    by default.
     """
-    tokens = _BATCH.set(batch), _ACCELERATE.set(accelerate), _COVARIANT.set(covariant)
+    tokens = (
+        _BATCH.set(batch),
+        _ACCELERATE.set(accelerate),
+        _COVARIANT.set(covariant),
+        _FACTORED.set(factored),
+    )
     try:
         yield
     finally:
         _BATCH.reset(tokens[0])
         _ACCELERATE.reset(tokens[1])
         _COVARIANT.reset(tokens[2])
+        _FACTORED.reset(tokens[3])
 
 
 def sequential_sweeps() -> AbstractContextManager[None]:
     """Within: plain block Gauss–Seidel sweeps, the reference path.
 
     Every non-joint symmetry is its own step, no Anderson mixing, and every statistic a move
-    changed rebuilt from the transported samples (tests, benchmarks).
+    changed rebuilt from the transported ``[N, *shape]`` samples (tests, benchmarks).
     """
-    return sweep_options(batch=False, accelerate=False, covariant=False)
+    return sweep_options(batch=False, accelerate=False, covariant=False, factored=False)
 
 
 def accelerated() -> bool:
@@ -73,6 +90,11 @@ def accelerated() -> bool:
 def covariant() -> bool:
     """Whether kernels may move statistics in closed form (:func:`sweep_options`)."""
     return _COVARIANT.get()
+
+
+def factored() -> bool:
+    """Whether coupled sweeps may hold samples as their factors (:func:`sweep_options`)."""
+    return _FACTORED.get()
 
 
 @dataclass(frozen=True)

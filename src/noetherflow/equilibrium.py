@@ -36,7 +36,7 @@ from noetherflow._checks import (
 from noetherflow._deprecate import is_old_model_call, warn_model
 from noetherflow._divergence import is_finite
 from noetherflow._errors import NonFiniteGradientError, StatisticsError
-from noetherflow._sweep_plan import Step, accelerated, covariant, plan_sweep
+from noetherflow._sweep_plan import Step, accelerated, covariant, factored, plan_sweep
 from noetherflow.kernels import (
     InfinityReport,
     StepOptions,
@@ -54,6 +54,7 @@ from noetherflow.kernels.decay import ParamDecay
 from noetherflow.kernels.noise import NoiseModel, TimeModel, check_decay, resolve_noise
 from noetherflow.solve_options import SolveOptions, kernel_settings, resolve_options
 from noetherflow.stats.core import GradStats, Level, with_displacement
+from noetherflow.stats.sample_factors import HeldSamples, SampleFactors
 from noetherflow.symmetry.base import DiagonalSymmetry, Symmetry
 from noetherflow.symmetry.set import SymmetrySet
 
@@ -362,13 +363,10 @@ def _solve_block(
     """
     max_sweeps, tol = sweeps
     if coupled:
-        # contiguous float64 copies: the heads' slices are then views of them (the batched
-        # products of kernels/rotation_batch.py), not copies of a strided layout
-        samples = {
-            p: stats.samples[p].to(torch.float64, copy=True, memory_format=torch.contiguous_format)
-            for p in part.params()
-        }
-        cur = stats_from_samples(samples, part, estimator=stats.estimator, level=Level.SOLVE)
+        samples = _coupled_samples(part, stats)
+        cur = stats_from_samples(
+            samples, part, estimator=stats.estimator, level=Level.SOLVE, keep_samples=False
+        )
         # the displacement moves with the samples (a cotangent), in place in _move
         cur.displacement = {
             p: v.to(torch.float64, copy=True) for p, v in stats.displacement.items() if p in samples
@@ -478,6 +476,29 @@ def _solve_block(
         out.newton.extend(own_iterations)
 
 
+def _coupled_samples(part: SymmetrySet, stats: GradStats) -> dict[nn.Parameter, HeldSamples]:
+    """Float64 copies of a coupled part's per-sample gradients, each in its cheaper form.
+
+    A linear layer's factors where the statistics kept them (smaller than the samples,
+    :attr:`GradStats.factors`) and every kernel acting on it moves them (``Kernel.factored``;
+    :func:`noetherflow._sweep_plan.sweep_options`); else ``[N, *shape]``, contiguous, so that
+    the heads' slices are views (the batched products of kernels/rotation_batch.py).
+    """
+    out: dict[nn.Parameter, HeldSamples] = {}
+    use = factored()
+    for p in part.params():
+        fac = stats.sample_factors(p) if use else None
+        if fac is not None and all(
+            kernel_for(s).factored for s in part if any(q is p for q in s.params)
+        ):
+            out[p] = fac.to(torch.float64)
+        else:
+            out[p] = stats.samples[p].to(
+                torch.float64, copy=True, memory_format=torch.contiguous_format
+            )
+    return out
+
+
 def _accelerator(groups: list[Step]) -> Anderson | None:
     """Anderson mixing on the diagonal λ where a sweep is a map of λ alone (_anderson.py).
 
@@ -514,7 +535,7 @@ def _warm_start(
     names: Mapping[Any, str],
     index: Mapping[Symmetry, int],
     values: dict[nn.Parameter, Tensor],
-    samples: dict[nn.Parameter, Tensor],
+    samples: dict[nn.Parameter, HeldSamples],
     cur: GradStats,
     out: _Solved,
 ) -> bool:
@@ -635,7 +656,7 @@ def _move_disjoint(
     k: Any,
     moves: list[tuple[Symmetry, Any]],
     values: Mapping[nn.Parameter, Tensor],
-    samples: Mapping[nn.Parameter, Tensor],
+    samples: Mapping[nn.Parameter, HeldSamples],
     disp: dict[nn.Parameter, Tensor],
     mean: Mapping[nn.Parameter, Tensor],
     read: Mapping[nn.Parameter, None] | None = None,
@@ -660,13 +681,16 @@ def _move(
     s: Symmetry,
     element: Any,
     values: Mapping[nn.Parameter, Tensor],
-    samples: Mapping[nn.Parameter, Tensor],
+    samples: Mapping[nn.Parameter, HeldSamples],
     disp: dict[nn.Parameter, Tensor],
     mean: Mapping[nn.Parameter, Tensor],
 ) -> None:
     """Move θ by ``element``, and the per-sample gradients, ḡ and v by T^{-T}, in place."""
     s.act_(element, values)
-    s.transport_grads_(element, samples)
+    if any(isinstance(samples.get(p), SampleFactors) for p in s.params):
+        kernel_for(s).transport_disjoint_([(s, element)], samples)  # its moves of factors
+    else:  # all [N, *shape] tensors
+        s.transport_grads_(element, cast(Mapping[nn.Parameter, Tensor], samples))
     # ḡ is the samples' mean: moved the same way (as one more sample), not recomputed
     s.transport_grads_(element, {p: mean[p].unsqueeze(0) for p in s.params})
     if disp:

@@ -32,6 +32,7 @@ from noetherflow._checks import (
 from noetherflow._errors import StatisticsError, UnsupportedLayerError
 from noetherflow._inputs import ModelInputs
 from noetherflow.stats.blocks import assemble, stats_from_samples
+from noetherflow.stats.contributions import reference_shares
 from noetherflow.stats.core import (
     Estimator,
     GradStats,
@@ -47,7 +48,7 @@ from noetherflow.stats.flattened import regroup, row_order
 from noetherflow.stats.fsdp import bind_sharded, check_hooks_only, is_sharded_model, restored_grads
 from noetherflow.stats.matmul_reads import attach_matmul_reads
 from noetherflow.stats.microbatch import microbatch_grads
-from noetherflow.stats.reference import _data_dependent, check_no_train_batchnorm, per_sample_grads
+from noetherflow.stats.reference import buffers_kept, check_no_train_batchnorm
 from noetherflow.stats.registry import handler_for, registered_layers
 from noetherflow.symmetry.set import SymmetrySet
 
@@ -484,7 +485,8 @@ def collect_stats(
     Args:
         model: the model; its parameters are not changed and ``.grad`` is left untouched
             for ``estimator='reference'``/``'microbatch'`` (``'hooks'`` runs one backward
-            pass and accumulates into ``.grad`` like any backward; zero them as usual).
+            pass and accumulates into ``.grad`` like any backward; zero them as usual). Its
+            buffers (running statistics) are as they were afterwards, whatever the estimator.
         syms: the symmetries whose statistics are needed.
         loss_fn: ``loss_fn(outputs, targets)`` → batch mean (``reduction='mean'``) or sum
             of per-sample losses. Only the data loss: pass weight decay to the flow/solver.
@@ -548,15 +550,18 @@ def collect_stats(
     check_params_of(model, syms, "collect_stats")
     if est is Estimator.HOOKS:
         sharded = is_sharded_model(model)
-        with capture(
-            model,
-            syms,
-            reduction=red,
-            check_finite=check_finite,
-            all_reduce=all_reduce,
-            level=lev,
-            timeout=timeout,
-        ) as cap:
+        with (
+            capture(
+                model,
+                syms,
+                reduction=red,
+                check_finite=check_finite,
+                all_reduce=all_reduce,
+                level=lev,
+                timeout=timeout,
+            ) as cap,
+            buffers_kept(model),
+        ):  # running statistics (InstanceNorm) as they were
             out = _forward(model, inp)
             loss = _guard_loss(loss_fn, targets)(out, targets)
             params = syms.params()
@@ -599,8 +604,8 @@ def collect_stats(
         return st
     params = syms.params()
     if est is Estimator.REFERENCE:
-        samples = _reference(
-            model, params, _guard_loss(loss_fn, targets), inp, targets, red, chunk_size
+        samples = reference_shares(
+            model, params, _guard_loss(loss_fn, targets), inp, targets, red.value, chunk_size
         )
     else:
         samples = microbatch_grads(
@@ -619,38 +624,6 @@ def collect_stats(
     if check_finite:
         st.check_finite()
     return st
-
-
-def _reference(
-    model: nn.Module,
-    params: list[nn.Parameter],
-    loss_fn: Callable[[Any, Any], Tensor],
-    inp: ModelInputs,
-    targets: Any,
-    red: Reduction,
-    chunk_size: int | None,
-) -> dict[nn.Parameter, Tensor]:
-    """The reference per-sample gradients: each sample's share of the batch loss.
-
-    :func:`~noetherflow.stats.contributions.per_sample_contributions` (the batch gradient is
-    their mean for any loss, e.g. cross-entropy with ``ignore_index`` or class weights); a
-    model that branches on its inputs' values (which ``vmap`` cannot run, e.g. Hugging Face's
-    attention-mask checks) gets the same shares from a loop, one backward per sample
-    (:func:`~noetherflow.stats.contributions.contributions_loop`).
-    """
-    from noetherflow.stats.contributions import contributions_loop, per_sample_contributions
-
-    try:
-        return per_sample_contributions(
-            model, params, loss_fn, inp, targets, reduction=red.value, chunk_size=chunk_size
-        )
-    except RuntimeError as exc:  # the loop, or the dtype hint of the per-sample reference
-        if inp.dtype_hint(exc) is not None:
-            return per_sample_grads(model, params, loss_fn, inp, targets, chunk_size=chunk_size)
-        if not _data_dependent(exc):
-            raise
-    # vmap cannot run the model: the same shares, one backward per sample
-    return contributions_loop(model, params, loss_fn, inp, targets, reduction=red.value)
 
 
 def check_params_of(model: nn.Module, syms: SymmetrySet, where: str) -> None:

@@ -34,10 +34,12 @@ from noetherflow.stats.reference import (
     buffers_kept,
     check_no_train_batchnorm,
     check_targets,
+    per_sample_grads,
     stack_rows,
+    vmap_cannot_run,
 )
 
-__all__ = ["contributions_loop", "per_sample_contributions"]
+__all__ = ["contributions_loop", "per_sample_contributions", "reference_shares"]
 
 
 def _one_sample(t: Tensor) -> bool:
@@ -227,3 +229,34 @@ def check_in_model_loss(
                 "F.cross_entropy(out.logits[:, :-1].flatten(0, 1), y[:, 1:].flatten(), "
                 "ignore_index=-100)), or use estimator='hooks'."
             )
+
+
+def reference_shares(
+    model: nn.Module,
+    params: list[nn.Parameter],
+    loss_fn: Callable[[Any, Any], Tensor],
+    inp: ModelInputs,
+    targets: Any,
+    reduction: str,
+    chunk_size: int | None,
+) -> dict[nn.Parameter, Tensor]:
+    """The reference per-sample gradients: each sample's share of the batch loss.
+
+    :func:`per_sample_contributions` (the batch gradient is
+    their mean for any loss, e.g. cross-entropy with ``ignore_index`` or class weights); a
+    model that branches on its inputs' values (which ``vmap`` cannot run, e.g. Hugging Face's
+    attention-mask checks) or updates running statistics (a training-mode InstanceNorm with
+    ``track_running_stats``) gets the same shares from a loop, one backward per sample
+    (:func:`contributions_loop`). ``reduction``: ``"mean"`` or ``"sum"``.
+    """
+    try:
+        return per_sample_contributions(
+            model, params, loss_fn, inp, targets, reduction=reduction, chunk_size=chunk_size
+        )
+    except RuntimeError as exc:  # the loop, or the dtype hint of the per-sample reference
+        if inp.dtype_hint(exc) is not None:
+            return per_sample_grads(model, params, loss_fn, inp, targets, chunk_size=chunk_size)
+        if not vmap_cannot_run(exc):
+            raise
+    # vmap cannot run the model: the same shares, one backward per sample
+    return contributions_loop(model, params, loss_fn, inp, targets, reduction=reduction)

@@ -19,6 +19,7 @@ from noetherflow._errors import StatisticsError, UnsupportedLayerError
 from noetherflow.stats import layers as formulas
 from noetherflow.stats.core import axis_sum
 from noetherflow.stats.registry import LayerHandler
+from noetherflow.stats.sample_factors import SampleFactors, compresses
 from noetherflow.stats.source import GradSource
 
 __all__ = ["FactorSource", "MeanGapError", "Record", "Unit"]
@@ -183,6 +184,19 @@ class FactorSource(GradSource):
                 ps = g.sum(1).mul_(self._sc).reshape(self.n, *p.shape)
             self._samples[p] = ps
         return self._samples[p]
+
+    @override
+    def sample_factors(self, p: nn.Parameter) -> SampleFactors | None:
+        """A linear weight's samples as (L, R) in its layout, where those are smaller."""
+        rec, role, a, g = self._layer(p)
+        h = rec.handler
+        if role != "weight" or h.elementwise or not h.matrix or a.dim() != 3 or p.dim() != 2:
+            return None
+        if not compresses(a.shape[1], int(p.shape[0]), int(p.shape[1])):
+            return None
+        if self._sc != 1.0:  # on the operand with fewer entries, as per_sample_weight does
+            a, g = (a * self._sc, g) if a.shape[-1] < g.shape[-1] else (a, g * self._sc)
+        return SampleFactors(a, g) if h.transposed else SampleFactors(g, a)
 
     def _small(self, p: nn.Parameter) -> bool:
         """Per-sample gradients of an elementwise layer are ``[N, O]``: reduce them directly."""

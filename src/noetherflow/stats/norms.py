@@ -16,12 +16,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from noetherflow._checks import batch_statistics
+from noetherflow._checks import batch_statistics, instance_statistics
 
 __all__ = [
     "batchnorm_check",
     "batchnorm_factors",
+    "groupnorm_factors",
     "hf_rmsnorm_factors",
+    "instancenorm_factors",
     "layernorm_factors",
     "rmsnorm_factors",
     "t5_rmsnorm_factors",
@@ -108,3 +110,34 @@ def batchnorm_factors(m: nn.Module, a: Tensor, g: Tensor) -> tuple[Tensor, Tenso
     xhat = (a - mean) * torch.rsqrt(var + m.eps)
     n = a.shape[0]
     return xhat.movedim(1, -1).reshape(n, -1, c), g.movedim(1, -1).reshape(n, -1, c)
+
+
+def _channels_last(x: Tensor, g: Tensor, xhat: Tensor) -> tuple[Tensor, Tensor]:
+    """x̂ and g ``[N, C, *spatial]`` → ``[N, T, C]`` (T = spatial positions)."""
+    n, c = x.shape[0], x.shape[1]
+    return xhat.movedim(1, -1).reshape(n, -1, c), g.movedim(1, -1).reshape(n, -1, c)
+
+
+def groupnorm_factors(m: nn.Module, a: Tensor, g: Tensor) -> tuple[Tensor, Tensor]:
+    """``nn.GroupNorm``: x̂ normalised per sample over each group of channels (dim 1).
+
+    ``a``, ``g``: ``[N, C, *spatial]`` → ``[N, T, C]``. Each sample's statistics only: the
+    affine's per-sample gradients are those of its own x̂.
+    """
+    assert isinstance(m, nn.GroupNorm)
+    return _channels_last(a, g, F.group_norm(a, m.num_groups, eps=m.eps))
+
+
+def instancenorm_factors(m: nn.Module, a: Tensor, g: Tensor) -> tuple[Tensor, Tensor]:
+    """``nn.InstanceNorm1d/2d/3d``: x̂ per sample and channel over its positions.
+
+    In eval mode with ``track_running_stats`` the running statistics, as the layer does;
+    the hook's recomputation never updates them. ``a``, ``g``: ``[N, C, *spatial]`` →
+    ``[N, T, C]``.
+    """
+    assert isinstance(m, nn.modules.instancenorm._InstanceNorm)
+    own = instance_statistics(m)
+    mean = None if own else m.running_mean
+    var = None if own else m.running_var
+    xhat = F.instance_norm(a, mean, var, use_input_stats=own, eps=m.eps)
+    return _channels_last(a, g, xhat)

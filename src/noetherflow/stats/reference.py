@@ -111,7 +111,7 @@ def per_sample_grads_and_losses(
         hint = inp.dtype_hint(exc)
         if hint is not None:
             raise StatisticsError(f"collect_stats(estimator='reference'): {hint}") from exc
-        if not _data_dependent(exc):
+        if not vmap_cannot_run(exc):
             raise
         return _loop(model, params, loss_fn, inp, targets, n)
     return {p: g[k] for k, p in wanted.items()}, losses
@@ -133,10 +133,23 @@ def per_sample_grads(
     return grads
 
 
-def _data_dependent(exc: RuntimeError) -> bool:
-    """Whether ``exc`` is vmap's error for ``.item()``/``bool()`` on a batched tensor."""
+def vmap_cannot_run(exc: RuntimeError) -> bool:
+    """Whether ``exc`` says vmap cannot run a model whose per-sample gradients exist.
+
+    vmap's error for ``.item()``/``bool()`` on a batched tensor (data-dependent control
+    flow), or its refusal of running statistics updated in place (a training-mode
+    InstanceNorm with ``track_running_stats`` normalises each sample by its own statistics
+    but updates shared buffers): a loop of single-sample passes gives the same gradients.
+    """
     msg = str(exc)
-    return "data-dependent control flow" in msg or "calling .item() on a Tensor" in msg
+    return any(
+        m in msg
+        for m in (
+            "data-dependent control flow",
+            "calling .item() on a Tensor",
+            "will be updated in place",
+        )
+    )
 
 
 def _loop(

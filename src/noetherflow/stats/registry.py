@@ -36,7 +36,9 @@ from noetherflow.stats.norms import (
     batchnorm_check,
     batchnorm_factors,
     channels_first_layernorm_factors,
+    groupnorm_factors,
     hf_rmsnorm_factors,
+    instancenorm_factors,
     layernorm_factors,
     rmsnorm_factors,
     t5_rmsnorm_factors,
@@ -325,7 +327,7 @@ def _computed_norm(m: nn.Module) -> LayerHandler | None:
     from noetherflow.symmetry._fx.layers import NORMS, norm_spec
 
     if NORMS.lookup(type(m)) is not None:
-        return None  # registered norms without a hook handler (GroupNorm): not by analogy
+        return None  # registered norms without a hook handler: not by analogy
     spec = norm_spec(m)
     if spec is None or spec.batch or spec.per_channel or not spec.linear_affine:
         return None
@@ -351,6 +353,9 @@ register_layer(nn.LayerNorm, _NORM)
 register_layer(nn.RMSNorm, LayerHandler(rmsnorm_factors, elementwise=True))
 for _cls in (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm):
     register_layer(_cls, _BN)
+register_layer(nn.GroupNorm, LayerHandler(groupnorm_factors, elementwise=True))
+for _inorm in (nn.InstanceNorm1d, nn.InstanceNorm2d, nn.InstanceNorm3d):
+    register_layer(_inorm, LayerHandler(instancenorm_factors, elementwise=True))
 register_layer(
     nn.MultiheadAttention,
     LayerHandler(call_factors=mha_factors, parts=mha_parts, check=mha_check),

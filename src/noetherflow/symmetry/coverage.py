@@ -161,7 +161,13 @@ def _default_reason(model: nn.Module, name: str) -> str:
     owner_name = name.rsplit(".", 1)[0] if "." in name else ""
     owner = model.get_submodule(owner_name) if owner_name else model
     kind = type(owner).__name__
-    norms = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.LayerNorm, nn.GroupNorm, nn.RMSNorm)
+    norms = (
+        nn.modules.batchnorm._BatchNorm,
+        nn.modules.instancenorm._InstanceNorm,
+        nn.LayerNorm,
+        nn.GroupNorm,
+        nn.RMSNorm,
+    )
     if isinstance(owner, norms):
         return (
             f"affine parameters of {kind} {owner_name}: no pattern (their rescaling with the "

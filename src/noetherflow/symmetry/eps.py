@@ -9,8 +9,9 @@ s(x − μ)/√(s²v + ε) = (x − μ)/√(v + ε e^{−2λ}), a relative chang
 where v is the variance the norm divides by: the batch variance of each channel (BatchNorm,
 training mode), its running variance (BatchNorm, eval mode, whose running statistics the
 teleport scales along, see :class:`~noetherflow.symmetry.scaling.ScaleInvariance`), the
-per-sample variance or mean square (LayerNorm, GroupNorm, RMSNorm; the smallest one over the
-example batch). ``r(λ) ≤ τ`` holds on an interval of λ:
+per-sample variance or mean square (LayerNorm, GroupNorm, RMSNorm, InstanceNorm; the smallest
+one over the example batch, per channel or group where each has its own generator).
+``r(λ) ≤ τ`` holds on an interval of λ:
 
     (v + ε)/(1 + τ)² ≤ v + ε e^{−2λ} ≤ (v + ε)/(1 − τ)².
 
@@ -113,25 +114,30 @@ class EpsReport:
         return "\n".join(lines)
 
 
-def _norm_variance(norm: nn.Module, x: Tensor, per_channel: bool, train: bool) -> Tensor:
-    """The variance the norm divides by, per generator (``[C]`` or ``[1]``)."""
+def _norm_variance(norm: nn.Module, x: Tensor, generators: int, train: bool) -> Tensor:
+    """The variance the norm divides by, per generator (``[generators]``).
+
+    One generator: the smallest variance of any normalised group. Per channel (BatchNorm,
+    InstanceNorm) or per group (GroupNorm): each channel's (group's) smallest over the
+    samples.
+    """
     spec = norm_spec(norm)
     assert spec is not None
     x = x.detach().to(torch.float64)
-    if spec.batch:
-        rv = getattr(norm, "running_var", None)
-        if not train and isinstance(rv, Tensor):
-            v = rv.to(torch.float64)
-        else:
-            v = x.movedim(1, 0).reshape(x.shape[1], -1).var(1, unbiased=False)
-        return v if per_channel else v.min().reshape(1)
-    if isinstance(norm, nn.GroupNorm):
-        v = x.reshape(x.shape[0], norm.num_groups, -1).var(-1, unbiased=False)
+    rv = getattr(norm, "running_var", None)
+    if not train and isinstance(rv, Tensor):
+        v = rv.to(torch.float64)  # BatchNorm (InstanceNorm with running statistics), eval mode
+    elif spec.batch:
+        v = x.movedim(1, 0).reshape(x.shape[1], -1).var(1, unbiased=False)
+    elif spec.instance:
+        v = x.reshape(x.shape[0], x.shape[1], -1).var(-1, unbiased=False).amin(0)
+    elif isinstance(norm, nn.GroupNorm):
+        v = x.reshape(x.shape[0], norm.num_groups, -1).var(-1, unbiased=False).amin(0)
     elif spec.rms or "RMS" in type(norm).__name__:
         v = x.pow(2).mean(spec.axis)
     else:
         v = x.var(spec.axis, unbiased=False)
-    return v.min().reshape(1)
+    return v if v.numel() == generators else v.min().reshape(1)
 
 
 def _run(model: nn.Module, inp: ModelInputs, train: bool, seed: int) -> Tensor:
@@ -192,7 +198,7 @@ def eps_bounds(
         eps = float(getattr(norm, spec.eps_attr))
         los, his = [], []
         for x, train in zip(seen.get(i, []), (True, False), strict=False):
-            var = _norm_variance(norm, x, s.per_channel, train)  # running_var of the model
+            var = _norm_variance(norm, x, s.num_generators, train)  # running_var of the model
             lo, hi = eps_interval(var, eps, tolerance)
             los.append(lo)
             his.append(hi)

@@ -32,13 +32,44 @@ def scaled_running_var(var: Tensor, lam: Tensor, eps: float) -> Tensor:
     return ((v + eps) * torch.exp(2 * lam) - eps).clamp_min(0).to(var.dtype)
 
 
+def _generators(params: Sequence[nn.Parameter], per_channel: bool, groups: int | None) -> int:
+    """How many generators: 1, one per channel (dim 0) or per group of channels."""
+    if per_channel and groups is not None:
+        raise SymmetryDefinitionError(
+            f"ScaleInvariance: per_channel=True and groups={groups}; expected one of them "
+            "(per_channel is groups = the channel count)."
+        )
+    if not per_channel and groups is None:
+        return 1
+    what = "per_channel=True" if per_channel else f"groups={groups}"
+    sizes = {int(p.shape[0]) for p in params}
+    if len(sizes) != 1:
+        raise SymmetryDefinitionError(
+            f"ScaleInvariance({what}): parameters have different sizes along dim 0: "
+            f"{sorted(sizes)}; expected one channel count shared by all."
+        )
+    c = sizes.pop()
+    if groups is None:
+        return c
+    if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1 or c % groups:
+        raise SymmetryDefinitionError(
+            f"ScaleInvariance: groups={groups!r} for {c} channels; expected a positive integer "
+            f"dividing {c} (e.g. the GroupNorm's num_groups)."
+        )
+    return groups
+
+
 class ScaleInvariance(DiagonalSymmetry):
     """Joint scaling of a group of parameters leaves the loss unchanged.
 
     Args:
         params: the parameters scaled together, e.g. the weight and bias feeding a LayerNorm.
         per_channel: one generator per index along dim 0 (all params must share that size),
-            e.g. the per-channel invariance of a conv feeding BatchNorm in training mode.
+            e.g. the per-channel invariance of a conv feeding BatchNorm in training mode or an
+            InstanceNorm.
+        groups: one generator per group of dim 0 cut into ``groups`` equal contiguous
+            chunks (all params must share that size), e.g. a conv feeding a GroupNorm with
+            ``groups`` groups; ``per_channel`` is ``groups`` = the size of dim 0.
         label: optional name shown in tables.
         norm: the normalisation reading the scaled features, if any: its eps bounds the
             eps-safe moves (:func:`noetherflow.clip_to_eps`,
@@ -56,32 +87,23 @@ class ScaleInvariance(DiagonalSymmetry):
         params: Sequence[nn.Parameter],
         *,
         per_channel: bool = False,
+        groups: int | None = None,
         label: str | None = None,
         norm: nn.Module | None = None,
     ) -> None:
         super().__init__(label=label)
         params = list(params)
         check_params(params, "ScaleInvariance")
-        if per_channel:
-            sizes = {p.shape[0] if p.dim() > 0 else 1 for p in params}
-            if len(sizes) != 1:
-                raise SymmetryDefinitionError(
-                    f"ScaleInvariance(per_channel=True): parameters have different sizes along "
-                    f"dim 0: {sorted(sizes)}; expected one channel count shared by all."
-                )
-            self._n = sizes.pop()
-        else:
-            self._n = 1
-        self.per_channel = per_channel
         for p in params:
             if p.dim() == 0:
                 raise SymmetryDefinitionError(
                     "ScaleInvariance: a 0-dimensional parameter cannot be grouped; store it as "
                     "a tensor of shape (1,)."
                 )
-        self._terms = [
-            DiagonalTerm(p, 0, 1 if per_channel else int(p.shape[0]), 1.0) for p in params
-        ]
+        self._n = _generators(params, per_channel, groups)
+        self.per_channel = per_channel
+        self.groups = groups
+        self._terms = [DiagonalTerm(p, 0, int(p.shape[0]) // self._n, 1.0) for p in params]
         self.norm = norm
 
     @property
@@ -115,11 +137,16 @@ class ScaleInvariance(DiagonalSymmetry):
         return self._terms
 
     def signature(self, names: Mapping[int, str]) -> tuple[Any, ...]:
-        """``("scale", (parameter names…), per_channel)``."""
-        return ("scale", tuple(names[id(p)] for p in self.params), self.per_channel)
+        """``("scale", (parameter names…), per_channel)``, and ``groups`` when given."""
+        sig = ("scale", tuple(names[id(p)] for p in self.params), self.per_channel)
+        return sig if self.groups is None else (*sig, self.groups)
 
     @override
     def describe(self) -> str:
         n = sum(t.param.numel() for t in self._terms)
-        what = f"{self._n} channels" if self.per_channel else "1 group"
+        what = (
+            f"{self._n} channels"
+            if self.per_channel
+            else f"{self._n} group" + ("s" if self._n > 1 else "")
+        )
         return self.label or f"scale invariance ({what}, {n} coordinates)"

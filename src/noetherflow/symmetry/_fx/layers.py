@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
+from noetherflow._checks import batch_statistics, instance_statistics
 from noetherflow._registry import Registry, qualname
 from noetherflow.symmetry._fx.numeric import (
     is_rms,
@@ -66,10 +67,13 @@ class LayerSpec:
 class NormSpec:
     """A normalisation layer: ``axis`` is the feature axis of its input and output.
 
-    ``per_channel``: statistics per channel over the batch (BatchNorm), so each channel of
-    the layer feeding it is scale invariant on its own; otherwise the whole feature vector
-    is normalised together (LayerNorm, RMSNorm, GroupNorm). ``eps_attr``: the attribute
-    holding eps. ``batch``: a BatchNorm (running statistics, train/eval behaviour).
+    ``per_channel``: statistics per channel (BatchNorm over the batch, InstanceNorm over each
+    sample's positions), so each channel of the layer feeding it is scale invariant on its
+    own; otherwise the features are normalised together (LayerNorm, RMSNorm), or in
+    ``groups`` equal contiguous groups of channels (GroupNorm), each group on its own.
+    ``eps_attr``: the attribute holding eps. ``batch``: a BatchNorm (running statistics,
+    train/eval behaviour). ``instance``: an InstanceNorm (each sample's statistics; with
+    ``track_running_stats``, the running ones in eval mode).
     ``rms``: divides by the root mean square (no centring). ``linear_affine``: its affine
     weight multiplies the output (False for Gemma's ``(1 + w)``: no rescaling of w).
     ``low_precision``: it normalises in float32 inside a float64 model and applies its
@@ -81,9 +85,19 @@ class NormSpec:
     per_channel: bool
     eps_attr: str = "eps"
     batch: bool = False
+    instance: bool = False
+    groups: int = 1
     rms: bool = False
     linear_affine: bool = True
     low_precision: bool = False
+
+    def running(self, m: nn.Module) -> bool:
+        """Whether ``m`` normalises by running statistics now (not scale invariant then)."""
+        if self.batch:
+            return batch_statistics(m) is None
+        if self.instance:
+            return not instance_statistics(m)
+        return False
 
 
 LayerSpecFn = Callable[[nn.Module], LayerSpec]
@@ -239,5 +253,14 @@ for _b in (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d):
     register_norm(_b, lambda m: NormSpec(1, True, batch=True))
 register_norm(nn.LayerNorm, _layer_norm)
 register_norm("transformers.models.convnext.modeling_convnext.ConvNextLayerNorm", _layer_norm)
-register_norm(nn.GroupNorm, lambda m: NormSpec(1, False))
+
+
+def _group_norm(m: nn.Module) -> NormSpec:
+    assert isinstance(m, nn.GroupNorm)
+    return NormSpec(1, False, groups=m.num_groups)
+
+
+register_norm(nn.GroupNorm, _group_norm)
+for _i in (nn.InstanceNorm1d, nn.InstanceNorm2d, nn.InstanceNorm3d):
+    register_norm(_i, lambda m: NormSpec(1, True, instance=True))
 register_norm(nn.RMSNorm, lambda m: NormSpec(-1, False))

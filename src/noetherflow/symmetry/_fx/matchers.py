@@ -25,7 +25,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, fx, nn
 
-from noetherflow._checks import batch_statistics
 from noetherflow.symmetry._fx.affine import (
     AffineRescalingPattern,
     LayerScalePattern,
@@ -63,7 +62,7 @@ from noetherflow.symmetry._fx.engine import (
     module_problem,
     propagate,
 )
-from noetherflow.symmetry._fx.layers import layer_spec, norm_spec
+from noetherflow.symmetry._fx.layers import NormSpec, layer_spec, norm_spec
 from noetherflow.symmetry._fx.patterns import claimed, matchers_at, register_matcher, run
 from noetherflow.symmetry._fx.tables import function_op
 from noetherflow.symmetry.base import Family, Symmetry
@@ -263,32 +262,8 @@ class ScalePattern:
                 f"of {src.name} holds to float32 round-off only",
             )
             return []
-        if nspec.batch:
-            if _w_out(src.module) != 0:
-                return []
-            if batch_statistics(norm) is None:
-                ledger.note(
-                    params,
-                    f"{nname} is a BatchNorm in eval mode (running statistics): not scale "
-                    "invariant; detect with model.train() to find the per-channel invariance",
-                )
-                return []
-            cols = _column_map(arr, norm)
-            n_feat = int(getattr(norm, "num_features", 0))
-            if cols is None or not torch.equal(cols, torch.arange(n_feat)):
-                return []
-            label = f"scale:{src.name}→{nname}"
-            return [
-                Proposal(
-                    Family.SCALE,
-                    label,
-                    lambda: ScaleInvariance(params, per_channel=True, label=label, norm=norm),
-                    params,
-                    info.order[src.node],
-                    note="per channel; BatchNorm in training mode only; exact up to eps",
-                    uses_norm_eps=True,
-                )
-            ]
+        if nspec.per_channel or nspec.groups > 1:
+            return self._per_group(info, src, arr, norm, nspec, nname, ledger)
         label = f"scale:{src.name}→{nname}"
         return [
             Proposal(
@@ -299,6 +274,58 @@ class ScalePattern:
                 params,
                 info.order[src.node],
                 note=f"whole layer; exact up to {type(norm).__name__} eps",
+                uses_norm_eps=True,
+            )
+        ]
+
+    def _per_group(
+        self,
+        info: GraphInfo,
+        src: _Source,
+        arr: Arrival,
+        norm: nn.Module,
+        nspec: NormSpec,
+        nname: str,
+        ledger: Ledger,
+    ) -> list[Proposal]:
+        """Per-channel (BatchNorm, InstanceNorm) or per-group (GroupNorm) scale invariance.
+
+        Each channel (group of channels) of the source's rows is scaled on its own.
+        """
+        params = src.params
+        kind = type(norm).__name__
+        if nspec.running(norm):
+            ledger.note(
+                params,
+                f"{nname} is a {kind} in eval mode (running statistics): not scale invariant; "
+                "detect with model.train() to find the per-channel invariance",
+            )
+            return []
+        n_feat = int(getattr(norm, "num_features", getattr(norm, "num_channels", 0)))
+        cols = _column_map(arr, norm)
+        if _w_out(src.module) != 0 or cols is None or not torch.equal(cols, torch.arange(n_feat)):
+            ledger.note(
+                params,
+                f"{src.name} → {nname}: its output channels do not arrive as {kind}'s channels "
+                "in order (the per-channel invariance needs channel c → channel c)",
+            )
+            return []
+        label = f"scale:{src.name}→{nname}"
+        if nspec.per_channel:
+            build = partial(ScaleInvariance, params, per_channel=True, label=label, norm=norm)
+            what = "per channel"
+        else:
+            build = partial(ScaleInvariance, params, groups=nspec.groups, label=label, norm=norm)
+            what = f"per group ({nspec.groups} groups)"
+        when = "; BatchNorm in training mode only" if nspec.batch else ""
+        return [
+            Proposal(
+                Family.SCALE,
+                label,
+                build,
+                params,
+                info.order[src.node],
+                note=f"{what}{when}; exact up to eps",
                 uses_norm_eps=True,
             )
         ]
