@@ -42,10 +42,11 @@ from noetherflow.stats.core import (
     parse_reduction,
 )
 from noetherflow.stats.distributed import all_reduce_stats, is_distributed, unwrap_ddp
-from noetherflow.stats.factor_source import FactorSource, Record, Unit
+from noetherflow.stats.factor_source import FactorSource, Record, Unit, _detached, _in_backward
 from noetherflow.stats.flattened import regroup, row_order
 from noetherflow.stats.fsdp import bind_sharded, check_hooks_only, is_sharded_model, restored_grads
 from noetherflow.stats.loss_guard import check_reduction, guard_loss
+from noetherflow.stats.matmul_reads import attach_matmul_reads
 from noetherflow.stats.microbatch import microbatch_grads
 from noetherflow.stats.reference import buffers_kept, check_no_train_batchnorm
 from noetherflow.stats.registry import handler_for, registered_layers
@@ -139,6 +140,7 @@ class Capture:
             )
         self._owners = owners
         self._records = recs
+        self._extra: list[Any] = []  # the hooks of weights applied by a matmul elsewhere
         self._regroup: tuple[int, bool] | None = None  # (N, batch-major): see .flattened
         self._stats: GradStats | None = None
         self._stamp: dict[nn.Parameter, tuple[float, float, float]] = {}
@@ -164,7 +166,30 @@ class Capture:
         self._stats = None
 
     # -- hooks ------------------------------------------------------------------------------
+    def _begin(self, rec: Record) -> bool:
+        """A forward call of ``rec``'s layer: counted (False: not captured)."""
+        if not torch.is_grad_enabled():
+            return False
+        if rec.calls and _in_backward():
+            # activation checkpointing recomputes the forward during the backward
+            # pass; the first call's hooks already see this layer's gradient
+            return False
+        rec.calls += 1
+        if not self._stamp:  # the parameters this batch's gradients belong to
+            self._stamp = _stamp(self.syms)
+        if rec.calls > 1:
+            raise UnsupportedLayerError(
+                f"Layer {rec.name!r} ran twice in one forward pass (a shared layer); "
+                "estimator='hooks' needs one call per layer. Use estimator='reference'."
+            )
+        return True
+
     def _attach(self) -> None:
+        det = self.syms.detection  # weights applied by a matmul elsewhere: .matmul_reads
+        if det is not None and det.matmul_reads:
+            biased = {id(u.rec.module) for u in self._owners.values() if u.role == "bias"}
+            recs = [r for r in self._records if id(r.module) not in biased]
+            self._extra = attach_matmul_reads(self.model, det.matmul_reads, recs, self._begin)
         for rec in self._records:
 
             def fwd(
@@ -174,20 +199,8 @@ class Capture:
                 out: Any,
                 rec: Record = rec,
             ) -> None:
-                if not torch.is_grad_enabled():
+                if not self._begin(rec):
                     return
-                if rec.calls and _in_backward():
-                    # activation checkpointing recomputes the forward during the backward
-                    # pass; the first call's hooks already see this layer's gradient
-                    return
-                rec.calls += 1
-                if not self._stamp:  # the parameters this batch's gradients belong to
-                    self._stamp = _stamp(self.syms)
-                if rec.calls > 1:
-                    raise UnsupportedLayerError(
-                        f"Layer {rec.name!r} ran twice in one forward pass (a shared layer); "
-                        "estimator='hooks' needs one call per layer. Use estimator='reference'."
-                    )
                 outs = out if isinstance(out, tuple) else (out,)
                 if rec.handler.call_factors is None:
                     rec.a = args[0].detach()
@@ -219,6 +232,9 @@ class Capture:
             )
 
     def _detach(self) -> None:
+        for h in self._extra:
+            h.remove()
+        self._extra = []
         for rec in self._records:
             for h in rec.handles:
                 h.remove()
@@ -550,26 +566,6 @@ def collect_stats(
     if check_finite:
         st.check_finite()
     return st
-
-
-def _in_backward() -> bool:
-    """Whether autograd is running a backward pass now (a checkpoint's recompute)."""
-    return bool(torch._C._current_graph_task_id() != -1)
-
-
-def _detached(x: Any, memo: dict[int, Tensor] | None = None) -> Any:
-    """``x`` with every tensor in it (tuple, list, dict values) detached.
-
-    Identity is kept: a tensor passed twice (attention's query and key) stays one tensor.
-    """
-    memo = {} if memo is None else memo
-    if isinstance(x, Tensor):
-        return memo.setdefault(id(x), x.detach())
-    if isinstance(x, tuple | list):
-        return type(x)(_detached(v, memo) for v in x)
-    if isinstance(x, dict):
-        return {k: _detached(v, memo) for k, v in x.items()}
-    return x
 
 
 def check_params_of(model: nn.Module, syms: SymmetrySet, where: str) -> None:

@@ -483,6 +483,7 @@ def find_symmetries(
         scale=scale,
         notes=notes,
         unsupported=dict(ledger.unsupported),
+        matmul_reads=dict(ledger.matmul_reads),
     )
     uses = param_scopes(infos, model)
     scopes = {id(p): enclosing_scopes(p.params, uses) for p in proposals}
