@@ -27,6 +27,7 @@ __all__ = [
     "accelerated",
     "covariant",
     "factored",
+    "parallel",
     "plan_sweep",
     "sequential_sweeps",
     "sweep_options",
@@ -36,6 +37,7 @@ _BATCH: ContextVar[bool] = ContextVar("noetherflow_batched_sweeps", default=True
 _ACCELERATE: ContextVar[bool] = ContextVar("noetherflow_accelerated_sweeps", default=True)
 _COVARIANT: ContextVar[bool] = ContextVar("noetherflow_covariant_sweeps", default=True)
 _FACTORED: ContextVar[bool] = ContextVar("noetherflow_factored_sweeps", default=True)
+_PARALLEL: ContextVar[bool] = ContextVar("noetherflow_parallel_blocks", default=True)
 
 
 @contextmanager
@@ -45,8 +47,9 @@ def sweep_options(
     accelerate: bool = True,
     covariant: bool = True,
     factored: bool = True,
+    parallel: bool = True,
 ) -> Iterator[None]:
-    """Within: batched disjoint runs, Anderson-mixed sweeps, closed-form moves, factors, or not.
+    """Within: batched runs, Anderson mixing, closed-form moves, factors, parallel blocks, or not.
 
     ``batch``: a run of disjoint symmetries of one kernel is one step. ``accelerate``:
     noetherflow/_anderson.py. ``covariant``: a kernel moves a moved symmetry's own
@@ -55,14 +58,17 @@ def sweep_options(
     transported samples. ``factored``: a linear layer's samples that the hooks kept as
     their two smaller factors are moved and read as those
     (:class:`~noetherflow.stats.sample_factors.SampleFactors`, :attr:`GradStats.factors
-    <noetherflow.stats.core.GradStats>`) instead of as ``[N, *shape]`` tensors. All are on
-    by default.
+    <noetherflow.stats.core.GradStats>`) instead of as ``[N, *shape]`` tensors. ``parallel``:
+    the independent coupled blocks run side by side on the intra-op threads, each on one
+    (:func:`noetherflow._threads.side_by_side`; the same numbers as one after the other on
+    one thread). All are on by default.
     """
     tokens = (
         _BATCH.set(batch),
         _ACCELERATE.set(accelerate),
         _COVARIANT.set(covariant),
         _FACTORED.set(factored),
+        _PARALLEL.set(parallel),
     )
     try:
         yield
@@ -71,6 +77,7 @@ def sweep_options(
         _ACCELERATE.reset(tokens[1])
         _COVARIANT.reset(tokens[2])
         _FACTORED.reset(tokens[3])
+        _PARALLEL.reset(tokens[4])
 
 
 def sequential_sweeps() -> AbstractContextManager[None]:
@@ -79,7 +86,9 @@ def sequential_sweeps() -> AbstractContextManager[None]:
     Every non-joint symmetry is its own step, no Anderson mixing, and every statistic a move
     changed rebuilt from the transported ``[N, *shape]`` samples (tests, benchmarks).
     """
-    return sweep_options(batch=False, accelerate=False, covariant=False, factored=False)
+    return sweep_options(
+        batch=False, accelerate=False, covariant=False, factored=False, parallel=False
+    )
 
 
 def accelerated() -> bool:
@@ -95,6 +104,11 @@ def covariant() -> bool:
 def factored() -> bool:
     """Whether coupled sweeps may hold samples as their factors (:func:`sweep_options`)."""
     return _FACTORED.get()
+
+
+def parallel() -> bool:
+    """Whether independent coupled blocks may run side by side (:func:`sweep_options`)."""
+    return _PARALLEL.get()
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any, cast
 
 import torch
@@ -36,7 +37,8 @@ from noetherflow._checks import (
 from noetherflow._deprecate import is_old_model_call, warn_model
 from noetherflow._divergence import is_finite
 from noetherflow._errors import NonFiniteGradientError, StatisticsError
-from noetherflow._sweep_plan import Step, accelerated, covariant, factored, plan_sweep
+from noetherflow._sweep_plan import Step, accelerated, covariant, factored, parallel, plan_sweep
+from noetherflow._threads import side_by_side
 from noetherflow.kernels import (
     InfinityReport,
     StepOptions,
@@ -290,10 +292,20 @@ def _solve_parts(
     coupled_ids = {i for g in blocks for i in g}
     parts = [[i for i in range(len(syms)) if i not in coupled_ids], *blocks]
     out = _Solved(totals={s: s.identity_element() for s in syms})
-    for k, part in enumerate(parts):
-        if part:
-            sub = syms.subset(part)
-            _solve_block(sub, k > 0, values, stats, nm, names, index, step, sweeps, held, out)
+    if parts[0]:
+        sub = syms.subset(parts[0])
+        _solve_block(sub, False, values, stats, nm, names, index, step, sweeps, held, out)
+
+    def coupled(sub: SymmetrySet) -> _Solved:
+        own = _Solved(totals={s: out.totals[s] for s in sub})
+        _solve_block(sub, True, values, stats, nm, names, index, step, sweeps, held, own)
+        return own
+
+    # the blocks share no parameter (each moves its own entries of ``values``): side by
+    # side on the intra-op threads, each on one (see noetherflow._threads)
+    tasks = [partial(coupled, syms.subset(part)) for part in parts[1:] if part]
+    for own in side_by_side(tasks, torch.get_num_threads() if parallel() else 1):
+        out.merge(own)
     return out
 
 
@@ -341,6 +353,17 @@ class _Solved:
     progress: float = 0.0  # the largest relative flow of the blocks' last sweeps
     sweeps: list[int] = field(default_factory=list)  # per coupled block
     newton: list[int] = field(default_factory=list)  # iterations of the uncoupled solves
+
+    def merge(self, other: _Solved) -> None:
+        """Take ``other``'s results (a later block's) after this one's, as if appended here."""
+        self.totals.update(other.totals)
+        self.steps.extend(other.steps)
+        self.reports.update(other.reports)
+        self.residual.update(other.residual)
+        self.converged = self.converged and other.converged
+        self.progress = max(self.progress, other.progress)
+        self.sweeps.extend(other.sweeps)
+        self.newton.extend(other.newton)
 
 
 def _solve_block(
