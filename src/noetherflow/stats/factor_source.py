@@ -357,3 +357,23 @@ def _raise_mean_gap(name: str, role: str, sc: float, gap: float) -> None:
         "weight decay as weight_decay=γ to the flow and solver (γ of γ‖θ‖²); pass "
         "check_loss=False to skip this check."
     )
+
+
+def _in_backward() -> bool:
+    """Whether autograd is running a backward pass now (a checkpoint's recompute)."""
+    return bool(torch._C._current_graph_task_id() != -1)
+
+
+def _detached(x: Any, memo: dict[int, Tensor] | None = None) -> Any:
+    """``x`` with every tensor in it (tuple, list, dict values) detached.
+
+    Identity is kept: a tensor passed twice (attention's query and key) stays one tensor.
+    """
+    memo = {} if memo is None else memo
+    if isinstance(x, Tensor):
+        return memo.setdefault(id(x), x.detach())
+    if isinstance(x, tuple | list):
+        return type(x)(_detached(v, memo) for v in x)
+    if isinstance(x, dict):
+        return {k: _detached(v, memo) for k, v in x.items()}
+    return x

@@ -425,6 +425,7 @@ def find_symmetries(
     refuse_sharded(model)
     inp = ModelInputs.of(example_inputs, "find_symmetries")
     check_finite_model(model, "find_symmetries")
+    inp.check_nonempty("find_symmetries")
     inp.check_finite("find_symmetries")
     if loss_fn is not None:
         _check_loss_runs(model, inp, loss_fn, targets, seed)
@@ -456,6 +457,7 @@ def find_symmetries(
         scale=scale,
         notes=notes,
         unsupported=dict(ledger.unsupported),
+        matmul_reads=dict(ledger.matmul_reads),
     )
     uses = param_scopes(infos, model)
     scopes = {id(p): enclosing_scopes(p.params, uses) for p in proposals}
