@@ -87,10 +87,13 @@ def test_per_sample_loss_vector_is_named(estimator: str) -> None:
     assert all(torch.equal(before[k], v) for k, v in m.state_dict().items())
 
 
-@pytest.mark.parametrize("value", [1.0, "loss", None])
-def test_loss_fn_returning_a_non_tensor_is_named(value: object) -> None:
+@pytest.mark.parametrize(
+    ("value", "hint"),
+    [(1.0, "not .item()"), ("loss", "not .item()"), (None, "out.loss is None when no labels")],
+)
+def test_loss_fn_returning_a_non_tensor_is_named(value: object, hint: str) -> None:
     m, syms, x, y = _mlp()
-    with pytest.raises(nf.StatisticsError, match=r"loss_fn returned a .*expected a scalar tensor"):
+    with pytest.raises(nf.StatisticsError, match=rf"loss_fn returned a .*scalar tensor.*{hint}"):
         nf.collect_stats(m, syms, lambda out, t: value, x, y)
 
 
@@ -193,3 +196,83 @@ def test_monitor_names_a_wrong_model_or_set(which: str) -> None:
     args = (None, syms) if which == "model" else (m, list(syms))
     with pytest.raises(TypeError, match=rf"NoetherMonitor: {which} is a"):
         nf.NoetherMonitor(*args, every=1, lr=0.1, batch_size=4)  # type: ignore[arg-type]
+
+
+# -- LogOptions: each field checked when built --------------------------------------------------
+@pytest.mark.parametrize(
+    ("kw", "match"),
+    [
+        ({"log_dir": 3}, r"log_dir=3.*a directory path"),
+        ({"tensorboard": "yes"}, r"tensorboard='yes'.*add_scalar"),
+        ({"progress": "no"}, r"progress='no'.*True, False or None"),
+        ({"total": -1}, r"total=-1 must be an integer >= 0"),
+    ],
+)
+def test_log_options_check_their_fields(kw: dict[str, object], match: str) -> None:
+    with pytest.raises((TypeError, ValueError), match=match):
+        nf.LogOptions(**kw)  # type: ignore[arg-type]
+
+
+def test_a_writer_object_is_still_accepted() -> None:
+    class Writer:
+        def add_scalar(self, *a: object) -> None: ...
+
+        def add_histogram(self, *a: object) -> None: ...
+
+    assert isinstance(nf.LogOptions(tensorboard=Writer()).tensorboard, Writer)
+
+
+def test_nested_track_is_named() -> None:
+    """It used to blame the layers for not running inside the capture."""
+    m, syms, x, y = _mlp()
+    mon = nf.NoetherMonitor(m, syms, every=1, lr=0.1, batch_size=16, distance=False)
+    with pytest.raises(nf.StatisticsError, match=r"inside another mon.track"), mon.track():
+        with mon.track():
+            pass
+    with mon.track():  # the monitor goes on
+        nn.functional.cross_entropy(m(x), y).backward()
+    assert mon.step() is not None
+
+
+@pytest.mark.parametrize("loss", ["abc", torch.ones(3), True])
+def test_a_loss_that_is_not_one_number_is_named(loss: object) -> None:
+    m, syms, x, y = _mlp()
+    mon = nf.NoetherMonitor(m, syms, every=1, lr=0.1, batch_size=16, distance=False)
+    with mon.track():
+        nn.functional.cross_entropy(m(x), y).backward()
+    with pytest.raises(TypeError, match=r"step\(loss\).*expected the batch loss"):
+        mon.step(loss)
+
+
+# -- token ids beyond an embedding table ---------------------------------------------------------
+class _Tok(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb, self.l1, self.l2 = nn.Embedding(50, 8), nn.Linear(8, 16), nn.Linear(16, 4)
+
+    def forward(self, ids: Tensor) -> Tensor:
+        return self.l2(self.l1(self.emb(ids)).relu())
+
+
+def test_ids_beyond_the_table_are_named_not_blamed_on_a_layer() -> None:
+    """It said "The first Linear layer expects 8 input features": not the cause."""
+    ids = torch.randint(0, 500, (4, 16), generator=torch.Generator().manual_seed(0))
+    with pytest.raises(nf.DetectionError, match=r"ids up to 4\d\d.*emb \(50 tokens\)") as e:
+        nf.find_symmetries(_Tok(), ids)
+    assert "input features" not in str(e.value)
+
+
+def test_inspect_names_the_vocab_size(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from noetherflow import cli
+
+    f = tmp_path / "tok.py"
+    f.write_text(
+        "import torch.nn as nn\n"
+        "def make():\n"
+        "    return nn.Sequential(nn.Embedding(50, 8), nn.Linear(8, 16), nn.ReLU(),"
+        " nn.Linear(16, 4))\n"
+    )
+    args = ["inspect", f"{f}:make", "--input-shape", "16", "--dtype", "long", "--vocab-size"]
+    assert cli.main([*args, "500"]) == cli.ExitCode.USAGE
+    err = capsys.readouterr().err
+    assert "--vocab-size 500" in err and "0 (50 tokens)" in err and "Traceback" not in err

@@ -276,3 +276,42 @@ def test_hand_built_rotation_on_a_matmul_read_weight_refuses_the_hooks() -> None
     by_hand = nf.SymmetrySet([rot])
     with pytest.raises(nf.UnsupportedLayerError, match="never ran their forward"):
         nf.collect_stats(model, by_hand, _loss, x, torch.randn(4, 5, 6, dtype=DT))
+
+
+def test_hf_mamba_causal_lm_two_blocks() -> None:
+    """MambaForCausalLM, two blocks: three symmetries per block, the hooks on all of them."""
+    t = pytest.importorskip("transformers")
+    cfg = t.MambaConfig(
+        num_hidden_layers=2,
+        hidden_size=16,
+        vocab_size=32,
+        state_size=4,
+        expand=2,
+        conv_kernel=4,
+        time_step_rank=4,
+        use_cache=False,
+    )
+    torch.manual_seed(0)
+    model = t.MambaForCausalLM(cfg).to(DT)
+    ids = torch.randint(0, 32, (4, 5), generator=torch.Generator().manual_seed(6))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        syms = nf.find_symmetries(model, ids[:2])
+    assert len(syms) == 6 and all(r.verified for r in syms.verification.values())
+    for block in (0, 1):
+        pre = f"backbone.layers.{block}.mixer"
+        assert f"rescaling:{pre}.x_proj[4:8]↔[8:12]" in syms.names
+        assert f"rotation:{pre}.x_proj[0:4]→{pre}.dt_proj.weight" in syms.names
+
+    def loss(out: object, y: Tensor) -> Tensor:
+        logits = out.logits  # type: ignore[attr-defined]
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+
+    y = torch.randint(0, 32, (4, 5), generator=torch.Generator().manual_seed(7))
+    noise = nf.NoiseModel.create(lr=0.1, batch_size=4, weight_decay=1e-3)
+    hooks = nf.noether_flow(syms, nf.collect_stats(model, syms, loss, ids, y), noise)
+    ref = nf.noether_flow(
+        syms, nf.collect_stats(model, syms, loss, ids, y, estimator="reference"), noise
+    )
+    for name in ref:  # float32 casts in the scan: agreement to their round-off
+        torch.testing.assert_close(hooks[name], ref[name], rtol=1e-5, atol=1e-12)

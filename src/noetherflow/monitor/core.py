@@ -25,7 +25,7 @@ from noetherflow.kernels.noise import NoiseModel, check_decay
 from noetherflow.monitor.accumulation import StepCapture, check_loss_reduction
 from noetherflow.monitor.display import ProgressDisplay, is_terminal
 from noetherflow.monitor.distance import DistanceTracker
-from noetherflow.monitor.guards import monitor_advice
+from noetherflow.monitor.guards import loss_tensor, monitor_advice
 from noetherflow.monitor.history import (
     CSV_NAME,
     JSONL_NAME,
@@ -80,8 +80,6 @@ from noetherflow.symmetry.set import SymmetrySet
 from noetherflow.teleportation.optimizer_state import preserved
 
 __all__ = ["NoetherMonitor"]
-
-_F64 = torch.float64  # a float loss is kept in double (torch.tensor would round it to float32)
 
 
 class NoetherMonitor:
@@ -428,9 +426,7 @@ class NoetherMonitor:
             if self.estimator is Estimator.HOOKS:
                 check_loss_reduction(loss, self.reduction, n_local, "NoetherMonitor")
         if loss is not None:
-            lt = (
-                loss.detach() if isinstance(loss, Tensor) else torch.tensor(float(loss), dtype=_F64)
-            )
+            lt = loss_tensor(loss)
             if self.all_reduce:
                 lt = all_reduce_mean(lt.to(torch.float64), n_local)
             row["loss"] = np.asarray(float(lt))

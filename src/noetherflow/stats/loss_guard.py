@@ -54,18 +54,23 @@ def _scalar_loss(loss: Any) -> Tensor:
     """``loss`` if it is a one-element tensor; else an error naming what came back and the fix."""
     if isinstance(loss, Tensor) and loss.numel() == 1:
         return loss
-    what = _what(loss)
     if isinstance(loss, Tensor):
         fix = (
-            "a per-sample vector: pass a loss that reduces the batch, e.g. "
+            "A per-sample vector: pass a loss that reduces the batch, e.g. "
             "nn.CrossEntropyLoss() instead of reduction='none' (or loss.mean() / loss.sum() "
-            "with reduction='sum')"
+            "with reduction='sum')."
+        )
+    elif loss is None:
+        fix = (
+            "A Hugging Face model's out.loss is None when no labels reach the model: with "
+            "the labels given as targets (a split dict batch), compute the loss from "
+            "out.logits and the targets, or keep the labels among the keyword inputs."
         )
     else:
-        fix = "return the loss tensor itself (not .item(), a tuple or the model's output object)"
+        fix = "Return the loss tensor itself (not .item(), a tuple or the model's output object)."
     raise StatisticsError(
-        f"loss_fn returned {what}; expected a scalar tensor, the batch mean (reduction='mean') "
-        f"or sum (reduction='sum') of the per-sample losses, to backpropagate. For {fix}."
+        f"loss_fn returned {_what(loss)}; expected a scalar tensor, the batch mean "
+        f"(reduction='mean') or sum (reduction='sum') of the per-sample losses. {fix}"
     )
 
 
