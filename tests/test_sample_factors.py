@@ -104,13 +104,13 @@ class _LM(nn.Module):
         return self.body(t).logits
 
 
-def _gpt2(ignore: bool) -> tuple[nf.SymmetrySet, nf.GradStats, dict[str, Any]]:
-    """A 1-layer GPT-2 of width 32 with 4 heads (c_attn [32, 96] and c_proj [32, 32] both
-    factored at 8 tokens), float64; ``ignore``: a third of the targets ignored (-100)."""
+def _gpt2(ignore: bool, layers: int = 1) -> tuple[nf.SymmetrySet, nf.GradStats, dict[str, Any]]:
+    """A GPT-2 of width 32 with 4 heads (c_attn [32, 96] and c_proj [32, 32] both factored
+    at 8 tokens), float64; ``ignore``: a third of the targets ignored (-100)."""
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
     cfg = transformers.GPT2Config(
-        n_layer=1,
+        n_layer=layers,
         n_embd=32,
         n_head=4,
         vocab_size=40,
