@@ -366,7 +366,7 @@ def _step(
         function_op(node.target) in ("matmul", "rotary")  # rotary: q and k of a fused qkv
         or node.target is F.scaled_dot_product_attention
         or node.target is torch.einsum
-        or (node.target is torch.cat and _cat_of_flows(node, ins))
+        or node.target is torch.cat
     )
     if len(ins) > 1 and not multi_ok:
         stop(f"read by {name} together with other features of the same layer")
@@ -408,8 +408,10 @@ def _step(
             return None
         if t is torch.cat and _cat_with_empty(node, ins, info):
             return _Flow(idx0, mode, heads, via)
-        if t is torch.cat and len(ins) > 1:
+        if t is torch.cat and len(ins) > 1 and _cat_of_flows(node, ins):
             return moved()  # the parts of one layer's output put back together (partial rotary)
+        if t is torch.cat:
+            return _cat_with_others(node, ins, flows, mode, heads, via, info, stop, name)
         if kind == "rotary":
             return _rotary(node, ins, flows, mode, heads, via, info, stop)
         if kind == "homogeneous":
@@ -454,6 +456,40 @@ def _step(
         what = f"{name} (a residual connection or other sum)"
     stop(f"read by {what}")
     return None
+
+
+def _cat_with_others(
+    node: fx.Node,
+    ins: list[fx.Node],
+    flows: dict[fx.Node, _Flow],
+    mode: int,
+    heads: list[frozenset[int]] | None,
+    via: tuple[str, ...],
+    info: GraphInfo,
+    stop: Callable[[str], None],
+    name: str,
+) -> _Flow | None:
+    """``torch.cat([x, other, …])``: x's features move to their place, the others' are blank.
+
+    Another layer's output concatenated with the followed one (an Inception/DenseNet-style
+    concat, two branches into one layer): its entries are −1, no feature of this source, so
+    a consumer reads the source's features in a slice of its columns.
+    """
+    seq = node.args[0] if node.args else node.kwargs.get("tensors")
+    subst: dict[fx.Node, Any] = {a: flows[a].idx for a in ins}
+    for a in seq if isinstance(seq, list | tuple) else []:
+        v = info.values.get(a) if isinstance(a, fx.Node) else None
+        if isinstance(a, fx.Node) and a not in subst and isinstance(v, Tensor):
+            subst[a] = torch.full(v.shape, -1.0, dtype=torch.float64)
+    try:
+        out = info.execute(node, subst)
+    except Exception as exc:  # not a list of tensors along one axis
+        stop(f"read by {name} (could not follow it: {type(exc).__name__})")
+        return None
+    if not (_is_index_tensor(out) and _integral(out)):
+        stop(f"read by {name}, which mixes features")
+        return None
+    return _Flow(out, mode, heads, via)
 
 
 def _cat_of_flows(node: fx.Node, ins: list[fx.Node]) -> bool:
