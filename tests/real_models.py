@@ -1,8 +1,8 @@
 """Small real architectures for tests/test_real_models.py and benchmarks/zoo.py.
 
 Every factory returns ``(model, example_inputs)`` built from a tiny config (random init, no
-weights downloaded). Hugging Face ``transformers`` builds GPT-2, BERT, Llama, ViT, ResNet
-and ConvNeXt; PyTorch builds its own transformer layers; the timm-style attention with a
+weights downloaded). Hugging Face ``transformers`` builds GPT-2, BERT, Llama, ViT, ResNet,
+ConvNeXt and Mamba; PyTorch builds its own transformer layers; the timm-style attention with a
 fused ``qkv`` Linear and ``reshape``/``unbind`` and a MobileNet-style ReLU6 block are written
 out here.
 """
@@ -156,6 +156,23 @@ def relu6_block() -> tuple[nn.Module, Any]:
     return ReLU6Block(), torch.randn(4, 3, 8, 8)
 
 
+def mamba() -> tuple[nn.Module, Any]:
+    """Mamba (selective scan): x_proj split into Δ, B, C; ``dt_proj.weight`` read by a matmul."""
+    import transformers as T
+
+    cfg = T.MambaConfig(
+        num_hidden_layers=1,
+        hidden_size=16,
+        vocab_size=32,
+        state_size=4,
+        expand=2,
+        conv_kernel=4,
+        time_step_rank=4,
+        use_cache=False,
+    )
+    return T.MambaModel(cfg), torch.randint(0, 32, (2, 5))
+
+
 MODELS: dict[str, Factory] = {
     "gpt2": gpt2,
     "bert": bert,
@@ -167,4 +184,5 @@ MODELS: dict[str, Factory] = {
     "transformer": transformer,
     "fused_qkv": fused_qkv,
     "relu6_block": relu6_block,
+    "mamba": mamba,
 }

@@ -168,9 +168,20 @@ def test_toy_scan_stats_flows_solve_teleport(level: str) -> None:
         torch.testing.assert_close(bh.axis_sq(p, 0), br.axis_sq(p, 0), rtol=1e-10, atol=1e-18)
         if p in bh.sq:
             torch.testing.assert_close(bh.sq[p], br.sq[p], rtol=1e-10, atol=1e-18)
-    # the whole set (the rotation's dt_proj is read by a matmul): reference statistics
+    # the whole set: dt_proj.weight is applied by a matmul in the model's forward, where the
+    # hooks read it (detection's matmul_reads); both sides of the rotation against torch.func
+    assert list(syms.detection.matmul_reads.values()) == [""]  # type: ignore[union-attr]
     full = nf.collect_stats(model, syms, _loss, x, y, estimator="reference")
+    fhooks = nf.collect_stats(model, syms, _loss, x, y, estimator="hooks", level=level)
+    rh, rr = fhooks.blocks["rotation"], full.blocks["rotation"]
+    for s_ in syms:
+        if s_.family == nf.Family.ROTATION:
+            for a, b in zip(rh.side[s_], rr.side[s_], strict=True):  # type: ignore[attr-defined]
+                torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12 * float(b.abs().max()))
     before_flow = nf.noether_flow(syms, full, noise)
+    hooks_flow = nf.noether_flow(syms, fhooks, noise)
+    for name in before_flow:
+        torch.testing.assert_close(hooks_flow[name], before_flow[name], rtol=1e-10, atol=1e-18)
     sol = nf.solve_equilibrium(syms, full, noise)
     with torch.no_grad():
         out0 = model(x)
@@ -228,15 +239,19 @@ def test_hf_mamba_stats_solve_teleport() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         syms = nf.find_symmetries(model, {"input_ids": ids[:2]})
-    diag = nf.SymmetrySet([s for s in syms if s.family == nf.Family.RESCALING])
-    hooks = nf.collect_stats(model, diag, loss, ids, y, estimator="hooks")
-    ref = nf.collect_stats(model, diag, loss, ids, y, estimator="reference")
-    bh, br = diagonal_block(hooks), diagonal_block(ref)
-    for p, v in br.sq.items():
-        # the scan casts B and u to float32: its gradients carry float32 round-off
-        torch.testing.assert_close(bh.sq[p], v, rtol=1e-5, atol=1e-12 * float(v.abs().max()))
-    noise = nf.NoiseModel.create(lr=0.1, batch_size=6, weight_decay=1e-3)
+    assert list(syms.detection.matmul_reads.values()) == ["layers.0.mixer"]  # type: ignore[union-attr]
+    hooks = nf.collect_stats(model, syms, loss, ids, y, estimator="hooks")
     full = nf.collect_stats(model, syms, loss, ids, y, estimator="reference")
+    bh, br = diagonal_block(hooks), diagonal_block(full)
+    # the scan casts B and u to float32: the gradients behind it carry float32 round-off
+    for p, v in br.sq.items():
+        torch.testing.assert_close(bh.sq[p], v, rtol=1e-5, atol=1e-12 * float(v.abs().max()))
+    rot = next(s for s in syms if s.family == nf.Family.ROTATION)
+    for a, b in zip(
+        hooks.blocks["rotation"].side[rot], full.blocks["rotation"].side[rot], strict=True
+    ):  # type: ignore[attr-defined]
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-12 * float(b.abs().max()))
+    noise = nf.NoiseModel.create(lr=0.1, batch_size=6, weight_decay=1e-3)
     before = nf.noether_flow(syms, full, noise)
     sol = nf.solve_equilibrium(syms, full, noise)
     with torch.no_grad():
@@ -250,3 +265,53 @@ def test_hf_mamba_stats_solve_teleport() -> None:
     )
     for name in before:
         assert float(after[name].norm()) < 1e-6 * float(before[name].norm()), name
+
+
+def test_hand_built_rotation_on_a_matmul_read_weight_refuses_the_hooks() -> None:
+    """Without detection's matmul_reads the hooks cannot see dt_proj: a clear refusal."""
+    model = _toy()
+    x = torch.randn(4, 5, 6, dtype=DT)
+    found = nf.find_symmetries(model, x)
+    rot = next(s for s in found if s.family == nf.Family.ROTATION)
+    by_hand = nf.SymmetrySet([rot])
+    with pytest.raises(nf.UnsupportedLayerError, match="never ran their forward"):
+        nf.collect_stats(model, by_hand, _loss, x, torch.randn(4, 5, 6, dtype=DT))
+
+
+def test_hf_mamba_causal_lm_two_blocks() -> None:
+    """MambaForCausalLM, two blocks: three symmetries per block, the hooks on all of them."""
+    t = pytest.importorskip("transformers")
+    cfg = t.MambaConfig(
+        num_hidden_layers=2,
+        hidden_size=16,
+        vocab_size=32,
+        state_size=4,
+        expand=2,
+        conv_kernel=4,
+        time_step_rank=4,
+        use_cache=False,
+    )
+    torch.manual_seed(0)
+    model = t.MambaForCausalLM(cfg).to(DT)
+    ids = torch.randint(0, 32, (4, 5), generator=torch.Generator().manual_seed(6))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        syms = nf.find_symmetries(model, ids[:2])
+    assert len(syms) == 6 and all(r.verified for r in syms.verification.values())
+    for block in (0, 1):
+        pre = f"backbone.layers.{block}.mixer"
+        assert f"rescaling:{pre}.x_proj[4:8]↔[8:12]" in syms.names
+        assert f"rotation:{pre}.x_proj[0:4]→{pre}.dt_proj.weight" in syms.names
+
+    def loss(out: object, y: Tensor) -> Tensor:
+        logits = out.logits  # type: ignore[attr-defined]
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+
+    y = torch.randint(0, 32, (4, 5), generator=torch.Generator().manual_seed(7))
+    noise = nf.NoiseModel.create(lr=0.1, batch_size=4, weight_decay=1e-3)
+    hooks = nf.noether_flow(syms, nf.collect_stats(model, syms, loss, ids, y), noise)
+    ref = nf.noether_flow(
+        syms, nf.collect_stats(model, syms, loss, ids, y, estimator="reference"), noise
+    )
+    for name in ref:  # float32 casts in the scan: agreement to their round-off
+        torch.testing.assert_close(hooks[name], ref[name], rtol=1e-5, atol=1e-12)

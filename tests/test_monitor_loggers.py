@@ -182,14 +182,15 @@ def test_readme_monitor_snippet_runs_and_closes(
     monkeypatch.chdir(tmp_path)
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, 3))
-    x, y = torch.randn(64, 4), torch.randint(0, 3, (64,))
+    x, y = torch.randn(384, 4), torch.randint(0, 3, (384,))  # 12 batches of 32
     ns = {
         "nf": nf,
         "torch": torch,
         "model": model,
         "syms": nf.SymmetrySet([nf.Rescaling(model[0], model[2])]),
         "loss_fn": F.cross_entropy,
-        "loader": [(x[i : i + 32], y[i : i + 32]) for i in (0, 32)] * 6,
+        "x": x,  # defined by the README's first example; the snippet's loader reads them
+        "y": y,
     }
     exec(compile(snippet, "README.md", "exec"), ns)
     mon = ns["mon"]

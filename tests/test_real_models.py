@@ -154,9 +154,15 @@ EXPECTED: dict[str, list[Sig]] = {
     "fused_qkv": [*[rot("qkv", size=8)] * 2, *[rot("qkv", "proj", size=8)] * 2],
     # Eval mode: bn1 → ReLU6 → conv2 is not a symmetry (ReLU6 is not homogeneous).
     "relu6_block": [rs("bn2", "head", size=8)],
+    "mamba": [
+        rs("layers.0.norm", "layers.0.mixer.in_proj", size=16),
+        rs("layers.0.mixer.x_proj", size=4),  # B rows against C rows
+        rot("layers.0.mixer.x_proj", "layers.0.mixer.dt_proj", size=4),  # Δ rows, dt_proj
+    ],
 }
 
-# BatchNorm models in training mode: per-channel scale invariance before every BatchNorm too.
+# BatchNorm models in training mode: per-channel scale invariance before every BatchNorm too
+# (and Mamba, whose training-mode forward first offers the fused kernel its weights).
 EXPECTED_TRAIN: dict[str, list[Sig]] = {
     "resnet": [
         sc("embedder.embedder.convolution", 8),
@@ -169,6 +175,11 @@ EXPECTED_TRAIN: dict[str, list[Sig]] = {
         sc(f"{_ST}.1.layers.0.shortcut.convolution", 16),
     ],
     "relu6_block": [sc("conv1", 8), sc("conv2", 8), rs("bn2", "head", size=8)],
+    "mamba": [
+        rs("layers.0.norm", "layers.0.mixer.in_proj", size=16),
+        rs("layers.0.mixer.x_proj", size=4),  # B rows against C rows
+        rot("layers.0.mixer.x_proj", "layers.0.mixer.dt_proj", size=4),  # Δ rows, dt_proj
+    ],
 }
 
 

@@ -9,6 +9,7 @@ __all__ = [
     "StatisticsError",
     "SymmetryDefinitionError",
     "SymmetryNotPresentError",
+    "TeleportError",
     "UnsupportedLayerError",
 ]
 
@@ -31,6 +32,10 @@ class NonFiniteGradientError(StatisticsError):
 
 class UnsupportedLayerError(StatisticsError):
     """The chosen estimator does not support a layer that a symmetry acts on."""
+
+
+class TeleportError(ValueError):
+    """A solution cannot be applied to these parameters (they moved, or another model)."""
 
 
 class EpsWarning(UserWarning):

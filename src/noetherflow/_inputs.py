@@ -122,6 +122,18 @@ class ModelInputs:
                         "of -inf)."
                     )
 
+    def check_nonempty(self, who: str) -> None:
+        """Refuse a batch of 0 samples: every output change on it is 0, a vacuous check."""
+        leaves = [(k, v) for k, v in self.named_leaves() if isinstance(v, Tensor) and v.ndim]
+        if leaves and leaves[0][1].shape[0] == 0:
+            name, v = leaves[0]
+            raise ValueError(
+                f"{who}: the example batch is empty: {name} has shape {tuple(v.shape)}, 0 "
+                "samples along dim 0, so no output can change and every check would pass "
+                "vacuously; expected at least one sample (a few, e.g. x[:8]). Pass a "
+                "non-empty batch."
+            )
+
     def describe(self) -> str:
         """Shapes for error messages: ``(4, 8) int64, attention_mask=(4, 8) int64``."""
         parts = [_shape(a) for a in self.args]

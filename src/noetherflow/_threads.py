@@ -11,12 +11,17 @@ numbers: LAPACK/BLAS on matrices this small do not split the reductions.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import contextvars
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from typing import TypeVar
 
 import torch
 
-__all__ = ["one_thread"]
+__all__ = ["one_thread", "side_by_side"]
+
+T = TypeVar("T")
 
 
 @contextmanager
@@ -29,5 +34,32 @@ def one_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     try:
         yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def side_by_side(tasks: Sequence[Callable[[], T]], workers: int) -> list[T]:
+    """Run independent ``tasks`` on up to ``workers`` threads, each on one intra-op thread.
+
+    For pieces of work made of many small operations (the coupled blocks of one solve): each
+    task runs on its own core, with no OpenMP team to wait for after every small operation,
+    and computes what it computes alone on one thread (the same numbers). Each runs in a copy
+    of the caller's context (its ContextVars, e.g. the solver's sweep options). Results in the
+    order of ``tasks``; the first task's error, in that order, is raised. ``workers`` ≤ 1 (or
+    one task): the tasks run here, one after the other, on the caller's threads.
+    """
+    if workers <= 1 or len(tasks) <= 1:
+        return [t() for t in tasks]
+
+    def run(task: Callable[[], T]) -> T:
+        torch.set_num_threads(1)  # this thread's own setting: a new thread has the default
+        return task()
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with ThreadPoolExecutor(max_workers=min(workers, len(tasks))) as pool:
+            futures = [pool.submit(contextvars.copy_context().run, run, t) for t in tasks]
+            return [f.result() for f in futures]
     finally:
         torch.set_num_threads(before)

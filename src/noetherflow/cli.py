@@ -552,6 +552,12 @@ def cmd_inspect(args: argparse.Namespace) -> ExitCode:
         report = syms.coverage(model)
     except (DetectionError, ValueError, OSError) as exc:
         hint = _embedding_hint(model, x)
+        if not hint and isinstance(exc.__cause__, IndexError) and not x.is_floating_point():
+            drawn = f"--vocab-size {args.vocab_size}" if args.vocab_size else "the default"
+            raise UsageError(
+                f"{exc} The ids were drawn from 0..{int(x.max())} or so ({drawn}): pass a "
+                "--vocab-size no larger than the table they index."
+            ) from exc
         if not hint:
             raise UsageError(str(exc)) from exc
         cause = exc.__cause__ or exc  # the model's own error, without detect's shape hints

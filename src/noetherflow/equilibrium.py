@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any, cast
 
 import torch
@@ -36,7 +37,17 @@ from noetherflow._checks import (
 from noetherflow._deprecate import is_old_model_call, warn_model
 from noetherflow._divergence import is_finite
 from noetherflow._errors import NonFiniteGradientError, StatisticsError
-from noetherflow._sweep_plan import Step, accelerated, covariant, plan_sweep
+from noetherflow._sweep_plan import (
+    Step,
+    accelerated,
+    coupled_samples,
+    covariant,
+    move,
+    move_disjoint,
+    parallel,
+    plan_sweep,
+)
+from noetherflow._threads import side_by_side
 from noetherflow.kernels import (
     InfinityReport,
     StepOptions,
@@ -54,6 +65,7 @@ from noetherflow.kernels.decay import ParamDecay
 from noetherflow.kernels.noise import NoiseModel, TimeModel, check_decay, resolve_noise
 from noetherflow.solve_options import SolveOptions, kernel_settings, resolve_options
 from noetherflow.stats.core import GradStats, Level, with_displacement
+from noetherflow.stats.sample_factors import HeldSamples
 from noetherflow.symmetry.base import DiagonalSymmetry, Symmetry
 from noetherflow.symmetry.set import SymmetrySet
 
@@ -289,10 +301,20 @@ def _solve_parts(
     coupled_ids = {i for g in blocks for i in g}
     parts = [[i for i in range(len(syms)) if i not in coupled_ids], *blocks]
     out = _Solved(totals={s: s.identity_element() for s in syms})
-    for k, part in enumerate(parts):
-        if part:
-            sub = syms.subset(part)
-            _solve_block(sub, k > 0, values, stats, nm, names, index, step, sweeps, held, out)
+    if parts[0]:
+        sub = syms.subset(parts[0])
+        _solve_block(sub, False, values, stats, nm, names, index, step, sweeps, held, out)
+
+    def coupled(sub: SymmetrySet) -> _Solved:
+        own = _Solved(totals={s: out.totals[s] for s in sub})
+        _solve_block(sub, True, values, stats, nm, names, index, step, sweeps, held, own)
+        return own
+
+    # the blocks share no parameter (each moves its own entries of ``values``): side by
+    # side on the intra-op threads, each on one (see noetherflow._threads)
+    tasks = [partial(coupled, syms.subset(part)) for part in parts[1:] if part]
+    for own in side_by_side(tasks, torch.get_num_threads() if parallel() else 1):
+        out.merge(own)
     return out
 
 
@@ -341,6 +363,17 @@ class _Solved:
     sweeps: list[int] = field(default_factory=list)  # per coupled block
     newton: list[int] = field(default_factory=list)  # iterations of the uncoupled solves
 
+    def merge(self, other: _Solved) -> None:
+        """Take ``other``'s results (a later block's) after this one's, as if appended here."""
+        self.totals.update(other.totals)
+        self.steps.extend(other.steps)
+        self.reports.update(other.reports)
+        self.residual.update(other.residual)
+        self.converged = self.converged and other.converged
+        self.progress = max(self.progress, other.progress)
+        self.sweeps.extend(other.sweeps)
+        self.newton.extend(other.newton)
+
 
 def _solve_block(
     part: SymmetrySet,
@@ -362,13 +395,10 @@ def _solve_block(
     """
     max_sweeps, tol = sweeps
     if coupled:
-        # contiguous float64 copies: the heads' slices are then views of them (the batched
-        # products of kernels/rotation_batch.py), not copies of a strided layout
-        samples = {
-            p: stats.samples[p].to(torch.float64, copy=True, memory_format=torch.contiguous_format)
-            for p in part.params()
-        }
-        cur = stats_from_samples(samples, part, estimator=stats.estimator, level=Level.SOLVE)
+        samples = coupled_samples(part, stats)
+        cur = stats_from_samples(
+            samples, part, estimator=stats.estimator, level=Level.SOLVE, keep_samples=False
+        )
         # the displacement moves with the samples (a cotangent), in place in _move
         cur.displacement = {
             p: v.to(torch.float64, copy=True) for p, v in stats.displacement.items() if p in samples
@@ -401,7 +431,7 @@ def _solve_block(
     def take(k: Any, s: Symmetry, element: Any) -> None:
         if coupled:
             mark(k, [(s, element)])
-            _move(s, element, values, samples, cur.displacement, cur.mean)
+            move(s, element, values, samples, cur.displacement, cur.mean)
         else:
             out.steps.append((index[s], element))
             out.totals[s] = k.compose(out.totals[s], element)
@@ -423,7 +453,7 @@ def _solve_block(
             if own
             else None
         )
-        _move_disjoint(k, moves, values, samples, cur.displacement, cur.mean, read)
+        move_disjoint(k, moves, values, samples, cur.displacement, cur.mean, read)
 
     own_iterations: list[int] = []
     done, sweep = False, 0
@@ -466,7 +496,7 @@ def _solve_block(
                     for s, element in _split(members, accel.step(start, after) - after):
                         take(k, s, element)
         # later sweeps continue from the moved values: held generators move no more
-        opts = replace(opts, init=None, fixed=_no_move(held))
+        opts = replace(opts, init=None, fixed=_nomove(held))
         done = worst <= max(tol, 1e-10)
         if coupled and done and sweep > 1:
             break
@@ -514,7 +544,7 @@ def _warm_start(
     names: Mapping[Any, str],
     index: Mapping[Symmetry, int],
     values: dict[nn.Parameter, Tensor],
-    samples: dict[nn.Parameter, Tensor],
+    samples: dict[nn.Parameter, HeldSamples],
     cur: GradStats,
     out: _Solved,
 ) -> bool:
@@ -532,7 +562,7 @@ def _warm_start(
     for s in part:
         k = kernel_for(s)
         element = init[names[s]]
-        _move(s, element, values, samples, cur.displacement, cur.mean)
+        move(s, element, values, samples, cur.displacement, cur.mean)
         out.steps.append((index[s], element))
         out.totals[s] = k.compose(out.totals[s], element)
     refresh_stats_(cur, samples, list(part), means=False, level=Level.SOLVE)
@@ -625,49 +655,7 @@ def _check_fixed(syms: SymmetrySet, fixed: Mapping[str, Any] | None) -> dict[str
     return out
 
 
-def _no_move(held: Mapping[str, Tensor]) -> dict[str, Tensor] | None:
+def _nomove(held: Mapping[str, Tensor]) -> dict[str, Tensor] | None:
     """The held generators kept where they are: 0 where held, NaN (free) elsewhere."""
     zero = {n: torch.where(torch.isnan(v), v, 0.0) for n, v in held.items()}
     return zero or None
-
-
-def _move_disjoint(
-    k: Any,
-    moves: list[tuple[Symmetry, Any]],
-    values: Mapping[nn.Parameter, Tensor],
-    samples: Mapping[nn.Parameter, Tensor],
-    disp: dict[nn.Parameter, Tensor],
-    mean: Mapping[nn.Parameter, Tensor],
-    read: Mapping[nn.Parameter, None] | None = None,
-) -> None:
-    """:func:`_move` for every move of a disjoint run, the kernel's batched products.
-
-    ``read``: the only parameters whose samples are moved (the kernel moved the movers' own
-    statistics, :meth:`~noetherflow.kernels.Kernel.move_stats_`); None: all of them.
-    """
-    params = {p: None for s, _ in moves for p in s.params}
-    k.act_disjoint_(moves, values)
-    k.transport_disjoint_(moves, samples if read is None else {p: samples[p] for p in read})
-    k.transport_disjoint_(moves, {p: mean[p].unsqueeze(0) for p in params})
-    if disp and all(p in disp for p in params):
-        k.transport_disjoint_(moves, {p: disp[p].unsqueeze(0) for p in params})
-    elif disp:  # some parameters without a displacement: zeros there, as transport_cotangent
-        for s, element in moves:
-            transport_cotangent(s, element, disp)
-
-
-def _move(
-    s: Symmetry,
-    element: Any,
-    values: Mapping[nn.Parameter, Tensor],
-    samples: Mapping[nn.Parameter, Tensor],
-    disp: dict[nn.Parameter, Tensor],
-    mean: Mapping[nn.Parameter, Tensor],
-) -> None:
-    """Move θ by ``element``, and the per-sample gradients, ḡ and v by T^{-T}, in place."""
-    s.act_(element, values)
-    s.transport_grads_(element, samples)
-    # ḡ is the samples' mean: moved the same way (as one more sample), not recomputed
-    s.transport_grads_(element, {p: mean[p].unsqueeze(0) for p in s.params})
-    if disp:
-        transport_cotangent(s, element, disp)

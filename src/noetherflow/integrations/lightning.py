@@ -55,6 +55,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any, cast
 
 from noetherflow._inputs import ModelInputs
+from noetherflow.integrations._options import check_callback_options
 from noetherflow.monitor import NoetherMonitor
 from noetherflow.monitor.options import take_options
 from noetherflow.symmetry.set import SymmetrySet
@@ -163,6 +164,8 @@ class NoetherCallback(Callback):  # type: ignore[misc,valid-type]
         self.log_to_lightning = log_to_lightning
         self.monitor_kwargs = dict(monitor_kwargs)
         self.distance, self.log_options = take_options(self.monitor_kwargs, "NoetherCallback")
+        every = self.monitor_kwargs.get("every", 10)
+        check_callback_options("NoetherCallback", syms, every, self.monitor_kwargs)
         self.monitor: NoetherMonitor | None = None
         self._stack = contextlib.ExitStack()
         self._losses: list[Any] = []

@@ -43,6 +43,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from noetherflow.integrations._options import check_callback_options
 from noetherflow.monitor import NoetherMonitor
 from noetherflow.monitor.history import flat_record
 from noetherflow.monitor.options import take_options
@@ -80,8 +81,11 @@ class NoetherTrainerCallback(TrainerCallback):
                 f"NoetherTrainerCallback: {taken} are read from the Trainer (its optimizer and "
                 "TrainingArguments); drop them."
             )
-        self.syms, self.every, self.options = syms, int(every), dict(monitor_options)
+        self.options = dict(monitor_options)
         self.distance, self.log_options = take_options(self.options, "NoetherTrainerCallback")
+        who = "NoetherTrainerCallback"
+        self.syms = syms
+        self.every = check_callback_options(who, syms, every, self.options, optional=True)
         self.monitor: NoetherMonitor | None = None
         self._stack = contextlib.ExitStack()
         self._losses: list[float] = []

@@ -39,6 +39,7 @@ from noetherflow.stats.blocks import (
     stats_from_samples,
 )
 from noetherflow.stats.core import GradStats, Level, StatsBlock
+from noetherflow.stats.sample_factors import HeldSamples
 from noetherflow.stats.source import GradSource, SampleSource
 from noetherflow.symmetry.base import Symmetry
 from noetherflow.symmetry.set import SymmetrySet
@@ -168,6 +169,9 @@ class Kernel(ABC, Generic[S, B]):
     # one at a time (not joint), but a run on disjoint coordinates may be solved as one
     # batched step (:meth:`solve_disjoint`)
     batchable: ClassVar[bool] = False
+    # its moves and statistics take per-sample gradients held as a linear layer's factors
+    # (stats/sample_factors.py: a move along one axis, Grams and per-axis sums of squares)
+    factored: ClassVar[bool] = False
     # the settings its solve reads, with the family's defaults: a frozen dataclass whose fields
     # are named as those of nf.SolveOptions; the solve reads them as ``opts.of(self)``
     settings: ClassVar[type[Any]] = NoSettings
@@ -284,20 +288,21 @@ class Kernel(ABC, Generic[S, B]):
             s.act_(element, values)
 
     def transport_disjoint_(
-        self, moves: Sequence[tuple[S, Any]], grads: Mapping[nn.Parameter, Tensor]
+        self, moves: Sequence[tuple[S, Any]], grads: Mapping[nn.Parameter, HeldSamples]
     ) -> None:
         """Transport per-sample gradients ``[N, *shape]`` along each move (T^{-T}), in place.
 
         What ``s.transport_grads_(element, grads)`` for each gives (disjoint coordinates, as
-        in :meth:`act_disjoint_`).
+        in :meth:`act_disjoint_`). :class:`SampleFactors` only for kernels with ``factored``
+        (the diagonal families' moves scale one factor: ``SampleFactors.mul_``).
         """
         for s, element in moves:
-            s.transport_grads_(element, grads)
+            s.transport_grads_(element, cast(Mapping[nn.Parameter, Tensor], grads))
 
     def refresh_(
         self,
         members: Sequence[S],
-        samples: Mapping[nn.Parameter, Tensor],
+        samples: Mapping[nn.Parameter, HeldSamples],
         stats: GradStats,
         stale: Mapping[Symmetry, Mapping[nn.Parameter, None]],
         cache: dict[Any, Any],

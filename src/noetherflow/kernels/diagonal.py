@@ -408,6 +408,7 @@ class DiagonalKernel(Kernel[DiagonalSymmetry, DiagonalStats]):
     joint: ClassVar[bool] = True
     decay_commutes: ClassVar[bool] = True
     can_hold: ClassVar[bool] = True
+    factored: ClassVar[bool] = True
     incremental: ClassVar[bool] = True
     settings: ClassVar[type[Any]] = DiagonalSettings
 

@@ -33,6 +33,7 @@ from noetherflow.kernels.base import (
 )
 from noetherflow.kernels.noise import NoiseModel, cross_values
 from noetherflow.stats.core import GradStats, Level, StatsBlock
+from noetherflow.stats.sample_factors import HeldSamples
 from noetherflow.symmetry.base import Symmetry
 from noetherflow.symmetry.rotation import Block, DoubleRotation
 
@@ -278,6 +279,7 @@ class RotationKernel(Kernel[DoubleRotation, RotationStats]):
     # Γ is constant on each parameter and G acts on the rotated index within each block
     decay_commutes: ClassVar[bool] = True
     batchable: ClassVar[bool] = True
+    factored: ClassVar[bool] = True
     settings: ClassVar[type[Any]] = RotationSettings
 
     def collect(
@@ -417,7 +419,7 @@ class RotationKernel(Kernel[DoubleRotation, RotationStats]):
     def transport_disjoint_(
         self,
         moves: Sequence[tuple[DoubleRotation, Any]],
-        grads: Mapping[nn.Parameter, Tensor],
+        grads: Mapping[nn.Parameter, HeldSamples],
     ) -> None:
         """One batched product per parameter axis (kernels/rotation_batch.py)."""
         from noetherflow.kernels.rotation_batch import transport_disjoint_
@@ -428,7 +430,7 @@ class RotationKernel(Kernel[DoubleRotation, RotationStats]):
     def refresh_(
         self,
         members: Sequence[DoubleRotation],
-        samples: Mapping[nn.Parameter, Tensor],
+        samples: Mapping[nn.Parameter, HeldSamples],
         stats: GradStats,
         stale: Mapping[Symmetry, Mapping[nn.Parameter, None]],
         cache: dict[Any, Any],

@@ -29,6 +29,12 @@ from noetherflow.kernels.base import GroupSolve, StepOptions
 from noetherflow.kernels.noise import NoiseModel, cross_values
 from noetherflow.kernels.rotation import RotationKernel, RotationSettings, _mixed_cross
 from noetherflow.stats.core import GradStats
+from noetherflow.stats.sample_factors import (
+    HeldSamples,
+    SampleFactors,
+    block_grams,
+    left_product_,
+)
 from noetherflow.stats.source import SampleSource
 from noetherflow.symmetry.base import Symmetry
 from noetherflow.symmetry.rotation import Block, DoubleRotation
@@ -186,7 +192,7 @@ def _left_product(mats: Tensor, y: Tensor) -> Tensor:
 
 
 def _apply_(
-    tensors: Mapping[nn.Parameter, Tensor],
+    tensors: Mapping[nn.Parameter, HeldSamples],
     items: Sequence[tuple[Block, Tensor]],
     offset: int,
 ) -> None:
@@ -202,6 +208,10 @@ def _apply_(
         if v is None:
             continue
         mat = {id(b): m.to(v.dtype) for b, m in group}
+        if isinstance(v, SampleFactors):  # on the factor of that axis (stats/sample_factors.py)
+            mats = torch.stack([mat[id(b)] for b in blocks])
+            left_product_(v, blocks[0].axis, [b.start for b in blocks], mats)
+            continue
         y = _tiles(v, blocks[0].axis + offset, blocks)
         if y is not None:
             y.copy_(_left_product(torch.stack([mat[id(b)] for b in blocks]), y))
@@ -252,7 +262,7 @@ def act_disjoint_(
 
 
 def transport_disjoint_(
-    moves: Sequence[tuple[DoubleRotation, Tensor]], grads: Mapping[nn.Parameter, Tensor]
+    moves: Sequence[tuple[DoubleRotation, Tensor]], grads: Mapping[nn.Parameter, HeldSamples]
 ) -> None:
     """∇W_f → Gᵀ∇W_f, ∇U_f → G⁻¹∇U_f per sample for each move (disjoint coordinates).
 
@@ -264,7 +274,7 @@ def transport_disjoint_(
 
 
 def _block_grams(
-    blocks: Sequence[Block], tensors: Mapping[nn.Parameter, Tensor], offset: int
+    blocks: Sequence[Block], tensors: Mapping[nn.Parameter, HeldSamples], offset: int
 ) -> dict[Block, Tensor]:
     """Σ_r F_r F_rᵀ (``[d, d]``) of each block, F_r the d-front of sample r of its parameter.
 
@@ -275,6 +285,10 @@ def _block_grams(
     for group in _by_axis([(b, None) for b in blocks]).values():
         run = sorted({b: None for b, _ in group}, key=lambda b: b.start)
         v = tensors[run[0].param]
+        if isinstance(v, SampleFactors):  # from the factors (stats/sample_factors.py)
+            gram = block_grams(v, run[0].axis, [b.start for b in run], run[0].d)
+            out.update(zip(run, gram, strict=True))
+            continue
         y = _tiles(v, run[0].axis + offset, run)
         if y is None:  # slice by slice
             for b in run:
@@ -293,7 +307,7 @@ def _total(parts: Sequence[Tensor]) -> Tensor:
 
 
 def _side_grams(
-    syms: Sequence[DoubleRotation], tensors: Mapping[nn.Parameter, Tensor], offset: int
+    syms: Sequence[DoubleRotation], tensors: Mapping[nn.Parameter, HeldSamples], offset: int
 ) -> dict[DoubleRotation, tuple[Tensor, Tensor]]:
     """Σ over each side's blocks of Σ_r F_r F_rᵀ (``[d, d]``), per rotation: (W side, U side).
 
@@ -309,7 +323,7 @@ def _side_grams(
 
 def refresh_(
     members: Sequence[DoubleRotation],
-    samples: Mapping[nn.Parameter, Tensor],
+    samples: Mapping[nn.Parameter, HeldSamples],
     stats: GradStats,
     stale: Mapping[Symmetry, Mapping[nn.Parameter, None]],
     cache: dict[DoubleRotation, dict[Block, Tensor]],
@@ -388,7 +402,7 @@ def sample_moments(
     product (:func:`_side_grams`).
     """
     params = {b.param: None for s in syms for b in [*s.w_blocks, *s.u_blocks]}
-    grams = _side_grams(syms, {p: src.samples(p) for p in params}, 1)
+    grams = _side_grams(syms, {p: src.held(p) for p in params}, 1)
     return {s: (w / src.n, u / src.n) for s, (w, u) in grams.items()}
 
 

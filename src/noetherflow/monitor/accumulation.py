@@ -131,6 +131,7 @@ class StepCapture:
     grad_scaler: Any = None  # torch.amp.GradScaler of an fp16 run: its scale is divided out
     parts: list[GradStats] = field(default_factory=list)
     penalty: LossPenalty = field(default_factory=LossPenalty)
+    is_open: bool = False  # a block is running: a nested one is a mistake
 
     def reset(self) -> None:
         """Forget the blocks (after a record)."""
@@ -163,6 +164,12 @@ class StepCapture:
         ``keep_samples=False``: no per-sample gradients for a coupled solve (none will run on
         these statistics; forming them costs more than the flows' own statistics).
         """
+        if self.is_open:
+            raise StatisticsError(
+                "mon.track() was entered inside another mon.track(); expected one "
+                "`with mon.track():` per forward and backward pass (one per micro-batch with "
+                "gradient accumulation), each closed before the next is opened."
+            )
         params = self.syms.params()
         # Not under DDP: its averaged .grad weights ranks equally, not samples.
         use_grad = not is_distributed()
@@ -190,8 +197,10 @@ class StepCapture:
             ):
                 cap.min_batch = 1
                 cap.keep_samples = keep_samples
+                self.is_open = True
                 yield cap
         finally:
+            self.is_open = False
             for h in handles:
                 h.remove()
         with monitor_advice():

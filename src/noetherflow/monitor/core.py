@@ -18,14 +18,14 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from noetherflow._checks import check_bool
+from noetherflow._checks import check_bool, check_model_and_set
 from noetherflow._threads import one_thread
 from noetherflow.flow import charges, noether_flow
 from noetherflow.kernels.noise import NoiseModel, check_decay
 from noetherflow.monitor.accumulation import StepCapture, check_loss_reduction
 from noetherflow.monitor.display import ProgressDisplay, is_terminal
 from noetherflow.monitor.distance import DistanceTracker
-from noetherflow.monitor.guards import monitor_advice
+from noetherflow.monitor.guards import loss_tensor, monitor_advice
 from noetherflow.monitor.history import (
     CSV_NAME,
     JSONL_NAME,
@@ -80,8 +80,6 @@ from noetherflow.symmetry.set import SymmetrySet
 from noetherflow.teleportation.optimizer_state import preserved
 
 __all__ = ["NoetherMonitor"]
-
-_F64 = torch.float64  # a float loss is kept in double (torch.tensor would round it to float32)
 
 
 class NoetherMonitor:
@@ -196,6 +194,7 @@ class NoetherMonitor:
         grad_scaler: Any = None,
         **old: Any,
     ) -> None:
+        check_model_and_set(model, syms, "NoetherMonitor")
         dist, log = monitor_options(distance, logging, old)
         if int(every) != every or every < 1:
             raise ValueError(f"every={every!r} must be a positive integer (steps between records).")
@@ -270,6 +269,7 @@ class NoetherMonitor:
         self.is_writer = self.rank == 0
 
         self._step = 0
+        self._closed_at: int | None = None  # the step count at close(): no more records
         self._capture = StepCapture(self.model, syms, self.reduction, grad_scaler)
         self._warned: set[int] = set()
         self._rows: list[dict[str, np.ndarray]] = []
@@ -369,6 +369,7 @@ class NoetherMonitor:
         ``batch_size`` = the accumulated batch). Several forward/backward passes inside one
         ``track`` are refused with an error naming it.
         """
+        self._refuse_closed("track")
         if not self.due() or self.estimator is not Estimator.HOOKS or not self.sgd:
             return contextlib.nullcontext()
         return self._capture.block(self._level(), keep_samples=self._solves_coupled(self._step))
@@ -394,6 +395,7 @@ class NoetherMonitor:
         are the batch: used for sharpness when no ``probe`` batch was given, and for the
         statistics with ``estimator="microbatch"``/``"reference"``.
         """
+        self._refuse_closed("step")
         i = self._step
         self._step += 1
         row = None
@@ -424,9 +426,7 @@ class NoetherMonitor:
             if self.estimator is Estimator.HOOKS:
                 check_loss_reduction(loss, self.reduction, n_local, "NoetherMonitor")
         if loss is not None:
-            lt = (
-                loss.detach() if isinstance(loss, Tensor) else torch.tensor(float(loss), dtype=_F64)
-            )
+            lt = loss_tensor(loss)
             if self.all_reduce:
                 lt = all_reduce_mean(lt.to(torch.float64), n_local)
             row["loss"] = np.asarray(float(lt))
@@ -621,8 +621,18 @@ class NoetherMonitor:
             self._out.callbacks.append(callback)
         return callback
 
+    def _refuse_closed(self, what: str) -> None:
+        if self._closed_at is not None:  # the sinks are gone
+            raise ValueError(
+                f"NoetherMonitor.{what}(): the monitor was closed (mon.close() after "
+                f"{self._closed_at} steps), so its files would miss further records. Call "
+                "close() after training; to go on, build a new NoetherMonitor (mon.history "
+                "keeps the records so far)."
+            )
+
     def close(self) -> None:
-        """Stop the progress bar and flush/close TensorBoard. Files are complete at all times."""
+        """Stop the progress bar, flush/close TensorBoard; after it no more track() or step()."""
+        self._closed_at = self._step if self._closed_at is None else self._closed_at
         if self._progress is not None:
             self._progress.stop()
             self._progress = None

@@ -3,21 +3,36 @@
 from __future__ import annotations
 
 import contextlib
+import numbers
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
 from noetherflow._errors import StatisticsError, UnsupportedLayerError
 
-__all__ = ["monitor_advice", "refuse_accumulation"]
+__all__ = ["loss_tensor", "monitor_advice", "refuse_accumulation"]
 
 _HOW = (
     " With NoetherMonitor: pass estimator='microbatch' (any model, BatchNorm in training mode "
     "included; micro_batch_size >= 2 there) or estimator='reference', with loss_fn=loss_fn, "
     "and call mon.step(loss, inputs=x, targets=y)."
 )
+
+
+def loss_tensor(loss: object) -> Tensor:
+    """``mon.step``'s loss as a detached one-element tensor (float64 when a number was given)."""
+    if isinstance(loss, Tensor) and loss.numel() == 1:
+        return loss.detach()
+    if isinstance(loss, numbers.Real) and not isinstance(loss, bool | np.bool_):
+        return torch.tensor(float(loss), dtype=torch.float64)
+    what = f"a tensor of shape {tuple(loss.shape)}" if isinstance(loss, Tensor) else repr(loss)
+    raise TypeError(
+        f"NoetherMonitor.step(loss): got {what:.80}; expected the batch loss, a one-element "
+        "tensor or a number (or None: the row's loss is then NaN)."
+    )
 
 
 @contextlib.contextmanager

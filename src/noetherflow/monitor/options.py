@@ -8,6 +8,7 @@ from dataclasses import dataclass, fields, replace
 from enum import Enum
 from typing import Any
 
+from noetherflow._checks import check_nonnegative_int
 from noetherflow._deprecate import warn_renamed
 from noetherflow.monitor.history import FORMATS
 from noetherflow.solve_options import SolveOptions, split_options
@@ -147,6 +148,25 @@ class LogOptions:
     total: int | None = None
 
     def __post_init__(self) -> None:
+        if self.log_dir is not None and not isinstance(self.log_dir, str | os.PathLike):
+            raise TypeError(
+                f"LogOptions: log_dir={self.log_dir!r} is a {type(self.log_dir).__name__}; "
+                "expected a directory path (str or pathlib.Path) or None (in memory only)."
+            )
+        tb = self.tensorboard
+        if not (tb is None or isinstance(tb, bool) or callable(getattr(tb, "add_scalar", None))):
+            raise TypeError(
+                f"LogOptions: tensorboard={tb!r}; expected None (when installed and log_dir is "
+                "set), True, False, or a writer object with add_scalar/add_histogram (e.g. a "
+                "torch.utils.tensorboard.SummaryWriter)."
+            )
+        if self.progress is not None and not isinstance(self.progress, bool):
+            raise TypeError(
+                f"LogOptions: progress={self.progress!r}; expected True, False or None (a bar "
+                "when stdout is a terminal)."
+            )
+        if self.total is not None:
+            check_nonnegative_int(self.total, "total", "steps, for the progress bar")
         bad = [f for f in self.formats if f not in FORMATS]
         if bad:
             raise ValueError(

@@ -18,6 +18,7 @@ from torch import Tensor, nn
 
 from noetherflow._registry import Registry
 from noetherflow.stats.core import GradStats, Level, StatsBlock, check_batch
+from noetherflow.stats.sample_factors import SampleFactors
 from noetherflow.stats.source import GradSource, SampleSource
 from noetherflow.symmetry.base import Symmetry, unique_params
 from noetherflow.symmetry.set import SymmetrySet
@@ -107,6 +108,9 @@ def assemble(
     keep = needs_samples(syms) if keep_samples else []
     for p in keep:
         st.samples[p] = src.samples(p)
+        fac = src.sample_factors(p)
+        if fac is not None:  # the same samples, smaller: the coupled solver's form
+            st.factors[p] = (st.samples[p], fac)
     for k, members in groups:  # materialise first, so later statistics reduce them
         for p in k.sample_params(members):
             src.samples(p)
@@ -118,26 +122,29 @@ def assemble(
 
 
 def stats_from_samples(
-    samples: Mapping[nn.Parameter, Tensor],
+    samples: Mapping[nn.Parameter, Tensor | SampleFactors],
     syms: SymmetrySet,
     *,
     estimator: str,
     level: Level = Level.DIAG,
+    keep_samples: bool = True,
 ) -> GradStats:
     """Build :class:`GradStats` from per-sample gradients ``[N, *shape]`` per parameter.
 
-    ``level="solve"``: the diagonal statistics the solver needs, per-neuron sums wherever
-    they suffice (:class:`SampleSource` ``reduced``); the samples are kept either way.
+    An entry may be :class:`SampleFactors` (:class:`SampleSource`). ``level="solve"``: the
+    diagonal statistics the solver needs, per-neuron sums wherever they suffice
+    (:class:`SampleSource` ``reduced``). ``keep_samples``: as in :func:`assemble` (the
+    coupled solver keeps its own mapping of them).
     """
     n = next(iter(samples.values())).shape[0]
     check_batch(n)
     src = SampleSource(samples, reduced=level is Level.SOLVE)
-    return assemble(src, syms, level=level, estimator=estimator)
+    return assemble(src, syms, level=level, estimator=estimator, keep_samples=keep_samples)
 
 
 def refresh_stats_(
     stats: GradStats,
-    samples: Mapping[nn.Parameter, Tensor],
+    samples: Mapping[nn.Parameter, Tensor | SampleFactors],
     syms: Sequence[Symmetry],
     *,
     means: bool = True,

@@ -12,7 +12,6 @@ gradients).
 from __future__ import annotations
 
 import contextlib
-import math
 import weakref
 from collections.abc import Callable, Iterator, Mapping
 from datetime import timedelta
@@ -43,9 +42,11 @@ from noetherflow.stats.core import (
     parse_reduction,
 )
 from noetherflow.stats.distributed import all_reduce_stats, is_distributed, unwrap_ddp
-from noetherflow.stats.factor_source import FactorSource, Record, Unit
+from noetherflow.stats.factor_source import FactorSource, Record, Unit, _detached, _in_backward
 from noetherflow.stats.flattened import regroup, row_order
 from noetherflow.stats.fsdp import bind_sharded, check_hooks_only, is_sharded_model, restored_grads
+from noetherflow.stats.loss_guard import check_reduction, guard_loss
+from noetherflow.stats.matmul_reads import attach_matmul_reads
 from noetherflow.stats.microbatch import microbatch_grads
 from noetherflow.stats.reference import buffers_kept, check_no_train_batchnorm
 from noetherflow.stats.registry import handler_for, registered_layers
@@ -55,84 +56,20 @@ __all__ = ["Capture", "capture", "collect_stats"]
 
 
 def _forward(model: nn.Module, inp: ModelInputs) -> Any:
-    """``model(*args, **kwargs)``; a torch dtype error on the inputs becomes a StatisticsError."""
+    """``model(*args, **kwargs)``; torch's error on the inputs becomes a StatisticsError.
+
+    A TypeError too: a list where a layer takes a tensor fails inside ``F.linear``.
+    """
     try:
         return inp(model)
-    except RuntimeError as e:
+    except (RuntimeError, TypeError) as e:
         raise StatisticsError(inp.forward_error(e, "collect_stats")) from e
-
-
-def _guard_loss(
-    loss_fn: Callable[[Any, Any], Tensor], targets: Any
-) -> Callable[[Any, Any], Tensor]:
-    """``loss_fn``; a type error inside it becomes an error naming the targets and the fix."""
-    if not callable(loss_fn):
-        raise TypeError(
-            f"collect_stats: loss_fn is a {type(loss_fn).__name__}; expected a callable "
-            "loss_fn(outputs, targets) -> scalar tensor, e.g. nn.MSELoss() or F.cross_entropy."
-        )
-
-    def call(out: Any, y: Any) -> Tensor:
-        try:
-            return loss_fn(out, y)
-        except (TypeError, AttributeError, IndexError, RuntimeError) as exc:
-            if targets is None:
-                raise StatisticsError(
-                    f"loss_fn(outputs, None) failed with {type(exc).__name__}: {exc}. "
-                    "targets=None means that loss_fn computes the loss from the outputs alone "
-                    "(e.g. loss_fn=lambda out, _: out.loss with labels among the keyword "
-                    "inputs); otherwise pass the targets."
-                ) from exc
-            raise StatisticsError(
-                f"loss_fn(outputs, targets) failed with {type(exc).__name__}: {exc}; the "
-                f"outputs are {_what(out)} and the targets {_what(y)}. Expected what loss_fn "
-                "takes: usually tensors with the samples along dim 0."
-            ) from exc
-
-    return call
 
 
 def _stamp(syms: SymmetrySet) -> dict[nn.Parameter, tuple[float, float, float]]:
     """The fingerprint of every parameter of ``syms`` (what the statistics were computed at)."""
     params = syms.params()
     return dict(zip(params, fingerprint(params), strict=True))
-
-
-def _what(v: Any) -> str:
-    if isinstance(v, Tensor):
-        return f"a tensor of shape {tuple(v.shape)} ({str(v.dtype).removeprefix('torch.')})"
-    return f"a {type(v).__name__}"
-
-
-def _check_reduction(loss_fn: Any, out: Any, targets: Any, red: Reduction) -> None:
-    """Refuse a ``loss_fn`` whose reduction is not the declared one (sum declared as mean).
-
-    For a per-sample loss ℓ, ``loss_fn`` on samples {0, 1} is (ℓ₀+ℓ₁)/2 (mean) or ℓ₀+ℓ₁
-    (sum); three evaluations on the outputs (no forward pass) tell which. Skipped when the
-    outputs or targets are not batched tensors or ℓ₀ + ℓ₁ = 0 (cannot tell).
-    """
-    if not (isinstance(out, Tensor) and isinstance(targets, Tensor)):
-        return
-    if out.ndim == 0 or out.shape[0] < 2 or targets.ndim == 0 or targets.shape[0] != out.shape[0]:
-        return
-    with torch.no_grad():
-        o, t = out.detach(), targets.detach()
-        vals = [float(loss_fn(o[i:j], t[i:j])) for i, j in ((0, 1), (1, 2), (0, 2))]
-    l0, l1, l01 = vals
-    tot = l0 + l1
-    if not all(map(math.isfinite, vals)) or abs(tot) <= 1e-12 * (abs(l0) + abs(l1) + 1e-300):
-        return
-    want, other = (tot / 2, tot) if red is Reduction.MEAN else (tot, tot / 2)
-    tol = 1e-4 * abs(tot)
-    if abs(l01 - want) > tol and abs(l01 - other) <= tol:
-        declared = red.value
-        actual = "sum" if declared == "mean" else "mean"
-        raise StatisticsError(
-            f"loss_fn reduces the batch by {actual!r} but reduction={declared!r} was passed "
-            f"(loss_fn on two samples = {l01:.6g}; their {declared} = {want:.6g}, their "
-            f"{actual} = {other:.6g}). Pass reduction={actual!r}, or make loss_fn return the "
-            f"batch {declared}; pass check_loss=False to skip this check."
-        )
 
 
 _CHECKED_LOSSES: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -203,6 +140,7 @@ class Capture:
             )
         self._owners = owners
         self._records = recs
+        self._extra: list[Any] = []  # the hooks of weights applied by a matmul elsewhere
         self._regroup: tuple[int, bool] | None = None  # (N, batch-major): see .flattened
         self._stats: GradStats | None = None
         self._stamp: dict[nn.Parameter, tuple[float, float, float]] = {}
@@ -228,7 +166,30 @@ class Capture:
         self._stats = None
 
     # -- hooks ------------------------------------------------------------------------------
+    def _begin(self, rec: Record) -> bool:
+        """A forward call of ``rec``'s layer: counted (False: not captured)."""
+        if not torch.is_grad_enabled():
+            return False
+        if rec.calls and _in_backward():
+            # activation checkpointing recomputes the forward during the backward
+            # pass; the first call's hooks already see this layer's gradient
+            return False
+        rec.calls += 1
+        if not self._stamp:  # the parameters this batch's gradients belong to
+            self._stamp = _stamp(self.syms)
+        if rec.calls > 1:
+            raise UnsupportedLayerError(
+                f"Layer {rec.name!r} ran twice in one forward pass (a shared layer); "
+                "estimator='hooks' needs one call per layer. Use estimator='reference'."
+            )
+        return True
+
     def _attach(self) -> None:
+        det = self.syms.detection  # weights applied by a matmul elsewhere: .matmul_reads
+        if det is not None and det.matmul_reads:
+            biased = {id(u.rec.module) for u in self._owners.values() if u.role == "bias"}
+            recs = [r for r in self._records if id(r.module) not in biased]
+            self._extra = attach_matmul_reads(self.model, det.matmul_reads, recs, self._begin)
         for rec in self._records:
 
             def fwd(
@@ -238,20 +199,8 @@ class Capture:
                 out: Any,
                 rec: Record = rec,
             ) -> None:
-                if not torch.is_grad_enabled():
+                if not self._begin(rec):
                     return
-                if rec.calls and _in_backward():
-                    # activation checkpointing recomputes the forward during the backward
-                    # pass; the first call's hooks already see this layer's gradient
-                    return
-                rec.calls += 1
-                if not self._stamp:  # the parameters this batch's gradients belong to
-                    self._stamp = _stamp(self.syms)
-                if rec.calls > 1:
-                    raise UnsupportedLayerError(
-                        f"Layer {rec.name!r} ran twice in one forward pass (a shared layer); "
-                        "estimator='hooks' needs one call per layer. Use estimator='reference'."
-                    )
                 outs = out if isinstance(out, tuple) else (out,)
                 if rec.handler.call_factors is None:
                     rec.a = args[0].detach()
@@ -283,6 +232,9 @@ class Capture:
             )
 
     def _detach(self) -> None:
+        for h in self._extra:
+            h.remove()
+        self._extra = []
         for rec in self._records:
             for h in rec.handles:
                 h.remove()
@@ -547,7 +499,7 @@ def collect_stats(
             buffers_kept(model),
         ):  # running statistics (InstanceNorm) as they were
             out = _forward(model, inp)
-            loss = _guard_loss(loss_fn, targets)(out, targets)
+            loss = guard_loss(loss_fn, targets)(out, targets)
             params = syms.params()
             if sharded:  # FSDP's own backward gathers the weights the hooks' layers need
                 with restored_grads(model):
@@ -556,7 +508,7 @@ def collect_stats(
                 grads = torch.autograd.grad(loss, params, allow_unused=True)
         check = check_loss and not _loss_checked(loss_fn)
         if check:
-            _check_reduction(loss_fn, out, targets, red)
+            check_reduction(loss_fn, out, targets, red)
         if not sharded:  # under FSDP the hooks form ḡ themselves (.grad holds shards)
             cap.use_mean_gradients(
                 {
@@ -589,13 +541,19 @@ def collect_stats(
     params = syms.params()
     if est is Estimator.REFERENCE:
         samples = reference_shares(
-            model, params, _guard_loss(loss_fn, targets), inp, targets, red.value, chunk_size
+            model,
+            params,
+            guard_loss(loss_fn, targets, scalar=False),
+            inp,
+            targets,
+            red.value,
+            chunk_size,
         )
     else:
         samples = microbatch_grads(
             model,
             params,
-            _guard_loss(loss_fn, targets),
+            guard_loss(loss_fn, targets),
             inp,
             targets,
             micro_batch_size=micro_batch_size,
@@ -608,26 +566,6 @@ def collect_stats(
     if check_finite:
         st.check_finite()
     return st
-
-
-def _in_backward() -> bool:
-    """Whether autograd is running a backward pass now (a checkpoint's recompute)."""
-    return bool(torch._C._current_graph_task_id() != -1)
-
-
-def _detached(x: Any, memo: dict[int, Tensor] | None = None) -> Any:
-    """``x`` with every tensor in it (tuple, list, dict values) detached.
-
-    Identity is kept: a tensor passed twice (attention's query and key) stays one tensor.
-    """
-    memo = {} if memo is None else memo
-    if isinstance(x, Tensor):
-        return memo.setdefault(id(x), x.detach())
-    if isinstance(x, tuple | list):
-        return type(x)(_detached(v, memo) for v in x)
-    if isinstance(x, dict):
-        return {k: _detached(v, memo) for k, v in x.items()}
-    return x
 
 
 def check_params_of(model: nn.Module, syms: SymmetrySet, where: str) -> None:

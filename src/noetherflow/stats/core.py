@@ -20,6 +20,7 @@ from noetherflow import _shard
 from noetherflow._checks import parse_enum
 from noetherflow._divergence import is_finite
 from noetherflow._errors import NonFiniteGradientError, StatisticsError
+from noetherflow.stats.sample_factors import SampleFactors
 
 __all__ = ["Estimator", "GradStats", "Level", "Reduction", "SmallBatchError", "StatsBlock"]
 
@@ -178,6 +179,12 @@ class GradStats:
             rotations, E[ggᵀ] for dense generators).
         samples: per-sample gradients ``[N, *shape]`` where a solver needs to transport them
             (coupled symmetry sets), else empty.
+        factors: where the hooks read a parameter of ``samples`` as a linear layer's two
+            factors and those are smaller, the same samples as
+            :class:`~noetherflow.stats.sample_factors.SampleFactors` (the coupled solver moves
+            and reads them instead, :meth:`sample_factors`); only valid while ``samples``
+            holds the very tensor they were made with (a merge or rescaling of the samples
+            leaves them out).
         estimator: which estimator produced the statistics.
         displacement: the momentum displacement v = −η·buffer per parameter (SGD with
             momentum; :func:`noetherflow.optim.momentum_displacement`), for the cross term
@@ -195,6 +202,7 @@ class GradStats:
     mean: dict[nn.Parameter, Tensor] = field(default_factory=dict)
     blocks: dict[str, StatsBlock] = field(default_factory=dict)
     samples: dict[nn.Parameter, Tensor] = field(default_factory=dict)
+    factors: dict[nn.Parameter, tuple[Tensor, SampleFactors]] = field(default_factory=dict)
     estimator: str = Estimator.REFERENCE.value
     displacement: dict[nn.Parameter, Tensor] = field(default_factory=dict)
     fingerprint: dict[nn.Parameter, tuple[float, float, float]] = field(default_factory=dict)
@@ -212,6 +220,7 @@ class GradStats:
             "blocks",
             "mean",
             "samples",
+            "factors",
             "n",
             "estimator",
             "displacement",
@@ -228,6 +237,13 @@ class GradStats:
             f"estimator, displacement and the fields of the kernels' blocks "
             f"{sorted({f.name for c in StatsBlock.types for f in dataclasses.fields(c)})}."
         )
+
+    def sample_factors(self, p: nn.Parameter) -> SampleFactors | None:
+        """The factors of ``p``'s samples, where kept and still those of ``samples[p]``."""
+        entry = self.factors.get(p)
+        if entry is None or self.samples.get(p) is not entry[0]:
+            return None
+        return entry[1]
 
     def block(self, key: str) -> StatsBlock | None:
         """The block of the kernel named ``key`` (None when no symmetry of that kind)."""

@@ -19,6 +19,7 @@ from noetherflow._errors import StatisticsError, UnsupportedLayerError
 from noetherflow.stats import layers as formulas
 from noetherflow.stats.core import axis_sum
 from noetherflow.stats.registry import LayerHandler
+from noetherflow.stats.sample_factors import SampleFactors, compresses
 from noetherflow.stats.source import GradSource
 
 __all__ = ["FactorSource", "MeanGapError", "Record", "Unit"]
@@ -184,6 +185,19 @@ class FactorSource(GradSource):
             self._samples[p] = ps
         return self._samples[p]
 
+    @override
+    def sample_factors(self, p: nn.Parameter) -> SampleFactors | None:
+        """A linear weight's samples as (L, R) in its layout, where those are smaller."""
+        rec, role, a, g = self._layer(p)
+        h = rec.handler
+        if role != "weight" or h.elementwise or not h.matrix or a.dim() != 3 or p.dim() != 2:
+            return None
+        if not compresses(a.shape[1], int(p.shape[0]), int(p.shape[1])):
+            return None
+        if self._sc != 1.0:  # on the operand with fewer entries, as per_sample_weight does
+            a, g = (a * self._sc, g) if a.shape[-1] < g.shape[-1] else (a, g * self._sc)
+        return SampleFactors(a, g) if h.transposed else SampleFactors(g, a)
+
     def _small(self, p: nn.Parameter) -> bool:
         """Per-sample gradients of an elementwise layer are ``[N, O]``: reduce them directly."""
         return self._owners[id(p)].rec.handler.elementwise
@@ -343,3 +357,23 @@ def _raise_mean_gap(name: str, role: str, sc: float, gap: float) -> None:
         "weight decay as weight_decay=γ to the flow and solver (γ of γ‖θ‖²); pass "
         "check_loss=False to skip this check."
     )
+
+
+def _in_backward() -> bool:
+    """Whether autograd is running a backward pass now (a checkpoint's recompute)."""
+    return bool(torch._C._current_graph_task_id() != -1)
+
+
+def _detached(x: Any, memo: dict[int, Tensor] | None = None) -> Any:
+    """``x`` with every tensor in it (tuple, list, dict values) detached.
+
+    Identity is kept: a tensor passed twice (attention's query and key) stays one tensor.
+    """
+    memo = {} if memo is None else memo
+    if isinstance(x, Tensor):
+        return memo.setdefault(id(x), x.detach())
+    if isinstance(x, tuple | list):
+        return type(x)(_detached(v, memo) for v in x)
+    if isinstance(x, dict):
+        return {k: _detached(v, memo) for k, v in x.items()}
+    return x

@@ -12,11 +12,11 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 
-import torch
 from torch import Tensor, nn
 from typing_extensions import override
 
 from noetherflow.stats.core import axis_sum
+from noetherflow.stats.sample_factors import SampleFactors, axis_sq, block_grams, dense_of
 
 __all__ = ["GradSource", "SampleSource"]
 
@@ -36,6 +36,13 @@ class GradSource(ABC):
     @abstractmethod
     def samples(self, p: nn.Parameter) -> Tensor:
         """Per-sample gradients ``[N, *p.shape]`` (materialised if needed)."""
+
+    def sample_factors(self, p: nn.Parameter) -> SampleFactors | None:
+        """``p``'s per-sample gradients as a linear layer's factors, where held and smaller.
+
+        :class:`SampleFactors`; None: use :meth:`samples`.
+        """
+        return None
 
     @abstractmethod
     def mean(self, p: nn.Parameter) -> Tensor:
@@ -63,13 +70,18 @@ class GradSource(ABC):
 class SampleSource(GradSource):
     """A :class:`GradSource` over per-sample gradients ``[N, *shape]`` per parameter.
 
+    An entry may be :class:`SampleFactors` instead (the coupled solver's form of a linear
+    layer's samples): the reductions read the factors; :meth:`samples` materialises them.
+
     ``reduced``: kernels are told no samples are at hand, so that at ``level="solve"`` the
     diagonal statistics are per-neuron sums wherever the solver needs no more (the coupled
     sweeps rebuild them after every move: a grid per coordinate of a fused projection costs
     far more to build and to solve on than its per-neuron sums).
     """
 
-    def __init__(self, samples: Mapping[nn.Parameter, Tensor], *, reduced: bool = False) -> None:
+    def __init__(
+        self, samples: Mapping[nn.Parameter, Tensor | SampleFactors], *, reduced: bool = False
+    ) -> None:
         self._samples = samples
         self.n = int(next(iter(samples.values())).shape[0])
         self._sq: dict[nn.Parameter, Tensor] = {}
@@ -81,16 +93,26 @@ class SampleSource(GradSource):
 
     @override
     def samples(self, p: nn.Parameter) -> Tensor:
+        return dense_of(self._samples[p])
+
+    def held(self, p: nn.Parameter) -> Tensor | SampleFactors:
+        """``p``'s samples in the form they are held (:class:`SampleFactors` or ``[N, *shape]``)."""
         return self._samples[p]
 
     @override
+    def sample_factors(self, p: nn.Parameter) -> SampleFactors | None:
+        v = self._samples[p]
+        return v if isinstance(v, SampleFactors) else None
+
+    @override
     def mean(self, p: nn.Parameter) -> Tensor:
-        return self._samples[p].mean(0)
+        v = self._samples[p]
+        return v.mean() if isinstance(v, SampleFactors) else v.mean(0)
 
     @override
     def sq(self, p: nn.Parameter) -> Tensor:
         if p not in self._sq:
-            self._sq[p] = self._samples[p].square().mean(0)
+            self._sq[p] = self.samples(p).square().mean(0)
         return self._sq[p]
 
     @override
@@ -99,20 +121,20 @@ class SampleSource(GradSource):
     ) -> dict[tuple[nn.Parameter, int], Tensor]:
         out = {}
         for p, axes in want.items():
-            v = self._samples[p]
             for ax in axes:
                 if p in self._sq:
                     out[p, ax] = axis_sum(self._sq[p], ax)
                     continue
-                # one fused reduction: no [N, *shape] temporary of squares (a large
-                # fused projection's samples are refreshed after every coupled move)
-                rest = [k for k in range(v.dim()) if k != ax + 1]
-                out[p, ax] = torch.linalg.vector_norm(v, dim=rest).square() / v.shape[0]
+                # one fused reduction (or the factors'): no [N, *shape] temporary of squares
+                # (a large fused projection's samples are refreshed after every coupled move)
+                out[p, ax] = axis_sq(self._samples[p], ax) / self.n
         return out
 
     @override
     def front_moment(self, p: nn.Parameter, axis: int, start: int, stop: int) -> Tensor:
         v = self._samples[p]
+        if isinstance(v, SampleFactors):
+            return block_grams(v, axis, [start], stop - start)[0] / self.n
         # [N, *shape] → rows (n, other coordinates) × d: one matrix product, no einsum path
         f = v.movedim(axis + 1, -1)[..., start:stop].reshape(-1, stop - start)
         return (f.T @ f) / v.shape[0]

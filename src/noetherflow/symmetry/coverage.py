@@ -52,6 +52,10 @@ class DetectionReport:
     unsupported: dict[str, str] = field(default_factory=dict)
     rejected: list[tuple[str, str]] = field(default_factory=list)
     sym_notes: dict[str, str] = field(default_factory=dict)
+    #: a layer's weight applied by a matmul in another module's forward (Mamba's
+    #: ``dt_proj.weight``), keyed by ``id(weight)``: the qualified name of that module, where
+    #: ``estimator='hooks'`` reads the product's input and output-gradient
+    matmul_reads: dict[int, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -90,12 +90,38 @@ class _Isolated:
 def _run_failed(model: nn.Module, inp: ModelInputs, exc: Exception) -> DetectionError:
     first_line = (str(exc).strip().splitlines() or [""])[0]
     dtype = inp.dtype_hint(exc)
-    hint = f" Here {dtype}" if dtype is not None else _first_layer_hint(model)
+    if dtype is not None:
+        hint = f" Here {dtype}"
+    elif isinstance(exc, IndexError):
+        hint = _index_hint(model, inp)
+    else:
+        hint = _first_layer_hint(model)
     return DetectionError(
         f"find_symmetries: running {type(model).__name__} on example inputs of shape "
         f"{inp.describe()} failed with {type(exc).__name__}: {first_line}. Expected inputs the "
         f"model accepts, e.g. a small batch.{hint} Pass example_inputs with the model's input "
         "shape (a tuple for several positional inputs, a dict for keyword inputs)."
+    )
+
+
+def _index_hint(model: nn.Module, inp: ModelInputs) -> str:
+    """An index out of range: the integer inputs' largest id against the embedding tables."""
+    ids = [
+        (k, int(v.max()))
+        for k, v in inp.named_leaves()
+        if isinstance(v, Tensor) and v.numel() and not v.is_floating_point()
+    ]
+    tables = [
+        f"{name} ({m.num_embeddings} tokens)"
+        for name, m in model.named_modules()
+        if isinstance(m, nn.Embedding)
+    ]
+    if not ids or not tables:
+        return ""
+    held = ", ".join(f"{k} holds ids up to {mx}" for k, mx in ids)
+    return (
+        f" Here {held}, and the model's nn.Embedding tables are {', '.join(tables)}: an id "
+        "must be below the num_embeddings of the table it indexes."
     )
 
 
@@ -425,6 +451,7 @@ def find_symmetries(
     refuse_sharded(model)
     inp = ModelInputs.of(example_inputs, "find_symmetries")
     check_finite_model(model, "find_symmetries")
+    inp.check_nonempty("find_symmetries")
     inp.check_finite("find_symmetries")
     if loss_fn is not None:
         _check_loss_runs(model, inp, loss_fn, targets, seed)
@@ -456,6 +483,7 @@ def find_symmetries(
         scale=scale,
         notes=notes,
         unsupported=dict(ledger.unsupported),
+        matmul_reads=dict(ledger.matmul_reads),
     )
     uses = param_scopes(infos, model)
     scopes = {id(p): enclosing_scopes(p.params, uses) for p in proposals}

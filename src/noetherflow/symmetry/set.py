@@ -212,6 +212,7 @@ class SymmetrySet:
         check_positive(scale, "scale", "the size of the random group element")
         inp = ModelInputs.of(inputs, "verify")
         check_finite_model(model, "verify")
+        inp.check_nonempty("verify")
         inp.check_finite("verify")
         x64 = inp.map(_to64)
         y64 = _to64(targets)

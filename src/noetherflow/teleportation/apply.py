@@ -11,7 +11,7 @@ import torch
 from torch import Tensor, nn
 
 from noetherflow._checks import same_fingerprint as _same
-from noetherflow._errors import EpsWarning
+from noetherflow._errors import EpsWarning, TeleportError
 from noetherflow._inputs import Probe
 from noetherflow.equilibrium import EquilibriumSolution, fingerprint
 from noetherflow.stats.distributed import unwrap_ddp
@@ -23,13 +23,10 @@ from noetherflow.teleportation.check import (
     FunctionChangedError,
     check_teleport,
     default_tolerance,
+    model_dtype,
 )
 
 __all__ = ["FunctionChangedError", "TeleportError", "TeleportHandle", "teleport"]
-
-
-class TeleportError(ValueError):
-    """A solution cannot be applied to these parameters (they moved, or another model)."""
 
 
 @dataclass
@@ -112,6 +109,19 @@ def _warn_eps(syms: SymmetrySet, steps: list[tuple[int, Any]]) -> None:
             EpsWarning,
             stacklevel=3,
         )
+
+
+def _in_dtype(probe: Probe, model: nn.Module) -> Probe:
+    """The probe's floating-point inputs in the model's dtype, which the check runs in.
+
+    A float32 copy of the float64 model the symmetries were found on keeps their float64 probe.
+    """
+    dtype = model_dtype(model)
+
+    def cast(v: Any) -> Any:
+        return v.to(dtype) if isinstance(v, Tensor) and v.is_floating_point() else v
+
+    return Probe(probe.inputs.map(cast))
 
 
 def teleport(
@@ -226,7 +236,7 @@ def teleport(
     norms = [getattr(solution.syms[i], "norm", None) for i, _ in steps if syms.names[i] in eps_syms]
     check_teleport(
         target,
-        Probe.of(chosen, "teleport(probe=...)"),
+        _in_dtype(Probe.of(chosen, "teleport(probe=...)"), target),
         apply,
         lambda: _restore(saved),
         [syms.names[i] for i, _ in steps],

@@ -28,6 +28,7 @@ from contextlib import contextmanager
 import torch
 from torch import Tensor, nn
 
+from noetherflow._errors import TeleportError
 from noetherflow._inputs import Probe
 from noetherflow.symmetry._fx.capture import flat_outputs
 
@@ -45,14 +46,14 @@ class FunctionChangedError(ValueError):
     """
 
 
-def _dtype(model: nn.Module) -> torch.dtype:
+def model_dtype(model: nn.Module) -> torch.dtype:
     p = next((p for p in model.parameters() if p.is_floating_point()), None)
     return torch.float32 if p is None else p.dtype
 
 
 def default_tolerance(model: nn.Module, eps_tolerance: float | None) -> float:
     """The relative change allowed (module docstring)."""
-    tol = ROUND_OFF.get(_dtype(model), 1e-4)
+    tol = ROUND_OFF.get(model_dtype(model), 1e-4)
     return max(tol, 10 * eps_tolerance) if eps_tolerance is not None else tol
 
 
@@ -148,7 +149,16 @@ def check_teleport(
     """
     # eps is zeroed for the forward passes only: a teleport applied meanwhile would move a
     # BatchNorm's running variance with the zeroed eps
-    before = _outputs(model, probe, seed, zero_eps_of)
+    try:
+        before = _outputs(model, probe, seed, zero_eps_of)
+    except (RuntimeError, TypeError) as e:  # nothing applied yet: the model is unchanged
+        first = (str(e).strip().splitlines() or [""])[0]
+        raise TeleportError(
+            f"teleport: the model cannot run on the probe ({probe.inputs.describe()}; the "
+            f"model computes in {str(model_dtype(model)).removeprefix('torch.')}): "
+            f"{type(e).__name__}: {first}. Nothing was moved. Expected inputs the model takes, "
+            "as in training; pass probe= a batch of them, or check='off' to skip the check."
+        ) from e
     if not all(bool(torch.isfinite(v).all()) for v in before.values()):
         apply(None)  # the probe does not give finite outputs: nothing to compare
         return {True: math.nan, False: math.nan}

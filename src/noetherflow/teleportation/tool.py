@@ -39,14 +39,21 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from noetherflow._checks import check_bool, check_model_and_set, check_positive_int
+from noetherflow._checks import (
+    check_bool,
+    check_instance,
+    check_model_and_set,
+    check_positive_int,
+    parse_enum,
+)
 from noetherflow._inputs import Probe
 from noetherflow.equilibrium import EquilibriumSolution, solve_equilibrium
 from noetherflow.kernels.decay import ParamDecay, parse_decay
+from noetherflow.kernels.noise import TimeModel
 from noetherflow.optim.source import HyperSource
 from noetherflow.solve_options import split_options
 from noetherflow.stats.collect import check_params_of, collect_stats
-from noetherflow.stats.core import Estimator, with_displacement
+from noetherflow.stats.core import Estimator, parse_reduction, with_displacement
 from noetherflow.stats.distributed import unwrap_ddp
 from noetherflow.stats.fsdp import bind_sharded
 from noetherflow.symmetry.eps import EpsReport, check_tolerance
@@ -66,6 +73,9 @@ __all__ = ["EquilibriumTeleport", "TeleportRecord", "TeleportingOptimizer"]
 # (inputs, targets), or a dict of keyword inputs whose loss needs no targets (a Hugging Face
 # batch with labels): statistics on model(**batch), loss_fn(outputs, None)
 Batch = tuple[Any, Any] | Mapping[str, Any]
+
+
+_TIME = "'discrete' (one SGD step, the default) or 'continuous' (SGF)"
 
 
 def _split(batch: Batch) -> tuple[Any, Any]:
@@ -238,10 +248,10 @@ class EquilibriumTeleport:
             )
         self._lr_arg = None if lr is None else float(lr)
         self._wd_arg = None if weight_decay is None else parse_decay(weight_decay)
-        self.batch_size = int(batch_size)
+        self.batch_size = check_positive_int(batch_size, "batch_size", "the SGD batch size S")
         self.every = None if every is None else int(every)
         self.at_start = bool(at_start)
-        self.time = time
+        self.time = parse_enum(TimeModel, time, "time", _TIME).value
         try:
             self.estimator = Estimator(estimator).value
         except ValueError:
@@ -250,10 +260,17 @@ class EquilibriumTeleport:
                 f"{[e.value for e in Estimator]} ('microbatch' with micro_batch_size >= 2 for "
                 "BatchNorm in training mode)."
             ) from None
-        self.micro_batch_size = int(micro_batch_size)
-        self.reduction = reduction
+        self.micro_batch_size = check_positive_int(
+            micro_batch_size, "micro_batch_size", "samples per micro-batch"
+        )
+        self.reduction = parse_reduction(reduction).value
         self.optimizer = optimizer
-        self.optimizer_state = OptimizerState(optimizer_state)
+        self.optimizer_state = parse_enum(
+            OptimizerState,
+            optimizer_state,
+            "optimizer_state",
+            "'transform' (momentum and Adam moments moved with the parameters) or 'reset'",
+        )
         # the solver's own options as one object (SolveOptions fields or options=...)
         self.solver_kwargs, self.solve_options = split_options(
             solver_kwargs or {}, "EquilibriumTeleport(solver_kwargs=...)"
@@ -413,6 +430,12 @@ class EquilibriumTeleport:
         batches: Iterable[Batch] | Callable[[], Batch] | None = None,
     ) -> TeleportingOptimizer:
         """A ``torch.optim`` wrapper that teleports when due and keeps its state consistent."""
+        check_instance(
+            optimizer,
+            torch.optim.Optimizer,
+            "EquilibriumTeleport.wrap: optimizer",
+            "a torch.optim.Optimizer built on the model's parameters",
+        )
         self.optimizer = optimizer
         return TeleportingOptimizer(optimizer, self, batches=batches)
 

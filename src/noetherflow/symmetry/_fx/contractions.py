@@ -252,6 +252,10 @@ class ContractionPattern:
                 )
                 continue
             label = f"rotation:{src.name}[{rng[0]}:{rng[1]}]→{ledger.names.get(id(p), where)}"
+            reader = _reader(info, node)
+            direct = isinstance(other, fx.Node) and other.op == "get_attr"
+            if arr.kind == "contract_b" and axis == 1 and direct and reader is not None:
+                ledger.matmul_reads[id(p)] = reader  # W @ x, read in that module's forward
             out.append(
                 Proposal(
                     Family.ROTATION,
@@ -264,6 +268,17 @@ class ContractionPattern:
                 )
             )
         return out
+
+
+def _reader(info: GraphInfo, node: fx.Node) -> str | None:
+    """The qualified name of the innermost module whose forward runs ``node``, or None."""
+    stack = node.meta.get("nn_module_stack") or {}
+    if not stack:
+        return info.prefix  # the traced module's own forward ("": the model's)
+    key, value = list(stack.items())[-1]
+    if "@" in str(key):  # a module called more than once: no single reader
+        return None
+    return info.qual(str(value[0] if isinstance(value, tuple) and value else key))
 
 
 def _param_axis(arr: Arrival, pidx: Tensor, p: nn.Parameter, rng: tuple[int, int]) -> int | None:

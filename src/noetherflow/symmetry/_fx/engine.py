@@ -157,6 +157,8 @@ class Ledger:
     owners: dict[int, set[str]] = field(default_factory=dict)  # who reads it, per use
     reasons: dict[int, list[str]] = field(default_factory=dict)
     unsupported: dict[str, str] = field(default_factory=dict)
+    # a layer's weight applied by a matmul in another module's forward: id → that module
+    matmul_reads: dict[int, str] = field(default_factory=dict)
 
     def note(self, params: list[nn.Parameter] | list[Tensor], reason: str) -> None:
         for p in params:

@@ -1,0 +1,278 @@
+"""Round 4 of bad inputs: what a new researcher ran into trying the library as documented.
+
+Each test failed on the code before its fix: a record after ``mon.close()`` was kept in memory
+but silently not written to the files; ``find_symmetries`` on an empty batch returned 0
+symmetries without a word; a ``loss_fn`` returning a per-sample vector or a Python float
+failed deep in autograd; a teleport probe of another shape or dtype than the model takes (or
+the stored float64 probe on a float32 copy) raised torch's matmul error; the Trainer and
+Lightning callbacks accepted ``every=0`` and unknown monitor options until training started.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import torch
+from torch import Tensor, nn
+
+import noetherflow as nf
+
+DT = torch.float64
+
+
+def _mlp() -> tuple[nn.Sequential, nf.SymmetrySet, Tensor, Tensor]:
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3)).to(DT)
+    x = torch.randn(16, 4, dtype=DT)
+    y = torch.randint(0, 3, (16,))
+    return m, nf.find_symmetries(m, x), x, y
+
+
+def _params(m: nn.Module) -> dict[str, Tensor]:
+    return {k: v.detach().clone() for k, v in m.state_dict().items()}
+
+
+# -- the monitor after close() ----------------------------------------------------------------
+def test_step_after_close_is_refused_not_silently_unlogged(tmp_path: Path) -> None:
+    m, syms, x, y = _mlp()
+    log = nf.LogOptions(log_dir=tmp_path, progress=False)
+    mon = nf.NoetherMonitor(m, syms, every=1, lr=0.1, batch_size=16, distance=False, logging=log)
+    with mon.track():
+        nn.functional.cross_entropy(m(x), y).backward()
+    mon.step()
+    mon.close()
+    mon.close()  # closing twice is harmless
+    with pytest.raises(ValueError, match=r"closed.*new NoetherMonitor"):
+        mon.track()
+    with pytest.raises(ValueError, match=r"closed.*new NoetherMonitor"):
+        mon.step()
+    assert len(mon.history["step"]) == 1
+    assert len((tmp_path / "history.csv").read_text().splitlines()) == 2  # header + 1 row
+
+
+# -- detection on an empty batch ----------------------------------------------------------------
+@pytest.mark.parametrize("how", ["tensor", "dict"])
+def test_find_symmetries_refuses_an_empty_batch(how: str) -> None:
+    m, _, x, _ = _mlp()
+    inputs = x[:0] if how == "tensor" else {"input": x[:0]}
+    with pytest.raises(ValueError, match=r"empty.*0 samples.*at least one sample"):
+        nf.find_symmetries(m, inputs)
+
+
+def test_verify_refuses_an_empty_batch() -> None:
+    m, syms, x, _ = _mlp()
+    with pytest.raises(ValueError, match=r"empty.*0 samples"):
+        syms.verify(m, x[:0])
+
+
+# -- a loss_fn that does not return a scalar tensor ---------------------------------------------
+@pytest.mark.parametrize("estimator", ["hooks", "microbatch"])
+def test_per_sample_loss_vector_is_named(estimator: str) -> None:
+    """A batch of one per sample (the reference estimator) gives a one-element loss: fine."""
+    m, syms, x, y = _mlp()
+    before = _params(m)
+    n = 16 if estimator == "hooks" else 4
+    with pytest.raises(nf.StatisticsError, match=rf"shape \({n},\).*scalar.*reduction='none'"):
+        nf.collect_stats(
+            m,
+            syms,
+            nn.CrossEntropyLoss(reduction="none"),
+            x,
+            y,
+            estimator=estimator,
+            micro_batch_size=4,
+        )
+    assert all(torch.equal(before[k], v) for k, v in m.state_dict().items())
+
+
+@pytest.mark.parametrize(
+    ("value", "hint"),
+    [(1.0, "not .item()"), ("loss", "not .item()"), (None, "out.loss is None when no labels")],
+)
+def test_loss_fn_returning_a_non_tensor_is_named(value: object, hint: str) -> None:
+    m, syms, x, y = _mlp()
+    with pytest.raises(nf.StatisticsError, match=rf"loss_fn returned a .*scalar tensor.*{hint}"):
+        nf.collect_stats(m, syms, lambda out, t: value, x, y)
+
+
+def test_a_tuple_of_losses_is_named() -> None:
+    m, syms, x, y = _mlp()
+    loss = nn.CrossEntropyLoss()
+    with pytest.raises(nf.StatisticsError, match=r"loss_fn returned a tuple"):
+        nf.collect_stats(m, syms, lambda out, t: (loss(out, t),), x, y)
+
+
+def test_model_failing_on_a_list_input_is_named() -> None:
+    m, syms, x, y = _mlp()
+    with pytest.raises(nf.StatisticsError, match=r"forward failed.*TypeError"):
+        nf.collect_stats(m, syms, nn.CrossEntropyLoss(), [x], y)
+
+
+# -- the teleport's probe -----------------------------------------------------------------------
+def _solved() -> tuple[nn.Sequential, nf.EquilibriumSolution, Tensor]:
+    m, syms, x, y = _mlp()
+    stats = nf.collect_stats(m, syms, nn.CrossEntropyLoss(), x, y)
+    sol = nf.solve_equilibrium(syms, stats, lr=0.1, batch_size=4, weight_decay=1e-3)
+    return m, sol, x
+
+
+def test_a_probe_the_model_cannot_run_is_named() -> None:
+    m, sol, _ = _solved()
+    before = _params(m)
+    with pytest.raises(nf.TeleportError, match=r"probe \(\(3, 7\) float64.*check='off'"):
+        nf.teleport(m, sol, probe=torch.randn(3, 7, dtype=DT))
+    assert all(torch.equal(before[k], v) for k, v in m.state_dict().items())
+    nf.teleport(m, sol, probe=torch.randn(3, 4))  # nothing moved; float32: the model's dtype
+
+
+def test_the_stored_probe_runs_in_the_dtype_of_a_copy() -> None:
+    """A float32 copy of the float64 model the symmetries were found on: the stored probe
+    is compared in the copy's own dtype (docs/concepts/teleport.md), as documented."""
+    m, sol, x = _solved()
+    m32 = copy.deepcopy(m).float()
+    before = m32(x.float()).detach()
+    nf.teleport(m32, sol)
+    after = m32(x.float()).detach()
+    assert float((after - before).norm() / before.norm()) < 1e-5
+
+
+# -- integrations: options checked when the callback is built -----------------------------------
+def test_trainer_callback_checks_its_options_at_construction() -> None:
+    pytest.importorskip("transformers")
+    from noetherflow.integrations.transformers import NoetherTrainerCallback
+
+    with pytest.raises(ValueError, match=r"every=0"):
+        NoetherTrainerCallback(every=0)
+    with pytest.raises(TypeError, match=r"bogus"):
+        NoetherTrainerCallback(every=1, bogus=1)
+    with pytest.raises(TypeError, match=r"syms.*SymmetrySet"):
+        NoetherTrainerCallback(syms=[1], every=1)  # type: ignore[arg-type]
+
+
+def test_lightning_callback_checks_its_options_at_construction() -> None:
+    pytest.importorskip("lightning")
+    from noetherflow.integrations.lightning import NoetherCallback
+
+    _, syms, _, _ = _mlp()
+    with pytest.raises(ValueError, match=r"every=0"):
+        NoetherCallback(syms, every=0)
+    with pytest.raises(TypeError, match=r"bogus"):
+        NoetherCallback(syms, every=1, bogus=1)
+    with pytest.raises(TypeError, match=r"syms.*SymmetrySet"):
+        NoetherCallback(None, every=1)  # type: ignore[arg-type]
+
+
+# -- EquilibriumTeleport: every option checked when it is built ---------------------------------
+@pytest.mark.parametrize(
+    ("kw", "match"),
+    [
+        ({"optimizer_state": "bogus"}, r"optimizer_state='bogus'.*'transform'.*'reset'"),
+        ({"time": "bogus"}, r"time='bogus'.*'discrete'"),
+        ({"reduction": "avg"}, r"reduction='avg'.*'mean'"),
+        ({"batch_size": 0}, r"batch_size=0 must be a positive integer"),
+        ({"batch_size": 2.5}, r"batch_size=2.5 must be a positive integer"),
+        ({"micro_batch_size": 0}, r"micro_batch_size=0 must be a positive integer"),
+    ],
+)
+def test_equilibrium_teleport_checks_its_options(kw: dict[str, object], match: str) -> None:
+    m, syms, _, _ = _mlp()
+    args: dict[str, object] = {"lr": 0.1, "batch_size": 4, **kw}
+    with pytest.raises(ValueError, match=match):
+        nf.EquilibriumTeleport(m, syms, nn.CrossEntropyLoss(), **args)  # type: ignore[arg-type]
+
+
+def test_wrap_takes_an_optimizer() -> None:
+    m, syms, _, _ = _mlp()
+    tp = nf.EquilibriumTeleport(m, syms, nn.CrossEntropyLoss(), lr=0.1, batch_size=4)
+    with pytest.raises(TypeError, match=r"wrap.*str.*torch.optim.Optimizer"):
+        tp.wrap("sgd")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("which", ["model", "syms"])
+def test_monitor_names_a_wrong_model_or_set(which: str) -> None:
+    m, syms, _, _ = _mlp()
+    args = (None, syms) if which == "model" else (m, list(syms))
+    with pytest.raises(TypeError, match=rf"NoetherMonitor: {which} is a"):
+        nf.NoetherMonitor(*args, every=1, lr=0.1, batch_size=4)  # type: ignore[arg-type]
+
+
+# -- LogOptions: each field checked when built --------------------------------------------------
+@pytest.mark.parametrize(
+    ("kw", "match"),
+    [
+        ({"log_dir": 3}, r"log_dir=3.*a directory path"),
+        ({"tensorboard": "yes"}, r"tensorboard='yes'.*add_scalar"),
+        ({"progress": "no"}, r"progress='no'.*True, False or None"),
+        ({"total": -1}, r"total=-1 must be an integer >= 0"),
+    ],
+)
+def test_log_options_check_their_fields(kw: dict[str, object], match: str) -> None:
+    with pytest.raises((TypeError, ValueError), match=match):
+        nf.LogOptions(**kw)  # type: ignore[arg-type]
+
+
+def test_a_writer_object_is_still_accepted() -> None:
+    class Writer:
+        def add_scalar(self, *a: object) -> None: ...
+
+        def add_histogram(self, *a: object) -> None: ...
+
+    assert isinstance(nf.LogOptions(tensorboard=Writer()).tensorboard, Writer)
+
+
+def test_nested_track_is_named() -> None:
+    """It used to blame the layers for not running inside the capture."""
+    m, syms, x, y = _mlp()
+    mon = nf.NoetherMonitor(m, syms, every=1, lr=0.1, batch_size=16, distance=False)
+    with pytest.raises(nf.StatisticsError, match=r"inside another mon.track"), mon.track():
+        with mon.track():
+            pass
+    with mon.track():  # the monitor goes on
+        nn.functional.cross_entropy(m(x), y).backward()
+    assert mon.step() is not None
+
+
+@pytest.mark.parametrize("loss", ["abc", torch.ones(3), True])
+def test_a_loss_that_is_not_one_number_is_named(loss: object) -> None:
+    m, syms, x, y = _mlp()
+    mon = nf.NoetherMonitor(m, syms, every=1, lr=0.1, batch_size=16, distance=False)
+    with mon.track():
+        nn.functional.cross_entropy(m(x), y).backward()
+    with pytest.raises(TypeError, match=r"step\(loss\).*expected the batch loss"):
+        mon.step(loss)
+
+
+# -- token ids beyond an embedding table ---------------------------------------------------------
+class _Tok(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb, self.l1, self.l2 = nn.Embedding(50, 8), nn.Linear(8, 16), nn.Linear(16, 4)
+
+    def forward(self, ids: Tensor) -> Tensor:
+        return self.l2(self.l1(self.emb(ids)).relu())
+
+
+def test_ids_beyond_the_table_are_named_not_blamed_on_a_layer() -> None:
+    """It said "The first Linear layer expects 8 input features": not the cause."""
+    ids = torch.randint(0, 500, (4, 16), generator=torch.Generator().manual_seed(0))
+    with pytest.raises(nf.DetectionError, match=r"ids up to 4\d\d.*emb \(50 tokens\)") as e:
+        nf.find_symmetries(_Tok(), ids)
+    assert "input features" not in str(e.value)
+
+
+def test_inspect_names_the_vocab_size(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from noetherflow import cli
+
+    f = tmp_path / "tok.py"
+    f.write_text(
+        "import torch.nn as nn\n"
+        "def make():\n"
+        "    return nn.Sequential(nn.Embedding(50, 8), nn.Linear(8, 16), nn.ReLU(),"
+        " nn.Linear(16, 4))\n"
+    )
+    args = ["inspect", f"{f}:make", "--input-shape", "16", "--dtype", "long", "--vocab-size"]
+    assert cli.main([*args, "500"]) == cli.ExitCode.USAGE
+    err = capsys.readouterr().err
+    assert "--vocab-size 500" in err and "0 (50 tokens)" in err and "Traceback" not in err
