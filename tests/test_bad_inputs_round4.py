@@ -276,3 +276,34 @@ def test_inspect_names_the_vocab_size(tmp_path: Path, capsys: pytest.CaptureFixt
     assert cli.main([*args, "500"]) == cli.ExitCode.USAGE
     err = capsys.readouterr().err
     assert "--vocab-size 500" in err and "0 (50 tokens)" in err and "Traceback" not in err
+
+
+# -- undo after the parameters moved on ----------------------------------------------------------
+def test_undo_after_a_training_step_is_refused_not_a_silent_revert() -> None:
+    """undo() restored the pre-teleport parameters, silently discarding the step since."""
+    m, sol, x = _solved()
+    handle = nf.teleport(m, sol)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    nn.functional.cross_entropy(m(x), torch.zeros(16, dtype=torch.long)).backward()
+    opt.step()
+    stepped = _params(m)
+    with pytest.raises(nf.TeleportError, match=r"changed since the teleport.*discard"):
+        handle.undo()
+    assert all(torch.equal(stepped[k], v) for k, v in m.state_dict().items())
+    handle.undo(force=True)  # asked for: back to before the teleport
+    assert not all(torch.equal(stepped[k], v) for k, v in m.state_dict().items())
+
+
+def test_undo_right_after_the_teleport_is_exact() -> None:
+    m, sol, _ = _solved()
+    before = _params(m)
+    nf.teleport(m, sol).undo()
+    assert all(torch.equal(before[k], v) for k, v in m.state_dict().items())
+
+
+# -- a plot before any record --------------------------------------------------------------------
+def test_plot_before_any_record_is_named(tmp_path: Path) -> None:
+    m, syms, _, _ = _mlp()
+    mon = nf.NoetherMonitor(m, syms, every=100, lr=0.1, batch_size=4)
+    with pytest.raises(ValueError, match=r"no records yet.*every=100"):
+        mon.plot(tmp_path / "x.png")

@@ -679,6 +679,9 @@ class NoetherMonitor:
         Symmetries are named by their pretty names; see :func:`noetherflow.plotting.
         plot_history` for ``max_lines`` (vector entries) and ``top_k`` (named lines per panel).
         """
+        if not self._rows:
+            msg = f"{self._step} steps so far, a record every={self.every} steps from step 0"
+            raise ValueError(f"NoetherMonitor.plot(): no records yet ({msg}); step first.")
         names = {k: n for n, k in self.keys.items()}
         return plot_history(
             self.history, path, kinds=kinds, max_lines=max_lines, top_k=top_k, labels=names

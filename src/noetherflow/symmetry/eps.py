@@ -114,12 +114,14 @@ class EpsReport:
         return "\n".join(lines)
 
 
-def _norm_variance(norm: nn.Module, x: Tensor, generators: int, train: bool) -> Tensor:
+def _norm_variance(
+    norm: nn.Module, x: Tensor, generators: int, train: bool, start: int = 0
+) -> Tensor:
     """The variance the norm divides by, per generator (``[generators]``).
 
     One generator: the smallest variance of any normalised group. Per channel (BatchNorm,
     InstanceNorm) or per group (GroupNorm): each channel's (group's) smallest over the
-    samples.
+    samples, from channel ``start`` on (a layer concatenated after another's channels).
     """
     spec = norm_spec(norm)
     assert spec is not None
@@ -137,7 +139,10 @@ def _norm_variance(norm: nn.Module, x: Tensor, generators: int, train: bool) -> 
         v = x.pow(2).mean(spec.axis)
     else:
         v = x.var(spec.axis, unbiased=False)
-    return v if v.numel() == generators else v.min().reshape(1)
+    if generators == 1:
+        return v.min().reshape(1)
+    per = x.shape[1] // v.numel()  # channels per entry of v: 1, or a GroupNorm's group size
+    return v.narrow(0, start // per, generators)
 
 
 def _run(model: nn.Module, inp: ModelInputs, train: bool, seed: int) -> Tensor:
@@ -198,7 +203,8 @@ def eps_bounds(
         eps = float(getattr(norm, spec.eps_attr))
         los, his = [], []
         for x, train in zip(seen.get(i, []), (True, False), strict=False):
-            var = _norm_variance(norm, x, s.num_generators, train)  # running_var of the model
+            start = int(getattr(s, "norm_start", 0))
+            var = _norm_variance(norm, x, s.num_generators, train, start)  # the model's running_var
             lo, hi = eps_interval(var, eps, tolerance)
             los.append(lo)
             his.append(hi)

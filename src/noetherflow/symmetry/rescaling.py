@@ -55,6 +55,9 @@ class Rescaling(DiagonalSymmetry):
         second: the layer consuming them; its input columns scale down by e^{-λ_j}.
         block: number of consecutive input columns of ``second`` per neuron, e.g. H·W when an
             ``nn.Flatten`` sits between a conv with C channels and a linear layer.
+        start: the first input column of ``second`` reading ``first``'s neurons when the
+            others read another layer (a ``torch.cat`` of two branches): the neurons occupy
+            columns ``[start, start + n·block)``; None: all of them.
         label: optional name shown in tables.
 
     The layers must be joined by a positively homogeneous map (ReLU, LeakyReLU, identity,
@@ -68,7 +71,13 @@ class Rescaling(DiagonalSymmetry):
     family: ClassVar[Family] = Family.RESCALING
 
     def __init__(
-        self, first: nn.Module, second: nn.Module, *, block: int = 1, label: str | None = None
+        self,
+        first: nn.Module,
+        second: nn.Module,
+        *,
+        block: int = 1,
+        start: int | None = None,
+        label: str | None = None,
     ) -> None:
         super().__init__(label=label)
         s1 = linear_layer(first, "Rescaling", "first")
@@ -88,7 +97,14 @@ class Rescaling(DiagonalSymmetry):
                 f"channels per group of second (groups={s2.groups}); expected each neuron's "
                 "channels inside one group."
             )
-        if n_out * block != n_in:
+        if start is not None:
+            if s2.groups > 1 or not 0 <= start <= n_in - n_out * block:
+                raise SymmetryDefinitionError(
+                    f"Rescaling: start={start} with {n_out} neurons × block {block} in "
+                    f"second's {n_in} input columns (groups={s2.groups}); expected 0 <= start "
+                    f"<= {n_in - n_out * block} and an ungrouped second."
+                )
+        elif n_out * block != n_in:
             raise SymmetryDefinitionError(
                 f"Rescaling: layers do not chain: first has {n_out} outputs, second expects "
                 f"{n_in} inputs (block={block}); expected {n_out} × block = {n_in}. "
@@ -97,6 +113,7 @@ class Rescaling(DiagonalSymmetry):
         self.first = first
         self.second = second
         self.block = block
+        self.start = start
         params = [self._w1] + ([self._b1] if self._b1 is not None else [])
         params.append(self._w2)
         check_params(params, "Rescaling")
@@ -113,16 +130,23 @@ class Rescaling(DiagonalSymmetry):
             terms = [DiagonalTerm(self._w1, self._axes[0], 1, 1.0)]
             if self._b1 is not None:
                 terms.append(DiagonalTerm(self._b1, 0, 1, 1.0))
-            terms.append(
-                DiagonalTerm(self._w2, self._axes[1], self.block, -1.0, groups=self._groups)
-            )
+            if self.start is None:
+                down = DiagonalTerm(self._w2, self._axes[1], self.block, -1.0, groups=self._groups)
+            else:  # a slice of second's columns (the rest read another layer)
+                n = self.num_generators * self.block
+                down = DiagonalTerm(
+                    self._w2, self._axes[1], self.block, -1.0, start=self.start, length=n
+                )
+            terms.append(down)
             self._terms = terms
         return self._terms
 
     def signature(self, names: Mapping[int, str]) -> tuple[Any, ...]:
-        """``("rescaling", first weight name, second weight name, block[, second's groups])``."""
-        sig = ("rescaling", names[id(self._w1)], names[id(self._w2)], self.block)
-        return sig if self._groups == 1 else (*sig, self._groups)
+        """``("rescaling", first weight, second weight, block[, groups][, ("start", s)])``."""
+        sig: tuple[Any, ...] = ("rescaling", names[id(self._w1)], names[id(self._w2)], self.block)
+        if self._groups != 1:
+            sig = (*sig, self._groups)
+        return sig if self.start is None else (*sig, ("start", self.start))
 
     @override
     def describe(self) -> str:

@@ -76,6 +76,9 @@ class ScaleInvariance(DiagonalSymmetry):
             :func:`noetherflow.solve_within_eps`), and for a BatchNorm ``apply_`` also scales
             its running statistics (mean by e^λ, variance + eps by e^{2λ}), so that the
             eval-mode function is unchanged (:func:`scaled_running_var`).
+        norm_start: the norm channel of the first generator, when the scaled layer's
+            channels reach the norm after another layer's (a ``torch.cat``): its running
+            statistics are scaled from there.
     """
 
     family: ClassVar[Family] = Family.SCALE
@@ -90,6 +93,7 @@ class ScaleInvariance(DiagonalSymmetry):
         groups: int | None = None,
         label: str | None = None,
         norm: nn.Module | None = None,
+        norm_start: int = 0,
     ) -> None:
         super().__init__(label=label)
         params = list(params)
@@ -105,6 +109,7 @@ class ScaleInvariance(DiagonalSymmetry):
         self.groups = groups
         self._terms = [DiagonalTerm(p, 0, int(p.shape[0]) // self._n, 1.0) for p in params]
         self.norm = norm
+        self.norm_start = norm_start
 
     @property
     @override
@@ -122,6 +127,9 @@ class ScaleInvariance(DiagonalSymmetry):
         mean, var = (getattr(self.norm, n, None) for n in ("running_mean", "running_var"))
         if isinstance(mean, Tensor) and isinstance(var, Tensor):
             lam = torch.as_tensor(element).to(device=mean.device, dtype=torch.float64)
+            if self.per_channel:  # the norm's channels this layer feeds (a slice after a cat)
+                mean = mean.narrow(0, self.norm_start, self._n)
+                var = var.narrow(0, self.norm_start, self._n)
             eps = float(getattr(self.norm, "eps", 0.0))
             with torch.no_grad():
                 mean.mul_(torch.exp(lam).to(mean.dtype))

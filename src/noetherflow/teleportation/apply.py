@@ -36,14 +36,32 @@ class TeleportHandle:
     solution: EquilibriumSolution
     _saved: dict[Tensor, Tensor] = field(repr=False)
     _undone: bool = False
+    _after: tuple[tuple[float, float, float], ...] | None = field(default=None, repr=False)
 
-    def undo(self) -> None:
+    def _applied(self) -> TeleportHandle:
+        """Remember the parameters' fingerprint right after the teleport (checked by undo)."""
+        self._after = fingerprint(self._params())
+        return self
+
+    def _params(self) -> list[Tensor]:
+        return [t for t in self._saved if isinstance(t, nn.Parameter)]
+
+    def undo(self, *, force: bool = False) -> None:
         """Restore the parameters saved before the teleport: exactly, no inverse round-off.
 
         The buffers a symmetry moves (e.g. BatchNorm running statistics) are restored too.
+        Parameters changed since the teleport (a training step) are refused, since restoring
+        would discard that change; ``force=True`` restores them all the same.
         """
         if self._undone:
             raise RuntimeError("This teleport was already undone; undo() works once.")
+        now = fingerprint(self._params()) if self._after is not None and not force else None
+        if now is not None and not all(map(_same, now, self._after or ())):
+            raise TeleportError(
+                "undo(): the parameters changed since the teleport (an optimizer step in "
+                "between?); restoring the ones saved before it would discard that change. "
+                "Undo right after the teleport, or pass undo(force=True) to restore them anyway."
+            )
         with torch.no_grad():
             for p, v in self._saved.items():
                 p.copy_(v)
@@ -230,7 +248,7 @@ def teleport(
         )
     if check == "off" or target is None or chosen is None or not steps:
         apply(None)
-        return handle
+        return handle._applied()
     # the known normalisations' eps explains their change: compared with it ~0
     # (the original set's modules: a rebound copy's symmetries hold views of them)
     norms = [getattr(solution.syms[i], "norm", None) for i, _ in steps if syms.names[i] in eps_syms]
@@ -245,7 +263,7 @@ def teleport(
         on_change=check,
         seed=seed,
     )
-    return handle
+    return handle._applied()
 
 
 def _in_model(

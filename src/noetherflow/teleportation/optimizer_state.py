@@ -28,6 +28,7 @@ import torch
 from torch import Tensor, nn
 
 from noetherflow import _shard
+from noetherflow._checks import parse_enum
 from noetherflow.equilibrium import EquilibriumSolution
 from noetherflow.kernels import kernel_for
 from noetherflow.symmetry.base import Symmetry
@@ -89,7 +90,7 @@ def transform_optimizer_state(
             f"transform_optimizer_state: optimizer is a {type(optimizer).__name__}; expected the "
             "torch.optim optimizer that trains the teleported parameters."
         )
-    mode = OptimizerState(mode)
+    mode = parse_enum(OptimizerState, mode, "mode", "'transform' or 'reset'")
     syms = solution.syms
     reset: dict[int, nn.Parameter] = {}
 

@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor, fx, nn
 
 from noetherflow.symmetry._fx.biases import bias_add
+from noetherflow.symmetry._fx.concat import cat_of_flows, cat_with_others
 from noetherflow.symmetry._fx.flows import (
     Arrival,
     _arrival,
@@ -54,7 +55,9 @@ from noetherflow.symmetry._fx.probes import (
     _broadcasts,
     _cat_with_empty,
     _constant_over_reduced,
+    _integral,
     _is_blank,
+    _is_index_tensor,
     _shape_only,
 )
 from noetherflow.symmetry._fx.rotary import _rotary
@@ -257,14 +260,6 @@ class Proposal:
 # -- the propagation engine -----------------------------------------------------------------
 
 
-def _is_index_tensor(v: Any) -> bool:
-    return isinstance(v, Tensor) and v.dtype == torch.float64
-
-
-def _integral(t: Tensor) -> bool:
-    return bool(torch.isfinite(t).all()) and bool((t == t.round()).all())
-
-
 def source_index(value: Tensor, axis: int) -> Tensor:
     """The index tensor of a layer output: entry = feature number along ``axis``."""
     n = value.shape[axis]
@@ -368,7 +363,7 @@ def _step(
         function_op(node.target) in ("matmul", "rotary")  # rotary: q and k of a fused qkv
         or node.target is F.scaled_dot_product_attention
         or node.target is torch.einsum
-        or (node.target is torch.cat and _cat_of_flows(node, ins))
+        or node.target is torch.cat
     )
     if len(ins) > 1 and not multi_ok:
         stop(f"read by {name} together with other features of the same layer")
@@ -410,8 +405,10 @@ def _step(
             return None
         if t is torch.cat and _cat_with_empty(node, ins, info):
             return _Flow(idx0, mode, heads, via)
-        if t is torch.cat and len(ins) > 1:
+        if t is torch.cat and len(ins) > 1 and cat_of_flows(node, ins):
             return moved()  # the parts of one layer's output put back together (partial rotary)
+        if t is torch.cat:
+            return cat_with_others(node, ins, flows, mode, heads, via, info, stop, name)
         if kind == "rotary":
             return _rotary(node, ins, flows, mode, heads, via, info, stop)
         if kind == "homogeneous":
@@ -456,12 +453,6 @@ def _step(
         what = f"{name} (a residual connection or other sum)"
     stop(f"read by {what}")
     return None
-
-
-def _cat_of_flows(node: fx.Node, ins: list[fx.Node]) -> bool:
-    """``torch.cat([a, b, …])`` whose every part carries features of the source being followed."""
-    seq = node.args[0] if node.args else node.kwargs.get("tensors")
-    return isinstance(seq, list | tuple) and len(seq) > 1 and set(seq) == set(ins)
 
 
 def _scalar(

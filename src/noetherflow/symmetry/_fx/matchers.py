@@ -105,6 +105,11 @@ class RescalingPattern:
         per_group = int(_weight(second).shape[_w_in(second)])
         n_in = per_group * groups
         cols = _column_map(arr, second)
+        start, cols = _own_columns(cols)
+        if start is not None and cols is not None and groups > 1:
+            cols = None  # another layer's channels in a grouped consumer: not supported
+        if start is not None and cols is not None:
+            n_in = per_group = len(cols)  # the slice of second's columns first's neurons reach
         if cols is None or n_in % n_out != 0 or per_group % (n_in // n_out) != 0:
             ledger.note(
                 [*src.params, _weight(second)],
@@ -132,7 +137,7 @@ class RescalingPattern:
             Proposal(
                 Family.RESCALING,
                 label,
-                partial(_rescaling, first, second, block, label),
+                partial(_rescaling, first, second, block, label, start),
                 [*src.params, _weight(second)],
                 info.order[src.node],
                 approximate=approx,
@@ -141,14 +146,51 @@ class RescalingPattern:
         ]
 
 
-def _rescaling(first: nn.Module, second: nn.Module, block: int, label: str) -> Symmetry:
+def _rescaling(
+    first: nn.Module, second: nn.Module, block: int, label: str, start: int | None = None
+) -> Symmetry:
     """The :class:`Rescaling` of two layers of the layer registry (Linear, Conv, HF Conv1D).
 
     It reads each weight's feature axes from the registry (``w_out`` of ``first``, ``w_in`` of
     ``second``), so a layer stored ``[in, out]`` (HF ``Conv1D``, a layer registered with
-    ``transposed=True``) needs no other class.
+    ``transposed=True``) needs no other class. ``start``: first's neurons reach the columns
+    from ``start`` on (a concatenation with another layer's output), None: all columns.
     """
-    return Rescaling(first, second, block=block, label=label)
+    return Rescaling(first, second, block=block, start=start, label=label)
+
+
+def _with_others(arr: Arrival, ledger: Ledger, src: _Source, nname: str) -> bool:
+    """Whether a norm reads the source's features with another layer's (noted if so).
+
+    A ``torch.cat`` of two layers into one LayerNorm/RMSNorm: the norm divides by one
+    statistic of all its features, so only the joint scaling of both layers is invariant.
+    """
+    if not bool((arr.idx < 0).any()):
+        return False
+    ledger.note(
+        src.params,
+        f"{src.name} → {nname}: normalised together with another layer's features "
+        "(a concatenation): only their joint scaling is invariant, not claimed",
+    )
+    return True
+
+
+def _own_columns(cols: Tensor | None) -> tuple[int | None, Tensor | None]:
+    """The slice of the columns carrying the source's features: ``(start, cols[start:stop])``.
+
+    When the other columns are blank (−1: a ``torch.cat`` with another layer's output).
+    ``(None, cols)`` when every column carries them; ``(None, None)`` when the source's
+    columns are not one contiguous run.
+    """
+    if cols is None or bool((cols >= 0).all()):
+        return None, cols
+    own = torch.nonzero(cols >= 0).flatten()
+    if own.numel() == 0:
+        return None, None
+    lo, hi = int(own[0]), int(own[-1]) + 1
+    if hi - lo != own.numel():
+        return None, None
+    return lo, cols[lo:hi]
 
 
 class RotationPattern:
@@ -169,7 +211,7 @@ class RotationPattern:
             if second is None or not _is_dense(second) or arr.mode != LINEAR:
                 continue
             sname = info.qual(str(arr.node.target))
-            feats = arr.features
+            feats = {f for f in arr.features if f >= 0}  # −1: another layer's (a cat)
             cmap = _column_map(arr, second)
             n_cols = int(_weight(second).shape[_w_in(second)])
             whole = cmap is not None and torch.equal(cmap, torch.arange(n_cols))
@@ -264,6 +306,8 @@ class ScalePattern:
             return []
         if nspec.per_channel or nspec.groups > 1:
             return self._per_group(info, src, arr, norm, nspec, nname, ledger)
+        if _with_others(arr, ledger, src, nname):
+            return []
         label = f"scale:{src.name}→{nname}"
         return [
             Proposal(
@@ -302,21 +346,41 @@ class ScalePattern:
             )
             return []
         n_feat = int(getattr(norm, "num_features", getattr(norm, "num_channels", 0)))
-        cols = _column_map(arr, norm)
-        if _w_out(src.module) != 0 or cols is None or not torch.equal(cols, torch.arange(n_feat)):
+        start, cols = _own_columns(_column_map(arr, norm))
+        n_src = n_feat if cols is None else len(cols)
+        size = n_feat // nspec.groups if not nspec.per_channel else 1  # channels per generator
+        off = start or 0
+        if (
+            _w_out(src.module) != 0
+            or cols is None
+            or not torch.equal(cols, torch.arange(n_src))
+            or off % size
+            or n_src % size
+        ):
             ledger.note(
                 params,
                 f"{src.name} → {nname}: its output channels do not arrive as {kind}'s channels "
-                "in order (the per-channel invariance needs channel c → channel c)",
+                "in order (the per-channel invariance needs channel c → channel c"
+                + (", whole groups" if size > 1 else "")
+                + ")",
             )
             return []
         label = f"scale:{src.name}→{nname}"
-        if nspec.per_channel:
-            build = partial(ScaleInvariance, params, per_channel=True, label=label, norm=norm)
-            what = "per channel"
-        else:
-            build = partial(ScaleInvariance, params, groups=nspec.groups, label=label, norm=norm)
-            what = f"per group ({nspec.groups} groups)"
+        n_groups = n_src if nspec.per_channel else n_src // size
+        build = partial(
+            ScaleInvariance,
+            params,
+            per_channel=nspec.per_channel,
+            groups=None if nspec.per_channel else n_groups,
+            label=label,
+            norm=norm,
+            norm_start=off,
+        )
+        what = (
+            "per channel"
+            if nspec.per_channel
+            else f"per group ({n_groups} group{'s' if n_groups > 1 else ''})"
+        )
         when = "; BatchNorm in training mode only" if nspec.batch else ""
         return [
             Proposal(
@@ -337,6 +401,8 @@ class ScalePattern:
         fname = getattr(arr.node.target, "__name__", str(arr.node.target))
         if arr.mode == APPROXIMATE:
             ledger.note(src.params, f"{src.name} → {fname} through a non-homogeneous map")
+            return []
+        if _with_others(arr, ledger, src, fname):
             return []
         params = src.params
         label = f"scale:{src.name}→{fname}"

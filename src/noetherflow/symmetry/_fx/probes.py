@@ -94,3 +94,11 @@ def _rotary_pairs(info: GraphInfo, node: fx.Node, pos: int, value: Tensor) -> di
     if any(out[out[i]] != i for i in out):
         return None
     return out
+
+
+def _is_index_tensor(v: Any) -> bool:
+    return isinstance(v, Tensor) and v.dtype == torch.float64
+
+
+def _integral(t: Tensor) -> bool:
+    return bool(torch.isfinite(t).all()) and bool((t == t.round()).all())
