@@ -307,3 +307,36 @@ def test_plot_before_any_record_is_named(tmp_path: Path) -> None:
     mon = nf.NoetherMonitor(m, syms, every=100, lr=0.1, batch_size=4)
     with pytest.raises(ValueError, match=r"no records yet.*every=100"):
         mon.plot(tmp_path / "x.png")
+
+
+# -- a parameter frozen after the symmetries were found ------------------------------------------
+@pytest.mark.parametrize("who", ["collect_stats", "NoetherMonitor", "EquilibriumTeleport"])
+def test_a_parameter_frozen_after_detection_is_named(who: str) -> None:
+    """collect_stats blamed the inputs ("cannot register a hook on a tensor that doesn't
+    require gradient"); the monitor said the parameter was missing from the optimizer."""
+    torch.manual_seed(0)
+    m = _Tok().to(DT)
+    ids = torch.randint(0, 50, (8, 12))
+    syms = nf.find_symmetries(m, ids)
+    m.emb.weight.requires_grad_(False)  # fine-tuning with a frozen embedding
+    opt = torch.optim.SGD([p for p in m.parameters() if p.requires_grad], lr=0.1)
+
+    def loss(out: Tensor, t: Tensor) -> Tensor:
+        return nn.functional.cross_entropy(out, t)
+
+    calls = {
+        "collect_stats": lambda: nf.collect_stats(m, syms, loss, ids, ids[:, 0]),
+        "NoetherMonitor": lambda: nf.NoetherMonitor(m, syms, every=1, optimizer=opt, batch_size=8),
+        "EquilibriumTeleport": lambda: nf.EquilibriumTeleport(m, syms, loss, lr=0.1, batch_size=8),
+    }
+    with pytest.raises(nf.StatisticsError, match=r"'emb.weight'.*frozen.*find_symmetries"):
+        calls[who]()
+    assert len(nf.find_symmetries(m, ids)) >= 1  # found after freezing: the frozen one left out
+
+
+def test_a_compiled_model_is_read_through_to_its_module() -> None:
+    """torch.compile(model) gave 0 symmetries without a word (the wrapper does not trace)."""
+    m, syms, x, _ = _mlp()
+    found = nf.find_symmetries(torch.compile(m), x)
+    assert found.names == syms.names
+    assert found.params() == syms.params()  # the same parameters: the wrapper shares them

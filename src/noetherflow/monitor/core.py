@@ -199,6 +199,7 @@ class NoetherMonitor:
         if int(every) != every or every < 1:
             raise ValueError(f"every={every!r} must be a positive integer (steps between records).")
         bind_sharded(unwrap_ddp(model), syms)  # a set found before fully_shard: its new params
+        check_params_of(model, syms, "NoetherMonitor")  # before the optimizer's own checks
         self._hyper = HyperSource.create(
             "NoetherMonitor",
             lr=lr,
@@ -226,7 +227,6 @@ class NoetherMonitor:
             )
         if len(syms) == 0:
             raise ValueError("The symmetry set is empty; there is nothing to monitor.")
-        check_params_of(model, syms, "NoetherMonitor")
         self.model, self.syms = model, syms
         self.momentum_cross = check_bool(momentum_cross, "momentum_cross")
         self.every = int(every)

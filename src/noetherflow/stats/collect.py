@@ -584,6 +584,17 @@ def check_params_of(model: nn.Module, syms: SymmetrySet, where: str) -> None:
                 "found on another model, e.g. before copy.deepcopy or on a re-created model). "
                 "Call nf.find_symmetries(model, x) on the model whose statistics you collect."
             )
+        frozen = [p for p in sym.params if not p.requires_grad]
+        if frozen:
+            pname = syms.param_names.get(id(frozen[0]))
+            what = repr(pname) if pname else f"of shape {tuple(frozen[0].shape)}"
+            raise StatisticsError(
+                f"{where}: symmetry {name!r} acts on parameter {what}, which is frozen "
+                "(requires_grad=False, set after the symmetries were found): SGD does not move "
+                "it, so the charge has no noise-driven flow and no gradient to read. Call "
+                "nf.find_symmetries(model, x) after freezing (it leaves frozen parameters out), "
+                "or unfreeze the parameter."
+            )
 
 
 def _check_devices(model: nn.Module, syms: SymmetrySet, xs: list[Tensor]) -> None:

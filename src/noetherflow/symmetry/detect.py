@@ -87,6 +87,12 @@ class _Isolated:
                 b.copy_(v)
 
 
+def _compiled_module(model: nn.Module) -> nn.Module:
+    """The module ``torch.compile`` wrapped (same parameters): the wrapper does not trace."""
+    inner = getattr(model, "_orig_mod", None)
+    return _compiled_module(inner) if isinstance(inner, nn.Module) else model
+
+
 def _run_failed(model: nn.Module, inp: ModelInputs, exc: Exception) -> DetectionError:
     first_line = (str(exc).strip().splitlines() or [""])[0]
     dtype = inp.dtype_hint(exc)
@@ -445,6 +451,7 @@ def find_symmetries(
         raise TypeError(
             f"find_symmetries: model is a {type(model).__name__}, expected an nn.Module."
         )
+    model = _compiled_module(model)
     check_positive(tolerance, "tolerance", "the largest accepted relative change")
     check_positive(scale, "scale", "the size of the random group element")
     check_seed(seed)
