@@ -294,25 +294,24 @@ def _solve_parts(
 
     The symmetries of no coupled group are solved once, jointly; each coupled group by its own
     sweeps, until its own flows converge. Same answer as sweeping over all at once, as the
-    blocks do not interact. ``sweeps``: (max_sweeps, tol) of a coupled block's sweeps.
+    blocks do not interact; so they may run side by side (``sweep_options(parallel=...)``).
+    ``sweeps``: (max_sweeps, tol) of a coupled block's sweeps.
     """
     names: dict[Any, str] = {s: n for n, s in syms.items()}
     index = {s: i for i, s in enumerate(syms)}
     coupled_ids = {i for g in blocks for i in g}
     parts = [[i for i in range(len(syms)) if i not in coupled_ids], *blocks]
     out = _Solved(totals={s: s.identity_element() for s in syms})
-    if parts[0]:
-        sub = syms.subset(parts[0])
-        _solve_block(sub, False, values, stats, nm, names, index, step, sweeps, held, out)
 
-    def coupled(sub: SymmetrySet) -> _Solved:
+    def solve(part: list[int], coupled: bool) -> _Solved:
+        sub = syms.subset(part)
         own = _Solved(totals={s: out.totals[s] for s in sub})
-        _solve_block(sub, True, values, stats, nm, names, index, step, sweeps, held, own)
+        _solve_block(sub, coupled, values, stats, nm, names, index, step, sweeps, held, own)
         return own
 
-    # the blocks share no parameter (each moves its own entries of ``values``): side by
-    # side on the intra-op threads, each on one (see noetherflow._threads)
-    tasks = [partial(coupled, syms.subset(part)) for part in parts[1:] if part]
+    # the parts share no parameter (each moves its own entries of ``values``): side by side
+    # on the intra-op threads, each on one (see noetherflow._threads), taken in order
+    tasks = [partial(solve, part, k > 0) for k, part in enumerate(parts) if part]
     for own in side_by_side(tasks, torch.get_num_threads() if parallel() else 1):
         out.merge(own)
     return out

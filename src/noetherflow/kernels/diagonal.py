@@ -109,6 +109,12 @@ def _to_grid(v: Tensor) -> Tensor:
     return v.reshape(v.shape[0], v.shape[1], -1).sum(-1)
 
 
+def _axis_norm_sq(v: Tensor, axis: int) -> Tensor:
+    """Σ of v² over every axis but ``axis``, in one fused reduction. ``[v.shape[axis]]``."""
+    rest = [k for k in range(v.dim()) if k != axis]
+    return torch.linalg.vector_norm(v, dim=rest).square() if rest else v.square()
+
+
 def _axis_m(
     nm: NoiseModel, mean: Tensor, axis_sq: Tensor, disp: Tensor | None, axis: int
 ) -> Tensor:
@@ -116,7 +122,7 @@ def _axis_m(
 
     ``mean``, ``disp``: the parameter's shape; ``axis_sq`` and the result ``[p.shape[axis]]``.
     """
-    m = nm.c_mean * axis_sum(mean.square(), axis) + nm.c_second * axis_sq.to(mean.dtype)
+    m = nm.c_mean * _axis_norm_sq(mean, axis) + nm.c_second * axis_sq.to(mean.dtype)
     if disp is not None:  # the momentum cross term c_cross·vᵀA∇L
         m = m + nm.c_cross * axis_sum(disp.to(mean.dtype) * mean, axis)
     return m
@@ -165,10 +171,11 @@ def _diag_problem(
         cols: list[Term] = [(o, k, b, sg) for o, k, b, sg, _ in gcols]
         nmp = nm.at(p)  # this parameter's γ (and its noise coefficients)
         mean = stats.mean[p].to(torch.float64)
-        c = nmp.kappa * values[p].to(torch.float64).square()  # κ_p θ² (eq. PD3)
+        theta = values[p].to(torch.float64)
         disp = cross_displacement(stats, nmp, p)
         signed = signed or disp is not None
         if p in block.sq:
+            c = nmp.kappa * theta.square()  # κ_p θ² (eq. PD3)
             sq = block.sq[p].to(torch.float64)
             m = nmp.diag(mean, sq, None if disp is None else disp.to(torch.float64))
             if disp is None:  # else signed: balance() below
@@ -201,7 +208,7 @@ def _diag_problem(
         m = _axis_m(nmp, mean, block.sq_axis[(p, ax)], disp, ax)
         if disp is None:  # else signed: balance() below
             m = m.clamp(min=0)
-        m, cs = m.cpu(), axis_sum(c, ax).cpu()
+        m, cs = m.cpu(), (nmp.kappa * _axis_norm_sq(theta, ax)).cpu()  # Σ κ_p θ² per neuron
         shape = (-1, 1) if ax == 0 else (1, -1)
         if p in slices:
             grids += _sliced(m.reshape(shape), cs.reshape(shape), rows, gcols, slices[p], p, chunks)

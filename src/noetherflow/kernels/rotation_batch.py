@@ -18,6 +18,7 @@ slice by slice, in a few large products where 24 heads made a hundred small ones
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -223,10 +224,25 @@ def _apply_(
                 b.write_front_(v, mat[id(b)] @ b.front(v))
 
 
+# per thread, the last run's elements and (G, G⁻¹): one step's moves reach the moments, θ,
+# the samples, ḡ and v, each asking for them
+_LAST = threading.local()
+
+
 def _elements(moves: Sequence[tuple[DoubleRotation, Tensor]]) -> tuple[Tensor, Tensor]:
     """(G ``[B, d, d]`` float64, G⁻¹) of a run of moves of one width."""
+    es = [e for _, e in moves]
+    last = getattr(_LAST, "run", None)
+    if (
+        last is not None
+        and len(last[0]) == len(es)
+        and all(a is b for a, b in zip(last[0], es, strict=True))
+    ):
+        return last[1]  # the same element objects (kept alive here, so never a reused id)
     g = torch.stack([s._check_g(e).to(torch.float64) for s, e in moves])
-    return g, torch.linalg.inv(g)
+    out = (g, torch.linalg.inv(g))
+    _LAST.run = (es, out)
+    return out
 
 
 def _sides(
