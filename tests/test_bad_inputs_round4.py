@@ -340,3 +340,41 @@ def test_a_compiled_model_is_read_through_to_its_module() -> None:
     found = nf.find_symmetries(torch.compile(m), x)
     assert found.names == syms.names
     assert found.params() == syms.params()  # the same parameters: the wrapper shares them
+
+
+# -- the optim helpers: wrong arguments named ----------------------------------------------------
+def test_exact_step_charges_names_missing_and_misshaped_gradients() -> None:
+    m, syms, _, _ = _mlp()
+    with pytest.raises(ValueError, match=r"grads has no gradient for '0.weight'.*every parameter"):
+        nf.exact_step_charges(syms, {}, lr=0.1)
+    bad = {p: torch.zeros(3, dtype=DT) for p in m.parameters()}
+    with pytest.raises(ValueError, match=r"'0.weight'.*shape \(3,\).*\(8, 4\)"):
+        nf.exact_step_charges(syms, bad, lr=0.1)
+    with pytest.raises(TypeError, match=r"syms.*SymmetrySet"):
+        nf.exact_step_charges(list(syms), {}, lr=0.1)  # type: ignore[arg-type]
+
+
+def test_step_recorder_names_its_arguments() -> None:
+    m, syms, _, _ = _mlp()
+    with pytest.raises(TypeError, match=r"StepRecorder: optimizer is a str"):
+        nf.StepRecorder(syms, "sgd")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"StepRecorder: syms"):
+        nf.StepRecorder([1], torch.optim.SGD(m.parameters(), lr=0.1))  # type: ignore[arg-type]
+
+
+def test_stationary_moments_names_its_step() -> None:
+    with pytest.raises(TypeError, match=r"step is a str.*MomentumStep"):
+        nf.stationary_moments(1.0, 1.0, "x")  # type: ignore[arg-type]
+
+
+# -- declaring symmetries by hand ----------------------------------------------------------------
+def test_rescaling_of_a_non_module_is_named() -> None:
+    m, _, _, _ = _mlp()
+    with pytest.raises(nf.SymmetryDefinitionError, match=r"first layer is a str"):
+        nf.Rescaling("0", m[2])  # type: ignore[arg-type]
+
+
+def test_scale_invariance_of_a_module_is_named() -> None:
+    m, _, _, _ = _mlp()
+    with pytest.raises(nf.SymmetryDefinitionError, match=r"takes parameters.*got a Linear.*weight"):
+        nf.ScaleInvariance(m[0])  # type: ignore[arg-type]

@@ -20,7 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from noetherflow import _shard
-from noetherflow._checks import check_finite_number, check_stats_cover
+from noetherflow._checks import check_finite_number, check_instance, check_stats_cover
 from noetherflow._deprecate import is_old_model_call, warn_model
 from noetherflow.kernels import kernel_for
 from noetherflow.kernels.decay import ParamDecay, decay_cross, parse_decay
@@ -139,6 +139,25 @@ def noether_flow(
     }
 
 
+def _check_grads(syms: SymmetrySet, grads: Mapping[nn.Parameter, Tensor]) -> None:
+    """Every parameter of ``syms`` has a gradient of its own shape in ``grads``."""
+    for p in syms.params():
+        name = repr(syms.param_names.get(id(p), f"of shape {tuple(p.shape)}"))
+        g = grads.get(p) if isinstance(grads, Mapping) else None
+        if g is None:
+            raise ValueError(
+                f"exact_step_charges: grads has no gradient for {name}; expected a mapping "
+                "parameter → gradient for every parameter of the symmetries, e.g. "
+                "{p: p.grad for p in syms.params()} after loss.backward()."
+            )
+        if not isinstance(g, Tensor) or g.shape != p.shape:
+            got = f"shape {tuple(g.shape)}" if isinstance(g, Tensor) else type(g).__name__
+            raise ValueError(
+                f"exact_step_charges: the gradient of {name} has {got}; expected a tensor of "
+                f"the parameter's shape {tuple(p.shape)}."
+            )
+
+
 def exact_step_charges(
     syms: SymmetrySet,
     grads: Mapping[nn.Parameter, Tensor],
@@ -155,10 +174,12 @@ def exact_step_charges(
     cross term no longer vanishes). Call before the step, compare with :func:`charges` after
     it. Momentum breaks the identity.
     """
+    check_instance(syms, SymmetrySet, "exact_step_charges: syms", "a SymmetrySet")
     lr = check_finite_number(lr, "lr", "the learning rate η")
     dec = parse_decay(weight_decay)
     if isinstance(dec, ParamDecay):
         dec.check_covers(syms.params(), "exact_step_charges")
+    _check_grads(syms, grads)
     out = {}
     for name, s in syms.items():
         g = {p: grads[p].detach() for p in s.params}

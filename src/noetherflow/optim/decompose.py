@@ -28,9 +28,11 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from noetherflow._checks import check_instance
 from noetherflow._threads import one_thread
 from noetherflow.optim.groups import read_groups
 from noetherflow.symmetry.base import Symmetry, unique_params
+from noetherflow.symmetry.set import SymmetrySet
 
 __all__ = [
     "StepDecomposition",
@@ -149,6 +151,15 @@ class StepRecorder:
     """
 
     def __init__(self, syms: Mapping[str, Symmetry], optimizer: torch.optim.Optimizer) -> None:
+        check_instance(
+            syms,
+            (SymmetrySet, Mapping),
+            "StepRecorder: syms",
+            "a SymmetrySet (or a mapping name → Symmetry)",
+        )
+        check_instance(
+            optimizer, torch.optim.Optimizer, "StepRecorder: optimizer", "a torch.optim optimizer"
+        )
         self.syms = dict(syms)
         self.optimizer = optimizer
         self._snap: dict[nn.Parameter, Tensor] | None = None

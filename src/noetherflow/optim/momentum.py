@@ -98,6 +98,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
+from noetherflow._checks import check_instance
 from noetherflow.optim.groups import read_groups
 
 if TYPE_CHECKING:
@@ -273,6 +274,7 @@ def stationary_moments(
     and a finite stationary point needs ⟨G⟩ = ⟨H⟩ = 0 (use :func:`momentum_noise` and the
     orbit solver then).
     """
+    check_instance(step, MomentumStep, "stationary_moments: step", "a MomentumStep(...)")
     if step.weight_decay <= 0:
         raise ValueError(
             f"weight_decay={step.weight_decay!r}: without weight decay the map (2) has no unique "

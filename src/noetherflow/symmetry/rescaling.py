@@ -27,7 +27,7 @@ def linear_layer(layer: nn.Module, who: str, name: str, dense: bool = False) -> 
     ``Conv1D``, a dense layer registered with :func:`noetherflow.stats.register_layer`, or
     one that computes ``x·Wᵀ + b`` / ``x·W + b``. ``dense``: not a convolution.
     """
-    spec = layer_spec(layer)
+    spec = layer_spec(layer) if isinstance(layer, nn.Module) else None
     if spec is None or (dense and spec.conv):
         kinds = "dense linear layer" if dense else "linear or convolutional layer"
         raise SymmetryDefinitionError(

@@ -96,6 +96,12 @@ class ScaleInvariance(DiagonalSymmetry):
         norm_start: int = 0,
     ) -> None:
         super().__init__(label=label)
+        if isinstance(params, nn.Module):
+            raise SymmetryDefinitionError(
+                f"ScaleInvariance takes parameters, got a {type(params).__name__} module; pass "
+                "the parameters whose joint scale the output ignores, e.g. [layer.weight] or "
+                "list(layer.parameters())."
+            )
         params = list(params)
         check_params(params, "ScaleInvariance")
         for p in params:
