@@ -413,3 +413,15 @@ def test_monitor_sharpness_takes_a_dict_batch_without_targets() -> None:
         w(**batch).backward()
     with pytest.raises(ValueError, match=r"needs a batch"):
         mon.step(w(**batch))  # no inputs at all: still refused
+
+
+@pytest.mark.parametrize("estimator", ["reference", "microbatch"])
+def test_trainer_callback_refuses_a_batch_estimator_when_built(estimator: str) -> None:
+    """Accepted, then every run stopped at step 0 asking for mon.step(inputs=...), which the
+    callback (not the user) calls."""
+    pytest.importorskip("transformers")
+    from noetherflow.integrations.transformers import NoetherTrainerCallback
+
+    with pytest.raises(ValueError, match=rf"estimator='{estimator}'.*hooks"):
+        NoetherTrainerCallback(every=1, estimator=estimator, loss_fn=lambda out, _: out.loss)
+    NoetherTrainerCallback(every=1, estimator="hooks")  # the default, said explicitly
