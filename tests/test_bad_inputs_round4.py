@@ -425,3 +425,17 @@ def test_trainer_callback_refuses_a_batch_estimator_when_built(estimator: str) -
     with pytest.raises(ValueError, match=rf"estimator='{estimator}'.*hooks"):
         NoetherTrainerCallback(every=1, estimator=estimator, loss_fn=lambda out, _: out.loss)
     NoetherTrainerCallback(every=1, estimator="hooks")  # the default, said explicitly
+
+
+def test_teleporter_on_a_warmup_from_zero_says_to_pass_the_target_lr() -> None:
+    """The optimizer's lr is 0 at a warmup's start: the message said only "lr=0.0 must be a
+    positive finite learning rate", not that lr= sets the one to teleport for."""
+    m, syms, _, _ = _mlp()
+    opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+    torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, s / 4))  # lr 0 at step 0
+    with pytest.raises(ValueError, match=r"optimizer's lr is 0.*warmup.*pass lr="):
+        nf.EquilibriumTeleport(m, syms, nn.CrossEntropyLoss(), batch_size=16, optimizer=opt)
+    tp = nf.EquilibriumTeleport(
+        m, syms, nn.CrossEntropyLoss(), lr=0.1, batch_size=16, optimizer=opt
+    )  # the warmup's peak, the optimizer for its state
+    assert tp.hyperparameters()[0] == 0.1

@@ -283,7 +283,16 @@ class HyperSource:
             lr = float(self.lr)
             gamma = max(dec.values(), default=0.0) if isinstance(dec, ParamDecay) else dec
         if not (math.isfinite(lr) and (lr > 0 or (self.zero_lr and lr == 0))):
-            raise ValueError(f"{self.owner}: lr={lr!r} must be a positive finite learning rate η.")
+            hint = (
+                " The optimizer's lr is 0 now (a warmup from 0?): pass lr=η, the learning rate "
+                "whose equilibrium is sought (e.g. the warmup's peak), with the optimizer for "
+                "its state."
+                if lr == 0 and self.optimizer is not None
+                else ""
+            )
+            raise ValueError(
+                f"{self.owner}: lr={lr!r} must be a positive finite learning rate η.{hint}"
+            )
         if not (math.isfinite(gamma) and gamma >= 0):
             raise ValueError(
                 f"{self.owner}: weight_decay={gamma!r} must be a finite γ >= 0 (γ of γ‖θ‖²; "
