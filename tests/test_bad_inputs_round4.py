@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from torch import Tensor, nn
@@ -378,3 +379,49 @@ def test_scale_invariance_of_a_module_is_named() -> None:
     m, _, _, _ = _mlp()
     with pytest.raises(nf.SymmetryDefinitionError, match=r"takes parameters.*got a Linear.*weight"):
         nf.ScaleInvariance(m[0])  # type: ignore[arg-type]
+
+
+# -- sharpness on a batch whose labels are among the inputs --------------------------------------
+def test_monitor_sharpness_takes_a_dict_batch_without_targets() -> None:
+    """mon.step(loss, inputs=batch) with the labels in the batch (targets=None, loss_fn on
+    out.loss, as documented for Hugging Face models) was refused as "needs a batch"."""
+    torch.manual_seed(0)
+    m = _Tok().to(DT)
+    ids = torch.randint(0, 50, (8, 12))
+    syms = nf.find_symmetries(m, ids)
+
+    class Wrap(nn.Module):  # a model taking keyword inputs and returning its own loss
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = m
+
+        def forward(self, input_ids: Tensor, labels: Tensor) -> Tensor:
+            out = self.inner(input_ids)
+            return nn.functional.cross_entropy(out.flatten(0, 1), labels.flatten())
+
+    w = Wrap()
+    batch = {"input_ids": ids, "labels": ids % 4}
+    sh = nf.SharpnessOptions(n_samples=2, max_iter=3)
+    opts = {"distance": False, "sharpness": sh, "loss_fn": lambda out, _: out}
+    mon = nf.NoetherMonitor(w, syms, every=1, lr=0.1, batch_size=8, **opts)
+    with mon.track():
+        loss = w(**batch)
+        loss.backward()
+    row = mon.step(loss, inputs=batch)
+    assert row is not None and np.isfinite(row["sharpness/trace"])
+    with mon.track():
+        w(**batch).backward()
+    with pytest.raises(ValueError, match=r"needs a batch"):
+        mon.step(w(**batch))  # no inputs at all: still refused
+
+
+@pytest.mark.parametrize("estimator", ["reference", "microbatch"])
+def test_trainer_callback_refuses_a_batch_estimator_when_built(estimator: str) -> None:
+    """Accepted, then every run stopped at step 0 asking for mon.step(inputs=...), which the
+    callback (not the user) calls."""
+    pytest.importorskip("transformers")
+    from noetherflow.integrations.transformers import NoetherTrainerCallback
+
+    with pytest.raises(ValueError, match=rf"estimator='{estimator}'.*hooks"):
+        NoetherTrainerCallback(every=1, estimator=estimator, loss_fn=lambda out, _: out.loss)
+    NoetherTrainerCallback(every=1, estimator="hooks")  # the default, said explicitly

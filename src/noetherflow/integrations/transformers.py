@@ -81,6 +81,15 @@ class NoetherTrainerCallback(TrainerCallback):
                 f"NoetherTrainerCallback: {taken} are read from the Trainer (its optimizer and "
                 "TrainingArguments); drop them."
             )
+        est = monitor_options.get("estimator", "hooks")
+        if est != "hooks":
+            raise ValueError(
+                f"NoetherTrainerCallback(estimator={est!r}): the Trainer does not hand its "
+                "batches to callbacks, so the statistics come from its own backward passes: "
+                "estimator='hooks' (the default). For a model the hooks cannot read (BatchNorm "
+                "in training mode), run NoetherMonitor in your own loop with mon.step(loss, "
+                "inputs=x, targets=y)."
+            )
         self.options = dict(monitor_options)
         self.distance, self.log_options = take_options(self.options, "NoetherTrainerCallback")
         who = "NoetherTrainerCallback"

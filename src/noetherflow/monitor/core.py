@@ -543,7 +543,7 @@ class NoetherMonitor:
 
         if self.probe is not None:
             inputs, targets = self.probe
-        if inputs is None or targets is None:
+        if inputs is None:  # targets may be None: a loss_fn reading labels among the inputs
             raise ValueError(
                 "NoetherMonitor(sharpness=...) needs a batch: pass probe=(x, y) to the monitor or "
                 "mon.step(loss, inputs=x, targets=y)."
