@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor, fx, nn
 
 from noetherflow.symmetry._fx.biases import bias_add
-from noetherflow.symmetry._fx.concat import cat_of_flows, cat_with_others
+from noetherflow.symmetry._fx.concat import blank_parts
 from noetherflow.symmetry._fx.flows import (
     Arrival,
     _arrival,
@@ -405,10 +405,11 @@ def _step(
             return None
         if t is torch.cat and _cat_with_empty(node, ins, info):
             return _Flow(idx0, mode, heads, via)
-        if t is torch.cat and len(ins) > 1 and cat_of_flows(node, ins):
-            return moved()  # the parts of one layer's output put back together (partial rotary)
         if t is torch.cat:
-            return cat_with_others(node, ins, flows, mode, heads, via, info, stop, name)
+            # the parts of one layer's output put back together (partial rotary) keep their
+            # features; another layer's parts are blank
+            subst.update(blank_parts(node, subst, info))
+            return moved()
         if kind == "rotary":
             return _rotary(node, ins, flows, mode, heads, via, info, stop)
         if kind == "homogeneous":
