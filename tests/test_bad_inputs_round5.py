@@ -2,7 +2,9 @@
 
 Each test failed on the code before its fix: a string ``lr="0.1"`` (a value read unparsed from
 a config file) was converted by ``float()`` wherever a learning rate, a batch size or a weight
-decay is taken, and a bool was a batch size of 1.
+decay is taken, and a bool was a batch size of 1; a symmetry given twice to one
+``SymmetrySet`` (the same object, or an equal one on the same parameters) was kept, its charge
+and flow counted twice.
 """
 
 from __future__ import annotations
@@ -105,3 +107,54 @@ def test_theory_and_simulator_hyperparameters_refuse_strings() -> None:
         _check_float("lr", "0.1", positive=True)
     with pytest.raises(TypeError, match=r"lr='0.1' is a str.*pass lr=0.1"):
         _check_positive("lr", "0.1")  # type: ignore[arg-type]
+
+
+# -- a symmetry twice in one set -----------------------------------------------------------------
+def test_the_same_symmetry_twice_is_refused() -> None:
+    m, _, _, _ = _mlp()
+    r = nf.Rescaling(m[0], m[2])
+    with pytest.raises(ValueError, match=r"symmetry 1 \('rescaling1', rescaling .*\) is the same"):
+        nf.SymmetrySet([r, r])
+    s = nf.SymmetrySet([r])
+    with pytest.raises(nf.SymmetryDefinitionError, match=r"same object as 'rescaling0'.*Drop"):
+        s.add(r)
+    assert len(s) == 1
+
+
+def test_an_equal_symmetry_on_the_same_parameters_is_refused() -> None:
+    m, _, _, _ = _mlp()
+    with pytest.raises(
+        ValueError, match=r"same parameters with the same generator as 'rescaling0'"
+    ):
+        nf.SymmetrySet([nf.Rescaling(m[0], m[2]), nf.Rescaling(m[0], m[2])])
+    with pytest.raises(ValueError, match=r"\('b'\) acts on the same .* as 'a'"):
+        nf.SymmetrySet([nf.Rescaling(m[0], m[2], label="a"), nf.Rescaling(m[0], m[2], label="b")])
+    w = [m[0].weight, m[0].bias]
+    with pytest.raises(ValueError, match="same generator"):
+        nf.SymmetrySet([nf.ScaleInvariance(w), nf.ScaleInvariance(w)])
+    with pytest.raises(ValueError, match="same generator"):
+        nf.SymmetrySet([nf.DoubleRotation(m[0], m[2]), nf.DoubleRotation(m[0], m[2])])
+    # other generators on the same parameters are distinct symmetries
+    assert (
+        len(nf.SymmetrySet([nf.ScaleInvariance(w), nf.ScaleInvariance(w, per_channel=True)])) == 2
+    )
+    # a dense generator is compared by object only: its signature leaves the matrix out
+    a = torch.zeros(8, 8, dtype=DT)
+    a[0, 1] = a[1, 0] = 1.0
+    d = nf.DenseSymmetry([m[0].bias], a)
+    with pytest.raises(ValueError, match="same object"):
+        nf.SymmetrySet([d, d])
+
+
+def test_sets_of_copies_and_detection_keep_their_symmetries_once() -> None:
+    import copy
+    import pickle
+
+    m, syms, x, _ = _mlp()
+    for other in (copy.deepcopy(syms), pickle.loads(pickle.dumps(syms))):
+        assert other.names == syms.names
+        with pytest.raises(ValueError, match="same generator"):
+            other.add(copy.copy(other[0]))
+    found = nf.find_symmetries(m, x)
+    with pytest.raises(ValueError, match="same generator"):
+        nf.SymmetrySet([*found, *nf.find_symmetries(m, x)])  # a set concatenated with itself

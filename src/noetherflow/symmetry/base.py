@@ -234,6 +234,11 @@ class Symmetry(ABC):
     #: Exact only as the eps of the normalisation it feeds → 0: verification measures it on a
     #: copy with eps = 0, and a teleport's move is bounded by eps.
     needs_zero_eps: ClassVar[bool] = False
+    #: :meth:`signature` determines the generator (its parameters, axes, blocks, slices):
+    #: two symmetries of the class with equal signatures are one symmetry, which a
+    #: :class:`~noetherflow.SymmetrySet` refuses twice. False where the signature leaves the
+    #: generator out (a dense generator's matrix): only the same object is then a repeat.
+    signature_is_generator: ClassVar[bool] = False
 
     def __init__(self, *, label: str | None = None) -> None:
         self.label = label
@@ -362,6 +367,16 @@ class Symmetry(ABC):
         compare symmetry sets across DDP ranks.
         """
         return (self.family.value, tuple(names[id(p)] for p in self.params))
+
+    def generator_key(self) -> tuple[Any, ...] | None:
+        """Equal for two symmetries with the same generator on the same parameter objects.
+
+        ``(class, signature)`` with the parameters named by identity, where the signature
+        determines the generator (``signature_is_generator``); None where it does not.
+        """
+        if not self.signature_is_generator:
+            return None
+        return (type(self).__qualname__, self.signature({id(p): str(id(p)) for p in self.params}))
 
 
 class DiagonalSymmetry(Symmetry):

@@ -46,6 +46,7 @@ class ChannelRescaling(DiagonalSymmetry):
     """
 
     family: ClassVar[Family] = Family.RESCALING
+    signature_is_generator: ClassVar[bool] = True
 
     def __init__(
         self, up: Sequence[DiagonalTerm], down: Sequence[DiagonalTerm], *, label: str | None = None

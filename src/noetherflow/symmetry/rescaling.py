@@ -69,6 +69,7 @@ class Rescaling(DiagonalSymmetry):
     """
 
     family: ClassVar[Family] = Family.RESCALING
+    signature_is_generator: ClassVar[bool] = True
 
     def __init__(
         self,

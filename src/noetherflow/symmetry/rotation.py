@@ -158,6 +158,7 @@ class DoubleRotation(Symmetry):
     """
 
     family: ClassVar[Family] = Family.ROTATION
+    signature_is_generator: ClassVar[bool] = True
 
     @override
     def acted_axes(self) -> list[tuple[nn.Parameter, int | None]]:

@@ -82,6 +82,7 @@ class ScaleInvariance(DiagonalSymmetry):
     """
 
     family: ClassVar[Family] = Family.SCALE
+    signature_is_generator: ClassVar[bool] = True
     scale_invariant: ClassVar[bool] = True
     needs_zero_eps: ClassVar[bool] = True
 

@@ -69,6 +69,7 @@ class SymmetrySet:
         self._syms: list[Symmetry] = []
         self._names: list[str] = []
         self._params: list[nn.Parameter] | None = None
+        self._keys: dict[tuple[Any, ...], str] | None = None
         self.verification: dict[str, VerifyResult] = {}
         # Filled by nf.find_symmetries: what detection learnt, and parameter names so that
         # to_dict()/table() name parameters without being given the model.
@@ -85,6 +86,7 @@ class SymmetrySet:
         # the weak reference to the model does not pickle; a loaded set has no probe model
         state = dict(self.__dict__)
         state["model_ref"] = None
+        state["_keys"] = None  # keyed by parameter ids: those of the copy differ
         return state
 
     def add(self, sym: Symmetry) -> None:
@@ -95,13 +97,50 @@ class SymmetrySet:
                 "nf.Rescaling, nf.ScaleInvariance, nf.DoubleRotation or nf.DenseSymmetry."
             )
         name = sym.label or f"{sym.family.value}{len(self._syms)}"
+        self._refuse_repeat(sym, name)
         if name in self._names:
             raise SymmetryDefinitionError(
                 f"SymmetrySet: duplicate name {name!r}; give unique labels."
             )
+        key = sym.generator_key()
         self._syms.append(sym)
         self._names.append(name)
         self._params = None
+        if key is not None:
+            self._generator_keys()[key] = name
+
+    def _generator_keys(self) -> dict[tuple[Any, ...], str]:
+        """Generator key → name of the symmetries in the set (built again after a copy)."""
+        keys: dict[tuple[Any, ...], str] | None = getattr(self, "_keys", None)
+        if keys is None:
+            keys = {}
+            for n, s in zip(self._names, self._syms, strict=True):
+                k = s.generator_key()
+                if k is not None:
+                    keys.setdefault(k, n)
+            self._keys = keys
+        return keys
+
+    def _refuse_repeat(self, sym: Symmetry, name: str) -> None:
+        """A symmetry already in the set (the object, or its generator on the same parameters).
+
+        A repeat counts its charge, flow and teleport twice and makes the joint solve
+        degenerate (one generator twice), so it is refused rather than kept.
+        """
+        same = next((n for n, s in zip(self._names, self._syms, strict=True) if s is sym), None)
+        how = "is the same object as"
+        if same is None:
+            key = sym.generator_key()
+            same = None if key is None else self._generator_keys().get(key)
+            how = "acts on the same parameters with the same generator as"
+        if same is not None:
+            what = repr(name) if sym.label else f"{name!r}, {sym.describe()}"
+            raise SymmetryDefinitionError(
+                f"SymmetrySet: symmetry {len(self._syms)} ({what}) {how} "
+                f"{same!r}; a set holds each symmetry once (a repeat would count its charge "
+                "and flow twice and give the solver one direction twice). Drop the repeat, e.g. "
+                "build the set from a list without duplicates."
+            )
 
     def __iter__(self) -> Iterator[Symmetry]:
         return iter(self._syms)
