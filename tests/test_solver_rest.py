@@ -77,7 +77,7 @@ def test_the_first_step_measures_its_flow_before_its_move() -> None:
     first = k.solve([r], values, st, nm, {r: "r"}, opts)
     assert first.before is not None and first.before > 1e-3  # away from its equilibrium
     assert first.progress < 1e-12  # its own Newton converged
-    (_, lam), = first.steps
+    ((_, lam),) = first.steps
     r.act_(lam, values)
     with torch.no_grad():
         for p in r.params:
