@@ -8,6 +8,7 @@ the fix, in one wording.
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from enum import Enum
@@ -22,6 +23,7 @@ __all__ = [
     "batch_statistics",
     "instance_statistics",
     "check_bool",
+    "check_decay_type",
     "check_finite_model",
     "check_finite_number",
     "check_instance",
@@ -30,6 +32,7 @@ __all__ = [
     "check_nonnegative_int",
     "check_positive",
     "check_positive_int",
+    "check_real",
     "check_seed",
     "check_spd",
     "check_stats_cover",
@@ -59,16 +62,62 @@ def parse_enum(cls: type[E], value: object, name: str, hint: str = "") -> E:
         raise ValueError(f"{name}={value!r} is not supported; expected {allowed}.") from None
 
 
-def check_finite_number(value: object, name: str, meaning: str = "") -> float:
-    """``float(value)`` if it is a finite real number, else a ``ValueError`` (a bool is not)."""
+def _string_fix(value: object, name: str, integer: bool) -> str:
+    """For a string that reads as a number, the call that passes the number itself."""
+    if isinstance(value, str):
+        try:
+            v = float(value)
+        except ValueError:
+            return ""
+        shown = int(v) if integer and v.is_integer() else v
+        return f"; pass {name}={shown!r} (a number, not a string)"
+    return ""
+
+
+_INT_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
+
+
+def check_real(
+    value: object, name: str, meaning: str = "", expected: str = "a real number"
+) -> float:
+    """``float(value)`` for a real number, else a ``TypeError`` naming the value and its type.
+
+    A real number: a Python or NumPy int/float (``numbers.Real``), or a 0-d real tensor or
+    array. A string (``lr="0.1"``), ``None`` and a bool are refused rather than converted:
+    ``float("0.1")`` silently accepts a value read from a config file unparsed, and a bool is
+    an ``int`` to Python but never a learning rate or a batch size.
+    """
     if isinstance(value, bool | np.bool_):
-        raise ValueError(f"{name}={value!r} is a bool; expected a finite real{_of(meaning)}.")
-    try:
-        v = float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        raise ValueError(
-            f"{name}={value!r} is not a number; expected a finite real{_of(meaning)}."
-        ) from None
+        raise TypeError(f"{name}={value!r} is a bool; expected {expected}{_of(meaning)}.")
+    if isinstance(value, numbers.Real):
+        return float(value)
+    if isinstance(value, Tensor) and value.dim() == 0:
+        if not (value.dtype.is_floating_point or value.dtype in _INT_DTYPES):
+            raise TypeError(
+                f"{name}={value!r} is a {value.dtype} tensor; expected {expected}{_of(meaning)}."
+            )
+        return float(value)
+    if isinstance(value, np.ndarray) and value.ndim == 0 and value.dtype.kind in "iuf":
+        return float(value)
+    raise TypeError(
+        f"{name}={value!r:.60} is a {type(value).__name__}; expected {expected}"
+        f"{_of(meaning)}{_string_fix(value, name, 'integer' in expected)}."
+    )
+
+
+def check_decay_type(value: object, name: str = "weight_decay") -> None:
+    """Refuse a string ``weight_decay``, which ``float()`` would read (``"1e-4"`` → 1e-4).
+
+    Numbers, mappings and ``ParamDecay`` are checked where the decay is parsed; only the
+    string, which that parse would convert silently, is refused here.
+    """
+    if isinstance(value, str | bytes):
+        check_real(value, name, "γ of γ‖θ‖², or a mapping parameter → γ")
+
+
+def check_finite_number(value: object, name: str, meaning: str = "") -> float:
+    """``float(value)`` if it is a finite real number (:func:`check_real`), else an error."""
+    v = check_real(value, name, meaning)
     if not math.isfinite(v):
         raise ValueError(f"{name}={value!r} is not finite; expected a finite real{_of(meaning)}.")
     return v
@@ -93,12 +142,7 @@ def check_nonnegative(value: object, name: str, meaning: str = "", fix: str = ""
 def check_positive_int(value: object, name: str, meaning: str = "") -> int:
     """An integer ``value >= 1`` (Python, NumPy or integral float), else a ``ValueError``."""
     bad = ValueError(f"{name}={value!r} must be a positive integer{_of(meaning)}.")
-    if isinstance(value, bool):
-        raise bad
-    try:
-        v = float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        raise bad from None
+    v = check_real(value, name, meaning, "a positive integer")
     if not math.isfinite(v) or not v.is_integer() or v < 1:
         raise bad
     return int(v)
@@ -106,7 +150,8 @@ def check_positive_int(value: object, name: str, meaning: str = "") -> int:
 
 def check_nonnegative_int(value: object, name: str, meaning: str = "") -> int:
     """An integer ``value >= 0`` (Python, NumPy or integral float), else a ``ValueError``."""
-    if isinstance(value, int | np.integer) and not isinstance(value, bool) and value == 0:
+    check_real(value, name, meaning, "an integer >= 0")
+    if isinstance(value, int | np.integer) and value == 0:
         return 0
     try:
         return check_positive_int(value, name, meaning)

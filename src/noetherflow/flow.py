@@ -20,7 +20,12 @@ import torch
 from torch import Tensor, nn
 
 from noetherflow import _shard
-from noetherflow._checks import check_finite_number, check_instance, check_stats_cover
+from noetherflow._checks import (
+    check_decay_type,
+    check_finite_number,
+    check_instance,
+    check_stats_cover,
+)
 from noetherflow._deprecate import is_old_model_call, warn_model
 from noetherflow.kernels import kernel_for
 from noetherflow.kernels.decay import ParamDecay, decay_cross, parse_decay
@@ -113,6 +118,7 @@ def noether_flow(
             f"noether_flow: noise is a {type(noise).__name__}; expected a NoiseModel, e.g. "
             "nf.NoiseModel.create(lr=..., batch_size=...)."
         )
+    check_decay_type(weight_decay)  # parse_decay would read "0.1" as 0.1
     nm = resolve_noise(
         noise,
         lr=lr,
@@ -176,6 +182,7 @@ def exact_step_charges(
     """
     check_instance(syms, SymmetrySet, "exact_step_charges: syms", "a SymmetrySet")
     lr = check_finite_number(lr, "lr", "the learning rate η")
+    check_decay_type(weight_decay)
     dec = parse_decay(weight_decay)
     if isinstance(dec, ParamDecay):
         dec.check_covers(syms.params(), "exact_step_charges")

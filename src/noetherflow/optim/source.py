@@ -35,6 +35,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from noetherflow._checks import check_decay_type, check_real
 from noetherflow.kernels.decay import ParamDecay, parse_decay
 from noetherflow.optim.groups import groups_holding, unwrap
 
@@ -231,6 +232,9 @@ class HyperSource:
                 f"{owner}: the learning rate is missing; pass optimizer=opt (η and γ are then "
                 "read from its param groups at every record) or lr=η (and weight_decay=γ)."
             )
+        if lr is not None:
+            lr = check_real(lr, "lr", "the learning rate η")
+        check_decay_type(weight_decay)
         adam = adaptive and is_adaptive(optimizer)
         # η = 0 is a step of a schedule (an optimizer's warmup, mon.lr set later), not a
         # learning rate to build on: refused when given by hand at construction

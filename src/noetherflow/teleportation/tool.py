@@ -41,9 +41,11 @@ from torch import Tensor, nn
 
 from noetherflow._checks import (
     check_bool,
+    check_decay_type,
     check_instance,
     check_model_and_set,
     check_positive_int,
+    check_real,
     parse_enum,
 )
 from noetherflow._inputs import Probe
@@ -246,7 +248,8 @@ class EquilibriumTeleport:
                 f"EquilibriumTeleport: weight_decay={weight_decay!r} was given without lr; set "
                 "both by hand (lr=η, weight_decay=γ) or neither (both read from the optimizer)."
             )
-        self._lr_arg = None if lr is None else float(lr)
+        self._lr_arg = None if lr is None else check_real(lr, "lr", "the learning rate η")
+        check_decay_type(weight_decay)
         self._wd_arg = None if weight_decay is None else parse_decay(weight_decay)
         self.batch_size = check_positive_int(batch_size, "batch_size", "the SGD batch size S")
         self.every = None if every is None else int(every)

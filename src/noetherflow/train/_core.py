@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from noetherflow._checks import check_real
 from noetherflow._divergence import DivergenceTracker, all_finite
 from noetherflow.stats.reference import per_sample_grads_and_losses
 
@@ -398,10 +399,7 @@ def _check_positive_int(name: str, value: object, *, minimum: int = 1) -> int:
 
 
 def _check_float(name: str, value: object, *, positive: bool = False) -> float:
-    try:
-        v = float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        raise ValueError(f"{name}={value!r}, expected a float.") from None
+    v = check_real(value, name)  # a string or a bool: a TypeError, not float("0.1")
     if not math.isfinite(v) or (positive and v <= 0):
         what = "a finite float > 0" if positive else "a finite float"
         raise ValueError(f"{name}={value!r}, expected {what}.")

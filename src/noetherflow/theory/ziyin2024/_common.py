@@ -8,6 +8,8 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from noetherflow._checks import check_real
+
 # Independent of the library (an oracle): plain Literals, named apart from nf.TimeModel and
 # nf.Reduction (this one also has "half_sum", the ½Σ convention of some closed forms).
 TimeScale = Literal["continuous", "discrete"]
@@ -24,6 +26,7 @@ def _check_time(time: str) -> None:
 
 
 def _check_positive(name: str, value: float, *, allow_zero: bool = False) -> None:
+    check_real(value, name)  # a string or a bool: a TypeError naming it
     ok = value >= 0 if allow_zero else value > 0
     if not (ok and math.isfinite(value)):
         bound = "≥ 0" if allow_zero else "> 0"
