@@ -25,7 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from noetherflow.kernels import kernel_for, kernels_of
-from noetherflow.kernels.base import transport_cotangent
+from noetherflow.kernels.base import GroupSolve, transport_cotangent
 from noetherflow.stats.core import GradStats
 from noetherflow.stats.sample_factors import HeldSamples, SampleFactors
 from noetherflow.symmetry.base import Symmetry
@@ -34,6 +34,7 @@ from noetherflow.symmetry.set import SymmetrySet
 __all__ = [
     "Step",
     "accelerated",
+    "at_rest",
     "coupled_samples",
     "covariant",
     "factored",
@@ -42,6 +43,7 @@ __all__ = [
     "parallel",
     "plan_sweep",
     "sequential_sweeps",
+    "steps_apart",
     "sweep_options",
 ]
 
@@ -165,6 +167,33 @@ def plan_sweep(
     if run:
         steps.append(Step(kernel_for(run[0]), run, len(run) > 1))
     return steps
+
+
+def steps_apart(groups: list[Step], touches: Mapping[Symmetry, Sequence[Symmetry]]) -> bool:
+    """Whether the steps after the first act on no common coordinate (none moves another's)."""
+    seen: dict[Symmetry, int] = {}
+    for j, step in enumerate(groups[1:]):
+        for s in step.members:
+            seen[s] = j
+    return all(
+        seen.get(t, j) == j for s, j in seen.items() for t in touches.get(s, ()) if t is not s
+    )
+
+
+def at_rest(res: GroupSolve, settled: float | None, stop: float) -> bool:
+    """Whether a sweep's first step found the state the last sweep left at equilibrium.
+
+    ``res``: that step's solve (its ``before``: its flow there); ``settled``: the largest
+    flow the last sweep's later steps left (None: no such sweep, or its steps may move one
+    another's coordinates).
+    """
+    return (
+        settled is not None
+        and settled <= stop
+        and res.before is not None
+        and res.before <= stop
+        and not res.reports
+    )
 
 
 # -- what the sweeps hold and move ------------------------------------------------------

@@ -20,6 +20,7 @@ remaining directions.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from functools import partial
@@ -40,12 +41,14 @@ from noetherflow._errors import NonFiniteGradientError, StatisticsError
 from noetherflow._sweep_plan import (
     Step,
     accelerated,
+    at_rest,
     coupled_samples,
     covariant,
     move,
     move_disjoint,
     parallel,
     plan_sweep,
+    steps_apart,
 )
 from noetherflow._threads import side_by_side
 from noetherflow.kernels import (
@@ -455,9 +458,11 @@ def _solve_block(
         move_disjoint(k, moves, values, samples, cur.displacement, cur.mean, read)
 
     own_iterations: list[int] = []
-    done, sweep = False, 0
+    done, sweep, stop = False, 0, max(tol, 1e-10)
+    apart = coupled and steps_apart(groups, touches)
+    settled: float | None = None  # the largest flow the last sweep's later steps left
     for sweep in range(1, (max_sweeps if coupled else 1) + 1):
-        worst = 0.0
+        worst, rest = 0.0, 0.0
         for i, step in enumerate(groups):
             k, members = step.kernel, step.members
             start = _point(members, out.totals) if accel is not None and i == 0 else None
@@ -471,6 +476,15 @@ def _solve_block(
                     del stale[s]
             solve = k.solve_disjoint if step.disjoint else k.solve
             res = solve(members, values, cur, nm, names, opts)
+            if i == 0 and at_rest(res, settled, stop):
+                # where the last sweep left the values, every flow is at most tol: the first
+                # step measured its own, and the later ones, touching one another nowhere,
+                # were solved exactly with nothing moved after them. Stop without moving.
+                out.residual.update({names[s]: cast(float, res.before) for s in members})
+                worst, done = max(cast(float, res.before), cast(float, settled)), True
+                break
+            if i > 0:  # a direction at infinity left a flow: not at rest
+                rest = max(rest, *res.residual.values(), math.inf if res.reports else 0.0)
             if not coupled:
                 if res.converged is not None:
                     out.converged = out.converged and res.converged
@@ -494,9 +508,12 @@ def _solve_block(
                     after = _point(members, out.totals)
                     for s, element in _split(members, accel.step(start, after) - after):
                         take(k, s, element)
+        if done:
+            break
         # later sweeps continue from the moved values: held generators move no more
         opts = replace(opts, init=None, fixed=_nomove(held))
-        done = worst <= max(tol, 1e-10)
+        settled = rest if apart else None
+        done = worst <= stop
         if coupled and done and sweep > 1:
             break
     out.progress = max(out.progress, worst)

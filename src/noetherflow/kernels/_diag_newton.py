@@ -316,8 +316,10 @@ def solve_diag(
     reported at infinity, and the directions at infinity are sought among the free ones only
     (a held generator adds a constant factor to its terms, which does not change F's recession
     cone). ``info`` (optional) receives the method used, the conjugate-gradient iterations and
-    whether the recession LP ran (``recession_lp``). Returns (λ ``[n]``, at-infinity reports,
-    one per symmetry, relative flow of the free generators, converged, iterations).
+    whether the recession LP ran (``recession_lp``) and the relative flow of the free
+    generators at the start (``initial_flow``, before any step). Returns (λ ``[n]``,
+    at-infinity reports, one per symmetry, relative flow of the free generators, converged,
+    iterations).
     """
     up, down = prob.sides()
     held = _held_mask(fixed, prob.n)
@@ -348,6 +350,8 @@ def solve_diag(
         info.update(method=used.value, cg_iterations=cg_iters, recession_lp=lp)
     converged, it, rel = True, 0, 0.0
     if not bool(free.any()):
+        if info is not None:
+            info["initial_flow"] = 0.0
         return lam, reports, 0.0, True, 0
     idx = free.nonzero().squeeze(1)
     all_free = bool(free.all())
@@ -359,6 +363,8 @@ def solve_diag(
         gf, sf = g[idx], scale[idx]
         active = sf > 0
         rel = float((gf.abs()[active] / sf[active]).max()) if bool(active.any()) else 0.0
+        if it == 1 and info is not None:
+            info["initial_flow"] = rel
         if rel <= tol:
             break
         stalled = stalled + 1 if rel > 0.5 * best else 0

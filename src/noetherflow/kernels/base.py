@@ -131,6 +131,9 @@ class GroupSolve:
         progress: the relative flow this step measured (the sweep's stopping measure).
         converged: the step's own convergence (None: it has none, e.g. a closed form).
         iterations: its own iteration count (None: not iterative).
+        before: the relative flow at the step's start, before its move, where the kernel
+            measured it (None: not measured). A coupled block's sweeps stop on it when the
+            rest of the last sweep left nothing to move (noetherflow/equilibrium.py).
     """
 
     steps: list[tuple[Symmetry, Any]] = field(default_factory=list)
@@ -139,6 +142,16 @@ class GroupSolve:
     progress: float = 0.0
     converged: bool | None = None
     iterations: int | None = None
+    before: float | None = None
+
+    def add(self, other: GroupSolve) -> None:
+        """Take ``other``'s steps, reports and residuals after these; the larger measures."""
+        self.steps.extend(other.steps)
+        self.reports.extend(other.reports)
+        self.residual.update(other.residual)
+        self.progress = max(self.progress, other.progress)
+        if self.before is not None:
+            self.before = None if other.before is None else max(self.before, other.before)
 
 
 # -- the kernel ----------------------------------------------------------------------------
@@ -266,13 +279,9 @@ class Kernel(ABC, Generic[S, B]):
         What :meth:`solve` gives one at a time, as they do not interact; kernels with
         ``batchable`` override it with one batched step.
         """
-        out = GroupSolve()
+        out = GroupSolve(before=0.0)
         for s in syms:
-            one = self.solve([s], values, stats, nm, names, opts)
-            out.steps.extend(one.steps)
-            out.reports.extend(one.reports)
-            out.residual.update(one.residual)
-            out.progress = max(out.progress, one.progress)
+            out.add(self.solve([s], values, stats, nm, names, opts))
         return out
 
     def act_disjoint_(

@@ -526,6 +526,7 @@ class DiagonalKernel(Kernel[DiagonalSymmetry, DiagonalStats]):
                 fixed = torch.full((prob.n,), float("nan"), dtype=torch.float64)
             fixed[free] = 0.0  # left unmoved, reported below
         own: DiagonalSettings = opts.of(self)
+        info: dict[str, Any] = {}
         lam, reps, rel, ok, its = solve_diag(
             prob,
             names,
@@ -534,10 +535,17 @@ class DiagonalKernel(Kernel[DiagonalSymmetry, DiagonalStats]):
             init=init,
             method=NewtonMethod(own.solver),
             fixed=fixed,
+            info=info,
         )
         if runoff is not None and bool(runoff.ne(0).any()):
             reps = _cross_reports(syms, prob.offsets, names, runoff, reps)
-        out = GroupSolve(reports=reps, progress=rel, converged=ok, iterations=its)
+        out = GroupSolve(
+            reports=reps,
+            progress=rel,
+            converged=ok,
+            iterations=its,
+            before=info.get("initial_flow"),
+        )
         for ds in syms:
             off = prob.offsets[ds]
             sl = lam[off : off + ds.num_generators].to(ds.params[0].device)

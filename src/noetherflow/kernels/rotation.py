@@ -364,7 +364,7 @@ class RotationKernel(Kernel[DoubleRotation, RotationStats]):
             else:
                 g, nb, pre, res = _solve_rotation(x, y, rtol=own.rtol_singular, ridge=own.ridge)
             negative = nb is not None and nb.shape[1] > 0 and _negative(x, y, own.rtol_singular)
-        out = GroupSolve(progress=pre if opts.coupled else res)
+        out = GroupSolve(progress=pre if opts.coupled else res, before=pre)
         if nb is not None and nb.shape[1] > 0:
             why = (
                 "no gradient noise and no weight-decay term on one side: the width exceeds "

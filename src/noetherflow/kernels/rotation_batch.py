@@ -140,19 +140,17 @@ def solve_disjoint(
                     solved[s] = (g[i], float(pre[i]), float(res[i]))
                 else:
                     single[s] = kernel.solve([s], values, stats, nm, names, opts)
-    out = GroupSolve()
+    out = GroupSolve(before=0.0)
     for s in syms:
         one = single.get(s)
         if one is not None:
-            out.steps.extend(one.steps)
-            out.reports.extend(one.reports)
-            out.residual.update(one.residual)
-            out.progress = max(out.progress, one.progress)
+            out.add(one)
             continue
         gs, before, after = solved[s]
         out.steps.append((s, gs.to(s.params[0].device)))
         out.residual[s] = after
         out.progress = max(out.progress, before if opts.coupled else after)
+        out.before = None if out.before is None else max(out.before, before)
     return out
 
 

@@ -1,0 +1,163 @@
+"""A coupled solve stops where the last sweep left every flow at tol (issue 28).
+
+A sweep's first step measures its flow before moving (``GroupSolve.before``); when the
+steps after it touch one another nowhere and each was solved exactly in the last sweep
+(nothing moved after it), that measurement and their residuals are every flow at the values
+the last sweep left, so the sweeps stop there without the rest of a sweep that only
+confirms. Pinned in float64: the measurement is the flow before the move (a second solve's
+measurement is the first's residual), the stop happens and saves the confirming sweep's
+later steps, the equilibrium is the one the full sweeps reach, the flows vanish after the
+teleport, and a plan whose later steps share coordinates never stops early.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from torch import Tensor, nn
+
+import noetherflow as nf
+import noetherflow.equilibrium as eq
+from noetherflow._sweep_plan import plan_sweep, steps_apart
+from noetherflow.kernels import kernel_for
+from noetherflow.kernels.base import StepOptions, overlaps_by_param
+from noetherflow.kernels.rotation import RotationKernel
+from noetherflow.symmetry.rotation import Block
+
+DT = torch.float64
+KW: dict[str, Any] = {"lr": 0.05, "batch_size": 8, "weight_decay": 1e-2}
+
+
+def _heads_and_rescaling(heads: int = 4) -> tuple[nn.Module, nf.SymmetrySet, Tensor, Tensor]:
+    """Linear(5, 6h) → Linear(6h, 6) → ReLU → Linear(6, 3): ``heads`` rotations of width 6
+    between the first two layers, a rescaling between the last two sharing the second
+    weight (a coupled block: one joint rescaling step, then a run of disjoint heads)."""
+    torch.manual_seed(0)
+    w = 6 * heads
+    m = nn.Sequential(nn.Linear(5, w), nn.Linear(w, 6), nn.ReLU(), nn.Linear(6, 3)).double()
+    rots = [
+        nf.DoubleRotation.from_blocks(
+            [Block(m[0].weight, 0, 6 * h, 6 * h + 6), Block(m[0].bias, 0, 6 * h, 6 * h + 6)],
+            [Block(m[1].weight, 1, 6 * h, 6 * h + 6)],
+            label=f"head{h}",
+        )
+        for h in range(heads)
+    ]
+    syms = nf.SymmetrySet([*rots, nf.Rescaling(m[1], m[3], label="r")])
+    x, y = torch.randn(40, 5, dtype=DT), torch.randn(40, 3, dtype=DT)
+    return m, syms, x, y
+
+
+def _stats(m: nn.Module, syms: nf.SymmetrySet, x: Tensor, y: Tensor) -> nf.GradStats:
+    return nf.collect_stats(m, syms, nn.MSELoss(), x, y, estimator="reference")
+
+
+def _count_rotation_steps(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    calls: list[int] = []
+    real = RotationKernel.solve_disjoint
+
+    def spy(self: RotationKernel, syms: Any, *a: Any, **k: Any) -> Any:
+        calls.append(len(syms))
+        return real(self, syms, *a, **k)
+
+    monkeypatch.setattr(RotationKernel, "solve_disjoint", spy)
+    return calls
+
+
+def test_the_first_step_measures_its_flow_before_its_move() -> None:
+    m, syms, x, y = _heads_and_rescaling()
+    st = _stats(m, syms, x, y)
+    (r,) = [s for s in syms if s.family.value == "rescaling"]
+    k = kernel_for(r)
+    values = {p: p.detach().clone() for p in r.params}
+    nm = nf.NoiseModel.create(**KW)
+    opts = StepOptions(coupled=True)
+    first = k.solve([r], values, st, nm, {r: "r"}, opts)
+    assert first.before is not None and first.before > 1e-3  # away from its equilibrium
+    assert first.progress < 1e-12  # its own Newton converged
+    ((_, lam),) = first.steps
+    r.act_(lam, values)
+    with torch.no_grad():
+        for p in r.params:
+            p.copy_(values[p])
+    again = k.solve([r], values, _stats(m, syms, x, y), nm, {r: "r"}, opts)
+    # measured before moving: at the moved values, fresh statistics, the first's residual
+    assert again.before is not None and again.before < 1e-11
+    assert not again.steps or float(again.steps[0][1].abs().max()) < 1e-10
+
+
+def test_a_solve_stops_where_the_last_sweep_left_no_flow(monkeypatch: pytest.MonkeyPatch) -> None:
+    m, syms, x, y = _heads_and_rescaling()
+    st = _stats(m, syms, x, y)
+    calls = _count_rotation_steps(monkeypatch)
+    # at this tolerance the rescaling's flow reaches tol a sweep before the heads' measure
+    opts = nf.SolveOptions(tol=1e-8)
+    sol = nf.solve_equilibrium(syms, st, options=opts, **KW)
+    rest = list(calls)
+    calls.clear()
+    with monkeypatch.context() as mp:
+        mp.setattr(eq, "at_rest", lambda *a: False)
+        full = nf.solve_equilibrium(syms, st, options=opts, **KW)
+    assert sol.converged and full.converged and sol.iterations == full.iterations > 2
+    # the last sweep stopped after its rescaling step: one batched head step fewer
+    assert len(rest) == len(calls) - 1
+    # the same equilibrium as the confirming sweep reaches: λ, and P = GGᵀ per head
+    for name, e in sol.elements.items():
+        e, f = torch.as_tensor(e), torch.as_tensor(full.elements[name])
+        if e.dim() == 2:
+            e, f = e @ e.T, f @ f.T
+        assert float((e - f).abs().max()) <= 1e-7 * max(float(f.abs().max()), 1.0), name
+    assert max(sol.residual.values()) <= 1e-8
+    # and every flow gone at the teleported model, from fresh statistics
+    before = nf.noether_flow(syms, st, **KW)
+    with torch.no_grad():
+        out0 = m(x).clone()
+    nf.teleport(m, sol)
+    with torch.no_grad():
+        assert float((m(x) - out0).abs().max()) < 1e-12 * float(out0.abs().max())
+    after = nf.noether_flow(syms, _stats(m, syms, x, y), **KW)
+    for key in before:
+        assert float(after[key].norm() / before[key].norm()) < 1e-7, key
+
+
+def _rotation_chain() -> tuple[nn.Module, nf.SymmetrySet, Tensor, Tensor]:
+    """Four linear layers, a GL(6) rotation between each consecutive pair: the second and
+    the third share the middle weight's coordinates (rows of one, columns of the other)."""
+    torch.manual_seed(1)
+    m = nn.Sequential(nn.Linear(5, 6), nn.Linear(6, 6), nn.Linear(6, 6), nn.Linear(6, 3))
+    m = m.double()
+    rots = [
+        nf.DoubleRotation.from_blocks(
+            [Block(m[i].weight, 0, 0, 6), Block(m[i].bias, 0, 0, 6)],
+            [Block(m[i + 1].weight, 1, 0, 6)],
+            label=f"rot{i}",
+        )
+        for i in range(3)
+    ]
+    x, y = torch.randn(40, 5, dtype=DT), torch.randn(40, 3, dtype=DT)
+    return m, nf.SymmetrySet(rots), x, y
+
+
+def test_later_steps_sharing_coordinates_never_stop_early(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _, heads, _, _ = _heads_and_rescaling()
+    touches = {s: list(v) for s, v in overlaps_by_param(list(heads)).items()}
+    assert steps_apart(plan_sweep(list(heads), touches), touches)
+    m, chain, x, y = _rotation_chain()
+    touches = {s: list(v) for s, v in overlaps_by_param(list(chain)).items()}
+    plan = plan_sweep(list(chain), touches)
+    assert len(plan) == 3 and not steps_apart(plan, touches)
+    st = _stats(m, chain, x, y)
+    stops: list[bool] = []
+    real = eq.at_rest
+
+    def spy(*a: Any) -> bool:
+        stops.append(real(*a))
+        return stops[-1]
+
+    monkeypatch.setattr(eq, "at_rest", spy)
+    sol = nf.solve_equilibrium(chain, st, **KW)
+    assert sol.converged and sol.iterations > 2 and stops and not any(stops)
