@@ -4,7 +4,8 @@ Each test failed on the code before its fix: a string ``lr="0.1"`` (a value read
 a config file) was converted by ``float()`` wherever a learning rate, a batch size or a weight
 decay is taken, and a bool was a batch size of 1; a symmetry given twice to one
 ``SymmetrySet`` (the same object, or an equal one on the same parameters) was kept, its charge
-and flow counted twice.
+and flow counted twice; ``estimator="microbatch"`` with micro-batches of one sample under a
+training-mode BatchNorm was refused only at the first record or teleport.
 """
 
 from __future__ import annotations
@@ -158,3 +159,30 @@ def test_sets_of_copies_and_detection_keep_their_symmetries_once() -> None:
     found = nf.find_symmetries(m, x)
     with pytest.raises(ValueError, match="same generator"):
         nf.SymmetrySet([*found, *nf.find_symmetries(m, x)])  # a set concatenated with itself
+
+
+# -- micro-batches of one sample under a training-mode BatchNorm -------------------------------
+def _bn_model() -> tuple[nn.Sequential, nf.SymmetrySet, Tensor, Tensor]:
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(4, 6), nn.BatchNorm1d(6), nn.ReLU(), nn.Linear(6, 3)).to(DT)
+    syms = nf.SymmetrySet([nf.ScaleInvariance([m[0].weight, m[0].bias], per_channel=True)])
+    return m.train(), syms, torch.randn(8, 4, dtype=DT), torch.randint(0, 3, (8,))
+
+
+def test_microbatch_of_one_under_batchnorm_is_refused_when_built() -> None:
+    m, syms, x, y = _bn_model()
+    loss = nn.CrossEntropyLoss()
+    msg = (
+        r"micro_batch_size=1 with BatchNorm in training mode \(module '1'\).*micro_batch_size >= 2"
+    )
+    kw: dict[str, Any] = {"lr": 0.1, "batch_size": 8, "estimator": "microbatch"}
+    with pytest.raises(nf.StatisticsError, match=msg):
+        nf.NoetherMonitor(m, syms, loss_fn=loss, micro_batch_size=1, distance=False, **kw)
+    with pytest.raises(nf.StatisticsError, match=msg):
+        nf.EquilibriumTeleport(m, syms, loss, micro_batch_size=1, **kw)
+    # the estimator itself says the same
+    with pytest.raises(nf.StatisticsError, match=msg):
+        nf.collect_stats(m, syms, loss, x, y, estimator="microbatch", micro_batch_size=1)
+    # micro-batches of two, or the BatchNorm in eval mode (running statistics), are taken
+    nf.NoetherMonitor(m, syms, loss_fn=loss, micro_batch_size=2, distance=False, **kw)
+    nf.NoetherMonitor(m.eval(), syms, loss_fn=loss, micro_batch_size=1, distance=False, **kw)

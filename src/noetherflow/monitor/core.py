@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from noetherflow._checks import check_bool, check_model_and_set
+from noetherflow._checks import check_bool, check_model_and_set, check_positive_int
 from noetherflow._threads import one_thread
 from noetherflow.flow import charges, noether_flow
 from noetherflow.kernels.noise import NoiseModel, check_decay
@@ -75,6 +75,7 @@ from noetherflow.stats.distributed import (
     unwrap_ddp,
 )
 from noetherflow.stats.fsdp import bind_sharded
+from noetherflow.stats.microbatch import check_micro_batch_size
 from noetherflow.stats.reference import check_no_train_batchnorm
 from noetherflow.symmetry.set import SymmetrySet
 from noetherflow.teleportation.optimizer_state import preserved
@@ -253,13 +254,17 @@ class NoetherMonitor:
                 f"estimator={estimator!r} is not supported; expected one of "
                 f"{[e.value for e in Estimator]}."
             ) from None
-        self.micro_batch_size = int(micro_batch_size)
+        self.micro_batch_size = check_positive_int(
+            micro_batch_size, "micro_batch_size", "samples per micro-batch"
+        )
         if self.estimator is not Estimator.HOOKS and loss_fn is None:
             raise ValueError(
                 f"estimator={self.estimator.value!r} computes the statistics from the batch and "
                 "needs loss_fn: pass NoetherMonitor(..., loss_fn=loss_fn) and call "
                 "mon.step(loss, inputs=x, targets=y)."
             )
+        if self.estimator is Estimator.MICROBATCH:  # here, not at the first record
+            check_micro_batch_size(unwrap_ddp(model), self.micro_batch_size)
         if self.estimator is Estimator.HOOKS:
             with monitor_advice():
                 check_no_train_batchnorm(unwrap_ddp(model), "hooks")

@@ -13,7 +13,24 @@ from noetherflow._errors import StatisticsError
 from noetherflow._inputs import ModelInputs
 from noetherflow.stats.reference import check_targets
 
-__all__ = ["microbatch_grads"]
+__all__ = ["check_micro_batch_size", "microbatch_grads"]
+
+
+def check_micro_batch_size(model: nn.Module, micro_batch_size: int) -> None:
+    """Refuse micro-batches of one sample on a model that normalises by the batch.
+
+    A training-mode BatchNorm (:func:`~noetherflow._checks.batch_statistics`) has no batch
+    statistics on one sample. Checked where the estimator runs and, earlier, where a monitor
+    or a teleporter is built with ``estimator="microbatch"``.
+    """
+    if micro_batch_size != 1:
+        return
+    coupled = next((n for n, mod in model.named_modules() if batch_statistics(mod)), None)
+    if coupled is not None:
+        raise StatisticsError(
+            f"micro_batch_size=1 with BatchNorm in training mode (module {coupled!r}): a "
+            "micro-batch of one has no batch statistics. Pass micro_batch_size >= 2."
+        )
 
 
 def microbatch_grads(
@@ -48,11 +65,7 @@ def microbatch_grads(
             f"micro_batch_size={m} does not split a batch of {n} into at least 2 equal "
             "micro-batches; pass a divisor of the batch size that is at most half of it."
         )
-    if m == 1 and any(batch_statistics(mod) for mod in model.modules()):
-        raise StatisticsError(
-            "micro_batch_size=1 with BatchNorm in training mode: a micro-batch of one has no "
-            "batch statistics. Pass micro_batch_size >= 2."
-        )
+    check_micro_batch_size(model, m)
     saved = {k: v.clone() for k, v in model.state_dict().items()}
     grads: list[tuple[Tensor, ...]] = []
     try:

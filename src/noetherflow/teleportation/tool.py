@@ -58,6 +58,7 @@ from noetherflow.stats.collect import check_params_of, collect_stats
 from noetherflow.stats.core import Estimator, parse_reduction, with_displacement
 from noetherflow.stats.distributed import unwrap_ddp
 from noetherflow.stats.fsdp import bind_sharded
+from noetherflow.stats.microbatch import check_micro_batch_size
 from noetherflow.symmetry.eps import EpsReport, check_tolerance
 from noetherflow.symmetry.set import SymmetrySet
 from noetherflow.teleportation.apply import teleport
@@ -266,6 +267,8 @@ class EquilibriumTeleport:
         self.micro_batch_size = check_positive_int(
             micro_batch_size, "micro_batch_size", "samples per micro-batch"
         )
+        if self.estimator == Estimator.MICROBATCH.value:  # not at the first teleport
+            check_micro_batch_size(unwrap_ddp(model), self.micro_batch_size)
         self.reduction = parse_reduction(reduction).value
         self.optimizer = optimizer
         self.optimizer_state = parse_enum(
