@@ -5,7 +5,9 @@ a config file) was converted by ``float()`` wherever a learning rate, a batch si
 decay is taken, and a bool was a batch size of 1; a symmetry given twice to one
 ``SymmetrySet`` (the same object, or an equal one on the same parameters) was kept, its charge
 and flow counted twice; ``estimator="microbatch"`` with micro-batches of one sample under a
-training-mode BatchNorm was refused only at the first record or teleport.
+training-mode BatchNorm was refused only at the first record or teleport;
+``NoetherMonitor(batch_size=32)`` on batches of 64 scaled the noise term η/S of every flow
+without a word.
 """
 
 from __future__ import annotations
@@ -186,3 +188,57 @@ def test_microbatch_of_one_under_batchnorm_is_refused_when_built() -> None:
     # micro-batches of two, or the BatchNorm in eval mode (running statistics), are taken
     nf.NoetherMonitor(m, syms, loss_fn=loss, micro_batch_size=2, distance=False, **kw)
     nf.NoetherMonitor(m.eval(), syms, loss_fn=loss, micro_batch_size=1, distance=False, **kw)
+
+
+# -- batch_size other than the samples the hooks count -------------------------------------------
+def _steps(mon: nf.NoetherMonitor, m: nn.Module, x: Tensor, y: Tensor, k: int = 1) -> None:
+    """Two recorded steps of ``len(x)`` samples each, in ``k`` accumulated micro-batches."""
+    for _ in range(2):
+        for xb, yb in zip(x.chunk(k), y.chunk(k), strict=True):
+            with mon.track():
+                (nn.functional.cross_entropy(m(xb), yb) / k).backward()
+        mon.step()
+        m.zero_grad(set_to_none=True)
+
+
+def _monitor(m: nn.Module, syms: nf.SymmetrySet, batch_size: int, **kw: Any) -> nf.NoetherMonitor:
+    return nf.NoetherMonitor(
+        m,
+        syms,
+        every=1,
+        lr=0.1,
+        batch_size=batch_size,
+        distance=False,
+        logging=nf.LogOptions(progress=False),
+        **kw,
+    )
+
+
+def test_batch_size_other_than_the_samples_seen_is_warned_once() -> None:
+    m, syms, x, y = _mlp()  # 16 samples a step
+    mon = _monitor(m, syms, 32)
+    with pytest.warns(UserWarning, match=r"batch_size=32\): record step 0 counted 16 samples") as w:
+        _steps(mon, m, x, y)
+    said = [str(r.message) for r in w if "counted" in str(r.message)]
+    assert len(said) == 1, said  # once, not at every record
+    assert "η/S of its flows and distances is 0.5×" in said[0]
+    assert "Pass batch_size=16, the samples per optimizer step" in said[0]
+    assert len(mon.history["step"]) == 2  # a warning, not an error: the records are kept
+
+
+def test_accumulated_batch_is_the_batch_size() -> None:
+    m, syms, x, y = _mlp()
+    _steps(_monitor(m, syms, 16), m, x, y, k=2)  # 2 × 8 samples, batch_size = 16: no warning
+    with pytest.warns(UserWarning, match=r"batch_size=8\).*counted 16 samples.*batch_size=16"):
+        _steps(_monitor(m, syms, 8), m, x, y, k=2)  # the micro-batch given
+
+
+def test_batch_estimators_count_the_samples_of_their_batch() -> None:
+    m, syms, x, y = _mlp()
+    loss = nn.CrossEntropyLoss()
+    for est, mb in (("reference", 1), ("microbatch", 4)):  # microbatch: 4 micro-batches of 4
+        mon = _monitor(m, syms, 16, estimator=est, micro_batch_size=mb, loss_fn=loss)
+        mon.step(loss(m(x), y), inputs=x, targets=y)
+        mon = _monitor(m, syms, 64, estimator=est, micro_batch_size=mb, loss_fn=loss)
+        with pytest.warns(UserWarning, match=r"batch_size=64\).*counted 16 samples"):
+            mon.step(loss(m(x), y), inputs=x, targets=y)

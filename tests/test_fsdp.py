@@ -40,7 +40,7 @@ fsdp = pytest.importorskip("torch.distributed.fsdp")
 
 DT = torch.float64
 SIZES = (5, 8)  # uneven local batches
-EVEN = 6  # the monitor's per-rank batch: FSDP's gradient is the mean of the ranks' means
+EVEN = 6  # the monitor's per-rank batch (S = 2 * EVEN): FSDP averages the ranks' means
 LR, S, WD, STEPS = 0.05, 13, 1e-3, 3
 LOSS = nn.functional.mse_loss
 
@@ -78,7 +78,7 @@ def _diagonal_rows(m: nn.Module, x: torch.Tensor, y: torch.Tensor, shard: bool) 
         syms,
         every=1,
         optimizer=opt,
-        batch_size=S,
+        batch_size=2 * EVEN,
         logging=nf.LogOptions(progress=False, tensorboard=False),
         distance=nf.DistanceOptions(every=1, solve_every=3),
     )
@@ -184,7 +184,7 @@ def _monitor(
         syms,
         every=1,
         optimizer=opt,
-        batch_size=S,
+        batch_size=2 * EVEN,
         logging=nf.LogOptions(progress=False, tensorboard=False),
         # one full (coupled, momentum) solve, on the first record
         distance=nf.DistanceOptions(every=STEPS, sweeps=None),
@@ -201,7 +201,7 @@ def _monitor(
         opt.zero_grad()
     mon.close()
     LOSS(m(x), y).backward()  # a .grad to transport with the momentum buffers
-    nf.EquilibriumTeleport(m, syms, LOSS, batch_size=S, optimizer=opt).teleport(x, y)
+    nf.EquilibriumTeleport(m, syms, LOSS, batch_size=2 * EVEN, optimizer=opt).teleport(x, y)
     return {
         "rows": rows,
         "params": {n: _whole(p) for n, p in m.named_parameters()},

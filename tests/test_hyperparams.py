@@ -54,7 +54,7 @@ def test_monitor_reads_lr_and_half_weight_decay_and_follows_a_schedule() -> None
         syms,
         every=1,
         optimizer=opt,
-        batch_size=8,
+        batch_size=24,
         logging=nf.LogOptions(progress=False),
         distance=nf.DistanceOptions(every=1, mode="solve"),
     )
@@ -66,8 +66,8 @@ def test_monitor_reads_lr_and_half_weight_decay_and_follows_a_schedule() -> None
             loss = F.mse_loss(m(x), y)
             loss.backward()
         stats = nf.collect_stats(m, syms, F.mse_loss, x, y, estimator="reference")
-        want = nf.noether_flow(syms, stats, lr=lrs[-1], batch_size=8, weight_decay=w / 2)
-        want_d = nf.solve_equilibrium(syms, stats, lr=lrs[-1], batch_size=8, weight_decay=w / 2)
+        want = nf.noether_flow(syms, stats, lr=lrs[-1], batch_size=24, weight_decay=w / 2)
+        want_d = nf.solve_equilibrium(syms, stats, lr=lrs[-1], batch_size=24, weight_decay=w / 2)
         row = mon.step(loss)
         assert row is not None
         got = torch.as_tensor(row["flow/rescaling0"])
@@ -89,7 +89,7 @@ def test_monitor_explicit_lr_still_settable_and_recorded() -> None:
     m, syms, x, y = problem()
     opt = torch.optim.SGD(m.parameters(), lr=0.1)
     mon = nf.NoetherMonitor(
-        m, syms, every=1, lr=0.1, batch_size=8, logging=nf.LogOptions(progress=False)
+        m, syms, every=1, lr=0.1, batch_size=24, logging=nf.LogOptions(progress=False)
     )
     run(mon, m, x, y, opt, 1)
     mon.lr = 0.2
@@ -182,12 +182,12 @@ def test_momentum_sgd_uses_the_momentum_noise_model(nesterov: bool, dampening: f
         syms,
         every=1,
         optimizer=opt,
-        batch_size=8,
+        batch_size=24,
         logging=nf.LogOptions(progress=False),
         time="discrete",
         distance=nf.DistanceOptions(every=1, mode="solve"),
     )
-    kw = {"lr": 0.05, "batch_size": 8, "weight_decay": w / 2, "time": "discrete"}
+    kw = {"lr": 0.05, "batch_size": 24, "weight_decay": w / 2, "time": "discrete"}
     mkw = {"momentum": beta, "nesterov": nesterov, "dampening": dampening}
     for _ in range(3):
         opt.zero_grad(set_to_none=True)
@@ -210,7 +210,7 @@ def test_momentum_sgd_uses_the_momentum_noise_model(nesterov: bool, dampening: f
         assert torch.allclose(got_d, want_d.double(), rtol=1e-8, atol=1e-12)
         opt.step()
     mon.close()
-    tp = nf.EquilibriumTeleport(m, syms, F.mse_loss, optimizer=opt, batch_size=8)
+    tp = nf.EquilibriumTeleport(m, syms, F.mse_loss, optimizer=opt, batch_size=24)
     read = tp.solve(x, y)
     stats = nf.collect_stats(m, syms, F.mse_loss, x, y, estimator="reference")
     ref = nf.solve_equilibrium(syms, stats, **kw, **mkw, options=nf.SolveOptions(displacement=opt))
@@ -278,7 +278,7 @@ def test_history_files_keep_lr(tmp_path) -> None:
         syms,
         every=1,
         optimizer=opt,
-        batch_size=8,
+        batch_size=24,
         logging=nf.LogOptions(log_dir=tmp_path, tensorboard=False),
     )
     run(mon, m, x, y, opt, 3, sched)

@@ -286,12 +286,12 @@ def test_monitor_track_mode_uses_the_cross_term() -> None:
         syms,
         every=1,
         optimizer=opt,
-        batch_size=8,
+        batch_size=40,
         logging=nf.LogOptions(progress=False),
         time="discrete",
         distance=nf.DistanceOptions(every=1, mode="track", solve_every=50),
     )
-    kw = {"lr": 0.05, "batch_size": 8, "weight_decay": 0.01, "time": "discrete", "momentum": 0.9}
+    kw = {"lr": 0.05, "batch_size": 40, "weight_decay": 0.01, "time": "discrete", "momentum": 0.9}
     for _ in range(6):
         opt.zero_grad(set_to_none=True)
         with mon.track():
@@ -352,7 +352,7 @@ def test_tools_can_drop_the_cross_term_and_say_why_directions_run_off() -> None:
     opts: dict[str, Any] = {
         "every": 1,
         "optimizer": opt,
-        "batch_size": 8,
+        "batch_size": 40,
         "logging": nf.LogOptions(progress=False),
     }
     mons = [
@@ -365,7 +365,7 @@ def test_tools_can_drop_the_cross_term_and_say_why_directions_run_off() -> None:
             loss = F.mse_loss(m(x), y)
             loss.backward()
         stats = nf.collect_stats(m, syms, F.mse_loss, x, y, estimator="reference")
-        kw = {**KW, "weight_decay": 0.01, "momentum": 0.9}
+        kw = {**KW, "batch_size": 40, "weight_decay": 0.01, "momentum": 0.9}
         with_v = nf.noether_flow(syms, stats, **kw, displacement=opt)["rot"].norm()
         without = nf.noether_flow(syms, stats, **kw)["rot"].norm()
         rows = [mon.step(loss) for mon in mons]

@@ -54,7 +54,7 @@ def test_record_matches_direct_api() -> None:
         syms,
         every=1,
         lr=LR,
-        batch_size=12,
+        batch_size=24,
         weight_decay=WD,
         full_matrices=True,
         logging=nf.LogOptions(progress=False),
@@ -67,8 +67,8 @@ def test_record_matches_direct_api() -> None:
     assert row is not None
     st = nf.collect_stats(m, syms, CE, x, y)
     ch = nf.charges(syms)
-    fl = nf.noether_flow(syms, st, lr=LR, batch_size=12, weight_decay=WD)
-    sol = nf.solve_equilibrium(syms, st, lr=LR, batch_size=12, weight_decay=WD)
+    fl = nf.noether_flow(syms, st, lr=LR, batch_size=24, weight_decay=WD)
+    sol = nf.solve_equilibrium(syms, st, lr=LR, batch_size=24, weight_decay=WD)
     np.testing.assert_allclose(row["loss"], float(loss.detach()), rtol=1e-14)
     np.testing.assert_allclose(row["charge/r"], ch["r"].numpy(), rtol=1e-12)
     np.testing.assert_allclose(row["flow/r"], fl["r"].numpy(), rtol=1e-9, atol=1e-14)
@@ -87,7 +87,7 @@ def test_hooks_only_on_record_steps() -> None:
         syms,
         every=3,
         lr=LR,
-        batch_size=12,
+        batch_size=24,
         logging=nf.LogOptions(progress=False),
         distance=False,
     )
@@ -240,7 +240,7 @@ def test_lightning_callback_hook_order(monkeypatch: pytest.MonkeyPatch) -> None:
 
     m, syms, x, y = problem()
     cb = NoetherCallback(
-        syms, every=2, lr=LR, batch_size=12, logging=nf.LogOptions(progress=False), distance=False
+        syms, every=2, lr=LR, batch_size=24, logging=nf.LogOptions(progress=False), distance=False
     )
     trainer = types.SimpleNamespace(accumulate_grad_batches=1, estimated_stepping_batches=4)
     opt = torch.optim.SGD(m.parameters(), lr=LR)
@@ -270,10 +270,10 @@ def test_monitor_reuses_fresh_grad_and_falls_back_when_accumulating() -> None:
     x, y = torch.randn(32, 5, dtype=torch.float64), torch.randn(32, 3, dtype=torch.float64)
     lf = nn.MSELoss()
     ref = nf.noether_flow(
-        syms, nf.collect_stats(m, syms, lf, x, y, estimator="reference"), lr=0.1, batch_size=8
+        syms, nf.collect_stats(m, syms, lf, x, y, estimator="reference"), lr=0.1, batch_size=32
     )["rescaling0"]
     for stale in (False, True):
-        mon = nf.NoetherMonitor(m, syms, every=1, lr=0.1, batch_size=8, distance=False)
+        mon = nf.NoetherMonitor(m, syms, every=1, lr=0.1, batch_size=32, distance=False)
         m.zero_grad(set_to_none=True)
         if stale:  # a gradient left from before: the capture must not take .grad as the mean
             lf(m(x[:4]), y[:4]).backward()

@@ -174,7 +174,7 @@ def test_monitor_incremental_rows_equal_full_solves(case: str) -> None:
         every=1,
         distance=nf.DistanceOptions(every=1, solve_every=100, tol=1e-12),
         optimizer=opt,
-        batch_size=8,
+        batch_size=24,
         time="discrete",
         estimator="reference",
         loss_fn=F.mse_loss,
@@ -197,7 +197,7 @@ def test_monitor_incremental_rows_equal_full_solves(case: str) -> None:
             syms,
             st,
             lr=0.05,
-            batch_size=8,
+            batch_size=24,
             weight_decay=decay,
             time="discrete",
             momentum=momentum,
@@ -260,7 +260,7 @@ def test_solve_mode_solves_every_time() -> None:
         every=1,
         distance=nf.DistanceOptions(every=1, mode="solve"),
         lr=0.05,
-        batch_size=8,
+        batch_size=24,
         logging=nf.LogOptions(progress=False),
     )
     for _ in range(3):

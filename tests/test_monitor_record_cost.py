@@ -17,7 +17,7 @@ import noetherflow as nf
 from noetherflow.monitor.accumulation import StepCapture
 
 DT = torch.float64
-LR, S, GAMMA = 0.05, 8, 0.02
+LR, S, GAMMA = 0.05, 32, 0.02  # S: the 32 samples of each step
 
 
 def _chain(seed: int = 5) -> tuple[nn.Sequential, nf.SymmetrySet, torch.Tensor, torch.Tensor]:

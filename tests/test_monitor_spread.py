@@ -11,7 +11,7 @@ from torch import nn
 import noetherflow as nf
 
 DT = torch.float64
-LR, S, GAMMA = 0.05, 8, 0.02
+LR, S, GAMMA = 0.05, 48, 0.02  # S: the 48 samples of each step
 
 
 def _chain(seed: int = 3) -> tuple[nn.Sequential, nf.SymmetrySet, torch.Tensor, torch.Tensor]:

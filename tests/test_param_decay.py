@@ -504,7 +504,7 @@ def test_monitor_tracked_distance_with_no_decay_group(time: str) -> None:
         every=1,
         distance=nf.DistanceOptions(every=1, solve_every=100, tol=1e-11),
         optimizer=opt,
-        batch_size=8,
+        batch_size=24,
         time=time,
         estimator="reference",
         loss_fn=LOSS,
@@ -518,7 +518,7 @@ def test_monitor_tracked_distance_with_no_decay_group(time: str) -> None:
         row = mon.step(loss, inputs=x[idx], targets=y[idx])
         assert row is not None
         st = nf.collect_stats(m, syms, LOSS, x[idx], y[idx])
-        sol = nf.solve_equilibrium(syms, st, lr=0.05, batch_size=8, weight_decay=dec, time=time)
+        sol = nf.solve_equilibrium(syms, st, lr=0.05, batch_size=24, weight_decay=dec, time=time)
         for name, key in mon.keys.items():
             assert np.abs(row[f"distance/{key}"] - sol.distance[name].numpy()).max() <= 1e-9
         opt.step()
@@ -620,7 +620,7 @@ def test_explicit_mapping_in_the_monitor_and_teleporter() -> None:
         syms,
         lr=LR,
         weight_decay=dec,
-        batch_size=S,
+        batch_size=64,
         every=1,
         time="discrete",
         estimator="reference",
@@ -634,11 +634,11 @@ def test_explicit_mapping_in_the_monitor_and_teleporter() -> None:
     row = mon.step(loss, inputs=x, targets=y)
     assert row is not None
     st = nf.collect_stats(m, syms, LOSS, x, y)
-    want = nf.noether_flow(syms, st, lr=LR, batch_size=S, weight_decay=dec, time="discrete")
+    want = nf.noether_flow(syms, st, lr=LR, batch_size=64, weight_decay=dec, time="discrete")
     for name, key in mon.keys.items():
         np.testing.assert_allclose(row[f"flow/{key}"], want[name].numpy(), rtol=1e-10)
     mon.close()
-    kw = {"lr": LR, "batch_size": S, "weight_decay": dec, "time": "discrete"}
+    kw = {"lr": LR, "batch_size": 64, "weight_decay": dec, "time": "discrete"}
     before = nf.noether_flow(syms, st, **kw)
     nf.EquilibriumTeleport(m, syms, LOSS, **kw).teleport(x, y)
     after = nf.noether_flow(syms, nf.collect_stats(m, syms, LOSS, x, y), **kw)

@@ -40,6 +40,7 @@ from noetherflow.monitor.history import (
 )
 from noetherflow.monitor.notices import (
     adaptive_notice,
+    batch_size_notice,
     decay_with_penalty,
     effective_decay,
     penalty_notice,
@@ -117,7 +118,9 @@ class NoetherMonitor:
         syms: the symmetries to watch. History keys use each symmetry's ASCII key
             (:attr:`keys`, e.g. ``flow/rescaling.fc1_to_fc2``), the names only for display.
         every: record every this many calls of :meth:`step`, starting with the first.
-        lr, batch_size, weight_decay, time: η, S, γ and the time model of the flows.
+        lr, batch_size, weight_decay, time: η, S, γ and the time model of the flows. S is
+            the samples of one optimizer step (the accumulated batch, all processes); a
+            record whose statistics count another number is warned about once.
         optimizer: read η and γ from this optimizer's param groups at every record instead of
             ``lr``/``weight_decay`` (passing both is an error). ``SGD`` (with or without
             momentum; with it the flows and distances include the cross term of its buffers)
@@ -430,6 +433,7 @@ class NoetherMonitor:
                 all_reduce_stats(stats)
             if self.estimator is Estimator.HOOKS:
                 check_loss_reduction(loss, self.reduction, n_local, "NoetherMonitor")
+            self._check_batch_size(i, stats)
         if loss is not None:
             lt = loss_tensor(loss)
             if self.all_reduce:
@@ -492,6 +496,17 @@ class NoetherMonitor:
             self._warned.add(-1)
             penalty_notice(found, self._hyper.from_optimizer, gamma)
         return effective_decay(found, gamma, self._hyper.from_optimizer)
+
+    def _check_batch_size(self, i: int, stats: GradStats) -> None:
+        """Warn once when the step's samples differ from ``batch_size`` (S of η/S)."""
+        if self.all_reduce is False and is_distributed():
+            return  # this rank's samples only: the global count is not known here
+        # the micro-batch estimator's samples are its micro-batches of m samples each
+        m = self.micro_batch_size if self.estimator is Estimator.MICROBATCH else 1
+        seen = stats.n * m
+        if seen != self.batch_size and -2 not in self._warned:
+            self._warned.add(-2)
+            batch_size_notice(i, int(self.batch_size), seen)
 
     def _warn_undefined(self, i: int, code: int) -> None:
         if code not in self._warned:  # one warning per reason

@@ -10,6 +10,7 @@ from noetherflow.monitor.schema import UNDEFINED
 
 __all__ = [
     "adaptive_notice",
+    "batch_size_notice",
     "decay_with_penalty",
     "effective_decay",
     "penalty_notice",
@@ -34,6 +35,26 @@ def adaptive_notice(kind: str, distance: bool, adamw: list[str]) -> None:
         f"noise model, and this update is not an SGD step.{pred} See the docs' optimizer page.",
         UserWarning,
         stacklevel=4,
+    )
+
+
+def batch_size_notice(step: int, declared: int, seen: int) -> None:
+    """The one warning that a record step's statistics counted another number of samples.
+
+    S = ``batch_size`` enters the noise term η/S of every flow and distance: a declared S
+    other than the samples the step trained on scales that term by seen/declared. Not an
+    error: a loop may subsample on purpose, or end an epoch on a smaller batch.
+    """
+    warnings.warn(
+        f"NoetherMonitor(batch_size={declared}): record step {step} counted {seen} samples "
+        "in its optimizer step (every mon.track() block since the last step, all processes), "
+        f"so the noise term η/S of its flows and distances is {seen / declared:.3g}× that of "
+        f"the batch trained on. Pass batch_size={seen}, the samples per optimizer step (the "
+        "whole accumulated batch with gradient accumulation, all processes under DDP); for a "
+        "last, smaller batch of an epoch use drop_last=True or set mon.batch_size before "
+        "mon.step(). Said once.",
+        UserWarning,
+        stacklevel=5,
     )
 
 
