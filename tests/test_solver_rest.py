@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import torch
+from test_solver_batched import KW, _model, _stats
 from torch import Tensor, nn
 
 import noetherflow as nf
@@ -27,31 +28,6 @@ from noetherflow.kernels.rotation import RotationKernel
 from noetherflow.symmetry.rotation import Block
 
 DT = torch.float64
-KW: dict[str, Any] = {"lr": 0.05, "batch_size": 8, "weight_decay": 1e-2}
-
-
-def _heads_and_rescaling(heads: int = 4) -> tuple[nn.Module, nf.SymmetrySet, Tensor, Tensor]:
-    """Linear(5, 6h) → Linear(6h, 6) → ReLU → Linear(6, 3): ``heads`` rotations of width 6
-    between the first two layers, a rescaling between the last two sharing the second
-    weight (a coupled block: one joint rescaling step, then a run of disjoint heads)."""
-    torch.manual_seed(0)
-    w = 6 * heads
-    m = nn.Sequential(nn.Linear(5, w), nn.Linear(w, 6), nn.ReLU(), nn.Linear(6, 3)).double()
-    rots = [
-        nf.DoubleRotation.from_blocks(
-            [Block(m[0].weight, 0, 6 * h, 6 * h + 6), Block(m[0].bias, 0, 6 * h, 6 * h + 6)],
-            [Block(m[1].weight, 1, 6 * h, 6 * h + 6)],
-            label=f"head{h}",
-        )
-        for h in range(heads)
-    ]
-    syms = nf.SymmetrySet([*rots, nf.Rescaling(m[1], m[3], label="r")])
-    x, y = torch.randn(40, 5, dtype=DT), torch.randn(40, 3, dtype=DT)
-    return m, syms, x, y
-
-
-def _stats(m: nn.Module, syms: nf.SymmetrySet, x: Tensor, y: Tensor) -> nf.GradStats:
-    return nf.collect_stats(m, syms, nn.MSELoss(), x, y, estimator="reference")
 
 
 def _count_rotation_steps(monkeypatch: pytest.MonkeyPatch) -> list[int]:
@@ -67,7 +43,7 @@ def _count_rotation_steps(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
 
 def test_the_first_step_measures_its_flow_before_its_move() -> None:
-    m, syms, x, y = _heads_and_rescaling()
+    m, syms, x, y = _model(heads=4)
     st = _stats(m, syms, x, y)
     (r,) = [s for s in syms if s.family.value == "rescaling"]
     k = kernel_for(r)
@@ -89,7 +65,7 @@ def test_the_first_step_measures_its_flow_before_its_move() -> None:
 
 
 def test_a_solve_stops_where_the_last_sweep_left_no_flow(monkeypatch: pytest.MonkeyPatch) -> None:
-    m, syms, x, y = _heads_and_rescaling()
+    m, syms, x, y = _model(heads=4)
     st = _stats(m, syms, x, y)
     calls = _count_rotation_steps(monkeypatch)
     # at this tolerance the rescaling's flow reaches tol a sweep before the heads' measure
@@ -143,7 +119,7 @@ def _rotation_chain() -> tuple[nn.Module, nf.SymmetrySet, Tensor, Tensor]:
 def test_later_steps_sharing_coordinates_never_stop_early(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    _, heads, _, _ = _heads_and_rescaling()
+    _, heads, _, _ = _model(heads=4)
     touches = {s: list(v) for s, v in overlaps_by_param(list(heads)).items()}
     assert steps_apart(plan_sweep(list(heads), touches), touches)
     m, chain, x, y = _rotation_chain()

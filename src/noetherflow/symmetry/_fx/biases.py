@@ -19,52 +19,13 @@ from typing import Any
 import torch
 from torch import Tensor, fx, nn
 
+from noetherflow.symmetry._fx.elements import param_elements
 from noetherflow.symmetry._fx.flows import Arrival, _Flow
-from noetherflow.symmetry._fx.tables import function_op, method_op
 from noetherflow.symmetry.rotation import Block
 
 __all__ = ["bias_add", "bias_blocks", "refuse_extra_biases"]
 
 _ADD = (operator.add, torch.add, "add", "__add__")
-_CASTS = {"to", "float", "double", "type_as"}  # dtype casts of the bias: the same elements
-_DEPTH = 12
-
-
-def _param_index(info: Any, node: Any, depth: int = 0) -> tuple[nn.Parameter, Tensor] | None:
-    """(p, index) when ``node`` is a 1-D parameter moved by shape-only ops, else None.
-
-    ``index`` has the node's shape; each entry is the element of ``p`` it holds (float64).
-    """
-    if not isinstance(node, fx.Node) or depth > _DEPTH:
-        return None
-    if node.op == "get_attr":
-        p = info.values.get(node)
-        if isinstance(p, nn.Parameter) and p.dim() == 1 and p.dtype.is_floating_point:
-            return p, torch.arange(p.numel(), dtype=torch.float64)
-        return None
-    ins = node.all_input_nodes
-    tensor_ins = [a for a in ins if isinstance(info.values.get(a), Tensor)]
-    if len(tensor_ins) != 1 or not ins or ins[0] is not tensor_ins[0]:
-        return None
-    moves = (node.op == "call_function" and function_op(node.target) == "move") or (
-        node.op == "call_method" and method_op(node.target) == "move"
-    )
-    cast = node.op == "call_method" and node.target in _CASTS
-    if not (moves or cast):
-        return None
-    up = _param_index(info, ins[0], depth + 1)
-    if up is None:
-        return None
-    p, idx = up
-    if cast:
-        return p, idx
-    try:
-        out = info.execute(node, {ins[0]: idx})
-    except Exception:  # an op that does not take the index tensor: not followed
-        return None
-    if not isinstance(out, Tensor) or out.dtype != torch.float64:
-        return None
-    return p, out
 
 
 def bias_add(
@@ -80,7 +41,7 @@ def bias_add(
     if node.target not in _ADD or node.kwargs or len(ins) != 1 or len(node.args) != 2:
         return False, None
     other = node.args[1] if node.args[0] is ins[0] else node.args[0]
-    found = _param_index(info, other)
+    found = param_elements(info, other, 1)
     if found is None:
         return False, None
     p, b = found

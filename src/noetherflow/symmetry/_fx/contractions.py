@@ -25,12 +25,12 @@ Every proposal is checked numerically like the others (``find_symmetries``).
 from __future__ import annotations
 
 from functools import partial
-from typing import Any
 
 import torch
 from torch import Tensor, fx, nn
 
 from noetherflow.symmetry._fx.common import _blocks, _is_dense, _range_of, _Source, _w_out, _weight
+from noetherflow.symmetry._fx.elements import param_elements
 from noetherflow.symmetry._fx.engine import (
     APPROXIMATE,
     LINEAR,
@@ -47,9 +47,6 @@ from noetherflow.symmetry.channel import ChannelRescaling
 from noetherflow.symmetry.rotation import Block, DoubleRotation
 
 __all__ = ["ContractionPattern", "self_contraction_nodes"]
-
-_CASTS = ("to", "float", "double")
-_DEPTH = 12
 
 
 def self_contraction_nodes(src: _Source) -> set[fx.Node]:
@@ -87,42 +84,6 @@ def _pairs(aa: Arrival, ab: Arrival) -> set[tuple[int, int]] | None:
     if bool((fa < 0).any()) or bool((fb < 0).any()):
         return None  # a blank entry: part of the axis carries no feature
     return set(zip(fa.long().tolist(), fb.long().tolist(), strict=True))
-
-
-def _param_elements(
-    info: GraphInfo, node: Any, depth: int = 0
-) -> tuple[nn.Parameter, Tensor] | None:
-    """(p, index) when ``node`` is a parameter moved by shape-only ops (casts included).
-
-    ``index`` has the node's shape; each entry is the flat element of ``p`` it holds.
-    """
-    if not isinstance(node, fx.Node) or depth > _DEPTH:
-        return None
-    if node.op == "get_attr":
-        p = info.values.get(node)
-        if isinstance(p, nn.Parameter) and p.dtype.is_floating_point and p.dim() == 2:
-            return p, torch.arange(p.numel(), dtype=torch.float64).view(p.shape)
-        return None
-    ins = node.all_input_nodes
-    if len(ins) != 1 or not node.args or node.args[0] is not ins[0]:
-        return None
-    moves = (node.op == "call_function" and function_op(node.target) == "move") or (
-        node.op == "call_method" and method_op(str(node.target)) == "move"
-    )
-    cast = node.op == "call_method" and node.target in _CASTS
-    if not (moves or cast):
-        return None
-    up = _param_elements(info, ins[0], depth + 1)
-    if up is None or cast:
-        return up
-    p, idx = up
-    try:
-        out = info.execute(node, {ins[0]: idx})
-    except Exception:  # an op that does not take the index tensor: not followed
-        return None
-    if not isinstance(out, Tensor) or out.dtype != torch.float64:
-        return None
-    return p, out
 
 
 def _is_matmul(node: fx.Node) -> bool:
@@ -225,7 +186,7 @@ class ContractionPattern:
                 continue
             node = arr.node
             other = node.args[1] if arr.kind == "contract_a" else node.args[0]
-            found = _param_elements(info, other)
+            found = param_elements(info, other, 2)
             if found is None:
                 continue
             p, pidx = found
