@@ -83,6 +83,18 @@ def test_a_string_weight_decay_is_refused_not_converted(who: str) -> None:
         _calls()[who]({**H, "weight_decay": "0.001"})
 
 
+def test_a_string_set_on_the_monitor_is_refused() -> None:
+    m, syms, _, _ = _mlp()
+    mon = nf.NoetherMonitor(m, syms, distance=False, **H)
+    with pytest.raises(TypeError, match=r"lr='0.2' is a str.*pass lr=0.2"):
+        mon.lr = "0.2"  # type: ignore[assignment]
+    with pytest.raises(TypeError, match=r"weight_decay='0.01' is a str"):
+        mon.weight_decay = "0.01"  # type: ignore[assignment]
+    assert mon.lr == 0.1 and mon.weight_decay == 1e-3
+    mon.lr = np.float64(0.2)
+    assert mon.lr == 0.2
+
+
 @pytest.mark.parametrize(
     "lr,batch_size",
     [
