@@ -83,6 +83,18 @@ def test_a_string_weight_decay_is_refused_not_converted(who: str) -> None:
         _calls()[who]({**H, "weight_decay": "0.001"})
 
 
+def test_a_string_set_on_the_monitor_is_refused() -> None:
+    m, syms, _, _ = _mlp()
+    mon = nf.NoetherMonitor(m, syms, distance=False, **H)
+    with pytest.raises(TypeError, match=r"lr='0.2' is a str.*pass lr=0.2"):
+        mon.lr = "0.2"  # type: ignore[assignment]
+    with pytest.raises(TypeError, match=r"weight_decay='0.01' is a str"):
+        mon.weight_decay = "0.01"  # type: ignore[assignment]
+    assert mon.lr == 0.1 and mon.weight_decay == 1e-3
+    mon.lr = np.float64(0.2)
+    assert mon.lr == 0.2
+
+
 @pytest.mark.parametrize(
     "lr,batch_size",
     [
@@ -242,3 +254,43 @@ def test_batch_estimators_count_the_samples_of_their_batch() -> None:
         mon = _monitor(m, syms, 64, estimator=est, micro_batch_size=mb, loss_fn=loss)
         with pytest.warns(UserWarning, match=r"batch_size=64\).*counted 16 samples"):
             mon.step(loss(m(x), y), inputs=x, targets=y)
+
+
+def test_lightning_counts_an_epochs_last_smaller_batch() -> None:
+    """40 samples in batches of 16: the last step has 8, its S is 8 (was 16, and warned)."""
+    L = pytest.importorskip("lightning")
+    from noetherflow.integrations.lightning import NoetherCallback
+
+    class Net(L.LightningModule):  # type: ignore[misc,name-defined]
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc1, self.fc2 = nn.Linear(4, 6), nn.Linear(6, 2)
+
+        def forward(self, x: Tensor) -> Tensor:
+            return self.fc2(torch.relu(self.fc1(x)))
+
+        def training_step(self, batch: Any, i: int) -> Tensor:
+            return nn.functional.mse_loss(self(batch[0]), batch[1])
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.SGD(self.parameters(), lr=0.05)
+
+    torch.manual_seed(0)
+    net = Net().to(DT)
+    data = torch.utils.data.TensorDataset(
+        torch.randn(40, 4, dtype=DT), torch.randn(40, 2, dtype=DT)
+    )
+    cb = NoetherCallback(nf.SymmetrySet([nf.Rescaling(net.fc1, net.fc2)]), every=1, distance=False)
+    trainer = L.Trainer(
+        max_epochs=1,
+        callbacks=[cb],
+        logger=False,
+        enable_progress_bar=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        accelerator="cpu",
+        devices=1,
+    )
+    trainer.fit(net, torch.utils.data.DataLoader(data, batch_size=16))
+    assert cb.monitor is not None and cb.monitor.batch_size == 8
+    assert len(cb.monitor.history["step"]) == 3

@@ -126,7 +126,9 @@ class NoetherCallback(Callback):  # type: ignore[misc,valid-type]
       monitor takes: SGD with or without momentum, Adam, AdamW);
     * the batch size S from the training ``DataLoader`` (``batch_size`` × ``world_size`` ×
       ``accumulate_grad_batches``, the global batch of one optimizer step); a clear error
-      when it cannot be read;
+      when it cannot be read. On record steps the samples of the step's batches (dim 0 of
+      their inputs, × ``world_size``) are S, so that an epoch's last, smaller batch gets its
+      own S (as the Hugging Face callback counts them);
     * the GradScaler of ``precision="16-mixed"``, whose scale is divided out.
 
     The monitor's own progress bar is off while Lightning shows one (two rich live displays
@@ -170,6 +172,9 @@ class NoetherCallback(Callback):  # type: ignore[misc,valid-type]
         self._stack = contextlib.ExitStack()
         self._losses: list[Any] = []
         self._batch: Any = None
+        self._samples = 0  # of this step's batches, counted on record steps
+        self._world = 1
+        self._count = False  # S is read from the trainer: count each record step's samples
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         """Build the monitor from the trainer: optimizer, global batch size, loggers."""
@@ -203,7 +208,9 @@ class NoetherCallback(Callback):  # type: ignore[misc,valid-type]
             opts = replace(opts, progress=False)
         if "lr" not in kw and "optimizer" not in kw:
             kw["optimizer"] = _the_optimizer(trainer)
-        if "batch_size" not in kw:
+        self._world = int(getattr(trainer, "world_size", 1) or 1)
+        self._count = "batch_size" not in kw
+        if self._count:
             kw["batch_size"] = _global_batch_size(trainer) * accumulate
         plugin = getattr(getattr(trainer, "strategy", None), "precision_plugin", None)
         scaler = getattr(plugin, "scaler", None)
@@ -232,6 +239,8 @@ class NoetherCallback(Callback):  # type: ignore[misc,valid-type]
         """Open the statistics capture for this step's forward and backward."""
         assert self.monitor is not None
         self._batch = batch
+        if self._count and self.monitor.due():
+            self._samples += _samples_of(batch, self.split_batch)
         self._stack.close()
         self._stack.enter_context(self.monitor.track())  # one block per micro-batch
 
@@ -256,6 +265,9 @@ class NoetherCallback(Callback):  # type: ignore[misc,valid-type]
             x, y = self.split_batch(self._batch)
         losses, self._losses = self._losses, []
         loss = losses[0] if len(losses) == 1 else sum(float(v.detach()) for v in losses) or None
+        if self._samples:  # this step's samples, all processes (equal batches per rank)
+            mon.batch_size = self._samples * self._world
+        self._samples = 0
         mon.step(loss, inputs=x, targets=y)
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
@@ -270,6 +282,15 @@ class NoetherCallback(Callback):  # type: ignore[misc,valid-type]
         self._stack.close()
         if self.monitor is not None:
             self.monitor.close()
+
+
+def _samples_of(batch: Any, split: Callable[[Any], tuple[Any, Any]]) -> int:
+    """Dim 0 of the batch's inputs, or 0 where the batch cannot be read (S left as read)."""
+    try:
+        inputs, _ = split(batch)
+        return ModelInputs.of(inputs, "NoetherCallback").batch_size("NoetherCallback")
+    except (KeyError, TypeError, ValueError):
+        return 0
 
 
 def _the_optimizer(trainer: Any) -> Any:

@@ -357,6 +357,10 @@ class HyperSource:
                 "the optimizer's param_groups (or use a torch.optim.lr_scheduler) instead of "
                 f"setting {name}={value!r}."
             )
+        if name == "lr":
+            value = check_real(value, "lr", "the learning rate η")
+        else:
+            check_decay_type(value)
         old = getattr(self, name)
         setattr(self, name, value)
         try:
