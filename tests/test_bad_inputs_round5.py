@@ -122,6 +122,18 @@ def test_theory_and_simulator_hyperparameters_refuse_strings() -> None:
         _check_float("lr", "0.1", positive=True)
     with pytest.raises(TypeError, match=r"lr='0.1' is a str.*pass lr=0.1"):
         _check_positive("lr", "0.1")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"lr=True is a bool"):
+        _check_positive("lr", True)
+    _check_positive("lr", torch.tensor(0.1, dtype=DT))  # a 0-d tensor is a number
+
+
+def test_a_string_in_a_per_parameter_weight_decay_is_refused() -> None:
+    m, _, _, _ = _mlp()
+    p = next(iter(m.parameters()))
+    with pytest.raises(TypeError, match=r"weight_decay\[.*\]='1e-4' is a str.*pass .*=0.0001"):
+        nf.NoiseModel.create(lr=0.1, batch_size=16, weight_decay={p: "1e-4"})
+    nm = nf.NoiseModel.create(lr=0.1, batch_size=16, weight_decay={p: 1e-4})
+    assert nm.decay is not None
 
 
 # -- a symmetry twice in one set -----------------------------------------------------------------

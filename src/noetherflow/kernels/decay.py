@@ -27,6 +27,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from noetherflow._checks import check_real
+
 __all__ = ["ParamDecay", "decay_charge", "decay_cross", "parse_decay"]
 
 _FIX = (
@@ -134,12 +136,7 @@ class ParamDecay:
 
 
 def _gamma(value: Any, name: str) -> float:
-    if isinstance(value, bool):
-        raise TypeError(f"{name}={value!r} is a bool; expected a number γ >= 0.")
-    try:
-        g = float(value)
-    except (TypeError, ValueError):
-        raise TypeError(f"{name}={value!r} is not a number; expected γ >= 0.") from None
+    g = check_real(value, name, expected="a number γ >= 0")  # a string or a bool refused
     if not (math.isfinite(g) and g >= 0):
         raise ValueError(
             f"{name}={value!r} must be a finite γ >= 0 (γ of γ‖θ‖²; decoupled decay λ maps to "

@@ -54,7 +54,7 @@ from noetherflow.monitor.options import (
     monitor_options,
     multiple,
 )
-from noetherflow.monitor.rows import put_distance, put_values
+from noetherflow.monitor.rows import put_distance, put_sharpness, put_values
 from noetherflow.monitor.schema import UNDEFINED, build_schema
 from noetherflow.monitor.steps import StepLog
 from noetherflow.optim.decompose import StepDecomposition
@@ -471,7 +471,12 @@ class NoetherMonitor:
                 put_distance(row, res, self.syms, self.keys, self.schema)
         sh = self.sharpness
         if sh is not None and i % (sh.every or self.every) == 0:
-            self._put_sharpness(row, sh, inputs, targets)
+            if self.probe is not None:
+                inputs, targets = self.probe
+            assert self.loss_fn is not None
+            put_sharpness(
+                row, sh, self.model, self.loss_fn, inputs, targets, self.reduction, self.all_reduce
+            )
         row["time"] = np.asarray(_now() - self._t0)
         row["monitor_time"] = np.asarray(_now() - t_start)
         return row
@@ -555,36 +560,6 @@ class NoetherMonitor:
             "time": self.time,
             **self._hyper.momentum_kwargs(),
         }
-
-    def _put_sharpness(
-        self, row: dict[str, np.ndarray], sh: SharpnessOptions, inputs: Any, targets: Any
-    ) -> None:
-        from noetherflow.sharpness import sharpness as measure
-
-        if self.probe is not None:
-            inputs, targets = self.probe
-        if inputs is None:  # targets may be None: a loss_fn reading labels among the inputs
-            raise ValueError(
-                "NoetherMonitor(sharpness=...) needs a batch: pass probe=(x, y) to the monitor or "
-                "mon.step(loss, inputs=x, targets=y)."
-            )
-        assert self.loss_fn is not None
-        res = measure(
-            self.model,
-            self.loss_fn,
-            inputs,
-            targets,
-            n_samples=sh.n_samples,
-            max_iter=sh.max_iter,
-            tol=sh.tol,
-            seed=sh.seed,
-            method=sh.method,
-            reduction=self.reduction,
-            all_reduce=self.all_reduce,
-        )
-        row["sharpness/trace"] = np.asarray(res.trace.value)
-        row["sharpness/trace_se"] = np.asarray(res.trace.std_error)
-        row["sharpness/top_eigenvalue"] = np.asarray(res.top.value)
 
     # -- outputs --------------------------------------------------------------------------
     @property

@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import numpy as np
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from noetherflow.kernels import kernel_for
 from noetherflow.monitor.distance import DistanceResult
+from noetherflow.monitor.options import SharpnessOptions
+from noetherflow.stats.core import Reduction
 from noetherflow.symmetry.set import SymmetrySet
 
-__all__ = ["put_distance", "put_values", "to_numpy"]
+__all__ = ["put_distance", "put_sharpness", "put_values", "to_numpy"]
 
 Row = dict[str, np.ndarray]
 
@@ -72,3 +75,39 @@ def put_distance(
     row["distance_converged"] = np.asarray(1.0 if res.converged else 0.0)
     row["distance_residual"] = np.asarray(float(res.residual))
     row["distance_sweeps"] = np.asarray(float(res.sweeps))
+
+
+def put_sharpness(
+    row: Row,
+    sh: SharpnessOptions,
+    model: nn.Module,
+    loss_fn: Callable[..., Tensor],
+    inputs: Any,
+    targets: Any,
+    reduction: Reduction,
+    all_reduce: bool,
+) -> None:
+    """The Hessian trace (and its standard error) and top eigenvalue on ``inputs``, in ``row``."""
+    from noetherflow.sharpness import sharpness as measure
+
+    if inputs is None:  # targets may be None: a loss_fn reading labels among the inputs
+        raise ValueError(
+            "NoetherMonitor(sharpness=...) needs a batch: pass probe=(x, y) to the monitor or "
+            "mon.step(loss, inputs=x, targets=y)."
+        )
+    res = measure(
+        model,
+        loss_fn,
+        inputs,
+        targets,
+        n_samples=sh.n_samples,
+        max_iter=sh.max_iter,
+        tol=sh.tol,
+        seed=sh.seed,
+        method=sh.method,
+        reduction=reduction,
+        all_reduce=all_reduce,
+    )
+    row["sharpness/trace"] = np.asarray(res.trace.value)
+    row["sharpness/trace_se"] = np.asarray(res.trace.std_error)
+    row["sharpness/top_eigenvalue"] = np.asarray(res.top.value)

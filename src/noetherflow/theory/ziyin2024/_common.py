@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Literal
 
 import torch
 from torch import Tensor
-
-from noetherflow._checks import check_real
 
 # Independent of the library (an oracle): plain Literals, named apart from nf.TimeModel and
 # nf.Reduction (this one also has "half_sum", the ½Σ convention of some closed forms).
@@ -25,8 +24,32 @@ def _check_time(time: str) -> None:
         )
 
 
+def _check_real(name: str, value: object) -> None:
+    """A string or a bool is refused (``float("0.1")`` would read it), a real number passes.
+
+    The theory imports nothing from the library (an independent oracle), so this is its own
+    check, the same rule as the library's ``check_real``.
+    """
+    real = isinstance(value, numbers.Real) or (
+        isinstance(value, Tensor) and value.dim() == 0 and not value.dtype.is_complex
+    )
+    if isinstance(value, Tensor) and value.dtype == torch.bool:
+        real = False
+    if real and not isinstance(value, bool):
+        return
+    fix = ""
+    if isinstance(value, str):
+        try:
+            fix = f"; pass {name}={float(value)!r} (a number, not a string)"
+        except ValueError:
+            pass
+    raise TypeError(
+        f"{name}={value!r:.60} is a {type(value).__name__}; expected a real number{fix}."
+    )
+
+
 def _check_positive(name: str, value: float, *, allow_zero: bool = False) -> None:
-    check_real(value, name)  # a string or a bool: a TypeError naming it
+    _check_real(name, value)  # a string or a bool: a TypeError naming it
     ok = value >= 0 if allow_zero else value > 0
     if not (ok and math.isfinite(value)):
         bound = "≥ 0" if allow_zero else "> 0"
