@@ -133,6 +133,23 @@ def test_new_matcher_file_is_run_by_find_symmetries() -> None:
         nf.register_matcher("abs-rescaling", matcher.abs_rescaling)
 
 
+def test_a_symmetry_two_matchers_propose_is_returned_once() -> None:
+    from noetherflow.symmetry._fx import tables
+
+    torch.manual_seed(0)
+    model, x = _AbsNet(), torch.randn(16, 3, dtype=DT)
+    tables.register_function_op(torch.abs, "homogeneous")  # the built-in matcher sees it too
+    try:
+        syms = nf.find_symmetries(model, x)
+    finally:
+        tables.FUNCTION_OPS.unregister(torch.abs)
+    assert len(syms) == 1  # not refused as a repeat: kept once, the other named in its note
+    (name,) = syms.names
+    other = "abs-rescaling:a→b" if name == "rescaling:a→b" else "rescaling:a→b"
+    assert name in ("rescaling:a→b", "abs-rescaling:a→b")
+    assert f"also proposed as {other}" in syms.detection.sym_notes[name]
+
+
 def test_registered_layer_names_its_input_width_when_the_model_fails() -> None:
     model = nn.Sequential(ex.TransposedLinear(4, 3), nn.ReLU(), ex.TransposedLinear(3, 2))
     with pytest.raises(nf.DetectionError, match="first TransposedLinear layer expects 4 input"):

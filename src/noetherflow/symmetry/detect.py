@@ -559,9 +559,14 @@ def find_symmetries(
     )
     found: list[tuple[str, Symmetry, VerifyResult]] = []
     labels: set[str] = set()
+    kept: dict[Any, str] = {}  # generator key → label: two matchers may propose one symmetry
     for v in verified:
         if v.chk is None:
             continue  # failed the whole-model check of the fallback
+        twin: Any = v.sym.generator_key() or id(v.sym)
+        if twin in kept:  # a set holds each symmetry once: the first proposal is kept
+            detection.sym_notes[kept[twin]] += f"; also proposed as {v.prop.label}"
+            continue
         label = v.prop.label
         k = 2
         while label in labels:
@@ -585,6 +590,7 @@ def find_symmetries(
         if not ok:
             detection.sym_notes[label] += f"; NOT verified for every input: {unproven[id(v)]}"
         found.append((label, v.sym, VerifyResult(label, rel, tolerance, ok)))
+        kept[twin] = label
     detection.reasons = ledger.reasons
     syms = SymmetrySet(s for _, s, _ in found)
     for label, _, res in found:
