@@ -137,3 +137,26 @@ def test_later_steps_sharing_coordinates_never_stop_early(
     monkeypatch.setattr(eq, "at_rest", spy)
     sol = nf.solve_equilibrium(chain, st, **KW)
     assert sol.converged and sol.iterations > 2 and stops and not any(stops)
+
+
+def test_a_step_that_reports_no_residual_is_not_at_rest(monkeypatch: pytest.MonkeyPatch) -> None:
+    m, syms, x, y = _model(heads=4)
+    st = _stats(m, syms, x, y)
+    real = RotationKernel.solve_disjoint
+
+    def silent(self: RotationKernel, *a: Any, **k: Any) -> Any:
+        out = real(self, *a, **k)
+        out.residual.clear()  # a kernel that does not say what flow it left
+        return out
+
+    stops: list[bool] = []
+    real_rest = eq.at_rest
+
+    def spy(*a: Any) -> bool:
+        stops.append(real_rest(*a))
+        return stops[-1]
+
+    monkeypatch.setattr(RotationKernel, "solve_disjoint", silent)
+    monkeypatch.setattr(eq, "at_rest", spy)
+    sol = nf.solve_equilibrium(syms, st, options=nf.SolveOptions(tol=1e-8), **KW)
+    assert sol.converged and stops and not any(stops)  # the full sweeps' own stop instead

@@ -483,8 +483,9 @@ def _solve_block(
                 out.residual.update({names[s]: cast(float, res.before) for s in members})
                 worst, done = max(cast(float, res.before), cast(float, settled)), True
                 break
-            if i > 0:  # a direction at infinity left a flow: not at rest
-                rest = max(rest, *res.residual.values(), math.inf if res.reports else 0.0)
+            if i > 0:  # a direction at infinity, or a residual not reported: not at rest
+                left = [res.residual.get(s, math.inf) for s in members]
+                rest = max(rest, *left, math.inf if res.reports else 0.0)
             if not coupled:
                 if res.converged is not None:
                     out.converged = out.converged and res.converged
