@@ -17,19 +17,12 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from test_bad_inputs_round4 import _mlp
 from torch import Tensor, nn
 
 import noetherflow as nf
 
 DT = torch.float64
-
-
-def _mlp() -> tuple[nn.Sequential, nf.SymmetrySet, Tensor, Tensor]:
-    torch.manual_seed(0)
-    m = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3)).to(DT)
-    x = torch.randn(16, 4, dtype=DT)
-    y = torch.randint(0, 3, (16,))
-    return m, nf.find_symmetries(m, x), x, y
 
 
 # -- hyper-parameters of another type than a number -------------------------------------------

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import torch
-from test_solver_batched import KW, _model, _stats
+from test_solver_batched import KW, _model, _stats, lands_at_zero_flow
 from torch import Tensor, nn
 
 import noetherflow as nf
@@ -87,15 +87,7 @@ def test_a_solve_stops_where_the_last_sweep_left_no_flow(monkeypatch: pytest.Mon
         assert float((e - f).abs().max()) <= 1e-7 * max(float(f.abs().max()), 1.0), name
     assert max(sol.residual.values()) <= 1e-8
     # and every flow gone at the teleported model, from fresh statistics
-    before = nf.noether_flow(syms, st, **KW)
-    with torch.no_grad():
-        out0 = m(x).clone()
-    nf.teleport(m, sol)
-    with torch.no_grad():
-        assert float((m(x) - out0).abs().max()) < 1e-12 * float(out0.abs().max())
-    after = nf.noether_flow(syms, _stats(m, syms, x, y), **KW)
-    for key in before:
-        assert float(after[key].norm() / before[key].norm()) < 1e-7, key
+    lands_at_zero_flow(m, syms, x, y, sol, 1e-7)
 
 
 def _rotation_chain() -> tuple[nn.Module, nf.SymmetrySet, Tensor, Tensor]:

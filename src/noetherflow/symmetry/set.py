@@ -97,12 +97,12 @@ class SymmetrySet:
                 "nf.Rescaling, nf.ScaleInvariance, nf.DoubleRotation or nf.DenseSymmetry."
             )
         name = sym.label or f"{sym.family.value}{len(self._syms)}"
-        self._refuse_repeat(sym, name)
+        key = sym.generator_key()
+        self._refuse_repeat(sym, name, key)
         if name in self._names:
             raise SymmetryDefinitionError(
                 f"SymmetrySet: duplicate name {name!r}; give unique labels."
             )
-        key = sym.generator_key()
         self._syms.append(sym)
         self._names.append(name)
         self._params = None
@@ -121,16 +121,16 @@ class SymmetrySet:
             self._keys = keys
         return keys
 
-    def _refuse_repeat(self, sym: Symmetry, name: str) -> None:
+    def _refuse_repeat(self, sym: Symmetry, name: str, key: tuple[Any, ...] | None) -> None:
         """A symmetry already in the set (the object, or its generator on the same parameters).
 
         A repeat counts its charge, flow and teleport twice and makes the joint solve
-        degenerate (one generator twice), so it is refused rather than kept.
+        degenerate (one generator twice), so it is refused rather than kept. ``key``: its
+        :meth:`~noetherflow.symmetry.base.Symmetry.generator_key`.
         """
         same = next((n for n, s in zip(self._names, self._syms, strict=True) if s is sym), None)
         how = "is the same object as"
         if same is None:
-            key = sym.generator_key()
             same = None if key is None else self._generator_keys().get(key)
             how = "acts on the same parameters with the same generator as"
         if same is not None:

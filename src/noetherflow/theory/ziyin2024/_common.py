@@ -30,12 +30,11 @@ def _check_real(name: str, value: object) -> None:
     The theory imports nothing from the library (an independent oracle), so this is its own
     check, the same rule as the library's ``check_real``.
     """
-    real = isinstance(value, numbers.Real) or (
-        isinstance(value, Tensor) and value.dim() == 0 and not value.dtype.is_complex
-    )
-    if isinstance(value, Tensor) and value.dtype == torch.bool:
-        real = False
-    if real and not isinstance(value, bool):
+    if isinstance(value, Tensor):
+        real = value.dim() == 0 and not value.dtype.is_complex and value.dtype != torch.bool
+    else:
+        real = isinstance(value, numbers.Real) and not isinstance(value, bool)
+    if real:
         return
     fix = ""
     if isinstance(value, str):
