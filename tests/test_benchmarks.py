@@ -76,10 +76,14 @@ def test_gpt2_124m_quick_runs() -> None:
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     with pytest.warns(UserWarning, match="AdamW"):  # the monitor says AdamW has no distances
-        res = mod.main(["--quick", "--threads", "1", "--steps", "10", "--reps", "1"])
+        res = mod.main(
+            ["--quick", "--threads", "1", "--steps", "10", "--reps", "1", "--solve-reps", "2"]
+        )
     assert res["detect"]["symmetries"] > 0 and res["detect"]["seconds"] > 0
     assert math.isfinite(res["stats"]["ratio_solve"]) and res["stats"]["ratio_solve"] > 0
     assert res["solve"]["converged"]
+    (again,) = res["solve"]["again"]  # --solve-reps 2: one more solve after the first
+    assert again["seconds"] > 0 and again["user_cpu"] >= 0 and again["minor_faults"] >= 0
     for kind in ("sgdm", "adamw"):
         mon = res["monitor"][kind]
         assert math.isfinite(mon["ratio"]) and mon["ratio"] > 0 and mon["first_record_s"] > 0

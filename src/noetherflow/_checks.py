@@ -207,14 +207,15 @@ def check_bool(value: object, name: str) -> bool:
     return bool(value)
 
 
-def check_stats_cover(params: Sequence[Any], stats: Any, who: str) -> None:
+def check_stats_cover(params: Sequence[Any], stats: Any, who: str) -> dict[Any, Fingerprint]:
     """Refuse statistics of another set, or computed at other parameter values.
 
     ``stats`` is a :class:`~noetherflow.stats.core.GradStats`: every parameter of the set
     needs an entry in ``stats.mean`` (statistics of another set lack some), and a parameter
     whose :func:`fingerprint` the statistics recorded must still have it (an optimizer step
     since makes them the statistics of another point). Non-finite parameters are left to the
-    caller's divergence check, which names that cause.
+    caller's divergence check, which names that cause. Returns the :func:`fingerprint` now of
+    each parameter the statistics recorded one for (a caller's stamp need not repeat it).
     """
     mean: Mapping[Any, Any] = stats.mean if hasattr(stats, "mean") else stats  # or the means
     missing = [tuple(getattr(p, "shape", ())) for p in params if p not in mean]
@@ -241,6 +242,7 @@ def check_stats_cover(params: Sequence[Any], stats: Any, who: str) -> None:
             "parameters they were computed at. Collect them again (nf.collect_stats, or a "
             "new capture) after the last change of the parameters."
         )
+    return dict(zip(at, now, strict=True))
 
 
 def fingerprint(params: Sequence[Tensor]) -> tuple[Fingerprint, ...]:

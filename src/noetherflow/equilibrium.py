@@ -32,12 +32,12 @@ from torch import Tensor, nn
 from noetherflow import _shard
 from noetherflow._anderson import Anderson
 from noetherflow._checks import (
-    check_stats_cover,
     fingerprint,
 )
-from noetherflow._deprecate import is_old_model_call, warn_model
 from noetherflow._divergence import is_finite
-from noetherflow._errors import NonFiniteGradientError, StatisticsError
+from noetherflow._errors import StatisticsError
+from noetherflow._scratch import reuse
+from noetherflow._solve_checks import check_fixed, check_inputs, parse_call
 from noetherflow._sweep_plan import (
     Step,
     accelerated,
@@ -61,7 +61,6 @@ from noetherflow.kernels import (
 from noetherflow.kernels.base import (
     overlaps_by_param,
     refresh_stats_,
-    stats_from_samples,
     transport_cotangent,
 )
 from noetherflow.kernels.decay import ParamDecay
@@ -69,6 +68,7 @@ from noetherflow.kernels.noise import NoiseModel, TimeModel, check_decay, resolv
 from noetherflow.solve_options import SolveOptions, kernel_settings, resolve_options
 from noetherflow.stats.core import GradStats, Level, with_displacement
 from noetherflow.stats.sample_factors import HeldSamples
+from noetherflow.stats.source import SampleSource
 from noetherflow.symmetry.base import DiagonalSymmetry, Symmetry
 from noetherflow.symmetry.set import SymmetrySet
 
@@ -144,25 +144,6 @@ class EquilibriumSolution:
         )
 
 
-def _check_inputs(syms: SymmetrySet, stats: GradStats) -> None:
-    _shard.check_current(syms.params(), "solve_equilibrium")
-    check_stats_cover(syms.params(), stats, "solve_equilibrium")
-    try:
-        stats.check_finite()
-    except NonFiniteGradientError as e:
-        raise NonFiniteGradientError(
-            f"solve_equilibrium: {e.args[0].split(';')[0]}; the equilibrium of non-finite "
-            "statistics is undefined (a diverged run?). Expected finite statistics: collect "
-            "them again from a finite model and batch."
-        ) from None
-    bad = [tuple(p.shape) for p in syms.params() if not _shard.all_finite(p.detach(), is_finite)]
-    if bad:
-        raise NonFiniteGradientError(
-            f"solve_equilibrium: parameters of shapes {bad} have NaN/Inf entries; expected a "
-            "finite model (the run has diverged: lower the learning rate)."
-        )
-
-
 def solve_equilibrium(
     syms: SymmetrySet | nn.Module | None,
     stats: GradStats | SymmetrySet,
@@ -220,7 +201,7 @@ def solve_equilibrium(
         ValueError: invalid hyper-parameters (see :meth:`NoiseModel.create`).
         TypeError: an unknown keyword, or ``options`` together with the old keywords.
     """
-    syms, stats, noise = _parse_call(syms, stats, noise)
+    syms, stats, noise = parse_call(syms, stats, noise)
     opts = resolve_options(options, legacy, "solve_equilibrium")
     nm = resolve_noise(
         noise,
@@ -233,7 +214,7 @@ def solve_equilibrium(
         nesterov=nesterov,
         dampening=dampening,
     )
-    _check_inputs(syms, stats)
+    stamp = check_inputs(syms, stats)
     check_decay(nm, syms, "solve_equilibrium")
     if init is not None and not isinstance(init, EquilibriumSolution):
         raise TypeError(
@@ -243,7 +224,7 @@ def solve_equilibrium(
     stats = with_displacement(
         stats, opts.displacement, syms.params(), "solve_equilibrium", nm.momentum
     )
-    held = _check_fixed(syms, opts.fixed)
+    held = check_fixed(syms, opts.fixed)
     blocks = syms.coupled_groups()
     if blocks and not stats.samples:
         raise ValueError(
@@ -251,36 +232,18 @@ def solve_equilibrium(
             "the solver needs per-sample gradients, but the statistics hold none. Collect them "
             "with nf.collect_stats for this same symmetry set (it keeps them automatically)."
         )
-    stamp = fingerprint(syms.params())
     # the steps are written on whole parameters: an FSDP2 shard is gathered, once per solve
-    values = {p: _shard.full(p.detach()).to(torch.float64, copy=True) for p in syms.params()}
+    # and here (a collective, in the same order on every rank); the other float64 copies are
+    # made by each block's own task (_solve_parts), side by side
+    values = {p: _float64(p) for p in syms.params() if _shard.is_sharded(p)}
     step = StepOptions(
         init=None if init is None else init.elements,
         fixed=held or None,
         settings=kernel_settings(opts, [k for k, _ in kernels_of(syms)]),
     )
-    out = _solve_parts(syms, blocks, values, stats, nm, step, (opts.max_sweeps, opts.tol), held)
+    with reuse():  # one buffer per product shape for the sweeps' moves, per thread
+        out = _solve_parts(syms, blocks, values, stats, nm, step, (opts.max_sweeps, opts.tol), held)
     return _solution(syms, out, values, stats, nm, stamp)
-
-
-def _parse_call(
-    syms: Any, stats: Any, noise: Any
-) -> tuple[SymmetrySet, GradStats, NoiseModel | None]:
-    """``(syms, stats, noise)`` of a call, the old ``(model, syms, stats)`` form warned."""
-    if is_old_model_call(syms, stats, SymmetrySet):
-        warn_model("solve_equilibrium", "solve_equilibrium(syms, stats, noise)")
-        syms, stats, noise = stats, noise, None
-    if not isinstance(syms, SymmetrySet) or not isinstance(stats, GradStats):
-        raise TypeError(
-            "solve_equilibrium(syms, stats, noise): expected a SymmetrySet and GradStats, got "
-            f"{type(syms).__name__} and {type(stats).__name__}."
-        )
-    if noise is not None and not isinstance(noise, NoiseModel):
-        raise TypeError(
-            f"solve_equilibrium: noise is a {type(noise).__name__}; expected a NoiseModel, "
-            "e.g. nf.NoiseModel.create(lr=..., batch_size=...)."
-        )
-    return syms, stats, noise
 
 
 def _solve_parts(
@@ -298,7 +261,8 @@ def _solve_parts(
     The symmetries of no coupled group are solved once, jointly; each coupled group by its own
     sweeps, until its own flows converge. Same answer as sweeping over all at once, as the
     blocks do not interact; so they may run side by side (``sweep_options(parallel=...)``).
-    ``sweeps``: (max_sweeps, tol) of a coupled block's sweeps.
+    ``sweeps``: (max_sweeps, tol) of a coupled block's sweeps. ``values``: the float64
+    copies made so far (the gathered shards); each part adds its own, moved to the solution.
     """
     names: dict[Any, str] = {s: n for n, s in syms.items()}
     index = {s: i for i, s in enumerate(syms)}
@@ -306,18 +270,25 @@ def _solve_parts(
     parts = [[i for i in range(len(syms)) if i not in coupled_ids], *blocks]
     out = _Solved(totals={s: s.identity_element() for s in syms})
 
-    def solve(part: list[int], coupled: bool) -> _Solved:
+    def solve(part: list[int], coupled: bool) -> tuple[_Solved, dict[nn.Parameter, Tensor]]:
         sub = syms.subset(part)
         own = _Solved(totals={s: out.totals[s] for s in sub})
-        _solve_block(sub, coupled, values, stats, nm, names, index, step, sweeps, held, own)
-        return own
+        mine = {p: values[p] if p in values else _float64(p) for p in sub.params()}
+        _solve_block(sub, coupled, mine, stats, nm, names, index, step, sweeps, held, own)
+        return own, mine
 
-    # the parts share no parameter (each moves its own entries of ``values``): side by side
-    # on the intra-op threads, each on one (see noetherflow._threads), taken in order
+    # the parts share no parameter (each moves its own float64 copies, made in its task): side
+    # by side on the intra-op threads, each on one (see noetherflow._threads), taken in order
     tasks = [partial(solve, part, k > 0) for k, part in enumerate(parts) if part]
-    for own in side_by_side(tasks, torch.get_num_threads() if parallel() else 1):
+    for own, mine in side_by_side(tasks, torch.get_num_threads() if parallel() else 1):
         out.merge(own)
+        values.update(mine)
     return out
+
+
+def _float64(p: nn.Parameter) -> Tensor:
+    """A float64 copy of ``p``'s values, whole (an FSDP2 shard gathered)."""
+    return _shard.full(p.detach()).to(torch.float64, copy=True)
 
 
 def _solution(
@@ -398,9 +369,7 @@ def _solve_block(
     max_sweeps, tol = sweeps
     if coupled:
         samples = coupled_samples(part, stats)
-        cur = stats_from_samples(
-            samples, part, estimator=stats.estimator, level=Level.SOLVE, keep_samples=False
-        )
+        cur = _means_of(samples, part, stats.estimator)
         # the displacement moves with the samples (a cotangent), in place in _move
         cur.displacement = {
             p: v.to(torch.float64, copy=True) for p, v in stats.displacement.items() if p in samples
@@ -413,8 +382,12 @@ def _solve_block(
     touches = {s: list(v) for s, v in pairs.items()}
     opts = replace(opts, coupled=coupled)
     groups = plan_sweep(list(part), touches if coupled else None)
-    # per symmetry, the parameters on which moves since its last use changed its statistics
-    stale: dict[Symmetry, dict[nn.Parameter, None]] = {}
+    # per symmetry, the parameters on which moves since its last use changed its statistics:
+    # in a coupled block all of them at first (each kernel's are built at its first step, as
+    # the steps before it would leave a copy built here stale)
+    stale: dict[Symmetry, dict[nn.Parameter, None]] = (
+        {s: dict.fromkeys(s.params) for s in part} if coupled else {}
+    )
     caches: dict[str, dict[Any, Any]] = {}  # each kernel's own scratch (Kernel.refresh_)
     fast = covariant()  # statistics moved in closed form where a kernel has the law
     accel = _accelerator(groups) if coupled and accelerated() else None
@@ -554,6 +527,23 @@ def _split(members: list[Symmetry], delta: Tensor) -> list[tuple[Symmetry, Tenso
     return out
 
 
+def _means_of(
+    samples: Mapping[nn.Parameter, HeldSamples], part: SymmetrySet, estimator: str
+) -> GradStats:
+    """ḡ of ``part``'s parameters from its per-sample gradients; each kernel's block empty.
+
+    The coupled sweeps build a kernel's statistics at its first step (its members start
+    stale), from the samples as :func:`stats_from_samples` does.
+    """
+    src = SampleSource(samples, reduced=True)
+    cur = GradStats(n=src.n, estimator=estimator)
+    for p in part.params():
+        cur.mean[p] = src.mean(p)
+    for k, _ in kernels_of(part):
+        cur.blocks[k.name] = k.block()
+    return cur
+
+
 def _warm_start(
     part: SymmetrySet,
     opts: StepOptions,
@@ -568,10 +558,10 @@ def _warm_start(
     """Start a coupled block's sweeps at the previous solution (``init``), if it has all of it.
 
     Every member is moved by its element of ``init`` first (θ, the samples, ḡ and v, as a
-    sweep's steps move them), then the statistics are rebuilt: the sweeps run from there to
-    the same stopping criterion, so to the same equilibrium, usually in fewer sweeps. Not
-    with held generators (their values are measured from the current θ). Returns whether
-    it moved.
+    sweep's steps move them; the statistics are built there, at each kernel's first step): the
+    sweeps run from there to the same stopping criterion, so to the same equilibrium, usually
+    in fewer sweeps. Not with held generators (their values are measured from the current θ).
+    Returns whether it moved.
     """
     init = opts.init
     if not init or held or any(names[s] not in init for s in part):
@@ -582,7 +572,6 @@ def _warm_start(
         move(s, element, values, samples, cur.displacement, cur.mean)
         out.steps.append((index[s], element))
         out.totals[s] = k.compose(out.totals[s], element)
-    refresh_stats_(cur, samples, list(part), means=False, level=Level.SOLVE)
     return True
 
 
@@ -630,45 +619,6 @@ def _momentum_terms(
                 for t in terms
             )
         out[name] = terms
-    return out
-
-
-def _check_fixed(syms: SymmetrySet, fixed: Mapping[str, Any] | None) -> dict[str, Tensor]:
-    """``fixed`` as float64 CPU vectors ``[J]`` per diagonal symmetry name (NaN: free)."""
-    out: dict[str, Tensor] = {}
-    if fixed is not None and not isinstance(fixed, Mapping):
-        raise TypeError(
-            f"solve_equilibrium: fixed is a {type(fixed).__name__}; expected None or a mapping "
-            "symmetry name → generators to hold (NaN: free), e.g. {'r': [0.2, nan, 0.0]}."
-        )
-    for name, value in (fixed or {}).items():
-        if name not in syms.names:
-            raise ValueError(
-                f"solve_equilibrium: fixed names the symmetry {name!r}, which is not in the set; "
-                f"expected names of syms.names, e.g. {list(syms.names)[:3]}."
-            )
-        s = syms[name]
-        if not kernel_for(s).can_hold:
-            raise TypeError(
-                f"solve_equilibrium: fixed holds {name!r}, a {s.family.value} symmetry; only "
-                "diagonal generators (rescaling, scale) can be held. Leave it out of fixed."
-            )
-        lam = torch.as_tensor(value, dtype=torch.float64).detach().cpu()
-        size = cast(DiagonalSymmetry, s).num_generators
-        if tuple(lam.shape) != (size,):
-            raise ValueError(
-                f"solve_equilibrium: fixed[{name!r}] has shape {tuple(lam.shape)}; expected "
-                f"({size},), one λ per generator: the value to hold it at, or NaN to leave it "
-                "free."
-            )
-        if bool(torch.isinf(lam).any()):
-            raise ValueError(
-                f"solve_equilibrium: fixed[{name!r}] has {int(torch.isinf(lam).sum())} infinite "
-                "entries; expected finite values to hold (or NaN to leave a generator free). A "
-                "generator cannot be held at infinity: leave it free and read "
-                "solution.at_infinity."
-            )
-        out[name] = lam
     return out
 
 

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from noetherflow._scratch import buffer
 from noetherflow._threads import one_thread
 from noetherflow.kernels.base import GroupSolve, StepOptions
 from noetherflow.kernels.noise import NoiseModel, cross_values
@@ -177,17 +178,22 @@ def _tiles(v: Tensor, dim: int, blocks: Sequence[Block]) -> Tensor | None:
     return v3[:, first : first + len(blocks) * d].unflatten(1, (len(blocks), d))
 
 
-def _left_product(mats: Tensor, y: Tensor) -> Tensor:
-    """M_b · y[p, b] for every p, b: ``mats`` ``[B, d, d]``, ``y`` ``[pre, B, d, post]``.
+def _left_product_(mats: Tensor, y: Tensor) -> None:
+    """y[p, b] → M_b · y[p, b] for every p, b, in place.
+
+    ``mats``: ``[B, d, d]``; ``y``: ``[pre, B, d, post]``, a view of the tensor to move.
 
     With ``post`` = 1 (the sliced axis last: a fused projection's output columns) one
-    ``bmm`` over the slices, each a strided ``[pre, d]`` matrix, as y Mᵀ; else one broadcast
-    product of ``[d, d]`` by ``[d, post]`` matrices. Returns a new ``[pre, B, d, post]``.
+    ``bmm`` over the slices, each a strided ``[pre, d]`` matrix, as y Mᵀ, into a reused
+    buffer (:mod:`noetherflow._scratch`); else one broadcast product of ``[d, d]`` by
+    ``[d, post]`` matrices.
     """
     if y.shape[-1] == 1:
         x = y[..., 0].transpose(0, 1)  # [B, pre, d]
-        return torch.bmm(x, mats.mT).transpose(0, 1).unsqueeze(-1)
-    return torch.matmul(mats, y)
+        out = buffer("rotation.left", x.shape, x.dtype, x.device)
+        x.copy_(torch.bmm(x, mats.mT, out=out))
+        return
+    y.copy_(torch.matmul(mats, y))
 
 
 def _apply_(
@@ -213,7 +219,7 @@ def _apply_(
             continue
         y = _tiles(v, blocks[0].axis + offset, blocks)
         if y is not None:
-            y.copy_(_left_product(torch.stack([mat[id(b)] for b in blocks]), y))
+            _left_product_(torch.stack([mat[id(b)] for b in blocks]), y)
             continue
         for b in blocks:
             if offset:
@@ -391,14 +397,20 @@ def move_stats_(
     with one_thread():
         for run in widths.values():
             g, ginv = _elements(run)
-            for i, (s, _) in enumerate(run):
+            # every block's moment M → L M Lᵀ (L = Gᵀ on W, G⁻¹ on U) in one batched product
+            slots = [
+                (cache[s], b, side_mats[i])
+                for i, (s, _) in enumerate(run)
+                for blocks, side_mats in ((s.w_blocks, g.mT), (s.u_blocks, ginv))
+                for b in blocks
+            ]
+            moms = torch.stack([own[b] for own, b, _ in slots])
+            ls = torch.stack([m for _, _, m in slots]).to(moms.dtype)
+            moved = _sym(ls @ moms @ ls.mT)
+            for (own, b, _), m in zip(slots, moved, strict=True):
+                own[b] = m
+            for s, _ in run:
                 own = cache[s]
-                for b in s.w_blocks:
-                    m = g[i].to(own[b].dtype)
-                    own[b] = _sym(m.T @ own[b] @ m)
-                for b in s.u_blocks:
-                    m = ginv[i].to(own[b].dtype)
-                    own[b] = _sym(m @ own[b] @ m.T)
                 side[s] = (
                     _total([own[b] for b in s.w_blocks]),
                     _total([own[b] for b in s.u_blocks]),

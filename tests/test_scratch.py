@@ -1,0 +1,55 @@
+"""The solver's scratch buffers (noetherflow._scratch) and what the solve does with them."""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+from test_solver_batched import KW, _model, _stats
+
+import noetherflow as nf
+from noetherflow import _scratch
+from noetherflow._checks import fingerprint
+from noetherflow._threads import side_by_side
+
+CPU = torch.device("cpu")
+
+
+def test_one_buffer_per_key_within_a_scope_and_fresh_outside() -> None:
+    with _scratch.reuse():
+        a = _scratch.buffer("x", (3, 4), torch.float64, CPU)
+        assert _scratch.buffer("x", (3, 4), torch.float64, CPU) is a
+        assert _scratch.buffer("x", (4, 3), torch.float64, CPU) is not a
+        assert _scratch.buffer("x", (3, 4), torch.float32, CPU) is not a
+        assert _scratch.buffer("y", (3, 4), torch.float64, CPU) is not a
+        with _scratch.reuse():  # nested: the outer scope serves
+            assert _scratch.buffer("x", (3, 4), torch.float64, CPU) is a
+    with _scratch.reuse():  # a new scope: the old buffers are gone
+        assert _scratch.buffer("x", (3, 4), torch.float64, CPU) is not a
+    outside = _scratch.buffer("x", (3, 4), torch.float64, CPU)
+    assert _scratch.buffer("x", (3, 4), torch.float64, CPU) is not outside
+
+
+def test_each_thread_of_a_scope_gets_its_own_buffer() -> None:
+    barrier = threading.Barrier(2)
+
+    def grab() -> tuple[int, int]:
+        first = _scratch.buffer("x", (5,), torch.float64, CPU)
+        barrier.wait()  # both threads hold their buffer at once
+        again = _scratch.buffer("x", (5,), torch.float64, CPU)
+        assert again is first
+        return threading.get_ident(), first.data_ptr()
+
+    with _scratch.reuse():
+        got = side_by_side([grab, grab], workers=2)
+    assert got[0][0] != got[1][0] and got[0][1] != got[1][1]
+
+
+def test_the_solution_is_stamped_with_the_parameters_fingerprint() -> None:
+    # the stamp reuses the statistics check's fingerprints: the same numbers as computing it
+    model, syms, x, y = _model()
+    st = _stats(model, syms, x, y)
+    sol = nf.solve_equilibrium(syms, st, **KW)
+    assert sol.fingerprint == fingerprint(syms.params())
+    st.fingerprint = {}  # statistics that recorded none: every entry computed here
+    assert nf.solve_equilibrium(syms, st, **KW).fingerprint == sol.fingerprint
