@@ -141,6 +141,19 @@ def test_the_same_symmetry_twice_is_refused() -> None:
     assert len(s) == 1
 
 
+def test_a_subset_naming_a_symmetry_twice_is_refused() -> None:
+    m, _, _, _ = _mlp()
+    syms = nf.SymmetrySet([nf.Rescaling(m[0], m[2]), nf.DoubleRotation(m[0], m[2])])
+    n = len(syms)
+    with pytest.raises(ValueError, match=r"index 0 names symmetry 0 .* again.*sorted\(set"):
+        syms.subset([0, 0])
+    with pytest.raises(ValueError, match=rf"index -{n} names symmetry 0 "):
+        syms.subset([0, -n])  # the same symmetry by a negative index
+    with pytest.raises(IndexError):
+        syms.subset([n])
+    assert syms.subset([n - 1, 0]).names == [syms.names[n - 1], syms.names[0]]
+
+
 def test_an_equal_symmetry_on_the_same_parameters_is_refused() -> None:
     m, _, _, _ = _mlp()
     with pytest.raises(

@@ -163,9 +163,22 @@ class SymmetrySet:
         return list(zip(self._names, self._syms, strict=True))
 
     def subset(self, indices: Iterable[int]) -> SymmetrySet:
-        """The symmetries at ``indices`` (in that order) under their names in this set."""
+        """The symmetries at ``indices`` (in that order) under their names in this set.
+
+        Raises:
+            ValueError: an index given twice (a set holds each symmetry once).
+        """
         out = SymmetrySet()
+        seen: set[int] = set()
         for i in indices:
+            j = range(len(self._syms))[i]  # negative indices count from the end, as in a list
+            if j in seen:
+                raise ValueError(
+                    f"subset: index {i} names symmetry {j} ({self._names[j]!r}) again; a set "
+                    "holds each symmetry once. Pass each index once, e.g. "
+                    "sorted(set(indices))."
+                )
+            seen.add(j)
             out._syms.append(self._syms[i])
             out._names.append(self._names[i])
         return out
