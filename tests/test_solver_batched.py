@@ -24,7 +24,7 @@ import noetherflow as nf
 from noetherflow._sweep_plan import plan_sweep, sequential_sweeps, sweep_options
 from noetherflow.kernels.base import overlaps
 from noetherflow.kernels.rotation import _solve_rotation
-from noetherflow.kernels.rotation_batch import batched_rotation
+from noetherflow.kernels.rotation_batch import _nonsingular, batched_rotation
 from noetherflow.symmetry.rotation import Block
 
 DT = torch.float64
@@ -102,6 +102,48 @@ def test_batched_rotation_sends_singular_pairs_back() -> None:
     assert ok.tolist() == [True, False, False]
     _, ok, _, _ = batched_rotation(x, y, rtol=1e-10, ridge=1e-3)
     assert ok.tolist() == [True, True, True]  # a ridge makes every pair definite
+
+
+def _with_spectrum(spectra: Tensor, seed: int) -> Tensor:
+    """Q diag(λ) Qᵀ per row of ``spectra`` ``[B, d]``, Q a random orthogonal matrix."""
+    g = torch.Generator().manual_seed(seed)
+    q, _ = torch.linalg.qr(torch.randn(*spectra.shape, spectra.shape[-1], generator=g, dtype=DT))
+    return (q * spectra.unsqueeze(-2)) @ q.mT
+
+
+def test_the_certified_singularity_rule_is_the_eigenvalue_rule(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """_nonsingular's bounds (λ_min ≥ 1/tr(A⁻¹), λ_max ≤ row sums) decide as the spectra do.
+
+    Pairs on both sides of the cut rtol·λ_max (a factor 2 from it), well conditioned ones the
+    bounds certify, a zero eigenvalue, a negative one, and a zero pair; the certificate alone
+    decides the well conditioned ones, the eigenvalues the rest.
+    """
+    rtol, d = 1e-10, 6
+    base = torch.linspace(1.0, 3.0, d, dtype=DT)
+    lows = [1.0, 1e-3, 2 * rtol * 3.0, 0.5 * rtol * 3.0, 0.0, -1e-3]
+    spec_x = torch.stack([torch.cat([base[:-1], torch.tensor([v], dtype=DT)]) for v in lows])
+    spec_y = torch.stack([base] * len(lows))
+    x, y = _with_spectrum(spec_x, 5), _with_spectrum(spec_y, 6)
+    # the same cases on Y's side, and a pair of zeros
+    x = torch.cat([x, y[:-1], torch.zeros(1, d, d, dtype=DT)])
+    y = torch.cat([y, _with_spectrum(spec_x, 7)[:-1], torch.zeros(1, d, d, dtype=DT)])
+    _, ok = _nonsingular(x, y, rtol)
+    ex, ey = torch.linalg.eigvalsh(x), torch.linalg.eigvalsh(y)
+    top = torch.maximum(ex.amax(-1), ey.amax(-1)).clamp_min(0.0)
+    cut = (rtol * top).unsqueeze(-1)
+    rule = (top > 0) & ~((ex <= cut).any(-1) | (ey <= cut).any(-1))
+    assert ok.tolist() == rule.tolist()
+    assert ok.tolist() == [True, True, True, False, False, False] + [True] * 3 + [False] * 3
+    # the well conditioned pairs need no spectrum: the bounds alone pass them
+    monkeypatch.setattr(torch.linalg, "eigvalsh", _no_spectrum)
+    _, ok = _nonsingular(x[:2], y[:2], rtol)
+    assert ok.tolist() == [True, True]
+
+
+def _no_spectrum(*_: Any) -> Tensor:
+    raise AssertionError("eigvalsh called where the bounds decide")
 
 
 def test_the_plan_batches_disjoint_runs_only() -> None:

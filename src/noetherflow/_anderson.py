@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["Anderson"]
+__all__ = ["Anderson", "least_squares"]
 
 
 class Anderson:
@@ -46,5 +46,21 @@ class Anderson:
         gs = torch.stack(self._g, 1)
         df, dg = fs.diff(dim=1), gs.diff(dim=1)
         scale = df.norm(dim=0).clamp_min(1e-300)
-        gamma = torch.linalg.lstsq(df / scale, f.unsqueeze(1), rcond=1e-12).solution[:, 0]
+        gamma = least_squares(df / scale, f)
         return g - dg @ (gamma / scale)
+
+
+def least_squares(a: Tensor, b: Tensor, rcond: float = 1e-14) -> Tensor:
+    """The minimum-norm argmin_γ ‖b − aγ‖ for a tall, thin ``a`` ``[n, k]``, ``b`` ``[n]``.
+
+    Has shape ``[k]``. By the eigendecomposition of the k × k normal matrix aᵀa, dropping
+    eigenvalues at most ``rcond`` times the largest (singular values below 1e-7 of the
+    largest, by default). Not LAPACK's least squares: on the CPU's MKL its last bits change
+    from call to call for the same inputs, and a solve's blocks must give the same numbers
+    side by side as alone (``tests/test_solver_parallel.py``); the k × k eigendecomposition
+    and the products here do not.
+    """
+    w, v = torch.linalg.eigh(a.mT @ a)
+    keep = w > w.amax() * rcond
+    inv = torch.where(keep, 1 / torch.where(keep, w, 1.0), 0.0)
+    return v @ (inv * (v.mT @ (a.mT @ b)))

@@ -79,31 +79,63 @@ def batched_rotation(
     ``X``, ``Y``: ``[B, d, d]`` float64. Returns (G ``[B, d, d]``, ok ``[B]`` bool, relative
     flow before ``[B]``, after ``[B]``); where ``ok`` is False (X or Y singular to ``rtol``,
     or both zero) the entries are meaningless and the caller solves that pair alone. The
-    arithmetic is :func:`noetherflow.kernels.rotation._solve_rotation`'s, batched.
+    arithmetic is :func:`noetherflow.kernels.rotation._solve_rotation`'s, batched, with Y's
+    Cholesky factor in place of its eigendecomposition (the same unique SPD P).
     """
     d = X.shape[-1]
     X, Y = _sym(X), _sym(Y)
+    eye = torch.eye(d, dtype=X.dtype)
     if ridge is not None:
-        eye = torch.eye(d, dtype=X.dtype)
         X, Y = X + ridge * eye, Y + ridge * eye
-    ex = torch.linalg.eigvalsh(X)
-    ey, vy = torch.linalg.eigh(Y)
-    top = torch.maximum(ex.amax(-1), ey.amax(-1)).clamp_min(0.0)
-    cut = (rtol * top).unsqueeze(-1)
-    ok = (top > 0) & ~((ex <= cut).any(-1) | (ey <= cut).any(-1))
-    # P = Y^{-1/2}(Y^{1/2} X Y^{1/2})^{1/2} Y^{-1/2} (the singular members get a harmless
-    # positive spectrum so that the batch stays finite)
-    ey = torch.where(ok.unsqueeze(-1), ey, 1.0)
-    yh = _fn(vy, ey.sqrt())
-    yih = _fn(vy, 1 / ey.sqrt())
-    wz, vz = torch.linalg.eigh(_sym(yh @ X @ yh))
-    p = _sym(yih @ _fn(vz, wz.clamp(min=0).sqrt()) @ yih)
+    ly, ok = _nonsingular(X, Y, rtol)
+    # Y = LLᵀ, Z = LᵀXL: P = L⁻ᵀ Z^{1/2} L⁻¹ is SPD with P Y P = L⁻ᵀ Z L⁻¹ = X (the singular
+    # members get L = I, so that the batch stays finite)
+    ly = torch.where(ok[:, None, None], ly, eye)
+    liy = torch.linalg.solve_triangular(ly, eye.expand_as(ly), upper=False)
+    wz, vz = torch.linalg.eigh(_sym(ly.mT @ X @ ly))
+    p = _sym(liy.mT @ _fn(vz, wz.clamp(min=0).sqrt()) @ liy)
     w, v = torch.linalg.eigh(p)
     w = torch.maximum(w, w.amax(-1, keepdim=True) * 1e-300)
     w = torch.where(ok.unsqueeze(-1), w, 1.0)
     gr = _fn(v, w.sqrt())
     gri = _fn(v, 1 / w.sqrt())
     return gr, ok, _rel(X, Y), _rel(gri @ X @ gri, gr @ Y @ gr)
+
+
+def _nonsingular(X: Tensor, Y: Tensor, rtol: float) -> tuple[Tensor, Tensor]:
+    """(Y's Cholesky factor ``[B, d, d]``, ok ``[B]``): both X and Y nonsingular to ``rtol``.
+
+    The rule is :func:`noetherflow.kernels.rotation._solve_rotation`'s: every eigenvalue of X
+    and of Y above ``rtol`` times the largest of both. Most pairs are certified without
+    their spectra: for an SPD A (its Cholesky succeeded), λ_min(A) ≥ 1/tr(A⁻¹) =
+    1/‖L⁻¹‖_F², and λ_max(A) ≤ A's largest absolute row sum. Only the pairs the bounds
+    leave open are decided by their eigenvalues. A pair the rule passes but whose Y has no
+    Cholesky factor in floating point counts as singular (solved alone).
+    """
+    eye = torch.eye(X.shape[-1], dtype=X.dtype).expand_as(X)
+    lx, bad_x = torch.linalg.cholesky_ex(X)
+    ly, bad_y = torch.linalg.cholesky_ex(Y)
+    factored = (bad_x == 0) & (bad_y == 0)
+    safe = factored[:, None, None]
+    # tr(A⁻¹) = ‖L⁻¹‖_F² (L = I where the factorisation failed, so that all stays finite)
+    inv_tr = [
+        torch.linalg.solve_triangular(torch.where(safe, lo, eye), eye, upper=False)
+        .square()
+        .sum((-2, -1))
+        for lo in (lx, ly)
+    ]
+    top_hi = torch.maximum(X.abs().sum(-1).amax(-1), Y.abs().sum(-1).amax(-1))
+    certain = factored & (inv_tr[0] * rtol * top_hi < 1) & (inv_tr[1] * rtol * top_hi < 1)
+    ok = certain.clone()
+    open_ = (~certain).nonzero().flatten()
+    if open_.numel():
+        ex = torch.linalg.eigvalsh(X[open_])
+        ey = torch.linalg.eigvalsh(Y[open_])
+        top = torch.maximum(ex.amax(-1), ey.amax(-1)).clamp_min(0.0)
+        cut = (rtol * top).unsqueeze(-1)
+        rule = (top > 0) & ~((ex <= cut).any(-1) | (ey <= cut).any(-1))
+        ok[open_] = rule & (bad_y[open_] == 0)
+    return ly, ok
 
 
 def solve_disjoint(
