@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 
 import torch
@@ -53,3 +54,21 @@ def test_the_solution_is_stamped_with_the_parameters_fingerprint() -> None:
     assert sol.fingerprint == fingerprint(syms.params())
     st.fingerprint = {}  # statistics that recorded none: every entry computed here
     assert nf.solve_equilibrium(syms, st, **KW).fingerprint == sol.fingerprint
+
+
+def test_bmm_moves_in_place_inside_and_outside_a_scope() -> None:
+    g = torch.Generator().manual_seed(0)
+    base = torch.randn(8, 3, 5, generator=g, dtype=torch.float64)
+    mats = torch.randn(3, 4, 4, generator=g, dtype=torch.float64) + 3 * torch.eye(4)
+    want = base.clone()
+    want[:, :, 1:] = (base[:, :, 1:].transpose(0, 1) @ mats).transpose(0, 1)
+    for scoped in (False, True):
+        y = base.clone()
+        with _scratch.reuse() if scoped else contextlib.nullcontext():
+            _scratch.bmm_(y[:, :, 1:].transpose(0, 1), mats, "t")  # a strided view, moved in place
+            _scratch.bmm_(
+                y[:, :, 1:].transpose(0, 1), torch.linalg.inv(mats), "t"
+            )  # the buffer again
+        assert torch.allclose(y, base, rtol=0, atol=1e-12)
+        _scratch.bmm_(y[:, :, 1:].transpose(0, 1), mats, "t")
+        assert torch.allclose(y, want, rtol=0, atol=1e-13)

@@ -129,7 +129,7 @@ def test_the_certified_singularity_rule_is_the_eigenvalue_rule(
     # the same cases on Y's side, and a pair of zeros
     x = torch.cat([x, y[:-1], torch.zeros(1, d, d, dtype=DT)])
     y = torch.cat([y, _with_spectrum(spec_x, 7)[:-1], torch.zeros(1, d, d, dtype=DT)])
-    _, ok = _nonsingular(x, y, rtol)
+    *_, ok = _nonsingular(x, y, rtol)
     ex, ey = torch.linalg.eigvalsh(x), torch.linalg.eigvalsh(y)
     top = torch.maximum(ex.amax(-1), ey.amax(-1)).clamp_min(0.0)
     cut = (rtol * top).unsqueeze(-1)
@@ -138,7 +138,7 @@ def test_the_certified_singularity_rule_is_the_eigenvalue_rule(
     assert ok.tolist() == [True, True, True, False, False, False] + [True] * 3 + [False] * 3
     # the well conditioned pairs need no spectrum: the bounds alone pass them
     monkeypatch.setattr(torch.linalg, "eigvalsh", _no_spectrum)
-    _, ok = _nonsingular(x[:2], y[:2], rtol)
+    *_, ok = _nonsingular(x[:2], y[:2], rtol)
     assert ok.tolist() == [True, True]
 
 

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-__all__ = ["buffer", "reuse"]
+__all__ = ["bmm_", "buffer", "reuse"]
 
 # per scope, each thread's buffers by (name, shape, dtype, device); a ContextVar, so that the
 # worker threads of a solve (noetherflow._threads.side_by_side copies the context) share it
@@ -60,3 +60,12 @@ def buffer(name: str, shape: Sequence[int], dtype: torch.dtype, device: torch.de
     if out is None:
         out = pool[key] = torch.empty(key[1], dtype=dtype, device=device)
     return out
+
+
+def bmm_(x: Tensor, mats: Tensor, name: str) -> None:
+    """x[b] → x[b] · mats[b] in place, the product written into the buffer ``name`` first.
+
+    ``x``: ``[B, n, d]`` (a strided view of the tensor to move); ``mats``: ``[B, d, d]``.
+    """
+    out = buffer(name, x.shape, x.dtype, x.device)
+    x.copy_(torch.bmm(x, mats, out=out))

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from noetherflow._scratch import buffer
+from noetherflow._scratch import bmm_
 from noetherflow._threads import one_thread
 from noetherflow.kernels.base import GroupSolve, StepOptions
 from noetherflow.kernels.noise import NoiseModel, cross_values
@@ -87,11 +87,11 @@ def batched_rotation(
     eye = torch.eye(d, dtype=X.dtype)
     if ridge is not None:
         X, Y = X + ridge * eye, Y + ridge * eye
-    ly, ok = _nonsingular(X, Y, rtol)
+    ly, liy, ok = _nonsingular(X, Y, rtol)
     # Y = LLᵀ, Z = LᵀXL: P = L⁻ᵀ Z^{1/2} L⁻¹ is SPD with P Y P = L⁻ᵀ Z L⁻¹ = X (the singular
     # members get L = I, so that the batch stays finite)
-    ly = torch.where(ok[:, None, None], ly, eye)
-    liy = torch.linalg.solve_triangular(ly, eye.expand_as(ly), upper=False)
+    keep = ok[:, None, None]
+    ly, liy = torch.where(keep, ly, eye), torch.where(keep, liy, eye)
     wz, vz = torch.linalg.eigh(_sym(ly.mT @ X @ ly))
     p = _sym(liy.mT @ _fn(vz, wz.clamp(min=0).sqrt()) @ liy)
     w, v = torch.linalg.eigh(p)
@@ -102,8 +102,8 @@ def batched_rotation(
     return gr, ok, _rel(X, Y), _rel(gri @ X @ gri, gr @ Y @ gr)
 
 
-def _nonsingular(X: Tensor, Y: Tensor, rtol: float) -> tuple[Tensor, Tensor]:
-    """(Y's Cholesky factor ``[B, d, d]``, ok ``[B]``): both X and Y nonsingular to ``rtol``.
+def _nonsingular(X: Tensor, Y: Tensor, rtol: float) -> tuple[Tensor, Tensor, Tensor]:
+    """(Y's Cholesky factor L, L⁻¹, each ``[B, d, d]``; ok ``[B]``): X, Y nonsingular to ``rtol``.
 
     The rule is :func:`noetherflow.kernels.rotation._solve_rotation`'s: every eigenvalue of X
     and of Y above ``rtol`` times the largest of both. Most pairs are certified without
@@ -116,14 +116,14 @@ def _nonsingular(X: Tensor, Y: Tensor, rtol: float) -> tuple[Tensor, Tensor]:
     lx, bad_x = torch.linalg.cholesky_ex(X)
     ly, bad_y = torch.linalg.cholesky_ex(Y)
     factored = (bad_x == 0) & (bad_y == 0)
-    safe = factored[:, None, None]
-    # tr(A⁻¹) = ‖L⁻¹‖_F² (L = I where the factorisation failed, so that all stays finite)
-    inv_tr = [
-        torch.linalg.solve_triangular(torch.where(safe, lo, eye), eye, upper=False)
-        .square()
-        .sum((-2, -1))
-        for lo in (lx, ly)
-    ]
+    # L⁻¹, and tr(A⁻¹) = ‖L⁻¹‖_F² (L = I where the factorisation failed: all stays finite)
+    lix, liy = (
+        torch.linalg.solve_triangular(
+            torch.where((bad == 0)[:, None, None], lo, eye), eye, upper=False
+        )
+        for lo, bad in ((lx, bad_x), (ly, bad_y))
+    )
+    inv_tr = [li.square().sum((-2, -1)) for li in (lix, liy)]
     top_hi = torch.maximum(X.abs().sum(-1).amax(-1), Y.abs().sum(-1).amax(-1))
     certain = factored & (inv_tr[0] * rtol * top_hi < 1) & (inv_tr[1] * rtol * top_hi < 1)
     ok = certain.clone()
@@ -135,7 +135,7 @@ def _nonsingular(X: Tensor, Y: Tensor, rtol: float) -> tuple[Tensor, Tensor]:
         cut = (rtol * top).unsqueeze(-1)
         rule = (top > 0) & ~((ex <= cut).any(-1) | (ey <= cut).any(-1))
         ok[open_] = rule & (bad_y[open_] == 0)
-    return ly, ok
+    return ly, liy, ok
 
 
 def solve_disjoint(
@@ -221,9 +221,7 @@ def _left_product_(mats: Tensor, y: Tensor) -> None:
     ``[d, post]`` matrices.
     """
     if y.shape[-1] == 1:
-        x = y[..., 0].transpose(0, 1)  # [B, pre, d]
-        out = buffer("rotation.left", x.shape, x.dtype, x.device)
-        x.copy_(torch.bmm(x, mats.mT, out=out))
+        bmm_(y[..., 0].transpose(0, 1), mats.mT, "rotation.left")  # [B, pre, d]
         return
     y.copy_(torch.matmul(mats, y))
 

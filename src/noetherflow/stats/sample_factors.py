@@ -29,7 +29,7 @@ from typing import TypeAlias
 import torch
 from torch import Tensor
 
-from noetherflow._scratch import buffer
+from noetherflow._scratch import bmm_
 
 __all__ = [
     "HeldSamples",
@@ -171,9 +171,7 @@ def left_product_(v: SampleFactors, axis: int, starts: Sequence[int], mats: Tens
     first = starts[0]
     if all(s == first + i * d for i, s in enumerate(starts)):
         y = flat[:, first : first + len(starts) * d].unflatten(1, (len(starts), d))  # [P, B, d]
-        z = y.transpose(0, 1)  # [B, P, d]
-        out = buffer("factors.left", z.shape, x.dtype, x.device)
-        z.copy_(torch.bmm(z, mats.mT.to(x.dtype), out=out))
+        bmm_(y.transpose(0, 1), mats.mT.to(x.dtype), "factors.left")  # [B, P, d]
         return
     for s, m in zip(starts, mats, strict=True):
         flat[:, s : s + d] = flat[:, s : s + d] @ m.T.to(x.dtype)
