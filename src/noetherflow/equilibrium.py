@@ -21,7 +21,7 @@ remaining directions.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any, cast
@@ -270,10 +270,14 @@ def _solve_parts(
     parts = [[i for i in range(len(syms)) if i not in coupled_ids], *blocks]
     out = _Solved(totals={s: s.identity_element() for s in syms})
 
-    def solve(part: list[int], coupled: bool) -> tuple[_Solved, dict[nn.Parameter, Tensor]]:
+    def solve(part: list[int], coupled: bool) -> tuple[_Solved, Mapping[nn.Parameter, Tensor]]:
         sub = syms.subset(part)
         own = _Solved(totals={s: out.totals[s] for s in sub})
-        mine = {p: values[p] if p in values else _float64(p) for p in sub.params()}
+        mine: Mapping[nn.Parameter, Tensor]
+        if coupled or _needs_values(nm):
+            mine = {p: values[p] if p in values else _float64(p) for p in sub.params()}
+        else:  # read once by a single solve step, never moved: no copies kept (_Float64Reads)
+            mine = _Float64Reads(sub.params(), values)
         _solve_block(sub, coupled, mine, stats, nm, names, index, step, sweeps, held, own)
         return own, mine
 
@@ -282,8 +286,43 @@ def _solve_parts(
     tasks = [partial(solve, part, k > 0) for k, part in enumerate(parts) if part]
     for own, mine in side_by_side(tasks, torch.get_num_threads() if parallel() else 1):
         out.merge(own)
-        values.update(mine)
+        if not isinstance(mine, _Float64Reads):
+            values.update(mine)
     return out
+
+
+def _needs_values(nm: NoiseModel) -> bool:
+    """Whether the solution needs θ at the equilibrium (the momentum terms' charges)."""
+    return bool(nm.momentum) and nm.time is TimeModel.DISCRETE
+
+
+class _Float64Reads(Mapping[nn.Parameter, Tensor]):
+    """The parameters of the uncoupled part, each read as a fresh float64 copy, none kept.
+
+    The uncoupled symmetries are solved in one pass whose steps act on parameters that no
+    other step of the pass reads (symmetries sharing one are a coupled group, or solved
+    jointly by one kernel), so θ need not move after them; where the solution needs θ at the
+    equilibrium (:func:`_needs_values`) the part gets kept copies instead. Kept copies of an
+    MLP's weights were a quarter of a GPT-2 solve's fresh memory (issue 28), page-faulted
+    in at every solve.
+    """
+
+    def __init__(self, params: list[nn.Parameter], gathered: Mapping[nn.Parameter, Tensor]):
+        self._params = {p: None for p in params}
+        self._gathered = gathered  # FSDP2 shards, gathered once per solve (a collective)
+
+    def __getitem__(self, p: nn.Parameter) -> Tensor:
+        if p not in self._params:
+            raise KeyError(p)
+        if p in self._gathered:
+            return self._gathered[p]
+        return _float64(p)
+
+    def __iter__(self) -> Iterator[nn.Parameter]:
+        return iter(self._params)
+
+    def __len__(self) -> int:
+        return len(self._params)
 
 
 def _float64(p: nn.Parameter) -> Tensor:
@@ -351,7 +390,7 @@ class _Solved:
 def _solve_block(
     part: SymmetrySet,
     coupled: bool,
-    values: dict[nn.Parameter, Tensor],
+    values: Mapping[nn.Parameter, Tensor],
     stats: GradStats,
     nm: NoiseModel,
     names: Mapping[Any, str],
@@ -363,7 +402,8 @@ def _solve_block(
 ) -> None:
     """Solve one block: once (uncoupled), or by block Gauss–Seidel sweeps (a coupled group).
 
-    ``values`` (float64 parameters) move in place; steps, totals and reports go to ``out``.
+    ``values`` (float64 parameters) move in place, but for the uncoupled part's read-only
+    :class:`_Float64Reads`; steps, totals and reports go to ``out``.
     ``sweeps``: at most this many sweeps, until the largest relative flow is ``tol``.
     """
     max_sweeps, tol = sweeps
@@ -410,7 +450,8 @@ def _solve_block(
         else:
             out.steps.append((index[s], element))
             out.totals[s] = k.compose(out.totals[s], element)
-            s.act_(element, values)
+            if not isinstance(values, _Float64Reads):  # no copy to move (read only)
+                s.act_(element, values)
 
     def take_disjoint(k: Any, moves: list[tuple[Symmetry, Any]]) -> None:
         """:func:`take` for each move of a disjoint run, the products batched by the kernel."""
@@ -418,7 +459,8 @@ def _solve_block(
             for s, element in moves:
                 out.steps.append((index[s], element))
                 out.totals[s] = k.compose(out.totals[s], element)
-            k.act_disjoint_(moves, values)
+            if not isinstance(values, _Float64Reads):
+                k.act_disjoint_(moves, values)
             return
         own = mark(k, moves)
         # where the kernel moved the statistics itself, only samples another symmetry reads
@@ -550,7 +592,7 @@ def _warm_start(
     held: Mapping[str, Tensor],
     names: Mapping[Any, str],
     index: Mapping[Symmetry, int],
-    values: dict[nn.Parameter, Tensor],
+    values: Mapping[nn.Parameter, Tensor],
     samples: dict[nn.Parameter, HeldSamples],
     cur: GradStats,
     out: _Solved,

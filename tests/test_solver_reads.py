@@ -1,0 +1,72 @@
+"""The uncoupled part of a solve reads θ without keeping float64 copies (issue 28).
+
+Its symmetries are solved in one pass whose steps act on parameters no other step of the
+pass reads, so θ need not move after them (``noetherflow.equilibrium._Float64Reads``): the
+same solution, bit for bit, as with kept and moved copies; the model untouched; and where
+the solution needs θ at the equilibrium (SGD momentum, discrete time: its momentum terms)
+the part keeps its copies.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from test_sample_factors import _gpt2
+
+import noetherflow as nf
+import noetherflow.equilibrium as eq
+
+
+def _same(a: nf.EquilibriumSolution, b: nf.EquilibriumSolution) -> None:
+    assert [i for i, _ in a.steps] == [i for i, _ in b.steps]
+    for (_, x), (_, y) in zip(a.steps, b.steps, strict=True):
+        assert torch.equal(torch.as_tensor(x), torch.as_tensor(y))
+    assert a.residual == b.residual and a.iterations == b.iterations
+    assert a.momentum_terms.keys() == b.momentum_terms.keys()
+    for name, terms in a.momentum_terms.items():
+        for x, y in zip(terms, b.momentum_terms[name], strict=True):
+            assert torch.equal(x, y)
+
+
+@pytest.mark.parametrize("momentum", [None, 0.9])
+def test_reads_give_the_kept_copies_solution(
+    monkeypatch: pytest.MonkeyPatch, momentum: float | None
+) -> None:
+    syms, st, kw = _gpt2(ignore=False, layers=2)
+    coupled = {i for g in syms.coupled_groups() for i in g}
+    assert 0 < len(coupled) < len(syms)  # an uncoupled part (ln_2 → c_fc) besides the blocks
+    if momentum is not None:
+        kw = {**kw, "momentum": momentum, "time": "discrete"}
+    before = [p.detach().clone() for p in syms.params()]
+    reads: list[type] = []
+    solve_block = eq._solve_block
+
+    def spy(part: Any, coupled: bool, values: Any, *a: Any, **k: Any) -> None:
+        if not coupled:
+            reads.append(type(values))
+        solve_block(part, coupled, values, *a, **k)
+
+    monkeypatch.setattr(eq, "_solve_block", spy)
+    fast = nf.solve_equilibrium(syms, st, **kw)
+    assert reads == [dict if momentum else eq._Float64Reads]
+    assert all(torch.equal(p, q) for p, q in zip(syms.params(), before, strict=True))
+    monkeypatch.setattr(eq, "_needs_values", lambda nm: True)  # the kept copies, moved
+    _same(fast, nf.solve_equilibrium(syms, st, **kw))
+    assert bool(fast.momentum_terms) == (momentum is not None)
+
+
+def test_reads_are_fresh_float64_copies() -> None:
+    a = torch.nn.Parameter(torch.randn(3, 4))
+    b = torch.nn.Parameter(torch.randn(2))
+    gathered = {b: torch.zeros(2, dtype=torch.float64)}
+    reads = eq._Float64Reads([a, b], gathered)
+    assert list(reads) == [a, b] and len(reads) == 2
+    first = reads[a]
+    assert first.dtype == torch.float64 and torch.equal(first, a.detach().double())
+    first.mul_(2)  # a read is the caller's own: the parameter and the next read unchanged
+    assert torch.equal(reads[a], a.detach().double())
+    assert reads[b] is gathered[b]  # a gathered FSDP2 shard: the one copy made per solve
+    with pytest.raises(KeyError):
+        reads[torch.nn.Parameter(torch.zeros(1))]
