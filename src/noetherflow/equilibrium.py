@@ -276,7 +276,7 @@ def _solve_parts(
         mine: Mapping[nn.Parameter, Tensor]
         if coupled or _needs_values(nm):
             mine = {p: values[p] if p in values else _float64(p) for p in sub.params()}
-        else:  # read once by a single solve step, never moved: no copies kept (_Float64Reads)
+        else:  # read by its one pass of steps, never moved: no copies kept (_Float64Reads)
             mine = _Float64Reads(sub.params(), values)
         _solve_block(sub, coupled, mine, stats, nm, names, index, step, sweeps, held, own)
         return own, mine
