@@ -4,11 +4,12 @@ Its symmetries are solved in one pass whose steps act on parameters no other ste
 pass reads, so θ need not move after them (``noetherflow.equilibrium._Float64Reads``): the
 same solution, bit for bit, as with kept and moved copies; the model untouched; and where
 the solution needs θ at the equilibrium (SGD momentum, discrete time: its momentum terms)
-the part keeps its copies.
+the part keeps its copies. A coupled block's ḡ is the statistics' own (a float64 copy).
 """
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import pytest
@@ -17,6 +18,7 @@ from test_sample_factors import _gpt2
 
 import noetherflow as nf
 import noetherflow.equilibrium as eq
+from noetherflow._sweep_plan import coupled_samples
 
 
 def _same(a: nf.EquilibriumSolution, b: nf.EquilibriumSolution) -> None:
@@ -70,3 +72,25 @@ def test_reads_are_fresh_float64_copies() -> None:
     assert reads[b] is gathered[b]  # a gathered FSDP2 shard: the one copy made per solve
     with pytest.raises(KeyError):
         reads[torch.nn.Parameter(torch.zeros(1))]
+
+
+def test_coupled_blocks_read_the_statistics_mean() -> None:
+    """A coupled block's ḡ is a float64 copy of the statistics' own, not the samples' mean
+    recomputed: shifted away from the samples' mean, the block reads the shifted one, and
+    the solve follows it."""
+    syms, st, kw = _gpt2(ignore=True, layers=1)
+    (group,) = [g for g in syms.coupled_groups() if len(g) > 1]
+    part = nf.SymmetrySet([syms[i] for i in group])
+    g = torch.Generator().manual_seed(5)
+    shifted = copy.copy(st)
+    shifted.mean = {p: m + 1e-3 * torch.randn(m.shape, generator=g) for p, m in st.mean.items()}
+    cur = eq._means_of(shifted, coupled_samples(part, shifted), part)
+    assert cur.mean.keys() == dict.fromkeys(part.params()).keys()
+    for p, m in cur.mean.items():
+        assert m.dtype == torch.float64 and torch.equal(m, shifted.mean[p].double())
+        m.zero_()  # the sweeps move it in place: a copy
+        assert bool(shifted.mean[p].ne(0).any())
+    a, b = nf.solve_equilibrium(syms, st, **kw), nf.solve_equilibrium(syms, shifted, **kw)
+    assert a.converged and b.converged
+    name = next(n for n, e in a.elements.items() if torch.as_tensor(e).dim() == 2)
+    assert not torch.allclose(torch.as_tensor(a.elements[name]), torch.as_tensor(b.elements[name]))
