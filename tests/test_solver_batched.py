@@ -203,20 +203,6 @@ def test_a_chain_of_heads_solves_as_the_reference() -> None:
     _same_equilibrium(warm, warm_ref, 1e-8)
 
 
-def test_an_accelerated_block_leads_its_first_sweep_with_the_run() -> None:
-    """The Anderson-mixed block solves its heads first (for λ = 0), then the rescaling: the
-    reference starts with the rescaling (a joint step before the run)."""
-    m, syms, x, y = _model(heads=4)
-    st = _stats(m, syms, x, y)
-    fast = nf.solve_equilibrium(syms, st, **KW)
-    with sweep_options(accelerate=False):
-        plain = nf.solve_equilibrium(syms, st, **KW)
-    family = [s.family.value for s in syms]
-    assert [family[i] for i, _ in fast.steps[:5]] == ["rotation"] * 4 + ["rescaling"]
-    assert family[plain.steps[0][0]] == "rescaling"
-    _same_equilibrium(fast, plain, 1e-8)
-
-
 def lands_at_zero_flow(
     m: nn.Module, syms: nf.SymmetrySet, x: Tensor, y: Tensor, sol: Any, bound: float
 ) -> None:

@@ -478,12 +478,7 @@ def _solve_block(
     settled: float | None = None  # the largest flow the last sweep's later steps left
     for sweep in range(1, (max_sweeps if coupled else 1) + 1):
         worst, rest = 0.0, 0.0
-        order = list(enumerate(groups))
-        if accel is not None and sweep == 1:
-            # lead with the run, so that every diagonal step, the first included, sees the
-            # rotations at their optimum for its λ: a value of Φ, mixed from the first on
-            order.insert(0, (1, groups[1]))
-        for i, step in order:
+        for i, step in enumerate(groups):
             k, members = step.kernel, step.members
             start = _point(members, out.totals) if accel is not None and i == 0 else None
             todo = [s for s in members if stale.get(s)]
@@ -524,7 +519,8 @@ def _solve_block(
             if accel is not None and start is not None:
                 if res.reports or held:  # directions at infinity: λ is not a plain point
                     accel = None
-                elif res.steps:  # the run led the first sweep: Φ(λ) is defined
+                elif sweep > 1 and res.steps:
+                    # rotations are at their optimum for λ from sweep 2 on: Φ(λ) is defined
                     after = _point(members, out.totals)
                     for s, element in _split(members, accel.step(start, after) - after):
                         take(k, s, element)
@@ -548,8 +544,7 @@ def _accelerator(groups: list[Step]) -> Anderson | None:
     """Anderson mixing on the diagonal λ where a sweep is a map of λ alone (_anderson.py).
 
     That is: one joint diagonal step first, then one run of rotations on disjoint coordinates
-    (each solved exactly for the current λ). The first sweep then leads with the run (solved
-    for the starting λ), so that the diagonal step's every result is a value of that map.
+    (each solved exactly for the current λ).
     """
     if len(groups) != 2 or not groups[0].kernel.can_hold:
         return None
