@@ -72,3 +72,19 @@ def test_bmm_moves_in_place_inside_and_outside_a_scope() -> None:
         assert torch.allclose(y, base, rtol=0, atol=1e-12)
         _scratch.bmm_(y[:, :, 1:].transpose(0, 1), mats, "t")
         assert torch.allclose(y, want, rtol=0, atol=1e-13)
+
+
+def test_left_mm_moves_in_place_as_one_broadcast_product() -> None:
+    # the rows of an output projection: y[b] → M_b y[b], a strided view moved slice by slice
+    g = torch.Generator().manual_seed(1)
+    base = torch.randn(3, 4, 7, generator=g, dtype=torch.float64)
+    mats = torch.randn(3, 4, 4, generator=g, dtype=torch.float64) + 3 * torch.eye(4)
+    want = base.clone()
+    want[:, :, 2:] = torch.matmul(mats, base[:, :, 2:])
+    for scoped in (False, True):
+        y = base.clone()
+        with _scratch.reuse() if scoped else contextlib.nullcontext():
+            _scratch.left_mm_(mats, y[:, :, 2:], "t")
+            assert torch.allclose(y, want, rtol=0, atol=1e-13)
+            _scratch.left_mm_(torch.linalg.inv(mats), y[:, :, 2:], "t")  # the buffer again
+        assert torch.allclose(y, base, rtol=0, atol=1e-12)

@@ -8,7 +8,7 @@ disjoint runs, batched solves take the reference's steps to 1e-10 (a chain of he
 rescalings, a tiny GPT-2 found by detection), Anderson-mixed sweeps reach the same
 equilibrium (λ and P = GGᵀ to 1e-8, the flows gone after the teleport) in fewer sweeps,
 also from a warm start, and the cover classes that decide staleness equal the Gram matrix
-of the coverage masks.
+of the coverage masks and are found once per symmetry set.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from torch import Tensor, nn
 
 import noetherflow as nf
 from noetherflow._sweep_plan import plan_sweep, sequential_sweeps, sweep_options
-from noetherflow.kernels.base import overlaps
+from noetherflow.kernels.base import overlaps, overlaps_by_param
 from noetherflow.kernels.rotation import _solve_rotation
 from noetherflow.kernels.rotation_batch import _nonsingular, batched_rotation
 from noetherflow.symmetry.rotation import Block
@@ -177,6 +177,38 @@ def test_cover_classes_equal_the_mask_gram(heads: int) -> None:
                     ref[a].add(b)
     got = overlaps(list(syms))
     assert {s: set(v) for s, v in got.items()} == ref
+
+
+def test_cover_classes_are_found_once_per_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    # a solve's blocks read the classes from their set's memo: found at the first solve,
+    # shared with subsets, renewed when the set grows, not pickled
+    import pickle
+
+    import noetherflow.kernels.base as base
+
+    m, syms, x, y = _model(heads=4)
+    found = []
+    real = base._cover_classes
+    monkeypatch.setattr(
+        base, "_cover_classes", lambda p, group: found.append(len(group)) or real(p, group)
+    )
+    want = overlaps_by_param(list(syms))
+    shared = len(found)  # the parameters that more than one symmetry acts on
+    assert found == [4, 4, 5]  # the heads' W and bias sides, their U side with the rescaling
+    memo = syms.cover_memo()
+    assert overlaps_by_param(list(syms), memo) == want and len(found) == 2 * shared
+    assert overlaps_by_param(list(syms), memo) == want  # from the memo
+    sub = syms.subset(range(len(syms)))
+    assert sub.cover_memo() is memo
+    assert overlaps_by_param(list(sub), sub.cover_memo()) == want
+    st = _stats(m, syms, x, y)
+    sol = nf.solve_equilibrium(syms, st, **KW)  # its coupled block reads the memo
+    assert len(found) == 2 * shared and sol.converged
+    part = syms.subset(range(1, len(syms)))
+    assert part.cover_memo() is memo
+    part.add(syms[0])
+    assert part.cover_memo() is not memo and syms.cover_memo() is memo
+    assert pickle.loads(pickle.dumps(syms)).cover_memo() == {}
 
 
 def _stats(m: nn.Module, syms: nf.SymmetrySet, x: Tensor, y: Tensor) -> nf.GradStats:

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from noetherflow._scratch import bmm_
+from noetherflow._scratch import bmm_, left_mm_
 from noetherflow._threads import one_thread
 from noetherflow.kernels.base import GroupSolve, StepOptions
 from noetherflow.kernels.noise import NoiseModel, cross_values
@@ -215,13 +215,17 @@ def _left_product_(mats: Tensor, y: Tensor) -> None:
 
     ``mats``: ``[B, d, d]``; ``y``: ``[pre, B, d, post]``, a view of the tensor to move.
 
-    With ``post`` = 1 (the sliced axis last: a fused projection's output columns) one
-    ``bmm`` over the slices, each a strided ``[pre, d]`` matrix, as y Mᵀ, into a reused
-    buffer (:mod:`noetherflow._scratch`); else one broadcast product of ``[d, d]`` by
+    With ``post`` = 1 (the sliced axis last: a fused projection's output columns) each
+    slice, a strided ``[pre, d]`` matrix, as y Mᵀ; with ``pre`` = 1 (the sliced axis first:
+    an output projection's input rows) each ``[d, post]`` slice as M y; both through a
+    reused buffer (:mod:`noetherflow._scratch`). Else one broadcast product of ``[d, d]`` by
     ``[d, post]`` matrices.
     """
     if y.shape[-1] == 1:
         bmm_(y[..., 0].transpose(0, 1), mats.mT, "rotation.left")  # [B, pre, d]
+        return
+    if y.shape[0] == 1:
+        left_mm_(mats, y[0], "rotation.rows")  # [B, d, post]
         return
     y.copy_(torch.matmul(mats, y))
 

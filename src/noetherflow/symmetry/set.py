@@ -70,6 +70,7 @@ class SymmetrySet:
         self._names: list[str] = []
         self._params: list[nn.Parameter] | None = None
         self._keys: dict[tuple[Any, ...], str] | None = None
+        self._cover: dict[tuple[int, ...], list[list[Symmetry]]] = {}
         self.verification: dict[str, VerifyResult] = {}
         # Filled by nf.find_symmetries: what detection learnt, and parameter names so that
         # to_dict()/table() name parameters without being given the model.
@@ -87,6 +88,7 @@ class SymmetrySet:
         state = dict(self.__dict__)
         state["model_ref"] = None
         state["_keys"] = None  # keyed by parameter ids: those of the copy differ
+        state["_cover"] = {}  # the same
         return state
 
     def add(self, sym: Symmetry) -> None:
@@ -106,6 +108,7 @@ class SymmetrySet:
         self._syms.append(sym)
         self._names.append(name)
         self._params = None
+        self._cover = {}  # a new dict: a subset's additions never reach its parent's memo
         if key is not None:
             self._generator_keys()[key] = name
 
@@ -181,7 +184,20 @@ class SymmetrySet:
             seen.add(j)
             out._syms.append(self._syms[i])
             out._names.append(self._names[i])
+        out._cover = self.cover_memo()  # the same symmetries: the same cover classes
         return out
+
+    def cover_memo(self) -> dict[tuple[int, ...], list[list[Symmetry]]]:
+        """Which of its symmetries cover a coordinate of a parameter together, found so far.
+
+        Keyed by the ids of the parameter and the symmetries, which this set keeps alive;
+        shared with its subsets (:func:`noetherflow.kernels.base.overlaps_by_param`), and
+        renewed by :meth:`add`. The classes depend only on what each symmetry acts on.
+        """
+        memo: dict[tuple[int, ...], list[list[Symmetry]]] | None = getattr(self, "_cover", None)
+        if memo is None:  # a set pickled before the memo existed
+            memo = self._cover = {}
+        return memo
 
     def params(self) -> list[nn.Parameter]:
         """Every parameter acted on by some symmetry, once each (a new list each call)."""
