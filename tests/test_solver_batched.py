@@ -31,12 +31,14 @@ DT = torch.float64
 KW: dict[str, Any] = {"lr": 0.05, "batch_size": 8, "weight_decay": 1e-2}
 
 
-def _model(heads: int = 3, seed: int = 0) -> tuple[nn.Module, nf.SymmetrySet, Tensor, Tensor]:
-    """Linear(5, 6h) → Linear(6h, 6) → ReLU → Linear(6, 3): ``heads`` heads of 6 between the
-    first two and a rescaling between the last two, sharing the second weight (a chain)."""
+def _model(
+    heads: int = 3, seed: int = 0, inputs: int = 5
+) -> tuple[nn.Module, nf.SymmetrySet, Tensor, Tensor]:
+    """Linear(inputs, 6h) → Linear(6h, 6) → ReLU → Linear(6, 3): ``heads`` heads of 6 between
+    the first two and a rescaling between the last two, sharing the second weight (a chain)."""
     torch.manual_seed(seed)
     w = 6 * heads
-    m = nn.Sequential(nn.Linear(5, w), nn.Linear(w, 6), nn.ReLU(), nn.Linear(6, 3)).double()
+    m = nn.Sequential(nn.Linear(inputs, w), nn.Linear(w, 6), nn.ReLU(), nn.Linear(6, 3)).double()
     rots = [
         nf.DoubleRotation.from_blocks(
             [Block(m[0].weight, 0, 6 * h, 6 * h + 6), Block(m[0].bias, 0, 6 * h, 6 * h + 6)],
@@ -46,7 +48,7 @@ def _model(heads: int = 3, seed: int = 0) -> tuple[nn.Module, nf.SymmetrySet, Te
         for h in range(heads)
     ]
     syms = nf.SymmetrySet([*rots, nf.Rescaling(m[1], m[3], label="r")])
-    x, y = torch.randn(40, 5, dtype=DT), torch.randn(40, 3, dtype=DT)
+    x, y = torch.randn(40, inputs, dtype=DT), torch.randn(40, 3, dtype=DT)
     return m, syms, x, y
 
 
@@ -209,6 +211,49 @@ def test_cover_classes_are_found_once_per_set(monkeypatch: pytest.MonkeyPatch) -
     part.add(syms[0])
     assert part.cover_memo() is not memo and syms.cover_memo() is memo
     assert pickle.loads(pickle.dumps(syms)).cover_memo() == {}
+
+
+def test_kept_value_grams_stay_true_and_spare_the_wide_blocks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # a coupled solve keeps each block's Grams of θ and ḡ: moved by congruence with its own
+    # rotation where nothing else moves the block (the first weight's rows, 20 wide > 2d),
+    # rebuilt where the rescaling moves it (the second weight) and where a Gram is cheaper
+    # than the congruence (the bias); each kept Gram is the current values' at every read
+    import noetherflow.kernels.rotation_batch as rb
+
+    m, syms, x, y = _model(heads=3, inputs=20)
+    st = _stats(m, syms, x, y)
+    real_xy, real_grams = rb.batched_xy, rb._block_grams
+    index = {id(p): i for i, p in enumerate(m.parameters())}
+    built: list[int] = []  # the parameter of each θ or ḡ Gram built
+    steps, worst = [0], [0.0]
+
+    def grams(blocks: Any, tensors: Any, offset: int) -> Any:
+        if offset == 0:
+            built.extend(index[id(b.param)] for b in blocks)
+        return real_grams(blocks, tensors, offset)
+
+    def xy(group: Any, values: Any, stats: Any, nm: Any, kept: Any = None) -> Any:
+        out = real_xy(group, values, stats, nm, kept)
+        steps[0] += 1
+        for b, pair in (kept or {}).items():
+            for got, of in zip(pair, (values, stats.mean), strict=True):
+                want = real_grams([b], {b.param: of[b.param]}, 0)[b]
+                worst[0] = max(worst[0], float((got - want).norm() / want.norm()))
+        return out
+
+    monkeypatch.setattr(rb, "_block_grams", grams)
+    monkeypatch.setattr(rb, "batched_xy", xy)
+    kept = nf.solve_equilibrium(syms, st, **KW)
+    assert kept.converged and steps[0] >= 4
+    assert worst[0] < 1e-13
+    # the first weight's 3 blocks: built (θ and ḡ) in the first two steps, then moved
+    assert built.count(0) == 3 * 2 * 2
+    assert built.count(1) == built.count(2) == 3 * 2 * steps[0]  # the bias, the shared weight
+    # the same equilibrium as with nothing kept
+    monkeypatch.setattr(rb, "batched_xy", lambda *a, **k: real_xy(*a[:4], None))
+    _close(kept, nf.solve_equilibrium(syms, st, **KW), 1e-11)
 
 
 def _stats(m: nn.Module, syms: nf.SymmetrySet, x: Tensor, y: Tensor) -> nf.GradStats:

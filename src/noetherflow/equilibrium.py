@@ -489,8 +489,11 @@ def _solve_block(
             if todo:
                 for s in todo:
                     del stale[s]
-            solve = k.solve_disjoint if step.disjoint else k.solve
-            res = solve(members, values, cur, nm, names, opts)
+            if step.disjoint:  # the kernel's scratch only where refresh_ keeps it true
+                own_cache = caches.setdefault(k.name, {}) if fast and coupled else None
+                res = k.solve_disjoint(members, values, cur, nm, names, opts, own_cache)
+            else:
+                res = k.solve(members, values, cur, nm, names, opts)
             if i == 0 and at_rest(res, settled, stop):
                 # where the last sweep left the values, every flow is at most tol: the first
                 # step measured its own, and the later ones, touching one another nowhere,

@@ -273,11 +273,14 @@ class Kernel(ABC, Generic[S, B]):
         nm: NoiseModel,
         names: Mapping[Symmetry, str],
         opts: StepOptions,
+        cache: dict[Any, Any] | None = None,
     ) -> GroupSolve:
         """One step for each of ``syms`` (pairwise disjoint coordinates), merged in order.
 
         What :meth:`solve` gives one at a time, as they do not interact; kernels with
-        ``batchable`` override it with one batched step.
+        ``batchable`` override it with one batched step. ``cache``: the kernel's scratch
+        that :meth:`refresh_` and :meth:`move_stats_` keep in a coupled solve (None
+        elsewhere), for what the step may reuse from one sweep to the next.
         """
         out = GroupSolve(before=0.0)
         for s in syms:

@@ -398,11 +398,12 @@ class RotationKernel(Kernel[DoubleRotation, RotationStats]):
         nm: NoiseModel,
         names: Mapping[Symmetry, str],
         opts: StepOptions,
+        cache: dict[Any, Any] | None = None,
     ) -> GroupSolve:
         """The heads of one layer in one batched geometric mean (kernels/rotation_batch.py)."""
         from noetherflow.kernels.rotation_batch import solve_disjoint
 
-        return solve_disjoint(self, syms, values, stats, nm, names, opts)
+        return solve_disjoint(self, syms, values, stats, nm, names, opts, cache)
 
     @override
     def act_disjoint_(

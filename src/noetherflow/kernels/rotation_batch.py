@@ -146,17 +146,21 @@ def solve_disjoint(
     nm: NoiseModel,
     names: Mapping[Symmetry, str],
     opts: StepOptions,
+    cache: dict[Any, Any] | None = None,
 ) -> GroupSolve:
     """One solve step for rotations on pairwise disjoint coordinates, batched by width d.
 
     The same steps, residuals, reports and progress (the largest) as calling
-    ``kernel.solve([s], ...)`` for each member in order, to rounding.
+    ``kernel.solve([s], ...)`` for each member in order, to rounding. ``cache``: a coupled
+    solve's scratch of this kernel (:func:`refresh_`, :func:`move_stats_`), whose Grams of
+    θ and ḡ per block are reused where still true.
     """
     own: RotationSettings = opts.of(kernel)
     single: dict[DoubleRotation, GroupSolve] = {}
     batch: dict[int, list[tuple[DoubleRotation, Tensor, Tensor]]] = {}
+    grams = None if cache is None else cache.setdefault(_VALUES, {})
     with one_thread():  # d×d algebra: see noetherflow._threads
-        fast = batched_xy(syms, values, stats, nm)
+        fast = batched_xy(syms, values, stats, nm, grams)
         for s in syms:
             if _mixed_cross(s, values, stats, nm) is not None:
                 single[s] = kernel.solve([s], values, stats, nm, names, opts)
@@ -375,12 +379,53 @@ def _side_grams(
     }
 
 
+# keys of a coupled solve's scratch of this kernel (besides the rotations' block moments):
+# per block, (θ's Gram, ḡ's Gram) of the current values; the blocks the last refresh rebuilt
+_VALUES, _VOLATILE = "value grams", "volatile blocks"
+
+
+def _value_grams(
+    syms: Sequence[DoubleRotation],
+    values: Mapping[nn.Parameter, Tensor],
+    stats: GradStats,
+    grams: dict[Block, tuple[Tensor, Tensor]] | None,
+) -> tuple[
+    dict[DoubleRotation, tuple[Tensor, Tensor]], dict[DoubleRotation, tuple[Tensor, Tensor]]
+]:
+    """(θ's, ḡ's) Grams per rotation and side, as :func:`_side_grams` gives them.
+
+    ``grams``: the blocks' Grams kept true by the sweeps (dropped where another symmetry
+    moved the block, :func:`refresh_`; moved by congruence with the block's own rotation,
+    :func:`move_stats_`); only the blocks missing there are computed, then kept.
+    """
+    blocks = [b for s in syms for b in [*s.w_blocks, *s.u_blocks]]
+    if grams is None:
+        grams = {}
+    todo = list({b: None for b in blocks if b not in grams})
+    if todo:
+        params = {b.param: None for b in todo}
+        th = _block_grams(todo, {p: values[p].to(torch.float64) for p in params}, 0)
+        gm = _block_grams(todo, {p: stats.mean[p] for p in params}, 0)
+        grams.update({b: (th[b], gm[b]) for b in todo})
+
+    def sides(k: int) -> dict[DoubleRotation, tuple[Tensor, Tensor]]:
+        return {
+            s: (
+                _total([grams[b][k] for b in s.w_blocks]),
+                _total([grams[b][k] for b in s.u_blocks]),
+            )
+            for s in syms
+        }
+
+    return sides(0), sides(1)
+
+
 def refresh_(
     members: Sequence[DoubleRotation],
     samples: Mapping[nn.Parameter, HeldSamples],
     stats: GradStats,
     stale: Mapping[Symmetry, Mapping[nn.Parameter, None]],
-    cache: dict[DoubleRotation, dict[Block, Tensor]],
+    cache: dict[Any, Any],
 ) -> None:
     """(M_W, M_U) of ``members`` rebuilt from the moments of their blocks, in place.
 
@@ -397,6 +442,13 @@ def refresh_(
         for b in [*s.w_blocks, *s.u_blocks]:
             if own is None or b not in own or b.param in stale.get(s, {}):
                 need.append(b)
+    # another symmetry moved these blocks' coordinates (or they are new): their θ and ḡ
+    # Grams are no longer true, and their next own move is followed by a rebuild, most likely
+    kept = cache.setdefault(_VALUES, {})
+    volatile = cache.setdefault(_VOLATILE, {})
+    for b in need:
+        kept.pop(b, None)
+        volatile[b] = None
     n = next(iter(samples.values())).shape[0]
     fresh = _block_grams(need, samples, 1)
     side = _block(stats).side
@@ -411,17 +463,19 @@ def refresh_(
 def move_stats_(
     moves: Sequence[tuple[DoubleRotation, Tensor]],
     stats: GradStats,
-    cache: dict[DoubleRotation, dict[Block, Tensor]],
+    cache: dict[Any, Any],
 ) -> bool:
     """Each moved rotation's block moments by its own G, exactly: GᵀMG (W), G⁻¹MG⁻ᵀ (U).
 
     The d-fronts of the gradients move as F_W → GᵀF_W, F_U → G⁻¹F_U (the transport), so
     their moments (1/N) Σ F Fᵀ move by congruence. Only for rotations whose moments are all
     cached (fresh: :func:`refresh_` ran after the last move of anything sharing them);
-    False, changing nothing, otherwise.
+    False, changing no moment, otherwise. The blocks' kept Grams of θ and ḡ move too
+    (:func:`_move_value_grams`), either way.
     """
     from noetherflow.kernels.rotation import _block
 
+    _move_value_grams(moves, cache)
     if any(s not in cache for s, _ in moves):
         return False
     side = _block(stats).side
@@ -452,6 +506,45 @@ def move_stats_(
     return True
 
 
+def _move_value_grams(
+    moves: Sequence[tuple[DoubleRotation, Tensor]], cache: dict[Any, Any]
+) -> None:
+    """The kept Grams of the moved blocks' θ (W_f → G⁻¹W_f, U_f → GᵀU_f) and ḡ, by congruence.
+
+    ḡ moves as a gradient (F_W → GᵀF_W, F_U → G⁻¹F_U). A block the last refresh rebuilt
+    (another symmetry moves its coordinates every sweep: on GPT-2, ``c_attn``'s under the
+    rescaling) loses its Grams instead, which the next step would find untrue anyway, and so
+    does a block whose Gram is cheaper than the two d × d products (a bias); the others
+    (``c_proj``'s rows) move in 64 × 64 products instead of a [768, 64] Gram per sweep.
+    """
+    grams: dict[Block, tuple[Tensor, Tensor]] = cache.get(_VALUES, {})
+    volatile: dict[Block, None] = cache.get(_VOLATILE, {})
+    widths: dict[int, list[tuple[DoubleRotation, Tensor]]] = {}
+    for s, e in moves:
+        widths.setdefault(s.d, []).append((s, e))
+    with one_thread():
+        for run in widths.values():
+            g, ginv = _elements(run)
+            slots: list[tuple[Block, Tensor, Tensor]] = []  # (block, L for θ, L for ḡ)
+            for i, (s, _) in enumerate(run):
+                for blocks, lt, lg in ((s.w_blocks, ginv, g.mT), (s.u_blocks, g.mT, ginv)):
+                    for b in blocks:
+                        cheap = b.param.numel() // b.param.shape[b.axis] <= 2 * b.d
+                        if b in volatile or cheap:  # cheap: its Gram costs less than 2 d³
+                            volatile.pop(b, None)
+                            grams.pop(b, None)
+                        elif b in grams:
+                            slots.append((b, lt[i], lg[i]))
+            if not slots:
+                continue
+            old = torch.stack([grams[b][k] for k in (0, 1) for b, _, _ in slots])
+            ls = torch.stack([lt for _, lt, _ in slots] + [lg for _, _, lg in slots]).to(old.dtype)
+            moved = _sym(ls @ old @ ls.mT)
+            n = len(slots)
+            for j, (b, _, _) in enumerate(slots):
+                grams[b] = (moved[j], moved[n + j])
+
+
 def sample_moments(
     syms: Sequence[DoubleRotation], src: SampleSource
 ) -> dict[Symmetry, tuple[Tensor, Tensor]]:
@@ -471,12 +564,15 @@ def batched_xy(
     values: Mapping[nn.Parameter, Tensor],
     stats: GradStats,
     nm: NoiseModel,
+    grams: dict[Block, tuple[Tensor, Tensor]] | None = None,
 ) -> dict[DoubleRotation, tuple[Tensor, Tensor]]:
     """X = M_U + κWWᵀ, Y = M_W + κUᵀU (float64, CPU), each ``[d, d]``, batched.
 
     :meth:`RotationKernel.xy` for the rotations with one γ and no momentum cross term, the
     Gram products of θ and ḡ batched (:func:`_side_grams`); the others are left out (the
-    caller takes :meth:`RotationKernel.xy` for them).
+    caller takes :meth:`RotationKernel.xy` for them). ``grams``: per block, (θ's Gram,
+    ḡ's Gram) of the current values, read where present and filled where not
+    (:func:`_value_grams`).
     """
     from noetherflow.kernels.rotation import _block
 
@@ -487,9 +583,7 @@ def batched_xy(
     ]
     if not plain:
         return {}
-    params = {b.param: None for s in plain for b in [*s.w_blocks, *s.u_blocks]}
-    theta = _side_grams(plain, {p: values[p].to(torch.float64) for p in params}, 0)
-    mean = _side_grams(plain, {p: stats.mean[p] for p in params}, 0)
+    theta, mean = _value_grams(plain, values, stats, grams)
     side = _block(stats).side
     out = {}
     for s in plain:
