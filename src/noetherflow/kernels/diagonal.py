@@ -22,7 +22,7 @@ import itertools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import torch
 from torch import Tensor, nn
@@ -41,7 +41,7 @@ from noetherflow.kernels.base import (
 )
 from noetherflow.kernels.decay import decay_cross
 from noetherflow.kernels.noise import NoiseModel, cross_displacement
-from noetherflow.stats.core import GradStats, Level, StatsBlock, axis_sum
+from noetherflow.stats.core import GradStats, Level, StatsBlock, axis_norm_sq, axis_sum
 from noetherflow.symmetry.base import DiagonalSymmetry, Symmetry
 
 __all__ = ["DiagonalKernel", "DiagonalStats"]
@@ -109,23 +109,37 @@ def _to_grid(v: Tensor) -> Tensor:
     return v.reshape(v.shape[0], v.shape[1], -1).sum(-1)
 
 
-def _axis_norm_sq(v: Tensor, axis: int) -> Tensor:
-    """Σ of v² over every axis but ``axis``, in one fused reduction. ``[v.shape[axis]]``."""
-    rest = [k for k in range(v.dim()) if k != axis]
-    return torch.linalg.vector_norm(v, dim=rest).square() if rest else v.square()
-
-
 def _axis_m(
-    nm: NoiseModel, mean: Tensor, axis_sq: Tensor, disp: Tensor | None, axis: int
+    nm: NoiseModel,
+    mean: Tensor,
+    axis_sq: Tensor,
+    disp: Tensor | None,
+    axis: int,
+    dtype: torch.dtype | None = None,
 ) -> Tensor:
     """Σ of M_kk over every axis but ``axis``: c_mean·ḡ² + c_second·E[g²] (+ c_cross·vḡ).
 
-    ``mean``, ``disp``: the parameter's shape; ``axis_sq`` and the result ``[p.shape[axis]]``.
+    ``mean``, ``disp``: the parameter's shape; ``axis_sq`` and the result ``[p.shape[axis]]``;
+    ``dtype``: the result's (default ``mean``'s), accumulated in it.
     """
-    m = nm.c_mean * _axis_norm_sq(mean, axis) + nm.c_second * axis_sq.to(mean.dtype)
+    dt = dtype or mean.dtype
+    m = nm.c_mean * axis_norm_sq(mean, axis, dt) + nm.c_second * axis_sq.to(dt)
     if disp is not None:  # the momentum cross term c_cross·vᵀA∇L
-        m = m + nm.c_cross * axis_sum(disp.to(mean.dtype) * mean, axis)
+        m = m + nm.c_cross * axis_sum(disp.to(dt) * mean.to(dt), axis)
     return m
+
+
+def _values_axis_sq(values: Mapping[nn.Parameter, Tensor], p: nn.Parameter, axis: int) -> Tensor:
+    """Σ of θ² over every axis but ``axis``, float64. ``[p.shape[axis]]``.
+
+    From the mapping's own ``axis_norm_sq`` where it has one (the solver's read-only parameters,
+    :class:`noetherflow.equilibrium._Float64Reads`, reduce the parameter itself instead of a
+    float64 copy of it: on GPT-2 124M twelve 18 MB copies of ``c_fc`` per solve).
+    """
+    own = getattr(values, "axis_norm_sq", None)
+    if own is not None:
+        return cast(Tensor, own(p, axis))
+    return axis_norm_sq(values[p], axis, torch.float64)
 
 
 def _diag_problem(
@@ -170,12 +184,11 @@ def _diag_problem(
     for p, (rows, gcols) in per_param.items():
         cols: list[Term] = [(o, k, b, sg) for o, k, b, sg, _ in gcols]
         nmp = nm.at(p)  # this parameter's γ (and its noise coefficients)
-        mean = stats.mean[p].to(torch.float64)
-        theta = values[p].to(torch.float64)
         disp = cross_displacement(stats, nmp, p)
         signed = signed or disp is not None
         if p in block.sq:
-            c = nmp.kappa * theta.square()  # κ_p θ² (eq. PD3)
+            mean = stats.mean[p].to(torch.float64)
+            c = nmp.kappa * values[p].to(torch.float64).square()  # κ_p θ² (eq. PD3)
             sq = block.sq[p].to(torch.float64)
             m = nmp.diag(mean, sq, None if disp is None else disp.to(torch.float64))
             if disp is None:  # else signed: balance() below
@@ -205,10 +218,11 @@ def _diag_problem(
                 "), but these statistics hold only per-neuron sums (level='neuron'); collect "
                 "them with level='solve' or 'diag' (the default)."
             )
-        m = _axis_m(nmp, mean, block.sq_axis[(p, ax)], disp, ax)
+        # per-neuron sums accumulated in float64, no float64 copy of θ or ḡ made
+        m = _axis_m(nmp, stats.mean[p], block.sq_axis[(p, ax)], disp, ax, torch.float64)
         if disp is None:  # else signed: balance() below
             m = m.clamp(min=0)
-        m, cs = m.cpu(), (nmp.kappa * _axis_norm_sq(theta, ax)).cpu()  # Σ κ_p θ² per neuron
+        m, cs = m.cpu(), (nmp.kappa * _values_axis_sq(values, p, ax)).cpu()  # Σ κ_p θ²
         shape = (-1, 1) if ax == 0 else (1, -1)
         if p in slices:
             grids += _sliced(m.reshape(shape), cs.reshape(shape), rows, gcols, slices[p], p, chunks)

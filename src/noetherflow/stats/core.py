@@ -57,6 +57,18 @@ def axis_sum(v: Tensor, axis: int) -> Tensor:
     return v.movedim(axis, 0).reshape(v.shape[axis], -1).sum(1)
 
 
+def axis_norm_sq(v: Tensor, axis: int, dtype: torch.dtype | None = None) -> Tensor:
+    """Σ of v² over every axis but ``axis``, in one fused reduction. ``[v.shape[axis]]``.
+
+    ``dtype``: accumulate in it (float64 from a float32 ``v``: the numbers of reducing a
+    float64 copy, bit for bit, with no copy made).
+    """
+    rest = [k for k in range(v.dim()) if k != axis]
+    if not rest:
+        return v.to(dtype or v.dtype).square()
+    return torch.linalg.vector_norm(v, dim=rest, dtype=dtype).square()
+
+
 def parse_reduction(reduction: str | Reduction) -> Reduction:
     """``Reduction(reduction)`` with an error that explains the members."""
     return parse_enum(
