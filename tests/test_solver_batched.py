@@ -197,20 +197,20 @@ def test_cover_classes_are_found_once_per_set(monkeypatch: pytest.MonkeyPatch) -
     want = overlaps_by_param(list(syms))
     shared = len(found)  # the parameters that more than one symmetry acts on
     assert found == [4, 4, 5]  # the heads' W and bias sides, their U side with the rescaling
-    memo = syms.cover_memo()
+    memo = syms._cover_memo()
     assert overlaps_by_param(list(syms), memo) == want and len(found) == 2 * shared
     assert overlaps_by_param(list(syms), memo) == want  # from the memo
     sub = syms.subset(range(len(syms)))
-    assert sub.cover_memo() is memo
-    assert overlaps_by_param(list(sub), sub.cover_memo()) == want
+    assert sub._cover_memo() is memo
+    assert overlaps_by_param(list(sub), sub._cover_memo()) == want
     st = _stats(m, syms, x, y)
     sol = nf.solve_equilibrium(syms, st, **KW)  # its coupled block reads the memo
     assert len(found) == 2 * shared and sol.converged
     part = syms.subset(range(1, len(syms)))
-    assert part.cover_memo() is memo
+    assert part._cover_memo() is memo
     part.add(syms[0])
-    assert part.cover_memo() is not memo and syms.cover_memo() is memo
-    assert pickle.loads(pickle.dumps(syms)).cover_memo() == {}
+    assert part._cover_memo() is not memo and syms._cover_memo() is memo
+    assert pickle.loads(pickle.dumps(syms))._cover_memo() == {}
 
 
 def test_kept_value_grams_stay_true_and_spare_the_wide_blocks(

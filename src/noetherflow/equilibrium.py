@@ -427,7 +427,7 @@ def _solve_block(
         cur.displacement = {
             p: v.to(torch.float64, copy=True) for p, v in stats.displacement.items() if p in samples
         }
-        pairs = overlaps_by_param(list(part), part.cover_memo())
+        pairs = overlaps_by_param(list(part), part._cover_memo())
         if _warm_start(part, opts, held, names, index, values, samples, cur, out):
             opts = replace(opts, init=None)  # the start is where the values are now
     else:

@@ -444,9 +444,9 @@ def overlaps_by_param(
 
     ``out[s][t]``: the parameters (in order) on which ``t`` acts on a coordinate ``s`` acts
     on; ``out[s][s]`` holds all of ``s``'s parameters. ``memo``: the cover classes found
-    before, by the ids of the parameter and its members (a :class:`SymmetrySet`'s, which
-    holds them alive: :meth:`SymmetrySet.cover_memo`); a GPT-2 block's masks take ≈ 17 ms
-    a solve.
+    before, by the ids of the parameter and its members (the memo of the
+    :class:`~noetherflow.SymmetrySet` that holds them alive); a GPT-2 block's masks take
+    ≈ 17 ms a solve.
     """
     out = {s: {s: dict.fromkeys(s.params)} for s in syms}
     users: dict[int, list[Symmetry]] = {}

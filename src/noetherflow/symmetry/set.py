@@ -184,10 +184,10 @@ class SymmetrySet:
             seen.add(j)
             out._syms.append(self._syms[i])
             out._names.append(self._names[i])
-        out._cover = self.cover_memo()  # the same symmetries: the same cover classes
+        out._cover = self._cover_memo()  # the same symmetries: the same cover classes
         return out
 
-    def cover_memo(self) -> dict[tuple[int, ...], list[list[Symmetry]]]:
+    def _cover_memo(self) -> dict[tuple[int, ...], list[list[Symmetry]]]:
         """Which of its symmetries cover a coordinate of a parameter together, found so far.
 
         Keyed by the ids of the parameter and the symmetries, which this set keeps alive;
