@@ -287,6 +287,16 @@ def _elements(moves: Sequence[tuple[DoubleRotation, Tensor]]) -> tuple[Tensor, T
     return out
 
 
+def _by_width(
+    moves: Sequence[tuple[DoubleRotation, Tensor]],
+) -> list[list[tuple[DoubleRotation, Tensor]]]:
+    """The moves grouped by the rotations' width d, in order (one batch of elements each)."""
+    widths: dict[int, list[tuple[DoubleRotation, Tensor]]] = {}
+    for s, e in moves:
+        widths.setdefault(s.d, []).append((s, e))
+    return list(widths.values())
+
+
 def _sides(
     moves: Sequence[tuple[DoubleRotation, Tensor]], w_of: int, u_of: int
 ) -> list[tuple[Block, Tensor]]:
@@ -296,10 +306,7 @@ def _sides(
     width's inverses in one call).
     """
     out: list[tuple[Block, Tensor]] = []
-    widths: dict[int, list[tuple[DoubleRotation, Tensor]]] = {}
-    for s, e in moves:
-        widths.setdefault(s.d, []).append((s, e))
-    for run in widths.values():
+    for run in _by_width(moves):
         g, ginv = _elements(run)
         mats = (g.mT, ginv)
         for i, (s, _) in enumerate(run):
@@ -479,11 +486,8 @@ def move_stats_(
     if any(s not in cache for s, _ in moves):
         return False
     side = _block(stats).side
-    widths: dict[int, list[tuple[DoubleRotation, Tensor]]] = {}
-    for s, e in moves:
-        widths.setdefault(s.d, []).append((s, e))
     with one_thread():
-        for run in widths.values():
+        for run in _by_width(moves):
             g, ginv = _elements(run)
             # every block's moment M → L M Lᵀ (L = Gᵀ on W, G⁻¹ on U) in one batched product
             slots = [
@@ -519,11 +523,8 @@ def _move_value_grams(
     """
     grams: dict[Block, tuple[Tensor, Tensor]] = cache.get(_VALUES, {})
     volatile: dict[Block, None] = cache.get(_VOLATILE, {})
-    widths: dict[int, list[tuple[DoubleRotation, Tensor]]] = {}
-    for s, e in moves:
-        widths.setdefault(s.d, []).append((s, e))
     with one_thread():
-        for run in widths.values():
+        for run in _by_width(moves):
             g, ginv = _elements(run)
             slots: list[tuple[Block, Tensor, Tensor]] = []  # (block, L for θ, L for ḡ)
             for i, (s, _) in enumerate(run):
