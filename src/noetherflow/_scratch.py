@@ -20,6 +20,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from noetherflow._blas import matmul
+
 __all__ = ["bmm_", "buffer", "left_mm_", "reuse"]
 
 # per scope, each thread's buffers by (name, shape, dtype, device); a ContextVar, so that the
@@ -73,7 +75,7 @@ def bmm_(x: Tensor, mats: Tensor, name: str) -> None:
     """
     out = buffer(name, x.shape[1:], x.dtype, x.device)
     for xb, mb in zip(x.unbind(0), mats.unbind(0), strict=True):
-        xb.copy_(torch.mm(xb, mb, out=out))
+        xb.copy_(matmul(xb, mb, out=out))
 
 
 def left_mm_(mats: Tensor, y: Tensor, name: str) -> None:
@@ -83,4 +85,4 @@ def left_mm_(mats: Tensor, y: Tensor, name: str) -> None:
     """
     out = buffer(name, y.shape[1:], y.dtype, y.device)
     for yb, mb in zip(y.unbind(0), mats.unbind(0), strict=True):
-        yb.copy_(torch.mm(mb, yb, out=out))
+        yb.copy_(matmul(mb, yb, out=out))

@@ -24,6 +24,7 @@ from typing import Any, cast
 import torch
 from torch import Tensor, nn
 
+from noetherflow._blas import use_numpy
 from noetherflow.kernels import kernel_for, kernels_of
 from noetherflow.kernels.base import GroupSolve, transport_cotangent
 from noetherflow.stats.core import GradStats
@@ -62,6 +63,7 @@ def sweep_options(
     covariant: bool = True,
     factored: bool = True,
     parallel: bool = True,
+    numpy_blas: bool = True,
 ) -> Iterator[None]:
     """Within: batched runs, Anderson mixing, closed-form moves, factors, parallel blocks, or not.
 
@@ -75,7 +77,8 @@ def sweep_options(
     <noetherflow.stats.core.GradStats>`) instead of as ``[N, *shape]`` tensors. ``parallel``:
     the independent coupled blocks run side by side on the intra-op threads, each on one
     (:func:`noetherflow._threads.side_by_side`; the same numbers as one after the other on
-    one thread). All are on by default.
+    one thread). ``numpy_blas``: the large CPU products through NumPy's BLAS
+    (:mod:`noetherflow._blas`; the same numbers to rounding). All are on by default.
     """
     tokens = (
         _BATCH.set(batch),
@@ -85,7 +88,8 @@ def sweep_options(
         _PARALLEL.set(parallel),
     )
     try:
-        yield
+        with use_numpy(numpy_blas):
+            yield
     finally:
         _BATCH.reset(tokens[0])
         _ACCELERATE.reset(tokens[1])

@@ -31,6 +31,7 @@ from torch import Tensor, nn
 
 from noetherflow import _shard
 from noetherflow._anderson import Anderson
+from noetherflow._blas import one_thread as blas_one_thread
 from noetherflow._checks import (
     fingerprint,
 )
@@ -241,7 +242,9 @@ def solve_equilibrium(
         fixed=held or None,
         settings=kernel_settings(opts, [k for k, _ in kernels_of(syms)]),
     )
-    with reuse():  # one buffer per product shape for the sweeps' moves, per thread
+    # one buffer per product shape for the sweeps' moves, per thread; NumPy's BLAS on one
+    # thread, as the blocks run side by side (noetherflow._blas)
+    with reuse(), blas_one_thread():
         out = _solve_parts(syms, blocks, values, stats, nm, step, (opts.max_sweeps, opts.tol), held)
     return _solution(syms, out, values, stats, nm, stamp)
 

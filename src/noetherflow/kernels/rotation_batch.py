@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from noetherflow._blas import matmul
 from noetherflow._scratch import bmm_, left_mm_
 from noetherflow._threads import one_thread
 from noetherflow.kernels.base import GroupSolve, StepOptions
@@ -66,9 +67,14 @@ def _rel(x: Tensor, y: Tensor) -> Tensor:
     return n(x - y) / (n(x) + n(y)).clamp_min(1e-300)
 
 
+def _mm3(a: Tensor, b: Tensor, c: Tensor) -> Tensor:
+    """The product a·b·c of each matrix of a batch (:func:`noetherflow._blas.matmul`)."""
+    return matmul(matmul(a, b), c)
+
+
 def _fn(v: Tensor, f: Tensor) -> Tensor:
     """V diag(f) Vᵀ per matrix: ``v`` ``[B, d, d]``, ``f`` ``[B, d]``."""
-    return (v * f.unsqueeze(-2)) @ v.mT
+    return matmul(v * f.unsqueeze(-2), v.mT)
 
 
 def batched_rotation(
@@ -92,14 +98,14 @@ def batched_rotation(
     # members get L = I, so that the batch stays finite)
     keep = ok[:, None, None]
     ly, liy = torch.where(keep, ly, eye), torch.where(keep, liy, eye)
-    wz, vz = torch.linalg.eigh(_sym(ly.mT @ X @ ly))
-    p = _sym(liy.mT @ _fn(vz, wz.clamp(min=0).sqrt()) @ liy)
+    wz, vz = torch.linalg.eigh(_sym(_mm3(ly.mT, X, ly)))
+    p = _sym(_mm3(liy.mT, _fn(vz, wz.clamp(min=0).sqrt()), liy))
     w, v = torch.linalg.eigh(p)
     w = torch.maximum(w, w.amax(-1, keepdim=True) * 1e-300)
     w = torch.where(ok.unsqueeze(-1), w, 1.0)
     gr = _fn(v, w.sqrt())
     gri = _fn(v, 1 / w.sqrt())
-    return gr, ok, _rel(X, Y), _rel(gri @ X @ gri, gr @ Y @ gr)
+    return gr, ok, _rel(X, Y), _rel(_mm3(gri, X, gri), _mm3(gr, Y, gr))
 
 
 def _nonsingular(X: Tensor, Y: Tensor, rtol: float) -> tuple[Tensor, Tensor, Tensor]:
@@ -360,10 +366,26 @@ def _block_grams(
                 f = b.front_batched(v) if offset else b.front(v).unsqueeze(0)
                 out[b] = torch.einsum("rim,rjm->ij", f, f)
             continue
-        gram = torch.einsum("pbiq,pbjq->bij", y, y)
+        gram = _tile_grams(y)
         for i, b in enumerate(run):
             out[b] = gram[i]
     return out
+
+
+def _tile_grams(y: Tensor) -> Tensor:
+    """Σ_{p,q} y[p, b, :, q] y[p, b, :, q]ᵀ per slice b of ``y`` ``[pre, B, d, post]``.
+
+    Has shape ``[B, d, d]``. One batched product of the slices as ``[B, d, pre]`` (a fused
+    projection's columns) or ``[B, d, post]`` (an output projection's rows) matrices
+    (:func:`noetherflow._blas.matmul`).
+    """
+    if y.shape[-1] == 1:
+        a = y[..., 0].permute(1, 2, 0)
+    elif y.shape[0] == 1:
+        a = y[0]
+    else:
+        return torch.einsum("pbiq,pbjq->bij", y, y)
+    return matmul(a, a.mT)
 
 
 def _total(parts: Sequence[Tensor]) -> Tensor:
@@ -498,7 +520,7 @@ def move_stats_(
             ]
             moms = torch.stack([own[b] for own, b, _ in slots])
             ls = torch.stack([m for _, _, m in slots]).to(moms.dtype)
-            moved = _sym(ls @ moms @ ls.mT)
+            moved = _sym(_mm3(ls, moms, ls.mT))
             for (own, b, _), m in zip(slots, moved, strict=True):
                 own[b] = m
             for s, _ in run:
@@ -540,7 +562,7 @@ def _move_value_grams(
                 continue
             old = torch.stack([grams[b][k] for k in (0, 1) for b, _, _ in slots])
             ls = torch.stack([lt for _, lt, _ in slots] + [lg for _, _, lg in slots]).to(old.dtype)
-            moved = _sym(ls @ old @ ls.mT)
+            moved = _sym(_mm3(ls, old, ls.mT))
             n = len(slots)
             for j, (b, _, _) in enumerate(slots):
                 grams[b] = (moved[j], moved[n + j])

@@ -29,6 +29,7 @@ from typing import TypeAlias
 import torch
 from torch import Tensor
 
+from noetherflow._blas import matmul
 from noetherflow._scratch import bmm_
 
 __all__ = [
@@ -145,17 +146,17 @@ def block_grams(v: SampleFactors, axis: int, starts: Sequence[int], d: int) -> T
 
     F_{n,s}: sample n's slice moved to the front, ``[d, m]``. Has shape ``[B, d, d]``.
     """
-    c = torch.bmm(_other_root(v, axis), v.factor(axis))  # [N, r, d_axis]
+    c = matmul(_other_root(v, axis), v.factor(axis))  # [N, r, d_axis]
     y = _slices(c.reshape(-1, c.shape[-1]), starts, d)  # [B, N·r, d]
-    return torch.bmm(y.mT, y)
+    return matmul(y.mT, y)
 
 
 def axis_sq(v: Tensor | SampleFactors, axis: int) -> Tensor:
     """Σ_n Σ over the other axes of g_n², per index along ``axis``. Has shape ``[shape[axis]]``."""
     if isinstance(v, SampleFactors):
         x, y = v.factor(axis), v.factor(1 - axis)
-        k = torch.bmm(y, y.mT)  # [N, T, T]
-        return (x * torch.bmm(k, x)).sum((0, 1))
+        k = matmul(y, y.mT)  # [N, T, T]
+        return (x * matmul(k, x)).sum((0, 1))
     rest = [k for k in range(v.dim()) if k != axis + 1]
     return torch.linalg.vector_norm(v, dim=rest).square()
 
