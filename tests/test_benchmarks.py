@@ -87,3 +87,16 @@ def test_gpt2_124m_quick_runs() -> None:
     for kind in ("sgdm", "adamw"):
         mon = res["monitor"][kind]
         assert math.isfinite(mon["ratio"]) and mon["ratio"] > 0 and mon["first_record_s"] > 0
+
+
+def test_bench_blas_shapes_run() -> None:
+    """benchmarks/bench_blas.py keeps working: both libraries' times for every shape."""
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_blas.py"
+    spec = importlib.util.spec_from_file_location("bench_blas", path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    res = mod.main(["--reps", "1", "--solve-layers", "0"])
+    assert len(res["shapes"]) == 6 and "solve" not in res
+    for row in res["shapes"]:
+        assert row["torch_ms"] > 0 and row["numpy_ms"] > 0 and math.isfinite(row["ratio"])
