@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
 from test_solver_batched import KW, _model
-from threadpoolctl import threadpool_info
 from torch import Tensor, nn
 
 import noetherflow as nf
@@ -116,7 +116,10 @@ def test_scratch_moves_go_through_numpy_and_match_torch(monkeypatch: pytest.Monk
 
 
 def _blas_threads() -> list[int]:
-    return [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
+    """The threads of the BLAS libraries the limit covers (NumPy's: loaded with _blas)."""
+    with _blas.one_thread():  # makes the controller, if no scope has yet
+        pass
+    return [i["num_threads"] for i in _blas._CONTROLLER.select(user_api="blas").info()]
 
 
 def test_one_thread_limits_numpys_blas_and_restores_it() -> None:
@@ -127,6 +130,38 @@ def test_one_thread_limits_numpys_blas_and_restores_it() -> None:
     assert _blas_threads() == before
     with _blas.use_numpy(False), _blas.one_thread():  # off: nothing limited
         assert _blas_threads() == before
+
+
+def test_a_scope_on_another_thread_leaves_the_setting_to_the_first() -> None:
+    before = _blas_threads()
+    entered, leave = threading.Event(), threading.Event()
+    seen: list[set[int]] = []
+
+    def second() -> None:  # overlaps the first scope, leaves first
+        with _blas.one_thread():
+            entered.set()
+            leave.wait(5)
+        seen.append(set(_blas_threads()))  # the first scope is still open: still limited
+
+    with _blas.one_thread():
+        t = threading.Thread(target=second)
+        t.start()
+        assert entered.wait(5)
+        leave.set()
+        t.join(5)
+        assert set(_blas_threads()) == {1}
+    assert seen == [{1}]
+    assert _blas_threads() == before  # restored once, by the first
+    t = threading.Thread(target=lambda: seen.append(_scope_threads()))
+    t.start()
+    t.join(5)
+    assert seen[-1] == {1}  # another thread may take control once the first let go
+    assert _blas_threads() == before
+
+
+def _scope_threads() -> set[int]:
+    with _blas.one_thread():
+        return set(_blas_threads())
 
 
 def test_a_solve_is_the_same_through_either_library(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -88,7 +88,14 @@ def matmul(a: Tensor, b: Tensor, out: Tensor | None = None) -> Tensor:
 
 @contextmanager
 def one_thread() -> Iterator[None]:
-    """Within, NumPy's BLAS runs on one thread (restored on exit); a no-op without it."""
+    """Within, NumPy's BLAS runs on one thread (restored on exit); a no-op when switched off.
+
+    Entered and left on the calling thread (threadpoolctl's context manager). NumPy's
+    OpenBLAS has one process-wide setting, which threadpoolctl (≥ 3.8) lets one thread
+    control at a time: a second solve overlapping the first on another thread leaves the
+    setting to the first (its products may then run on NumPy's threads), and the first's
+    exit restores it.
+    """
     global _CONTROLLER
     if not _NUMPY.get():
         yield
