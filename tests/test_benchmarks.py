@@ -16,14 +16,19 @@ import pytest
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_stats.py"
 
 
-@pytest.fixture(scope="module")
-def bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_stats", SCRIPT)
+def _load(name: str) -> ModuleType:
+    """The script ``benchmarks/<name>.py`` as a module (registered under ``name``)."""
+    spec = importlib.util.spec_from_file_location(name, SCRIPT.parent / f"{name}.py")
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
-    sys.modules["bench_stats"] = mod
+    sys.modules[name] = mod
     spec.loader.exec_module(mod)
     return mod
+
+
+@pytest.fixture(scope="module")
+def bench() -> ModuleType:
+    return _load("bench_stats")
 
 
 def test_bench_stats_quick_tiny_finite_ratios(bench: ModuleType) -> None:
@@ -46,11 +51,7 @@ def test_bench_stats_memory_cell(bench: ModuleType) -> None:
 
 def test_bench_monitor_tiny_runs() -> None:
     """benchmarks/bench_monitor.py keeps working with every configuration (toy sizes)."""
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_monitor.py"
-    spec = importlib.util.spec_from_file_location("bench_monitor", path)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = _load("bench_monitor")
     argv = ["--tiny", "--every", "2", "--steps", "20", "--blocks", "1", "--max-ratio", "1e9"]
     assert mod.main([*argv, "--configs", "default,no-distance,solve,every-record"]) == 0
 
@@ -58,11 +59,7 @@ def test_bench_monitor_tiny_runs() -> None:
 def test_bench_hf_trainer_tiny_runs() -> None:
     """benchmarks/bench_hf_trainer.py at toy sizes: finite positive ratios (no timing claim)."""
     pytest.importorskip("transformers")
-    path = SCRIPT.parent / "bench_hf_trainer.py"
-    spec = importlib.util.spec_from_file_location("bench_hf_trainer", path)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = _load("bench_hf_trainer")
     res = mod.main(["--tiny", "--reps", "1", "--steps", "2", "--every", "1"])
     assert set(res) == {"adamw", "sgd"}
     assert all(math.isfinite(r["ratio"]) and r["ratio"] > 0 for r in res.values())
@@ -70,11 +67,7 @@ def test_bench_hf_trainer_tiny_runs() -> None:
 
 def test_gpt2_124m_quick_runs() -> None:
     """benchmarks/gpt2_124m.py keeps working: every phase at the quick size, finite figures."""
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "gpt2_124m.py"
-    spec = importlib.util.spec_from_file_location("gpt2_124m", path)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = _load("gpt2_124m")
     with pytest.warns(UserWarning, match="AdamW"):  # the monitor says AdamW has no distances
         res = mod.main(
             ["--quick", "--threads", "1", "--steps", "10", "--reps", "1", "--solve-reps", "2"]
@@ -91,11 +84,7 @@ def test_gpt2_124m_quick_runs() -> None:
 
 def test_bench_blas_shapes_run() -> None:
     """benchmarks/bench_blas.py keeps working: both libraries' times for every shape."""
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_blas.py"
-    spec = importlib.util.spec_from_file_location("bench_blas", path)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = _load("bench_blas")
     res = mod.main(["--reps", "1", "--solve-layers", "0"])
     assert len(res["shapes"]) == 6 and "solve" not in res
     for row in res["shapes"]:

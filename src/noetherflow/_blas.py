@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["enabled", "matmul", "one_thread", "use_numpy"]
+__all__ = ["matmul", "one_thread", "use_numpy"]
 
 _NUMPY: ContextVar[bool] = ContextVar("noetherflow_numpy_blas", default=True)
 _FLOATS = (torch.float32, torch.float64)
@@ -46,18 +46,12 @@ def use_numpy(on: bool) -> Iterator[None]:
         _NUMPY.reset(token)
 
 
-def enabled() -> bool:
-    """Whether :func:`matmul` may use NumPy (:func:`use_numpy`)."""
-    return _NUMPY.get()
-
-
 def _plain(t: Tensor, dtype: torch.dtype) -> bool:
     return (
         t.device.type == "cpu"
         and t.dtype == dtype
         and not t.requires_grad
         and t.layout == torch.strided
-        and min(t.stride(), default=0) >= 0
     )
 
 
@@ -66,7 +60,7 @@ def matmul(a: Tensor, b: Tensor, out: Tensor | None = None) -> Tensor:
 
     ``out``: a tensor of the product's shape and dtype, written and returned (the result of
     a reused buffer, :mod:`noetherflow._scratch`). NumPy computes it where every operand is
-    a plain CPU tensor of one dtype (float32 or float64) and :func:`enabled`.
+    a plain CPU tensor of one dtype (float32 or float64), unless :func:`use_numpy` is off.
     """
     dt = a.dtype
     if (
