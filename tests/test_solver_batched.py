@@ -82,16 +82,16 @@ def _same_equilibrium(a: nf.EquilibriumSolution, b: nf.EquilibriumSolution, tol:
 
 def test_batched_rotation_equals_the_single_step() -> None:
     x, y = _spd(5, 7, 1), _spd(5, 7, 2)
-    g, ok, pre, res = batched_rotation(x, y, rtol=1e-10, ridge=None)
+    g, gi, ok, pre, res = batched_rotation(x, y, rtol=1e-10, ridge=None)
     assert bool(ok.all())
     for i in range(5):
         g1, nb, pre1, res1 = _solve_rotation(x[i], y[i], rtol=1e-10, ridge=None)
         assert nb is None
         assert torch.allclose(g[i], g1, rtol=0, atol=1e-13)
         assert abs(float(pre[i]) - pre1) < 1e-14 and abs(float(res[i]) - res1) < 1e-13
-        # the step balances the pair: G⁻¹XG⁻ᵀ = GᵀYG
-        gi = torch.linalg.inv(g[i])
-        assert torch.allclose(gi @ x[i] @ gi.T, g[i].T @ y[i] @ g[i], atol=1e-12)
+        # the returned inverse is G's, and the step balances the pair: G⁻¹XG⁻ᵀ = GᵀYG
+        assert torch.allclose(gi[i], torch.linalg.inv(g[i]), rtol=0, atol=1e-12)
+        assert torch.allclose(gi[i] @ x[i] @ gi[i].T, g[i].T @ y[i] @ g[i], atol=1e-12)
 
 
 def test_batched_rotation_sends_singular_pairs_back() -> None:
@@ -100,9 +100,9 @@ def test_batched_rotation_sends_singular_pairs_back() -> None:
     x[1, 0, :] = 0.0  # rank deficient: the single path finds the common range
     y[2] = 0.0
     x[2] = 0.0  # nothing at all
-    _, ok, _, _ = batched_rotation(x, y, rtol=1e-10, ridge=None)
+    _, _, ok, _, _ = batched_rotation(x, y, rtol=1e-10, ridge=None)
     assert ok.tolist() == [True, False, False]
-    _, ok, _, _ = batched_rotation(x, y, rtol=1e-10, ridge=1e-3)
+    _, _, ok, _, _ = batched_rotation(x, y, rtol=1e-10, ridge=1e-3)
     assert ok.tolist() == [True, True, True]  # a ridge makes every pair definite
 
 

@@ -9,6 +9,8 @@ context, the order of the results, the first error and the thread setting.
 
 from __future__ import annotations
 
+import threading
+import time
 from contextvars import ContextVar
 
 import pytest
@@ -41,6 +43,40 @@ def test_side_by_side_keeps_order_context_errors_and_threads() -> None:
         side_by_side([lambda: 1, lambda: boom("first"), lambda: boom("second")], 2)
     assert torch.get_num_threads() == before
     assert side_by_side([lambda: 3], 4) == [3]  # one task: run here
+
+
+def test_side_by_side_runs_on_the_caller_too_each_task_in_its_own_context() -> None:
+    caller = threading.get_ident()
+    gate = threading.Barrier(2)
+
+    def task(i: int) -> tuple[int, str]:
+        if i < 2:
+            gate.wait(timeout=10)  # the first two run at once: two threads
+        seen = _VAR.get()
+        _VAR.set(f"task {i}")  # stays in this task's context copy
+        return threading.get_ident(), seen
+
+    got = side_by_side([lambda i=i: task(i) for i in range(6)], 2)
+    threads = {t for t, _ in got}
+    assert caller in threads and len(threads) == 2
+    assert [seen for _, seen in got] == ["unset"] * 6
+    assert _VAR.get() == "unset"
+
+
+def test_side_by_side_stops_taking_tasks_when_the_caller_is_interrupted() -> None:
+    ran: list[int] = []
+    caller = threading.get_ident()
+
+    def task(i: int) -> int:
+        ran.append(i)
+        if threading.get_ident() == caller:
+            raise KeyboardInterrupt
+        time.sleep(0.05)
+        return i
+
+    with pytest.raises(KeyboardInterrupt):
+        side_by_side([lambda i=i: task(i) for i in range(50)], 2)
+    assert len(ran) < 50  # the helper finished its task and took no further one
 
 
 def test_blocks_side_by_side_give_the_one_thread_numbers() -> None:

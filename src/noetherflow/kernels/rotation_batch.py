@@ -79,12 +79,13 @@ def _fn(v: Tensor, f: Tensor) -> Tensor:
 
 def batched_rotation(
     X: Tensor, Y: Tensor, *, rtol: float, ridge: float | None
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """G = P^{1/2}, P Y P = X, for a batch of nonsingular pairs (docs/concepts/equilibrium.md).
 
-    ``X``, ``Y``: ``[B, d, d]`` float64. Returns (G ``[B, d, d]``, ok ``[B]`` bool, relative
-    flow before ``[B]``, after ``[B]``); where ``ok`` is False (X or Y singular to ``rtol``,
-    or both zero) the entries are meaningless and the caller solves that pair alone. The
+    ``X``, ``Y``: ``[B, d, d]`` float64. Returns (G ``[B, d, d]``, G⁻¹ ``[B, d, d]`` from the
+    same eigendecomposition, ok ``[B]`` bool, relative flow before ``[B]``, after ``[B]``);
+    where ``ok`` is False (X or Y singular to ``rtol``, or both zero) the entries are
+    meaningless and the caller solves that pair alone. The
     arithmetic is :func:`noetherflow.kernels.rotation._solve_rotation`'s, batched, with Y's
     Cholesky factor in place of its eigendecomposition (the same unique SPD P).
     """
@@ -105,7 +106,7 @@ def batched_rotation(
     w = torch.where(ok.unsqueeze(-1), w, 1.0)
     gr = _fn(v, w.sqrt())
     gri = _fn(v, 1 / w.sqrt())
-    return gr, ok, _rel(X, Y), _rel(_mm3(gri, X, gri), _mm3(gr, Y, gr))
+    return gr, gri, ok, _rel(X, Y), _rel(_mm3(gri, X, gri), _mm3(gr, Y, gr))
 
 
 def _nonsingular(X: Tensor, Y: Tensor, rtol: float) -> tuple[Tensor, Tensor, Tensor]:
@@ -177,12 +178,14 @@ def solve_disjoint(
         for members in batch.values():
             X = torch.stack([x for _, x, _ in members])
             Y = torch.stack([y for _, _, y in members])
-            g, ok, pre, res = batched_rotation(X, Y, rtol=own.rtol_singular, ridge=own.ridge)
+            g, gi, ok, pre, res = batched_rotation(X, Y, rtol=own.rtol_singular, ridge=own.ridge)
             for i, (s, _, _) in enumerate(members):
                 if bool(ok[i]):
                     solved[s] = (g[i], float(pre[i]), float(res[i]))
                 else:
                     single[s] = kernel.solve([s], values, stats, nm, names, opts)
+            if len(batch) == 1 and not single:  # the run the moves will ask for: G⁻¹ known
+                _LAST.run = ([solved[s][0] for s, _, _ in members], (g, gi))
     out = GroupSolve(before=0.0)
     for s in syms:
         one = single.get(s)
@@ -273,7 +276,8 @@ def _apply_(
 
 
 # per thread, the last run's elements and (G, G⁻¹): one step's moves reach the moments, θ,
-# the samples, ḡ and v, each asking for them
+# the samples, ḡ and v, each asking for them (solve_disjoint leaves its own run here, G⁻¹
+# from the eigendecomposition that gave G)
 _LAST = threading.local()
 
 
