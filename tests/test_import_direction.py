@@ -26,8 +26,9 @@ LAYERS: list[tuple[str, ...]] = [
     ("kernels",),  # one family's noise physics per module
     ("flow",),
     ("optim",),  # optimizers beyond SGD: NoiseModel.from_optimizer, step decomposition
-    # _sweep_plan: the sweep order; _solve_checks: solve_equilibrium's argument checks
-    ("equilibrium", "_sweep_plan", "_solve_checks", "solve_options"),
+    # _sweep_plan: the sweep order; _solve_checks: solve_equilibrium's argument checks;
+    # _anderson: the sweeps' acceleration
+    ("equilibrium", "_sweep_plan", "_solve_checks", "solve_options", "_anderson"),
     ("sharpness",),
     ("teleportation",),  # apply, check, eps, optimizer state, the training tool
     ("baselines",),

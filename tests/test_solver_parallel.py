@@ -94,6 +94,13 @@ def test_blocks_side_by_side_give_the_one_thread_numbers() -> None:
     for (_, a), (_, b) in zip(together.steps, alone.steps, strict=True):
         assert torch.equal(torch.as_tensor(a), torch.as_tensor(b))
     assert together.iterations == alone.iterations and together.converged
+    # the uncoupled part runs last but is merged first: its steps lead, in either mode
+    coupled = {i for g in syms.coupled_groups() for i in g}
+    kinds = [i in coupled for i, _ in together.steps]
+    assert not kinds[0] and kinds == sorted(kinds)
+    # each block's distances are computed in its task: the same as one after the other
+    for name, d in together.distance.items():
+        assert torch.equal(d, alone.distance[name]), name
     with sequential_sweeps():
         ref = nf.solve_equilibrium(syms, st, **kw)
     for name, d in together.distance.items():

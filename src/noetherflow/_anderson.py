@@ -8,15 +8,25 @@ at their optimum for λ), and the equilibrium is its fixed point. Block Gauss–
 iterates Φ and converges linearly; Anderson mixing (type II, window ``m``) extrapolates
 λ_{k+1} = Φ(λ_k) − ΔG γ with γ = argmin ‖f_k − ΔF γ‖, f = Φ(λ) − λ
 (Walker & Ni 2011, eq. 2.1). The sweeps' stopping criterion is unchanged, so the solution
-is the same equilibrium to the solver's tolerance.
+is the same equilibrium to the solver's tolerance. :func:`sweep_accelerator` says where a
+block's sweeps are such a map; :func:`diagonal_point` reads λ from the totals and
+:func:`split_point` cuts a move of λ back into one element per symmetry.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, cast
+
 import torch
 from torch import Tensor
 
-__all__ = ["Anderson", "least_squares"]
+from noetherflow.symmetry.base import DiagonalSymmetry, Symmetry
+
+if TYPE_CHECKING:
+    from noetherflow._sweep_plan import Step
+
+__all__ = ["Anderson", "diagonal_point", "least_squares", "split_point", "sweep_accelerator"]
 
 
 class Anderson:
@@ -64,3 +74,32 @@ def least_squares(a: Tensor, b: Tensor, rcond: float = 1e-14) -> Tensor:
     keep = w > w.amax() * rcond
     inv = torch.where(keep, 1 / torch.where(keep, w, 1.0), 0.0)
     return v @ (inv * (v.mT @ (a.mT @ b)))
+
+
+def sweep_accelerator(groups: list[Step]) -> Anderson | None:
+    """Anderson mixing on the diagonal λ where a sweep is a map of λ alone (above).
+
+    That is: one joint diagonal step first, then one run of rotations on disjoint coordinates
+    (each solved exactly for the current λ).
+    """
+    if len(groups) != 2 or not groups[0].kernel.can_hold:
+        return None
+    rest = groups[1]
+    return Anderson() if rest.disjoint or len(rest.members) == 1 else None
+
+
+def diagonal_point(members: list[Symmetry], totals: Mapping[Symmetry, Any]) -> Tensor:
+    """The diagonal generators' totals λ, concatenated. Has shape ``[Σ J]``."""
+    return torch.cat([torch.as_tensor(totals[s]).reshape(-1) for s in members])
+
+
+def split_point(members: list[Symmetry], delta: Tensor) -> list[tuple[Symmetry, Tensor]]:
+    """``delta`` ``[Σ J]`` cut back into one element per symmetry (zero moves left out)."""
+    out, at = [], 0
+    for s in members:
+        n = cast(DiagonalSymmetry, s).num_generators
+        part = delta[at : at + n]
+        at += n
+        if bool(part.ne(0).any()):
+            out.append((s, part))
+    return out

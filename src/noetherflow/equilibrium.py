@@ -30,7 +30,7 @@ import torch
 from torch import Tensor, nn
 
 from noetherflow import _shard
-from noetherflow._anderson import Anderson
+from noetherflow._anderson import diagonal_point, split_point, sweep_accelerator
 from noetherflow._blas import one_thread as blas_one_thread
 from noetherflow._checks import (
     fingerprint,
@@ -40,7 +40,6 @@ from noetherflow._errors import StatisticsError
 from noetherflow._scratch import reuse
 from noetherflow._solve_checks import check_fixed, check_inputs, parse_call
 from noetherflow._sweep_plan import (
-    Step,
     accelerated,
     at_rest,
     coupled_samples,
@@ -70,7 +69,7 @@ from noetherflow.solve_options import SolveOptions, kernel_settings, resolve_opt
 from noetherflow.stats.core import GradStats, Level, axis_norm_sq, with_displacement
 from noetherflow.stats.sample_factors import HeldSamples
 from noetherflow.stats.source import SampleSource
-from noetherflow.symmetry.base import DiagonalSymmetry, Symmetry
+from noetherflow.symmetry.base import Symmetry
 from noetherflow.symmetry.set import SymmetrySet
 
 __all__ = [
@@ -282,15 +281,21 @@ def _solve_parts(
         # the uncoupled part: read by its one pass of steps, never moved (_Float64Reads)
         mine = kept if kept is not None else _Float64Reads(sub.params(), values)
         _solve_block(sub, coupled, mine, stats, nm, names, index, step, sweeps, held, own)
+        # each block's distances in its own task (288 d × d spectra on GPT-2: side by side)
+        own.distance = {s: kernel_for(s).distance(s, own.totals[s]) for s in sub}
         # the moved copies are read after the blocks only for the momentum terms (_solution);
         # else dropped with the task, so that the next block on this thread reuses their
         # memory (on GPT-2 124M 12 × 19 MB a solve, page-faulted in otherwise)
         return own, (kept if kept is not None and _needs_values(nm) else {})
 
     # the parts share no parameter (each moves its own float64 copies, made in its task): side
-    # by side on the intra-op threads, each on one (see noetherflow._threads), taken in order
-    tasks = [partial(solve, part, k > 0) for k, part in enumerate(parts) if part]
-    for own, mine in side_by_side(tasks, torch.get_num_threads() if parallel() else 1):
+    # by side on the intra-op threads, each on one (see noetherflow._threads). The uncoupled
+    # part (one short pass) is taken last, to fill the gap the last blocks leave; the results
+    # are merged in the parts' order all the same.
+    order = [*range(1, len(parts)), 0]
+    tasks = {k: partial(solve, parts[k], k > 0) for k in order if parts[k]}
+    ran = side_by_side(list(tasks.values()), torch.get_num_threads() if parallel() else 1)
+    for _, (own, mine) in sorted(zip(tasks, ran, strict=True), key=lambda kr: kr[0]):
         out.merge(own)
         values.update(mine)
     return out
@@ -355,7 +360,10 @@ def _solution(
     stamp: tuple[tuple[float, float, float], ...],
 ) -> EquilibriumSolution:
     """The :class:`EquilibriumSolution` of the blocks' results (a non-finite one refused)."""
-    distance = {n: kernel_for(s).distance(s, out.totals[s]) for n, s in syms.items()}
+    distance = {
+        n: out.distance[s] if s in out.distance else kernel_for(s).distance(s, out.totals[s])
+        for n, s in syms.items()
+    }
     bad = [n for n, d in distance.items() if not is_finite(torch.as_tensor(d))]
     if bad:
         raise StatisticsError(
@@ -390,6 +398,7 @@ class _Solved:
     progress: float = 0.0  # the largest relative flow of the blocks' last sweeps
     sweeps: list[int] = field(default_factory=list)  # per coupled block
     newton: list[int] = field(default_factory=list)  # iterations of the uncoupled solves
+    distance: dict[Symmetry, Tensor] = field(default_factory=dict)  # of the totals, per block
 
     def merge(self, other: _Solved) -> None:
         """Take ``other``'s results (a later block's) after this one's, as if appended here."""
@@ -401,6 +410,7 @@ class _Solved:
         self.progress = max(self.progress, other.progress)
         self.sweeps.extend(other.sweeps)
         self.newton.extend(other.newton)
+        self.distance.update(other.distance)
 
 
 def _solve_block(
@@ -446,7 +456,7 @@ def _solve_block(
     )
     caches: dict[str, dict[Any, Any]] = {}  # each kernel's own scratch (Kernel.refresh_)
     fast = covariant()  # statistics moved in closed form where a kernel has the law
-    accel = _accelerator(groups) if coupled and accelerated() else None
+    accel = sweep_accelerator(groups) if coupled and accelerated() else None
 
     def mark(k: Any, moves: list[tuple[Symmetry, Any]]) -> bool:
         """Record the moves' staleness; whether the kernel moved their own statistics."""
@@ -496,7 +506,7 @@ def _solve_block(
         worst, rest = 0.0, 0.0
         for i, step in enumerate(groups):
             k, members = step.kernel, step.members
-            start = _point(members, out.totals) if accel is not None and i == 0 else None
+            start = diagonal_point(members, out.totals) if accel is not None and i == 0 else None
             todo = [s for s in members if stale.get(s)]
             if todo and fast:  # rebuild only the statistics the moves since their use touched
                 k.refresh_(todo, samples, cur, stale, caches.setdefault(k.name, {}))
@@ -540,8 +550,8 @@ def _solve_block(
                     accel = None
                 elif sweep > 1 and res.steps:
                     # rotations are at their optimum for λ from sweep 2 on: Φ(λ) is defined
-                    after = _point(members, out.totals)
-                    for s, element in _split(members, accel.step(start, after) - after):
+                    after = diagonal_point(members, out.totals)
+                    for s, element in split_point(members, accel.step(start, after) - after):
                         take(k, s, element)
         if done:
             break
@@ -557,35 +567,6 @@ def _solve_block(
         out.sweeps.append(sweep)
     else:
         out.newton.extend(own_iterations)
-
-
-def _accelerator(groups: list[Step]) -> Anderson | None:
-    """Anderson mixing on the diagonal λ where a sweep is a map of λ alone (_anderson.py).
-
-    That is: one joint diagonal step first, then one run of rotations on disjoint coordinates
-    (each solved exactly for the current λ).
-    """
-    if len(groups) != 2 or not groups[0].kernel.can_hold:
-        return None
-    rest = groups[1]
-    return Anderson() if rest.disjoint or len(rest.members) == 1 else None
-
-
-def _point(members: list[Symmetry], totals: Mapping[Symmetry, Any]) -> Tensor:
-    """The diagonal generators' totals λ, concatenated. Has shape ``[Σ J]``."""
-    return torch.cat([torch.as_tensor(totals[s]).reshape(-1) for s in members])
-
-
-def _split(members: list[Symmetry], delta: Tensor) -> list[tuple[Symmetry, Tensor]]:
-    """``delta`` ``[Σ J]`` cut back into one element per symmetry (zero moves left out)."""
-    out, at = [], 0
-    for s in members:
-        n = cast(DiagonalSymmetry, s).num_generators
-        part = delta[at : at + n]
-        at += n
-        if bool(part.ne(0).any()):
-            out.append((s, part))
-    return out
 
 
 def _means_of(

@@ -11,7 +11,8 @@ A :class:`Kernel` owns, for the symmetries of its family:
   its transport of optimizer state (:meth:`Kernel.transport_`).
 
 What a family's *action* covers (which coordinates, a signature for comparisons) stays on the
-:class:`~noetherflow.symmetry.base.Symmetry` itself (``covered_mask``, ``signature``).
+:class:`~noetherflow.symmetry.base.Symmetry` itself (``covered_slabs``, ``covered_mask``,
+``signature``; noetherflow/symmetry/cover.py).
 
 Kernels are registered by symmetry class (:func:`register_kernel`) and found by MRO
 (:func:`kernel_for`). The drivers (``collect_stats``, ``noether_flow``,
@@ -42,6 +43,7 @@ from noetherflow.stats.core import GradStats, Level, StatsBlock
 from noetherflow.stats.sample_factors import HeldSamples
 from noetherflow.stats.source import GradSource, SampleSource
 from noetherflow.symmetry.base import Symmetry
+from noetherflow.symmetry.cover import cover_classes as _cover_classes
 from noetherflow.symmetry.set import SymmetrySet
 
 __all__ = [
@@ -445,8 +447,8 @@ def overlaps_by_param(
     ``out[s][t]``: the parameters (in order) on which ``t`` acts on a coordinate ``s`` acts
     on; ``out[s][s]`` holds all of ``s``'s parameters. ``memo``: the cover classes found
     before, by the ids of the parameter and its members (the memo of the
-    :class:`~noetherflow.SymmetrySet` that holds them alive); a GPT-2 block's masks take
-    ≈ 17 ms a solve.
+    :class:`~noetherflow.SymmetrySet` that holds them alive). The classes come from the
+    symmetries' slabs (:func:`noetherflow.symmetry.cover.cover_classes`).
     """
     out = {s: {s: dict.fromkeys(s.params)} for s in syms}
     users: dict[int, list[Symmetry]] = {}
@@ -467,30 +469,4 @@ def overlaps_by_param(
             for a in members:
                 for b in members:
                     out[a].setdefault(b, {})[params[key]] = None
-    return out
-
-
-def _cover_classes(p: nn.Parameter, group: Sequence[Symmetry]) -> list[list[Symmetry]]:
-    """The sets of symmetries of ``group`` that cover one coordinate of ``p`` together.
-
-    Each coordinate gets a code, bit j set where member j covers it (31 members per int32
-    word); the distinct codes are the sets: two members touch iff some code holds both.
-    Linear in ``p.numel()`` per member, where a Gram matrix of the masks is quadratic.
-    """
-    words = []
-    for w0 in range(0, len(group), 31):
-        code = torch.zeros(p.numel(), dtype=torch.int32)
-        for j, s in enumerate(group[w0 : w0 + 31]):
-            code.add_(s.covered_mask(p).reshape(-1).to(torch.int32), alpha=1 << j)  # + is |
-        words.append(code)
-    if len(words) > 1:
-        codes = torch.unique(torch.stack(words, 1), dim=0)
-    else:  # runs first (linear), then the few distinct runs sorted
-        codes = torch.unique_consecutive(words[0]).unique()
-    codes = codes.reshape(codes.shape[0], -1)
-    out = []
-    for row in codes.tolist():
-        members = [group[31 * w + j] for w, c in enumerate(row) for j in range(31) if c >> j & 1]
-        if len(members) > 1:
-            out.append(members)
     return out

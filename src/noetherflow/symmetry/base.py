@@ -11,7 +11,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, cast
+from typing import Any, ClassVar, TypeAlias, cast
 
 import torch
 from torch import Tensor, nn
@@ -20,7 +20,10 @@ from typing_extensions import override
 from noetherflow import _shard
 from noetherflow._errors import SymmetryDefinitionError
 
-__all__ = ["DiagonalSymmetry", "DiagonalTerm", "Family", "Symmetry"]
+__all__ = ["DiagonalSymmetry", "DiagonalTerm", "Family", "Slab", "Symmetry"]
+
+# (axis, start, stop): the coordinates of a parameter whose index along axis is in the range
+Slab: TypeAlias = tuple[int, int, int]
 
 
 class Family(str):
@@ -352,9 +355,27 @@ class Symmetry(ABC):
         """``(parameter, axis)`` pairs the symmetry acts along; axis None: any (unknown)."""
         return [(p, None) for p in self.params]
 
+    def covered_slabs(self, p: Tensor) -> list[Slab] | None:
+        """The coordinates of ``p`` (one of ``params``) acted on, as a union of slabs.
+
+        Each slab ``(axis, start, stop)`` holds every coordinate whose index along ``axis``
+        lies in ``[start, stop)``. None (the default): all of ``p``'s coordinates. A family
+        whose covered set is no union of slabs overrides :meth:`covered_mask` instead.
+        """
+        return None
+
     def covered_mask(self, p: Tensor) -> Tensor:
-        """Boolean mask (CPU) of the coordinates of ``p`` (one of ``params``) acted on."""
-        return torch.ones(p.shape, dtype=torch.bool)
+        """Boolean mask (CPU) of the coordinates of ``p`` (one of ``params``) acted on.
+
+        The union of :meth:`covered_slabs` (all coordinates where it is None).
+        """
+        slabs = self.covered_slabs(p)
+        if slabs is None:
+            return torch.ones(p.shape, dtype=torch.bool)
+        mask = torch.zeros(p.shape, dtype=torch.bool)
+        for axis, start, stop in slabs:
+            mask.narrow(axis, start, stop - start).fill_(True)
+        return mask
 
     def state_buffers(self) -> list[Tensor]:
         """Buffers that ``apply_`` transforms besides the parameters (default: none)."""
@@ -405,13 +426,9 @@ class DiagonalSymmetry(Symmetry):
         return list(pairs.values())
 
     @override
-    def covered_mask(self, p: Tensor) -> Tensor:
-        """The coordinates inside the slices of the terms on ``p`` (all of them by default)."""
-        mask = torch.zeros(p.shape, dtype=torch.bool)
-        for t in self.terms():
-            if t.param is p:
-                mask.narrow(t.axis, t.start, t.span).fill_(True)
-        return mask
+    def covered_slabs(self, p: Tensor) -> list[Slab]:
+        """The slices of the terms on ``p``."""
+        return [(t.axis, t.start, t.start + t.span) for t in self.terms() if t.param is p]
 
     @property
     @override

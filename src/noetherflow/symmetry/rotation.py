@@ -24,7 +24,7 @@ from typing_extensions import override
 from noetherflow import _shard
 from noetherflow._errors import SymmetryDefinitionError
 from noetherflow._threads import one_thread
-from noetherflow.symmetry.base import Family, Symmetry, check_params
+from noetherflow.symmetry.base import Family, Slab, Symmetry, check_params
 
 __all__ = ["Block", "DoubleRotation"]
 
@@ -381,13 +381,9 @@ class DoubleRotation(Symmetry):
     def describe(self) -> str:
         return self.label or f"double rotation (d={self.d})"
 
-    def covered_mask(self, p: Tensor) -> Tensor:
+    def covered_slabs(self, p: Tensor) -> list[Slab]:
         """The hidden slices of ``p`` on either side."""
-        mask = torch.zeros(p.shape, dtype=torch.bool)
-        for b in [*self.w_blocks, *self.u_blocks]:
-            if b.param is p:
-                mask.movedim(b.axis, 0)[b.start : b.stop] = True
-        return mask
+        return [(b.axis, b.start, b.stop) for b in [*self.w_blocks, *self.u_blocks] if b.param is p]
 
     def signature(self, names: Mapping[int, str]) -> tuple[Any, ...]:
         """``("rotation", W-side blocks, U-side blocks)``.
