@@ -111,3 +111,10 @@ def test_a_crowd_of_unions_reads_the_masks() -> None:
     got = C.cover_classes(p, group)  # type: ignore[arg-type]
     assert got == C.mask_classes(p, group)  # type: ignore[arg-type]
     assert len(got) == 70 * 70 and all(len(cls) == 2 for cls in got)
+
+
+def test_a_scalar_parameter_is_one_coordinate() -> None:
+    # slabs need an axis: a 0-dim parameter is read by its masks (all of it, by default)
+    both = [_Slabbed(None), _Slabbed(None)]  # type: ignore[arg-type]
+    assert C.cover_classes(torch.zeros(()), both) == [both]  # type: ignore[arg-type]
+    assert C.cover_classes(torch.zeros(()), [_Slabbed(None), _Slabbed([])]) == []  # type: ignore[arg-type]
