@@ -68,7 +68,8 @@ def slab_classes(
     flat = [(a, lo, hi, j) for j, sl in enumerate(slabs) for a, lo, hi in sl]
     unions = {0}
     for axis, size in enumerate(shape):
-        unions = {u | c for u in unions for c in _axis_codes(size, flat, axis)}
+        codes = _axis_codes(size, flat, axis)  # once per axis, not once per union so far
+        unions = {u | c for u in unions for c in codes}
         if len(unions) > _MAX_UNIONS:
             return None
     words = max(1, -(-n // _WORD))
